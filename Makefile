@@ -1,0 +1,60 @@
+# cutline — the two commands: `make demo` and `make test`.
+# Both create .venv when it is missing and install the project with its dev
+# dependencies first; nothing depends on what was installed by hand.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.cutline-installed
+DEMO_OUT ?= demo-output
+
+.PHONY: demo test lint typecheck pytest soak bench clean check-python check-java
+
+demo: $(STAMP)
+	@mkdir -p $(DEMO_OUT)
+	$(BIN)/cutline sim --demo --seed 7 --diagram $(DEMO_OUT)/bank.png
+	$(BIN)/cutline sim --demo --seed 7 --diagram $(DEMO_OUT)/bank.svg > /dev/null
+	@echo "diagram written to $(DEMO_OUT)/bank.png and $(DEMO_OUT)/bank.svg"
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest -m "not slow"
+
+soak: $(STAMP)
+	$(BIN)/pytest -m slow
+
+bench: $(STAMP)
+	$(BIN)/python bench/b5_sim.py
+
+$(STAMP): pyproject.toml | check-python check-java
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null || { \
+	  echo "cutline needs Python 3.11 or newer as '$(PYTHON)'."; \
+	  echo "Install it (e.g. 'apt-get install python3.11 python3.11-venv') or run 'make PYTHON=python3.12 ...'."; \
+	  exit 1; }
+
+# PySpark (used by the streaming runtime) needs Java 17 or newer.
+check-java:
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then \
+	  echo "cutline needs Java 17 or newer (found: $${v:-none})."; \
+	  echo "Install it, e.g. 'apt-get install openjdk-17-jre-headless' (Debian/Ubuntu),"; \
+	  echo "'brew install openjdk@17' (macOS), or from https://adoptium.net, then set JAVA_HOME."; \
+	  exit 1; \
+	fi
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache .hypothesis
