@@ -1,0 +1,45 @@
+"""A deterministic, seeded discrete-event simulator over the protocol layer.
+
+* :mod:`cutline.sim.scenario` — the topology and events file format (SEMANTICS §6);
+* :mod:`cutline.sim.simulator` — the simulator and the token-bank process model;
+* :mod:`cutline.sim.checker` — the independent consistency checker;
+* :mod:`cutline.sim.output` — snapshots as §6 text or JSON;
+* :mod:`cutline.sim.diagram` — the space-time diagram;
+* :mod:`cutline.sim.generate` — random strongly connected scenarios.
+"""
+
+from cutline.sim.checker import Verdict, Violation, check_run, verify
+from cutline.sim.log import Kind, LogEvent, Payment, RecordedSnapshot, SimRun
+from cutline.sim.scenario import (
+    Initiate,
+    Scenario,
+    ScenarioError,
+    Send,
+    Tick,
+    Topology,
+    load_scenario,
+    scenario_from_text,
+)
+from cutline.sim.simulator import SimConfig, simulate
+
+__all__ = [
+    "Initiate",
+    "Kind",
+    "LogEvent",
+    "Payment",
+    "RecordedSnapshot",
+    "Scenario",
+    "ScenarioError",
+    "Send",
+    "SimConfig",
+    "SimRun",
+    "Tick",
+    "Topology",
+    "Verdict",
+    "Violation",
+    "check_run",
+    "load_scenario",
+    "scenario_from_text",
+    "simulate",
+    "verify",
+]

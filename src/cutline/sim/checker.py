@@ -1,0 +1,365 @@
+"""An independent checker of recorded snapshots against a run's full event log.
+
+It never asks the recorder anything: it recomputes, from the raw log of sends,
+deliveries and recording points, what every snapshot *should* contain, and
+compares. For every snapshot it verifies:
+
+``termination``
+    every process recorded its state exactly once, every input channel was
+    closed exactly once (after the process recorded), every process completed
+    locally, and every channel carried exactly one marker.
+``local-state``
+    each recorded balance is the process's balance at the moment it recorded,
+    as the log shows it.
+``channel-state``
+    the recorded messages on ``p -> q`` are exactly those ``p`` sent before
+    ``p`` recorded and ``q`` received after ``q`` recorded, in order.
+``consistent-cut``
+    by vector clocks over the payments: no recorded state reflects a payment
+    whose sending is not reflected in the sender's recorded state.
+``conservation``
+    recorded balances plus recorded in-flight tokens equal the tokens the
+    system started with.
+``non-interference`` (when given the same run without snapshots)
+    the same final balances and the same order of payment deliveries.
+
+A :class:`Violation` names the property, the snapshot, and the process and
+channel where it failed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from cutline.sim.log import Kind, SimRun
+from cutline.sim.scenario import Channel, Scenario
+from cutline.sim.simulator import SimConfig, simulate
+
+PROPERTIES = (
+    "termination",
+    "local-state",
+    "channel-state",
+    "consistent-cut",
+    "conservation",
+    "non-interference",
+)
+
+
+def _channel_name(channel: Channel) -> str:
+    return f"{channel[0]}->{channel[1]}"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One property that does not hold, and where."""
+
+    property: str
+    snapshot: int | None
+    detail: str
+    process: str | None = None
+    channel: Channel | None = None
+
+    def __str__(self) -> str:
+        where = [f"snapshot {self.snapshot}"] if self.snapshot is not None else []
+        if self.channel is not None:
+            where.append(f"channel {_channel_name(self.channel)}")
+        if self.process is not None:
+            where.append(f"process {self.process}")
+        prefix = ", ".join(where)
+        return f"{self.property} violated ({prefix}): {self.detail}" if prefix else (
+            f"{self.property} violated: {self.detail}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "property": self.property,
+            "snapshot": self.snapshot,
+            "process": self.process,
+            "channel": list(self.channel) if self.channel else None,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class Verdict:
+    """The checker's findings for one run."""
+
+    snapshots: list[int]
+    properties: tuple[str, ...]
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def failed(self, prop: str) -> list[Violation]:
+        return [v for v in self.violations if v.property == prop]
+
+    def summary(self) -> str:
+        """One line: the verdict."""
+        checked = ", ".join(self.properties)
+        n = len(self.snapshots)
+        noun = "snapshot" if n == 1 else "snapshots"
+        if self.ok:
+            return f"verified: {n} {noun} consistent ({checked})"
+        bad = sorted({v.snapshot for v in self.violations if v.snapshot is not None})
+        return (
+            f"NOT verified: {len(self.violations)} violation(s) in {len(bad)} of {n} {noun}; "
+            f"first: {self.violations[0]}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "snapshots": self.snapshots,
+            "properties": list(self.properties),
+            "violations": [v.to_dict() for v in self.violations],
+            "summary": self.summary(),
+        }
+
+
+@dataclass
+class _Recording:
+    """What the log says about one snapshot."""
+
+    record_at: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    closed_at: dict[Channel, list[int]] = field(default_factory=lambda: defaultdict(list))
+    completed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    markers_sent: dict[Channel, int] = field(default_factory=lambda: defaultdict(int))
+    vector: dict[str, list[int]] = field(default_factory=dict)
+    balance: dict[str, int] = field(default_factory=dict)
+
+
+def check_run(run: SimRun, baseline: SimRun | None = None) -> Verdict:
+    """Check every snapshot of ``run``; with ``baseline`` (the same run without snapshots) also
+    non-interference."""
+    if not run.log and (run.stats.get("payments") or run.stats.get("markers")):
+        raise ValueError("this run kept no event log (SimConfig.keep_log=False): nothing to check")
+    scenario = run.scenario
+    topo = scenario.topology
+    processes = topo.processes
+    index = {p: i for i, p in enumerate(processes)}
+    balance = dict(topo.balances)
+    clock = {p: [0] * len(processes) for p in processes}
+    sent_clock: dict[int, list[int]] = {}
+    sent_at: dict[int, int] = {}
+    delivered: dict[Channel, list[tuple[int, int]]] = defaultdict(list)  # (log index, payment id)
+    amounts: dict[int, int] = {}
+    recordings: dict[int, _Recording] = defaultdict(_Recording)
+    for i, event in enumerate(run.log):
+        kind = event.kind
+        p = event.process
+        if kind is Kind.SEND:
+            assert event.message is not None and event.amount is not None
+            balance[p] -= event.amount
+            clock[p][index[p]] += 1
+            sent_clock[event.message] = clock[p][:]
+            sent_at[event.message] = i
+            amounts[event.message] = event.amount
+        elif kind is Kind.DELIVER:
+            assert event.message is not None and event.amount is not None and event.channel
+            balance[p] += event.amount
+            mine = clock[p]
+            for k, v in enumerate(sent_clock[event.message]):
+                if v > mine[k]:
+                    mine[k] = v
+            mine[index[p]] += 1
+            delivered[event.channel].append((i, event.message))
+        elif kind is Kind.RECORD:
+            assert event.snapshot is not None
+            rec = recordings[event.snapshot]
+            rec.record_at[p].append(i)
+            if p not in rec.vector:
+                rec.vector[p] = clock[p][:]
+                rec.balance[p] = balance[p]
+        elif kind is Kind.CHANNEL_RECORDED:
+            assert event.snapshot is not None and event.channel is not None
+            recordings[event.snapshot].closed_at[event.channel].append(i)
+        elif kind is Kind.COMPLETE:
+            assert event.snapshot is not None
+            recordings[event.snapshot].completed[p] += 1
+        elif kind is Kind.MARKER_SEND:
+            assert event.snapshot is not None and event.channel is not None
+            recordings[event.snapshot].markers_sent[event.channel] += 1
+
+    snapshot_ids = sorted(set(run.snapshots) | set(recordings))
+    verdict = Verdict(
+        snapshots=snapshot_ids,
+        properties=PROPERTIES if baseline is not None else PROPERTIES[:-1],
+    )
+    out = verdict.violations
+    for s in snapshot_ids:
+        rec = recordings[s]
+        snap = run.snapshots.get(s)
+        states = snap.states if snap else {}
+        recorded_messages = snap.messages if snap else []
+        # termination
+        for p in processes:
+            times = len(rec.record_at.get(p, ()))
+            if times != 1:
+                what = "never recorded its state" if times == 0 else f"recorded {times} times"
+                out.append(Violation("termination", s, what, process=p))
+            if rec.completed.get(p, 0) != 1 and times == 1:
+                n = rec.completed.get(p, 0)
+                what = "never completed" if n == 0 else f"completed {n} times"
+                out.append(Violation("termination", s, what, process=p))
+        for channel in topo.channels:
+            closes = rec.closed_at.get(channel, [])
+            dst = channel[1]
+            if dst in rec.record_at and len(closes) != 1:
+                what = "was never closed" if not closes else f"was closed {len(closes)} times"
+                out.append(Violation("termination", s, what, process=dst, channel=channel))
+            elif closes and dst in rec.record_at and closes[0] < rec.record_at[dst][0]:
+                out.append(
+                    Violation(
+                        "termination", s, "was closed before its process recorded", dst, channel
+                    )
+                )
+            markers = rec.markers_sent.get(channel, 0)
+            if channel[0] in rec.record_at and markers != 1:
+                out.append(
+                    Violation(
+                        "termination",
+                        s,
+                        f"carried {markers} markers instead of exactly 1",
+                        process=channel[0],
+                        channel=channel,
+                    )
+                )
+        # local state
+        for p, recorded in states.items():
+            expected = rec.balance.get(p)
+            if expected is not None and recorded != expected:
+                out.append(
+                    Violation(
+                        "local-state",
+                        s,
+                        f"recorded balance {recorded}, but the log shows {expected} when it recorded",
+                        process=p,
+                    )
+                )
+        # channel state
+        for channel in topo.channels:
+            src, dst = channel
+            if src not in rec.record_at or dst not in rec.record_at:
+                continue
+            src_at, dst_at = rec.record_at[src][0], rec.record_at[dst][0]
+            expected_ids = [
+                m for i, m in delivered[channel] if i > dst_at and sent_at[m] < src_at
+            ]
+            got = snap.channels.get(channel) if snap else None
+            if got is None:
+                got = [pay for c, pay in recorded_messages if c == channel]
+            got_ids = [pay.id for pay in got]
+            if got_ids != expected_ids:
+                out.append(
+                    Violation(
+                        "channel-state",
+                        s,
+                        f"recorded {_tokens(got_ids, amounts)}, expected {_tokens(expected_ids, amounts)}",
+                        process=dst,
+                        channel=channel,
+                    )
+                )
+        # consistent cut
+        for q, vq in rec.vector.items():
+            for p, vp in rec.vector.items():
+                k = index[p]
+                if p != q and vq[k] > vp[k]:
+                    channel = _direct_orphan(p, q, delivered, sent_at, rec.record_at)
+                    how = "directly" if channel else "through other processes"
+                    out.append(
+                        Violation(
+                            "consistent-cut",
+                            s,
+                            f"{q}'s recorded state reflects {vq[k] - vp[k]} event(s) of {p} that "
+                            f"{p}'s recorded state does not ({how})",
+                            process=q,
+                            channel=channel,
+                        )
+                    )
+        # conservation
+        if len(states) == len(processes):
+            total = sum(states.values()) + sum(pay.amount for _, pay in recorded_messages)
+            if total != topo.total_tokens:
+                out.append(
+                    Violation(
+                        "conservation",
+                        s,
+                        f"recorded {total} tokens ({sum(states.values())} in balances, "
+                        f"{total - sum(states.values())} in channels) but the system holds "
+                        f"{topo.total_tokens}",
+                    )
+                )
+    if baseline is not None:
+        out.extend(_non_interference(run, baseline))
+    return verdict
+
+
+def _tokens(ids: list[int], amounts: dict[int, int]) -> str:
+    if not ids:
+        return "nothing"
+    return "[" + ", ".join(f"token({amounts.get(m, '?')})#{m}" for m in ids) + "]"
+
+
+def _direct_orphan(
+    p: str,
+    q: str,
+    delivered: dict[Channel, list[tuple[int, int]]],
+    sent_at: dict[int, int],
+    record_at: dict[str, list[int]],
+) -> Channel | None:
+    """The channel ``p -> q`` if it carried a payment sent after ``p`` recorded and received before
+    ``q`` recorded."""
+    p_at, q_at = record_at[p][0], record_at[q][0]
+    for i, m in delivered.get((p, q), ()):
+        if i < q_at and sent_at[m] > p_at:
+            return (p, q)
+    return None
+
+
+def _non_interference(run: SimRun, baseline: SimRun) -> list[Violation]:
+    out: list[Violation] = []
+    for p, value in run.final_balances.items():
+        if baseline.final_balances.get(p) != value:
+            out.append(
+                Violation(
+                    "non-interference",
+                    None,
+                    f"ends with {value} tokens with snapshots but "
+                    f"{baseline.final_balances.get(p)} without",
+                    process=p,
+                )
+            )
+    with_snapshots, without = run.delivery_order, baseline.delivery_order
+    if with_snapshots != without:
+        for k, (a, b) in enumerate(zip(with_snapshots, without, strict=False)):
+            if a != b:
+                out.append(
+                    Violation(
+                        "non-interference",
+                        None,
+                        f"payment delivery {k} is payment {a[1]} to {a[0]} with snapshots but "
+                        f"payment {b[1]} to {b[0]} without",
+                        process=a[0],
+                    )
+                )
+                break
+        else:
+            out.append(
+                Violation(
+                    "non-interference",
+                    None,
+                    f"{len(with_snapshots)} payment deliveries with snapshots, {len(without)} without",
+                )
+            )
+    return out
+
+
+def verify(scenario: Scenario, config: SimConfig | None = None) -> tuple[SimRun, Verdict]:
+    """Run ``scenario`` with and without snapshots and check every property."""
+    config = config or SimConfig()
+    run = simulate(scenario, config)
+    baseline = simulate(scenario, replace(config, snapshots=False))
+    return run, check_run(run, baseline)
