@@ -26,14 +26,8 @@ class ForgetsInFlight(ChandyLamportRecorder[Channel, Payment]):
 class RecordsFirstMarkerChannel(ChandyLamportRecorder[Channel, Payment]):
     """Keeps recording the channel its first marker came on, instead of recording it as empty."""
 
-    def marker_received(self, snapshot_id: int, channel: Channel) -> Sequence[Action]:
-        first = snapshot_id not in self._open and self.status(snapshot_id).value == "not started"
-        actions = super().marker_received(snapshot_id, channel)
-        if first and snapshot_id in self._open:
-            self._open[snapshot_id].add(channel)
-            self._recording.setdefault(channel, []).append(snapshot_id)
-            actions = [a for a in actions if type(a).__name__ != "ChannelRecorded"]
-        return actions
+    def _record(self, snapshot_id: int, closed: tuple[Channel, ...]) -> list[Action]:
+        return super()._record(snapshot_id, closed=())
 
 
 class LateMarkerProcess(BankProcess):

@@ -157,6 +157,7 @@ class ChandyLamportRecorder(Generic[C, M]):
 
     def status(self, snapshot_id: int) -> SnapshotStatus:
         """Where this process stands in snapshot ``snapshot_id``."""
+        self._check_id(snapshot_id)
         if snapshot_id in self._open:
             return SnapshotStatus.RECORDING
         if snapshot_id in self._completed:
@@ -169,11 +170,13 @@ class ChandyLamportRecorder(Generic[C, M]):
 
     def is_recording(self, snapshot_id: int, channel: C) -> bool:
         """Whether messages arriving on ``channel`` now belong to ``snapshot_id``'s channel state."""
+        self._check_id(snapshot_id)
         open_channels = self._open.get(snapshot_id)
         return open_channels is not None and channel in open_channels
 
     def recording_channels(self, snapshot_id: int) -> frozenset[C]:
         """The input channels still being recorded for ``snapshot_id`` (empty when not recording)."""
+        self._check_id(snapshot_id)
         return frozenset(self._open.get(snapshot_id, ()))
 
     # ------------------------------------------------------------------- events
@@ -187,7 +190,7 @@ class ChandyLamportRecorder(Generic[C, M]):
         self._check_id(snapshot_id)
         if snapshot_id in self._open or snapshot_id in self._completed:
             return _NO_ACTIONS
-        return self._record(snapshot_id, closed=None)
+        return self._record(snapshot_id, closed=())
 
     def marker_received(self, snapshot_id: int, channel: C) -> Sequence[Action[C, M]]:
         """``Marker(snapshot_id)`` arrived on input ``channel``."""
@@ -200,7 +203,7 @@ class ChandyLamportRecorder(Generic[C, M]):
                     f"{self.name}: a second marker for snapshot {snapshot_id} arrived on "
                     f"channel {channel!r}, after the snapshot completed here"
                 )
-            return self._record(snapshot_id, closed=channel)
+            return self._record(snapshot_id, closed=(channel,))
         if channel not in open_channels:
             raise DuplicateMarkerError(
                 f"{self.name}: a second marker for snapshot {snapshot_id} arrived on "
@@ -223,13 +226,14 @@ class ChandyLamportRecorder(Generic[C, M]):
 
     # ---------------------------------------------------------------- internals
 
-    def _record(self, snapshot_id: int, closed: C | None) -> list[Action[C, M]]:
+    def _record(self, snapshot_id: int, closed: tuple[C, ...]) -> list[Action[C, M]]:
+        """Record the state; ``closed`` holds the channel the first marker came on, if any."""
         actions: list[Action[C, M]] = [RecordState(snapshot_id)]
         actions.extend(SendMarker(snapshot_id, out) for out in self.outputs)
         open_channels = set(self.inputs)
-        if closed is not None:
-            open_channels.discard(closed)
-            actions.append(ChannelRecorded(snapshot_id, closed))
+        for channel in closed:
+            open_channels.discard(channel)
+            actions.append(ChannelRecorded(snapshot_id, channel))
         if not open_channels:
             self._completed.add(snapshot_id)
             actions.append(SnapshotComplete(snapshot_id))

@@ -67,8 +67,10 @@ class Violation:
         if self.process is not None:
             where.append(f"process {self.process}")
         prefix = ", ".join(where)
-        return f"{self.property} violated ({prefix}): {self.detail}" if prefix else (
-            f"{self.property} violated: {self.detail}"
+        return (
+            f"{self.property} violated ({prefix}): {self.detail}"
+            if prefix
+            else (f"{self.property} violated: {self.detail}")
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -245,9 +247,7 @@ def check_run(run: SimRun, baseline: SimRun | None = None) -> Verdict:
             if src not in rec.record_at or dst not in rec.record_at:
                 continue
             src_at, dst_at = rec.record_at[src][0], rec.record_at[dst][0]
-            expected_ids = [
-                m for i, m in delivered[channel] if i > dst_at and sent_at[m] < src_at
-            ]
+            expected_ids = [m for i, m in delivered[channel] if i > dst_at and sent_at[m] < src_at]
             got = snap.channels.get(channel) if snap else None
             if got is None:
                 got = [pay for c, pay in recorded_messages if c == channel]
@@ -267,8 +267,8 @@ def check_run(run: SimRun, baseline: SimRun | None = None) -> Verdict:
             for p, vp in rec.vector.items():
                 k = index[p]
                 if p != q and vq[k] > vp[k]:
-                    channel = _direct_orphan(p, q, delivered, sent_at, rec.record_at)
-                    how = "directly" if channel else "through other processes"
+                    orphan = _direct_orphan(p, q, delivered, sent_at, rec.record_at)
+                    how = "directly" if orphan else "through other processes"
                     out.append(
                         Violation(
                             "consistent-cut",
@@ -276,7 +276,7 @@ def check_run(run: SimRun, baseline: SimRun | None = None) -> Verdict:
                             f"{q}'s recorded state reflects {vq[k] - vp[k]} event(s) of {p} that "
                             f"{p}'s recorded state does not ({how})",
                             process=q,
-                            channel=channel,
+                            channel=orphan,
                         )
                     )
         # conservation

@@ -9,12 +9,12 @@ the events out in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from cutline.sim.scenario import Channel, Scenario
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """The kinds of log entries."""
 
     SEND = "send"

@@ -61,7 +61,9 @@ class Topology:
             raise ScenarioError(self.path, None, "a process id is declared twice")
         for src, dst in self.channels:
             if src not in known or dst not in known:
-                raise ScenarioError(self.path, None, f"channel {src} -> {dst} names an unknown process")
+                raise ScenarioError(
+                    self.path, None, f"channel {src} -> {dst} names an unknown process"
+                )
         if len(set(self.channels)) != len(self.channels):
             raise ScenarioError(self.path, None, "a channel is declared twice")
 
@@ -155,7 +157,9 @@ def parse_topology(text: str, path: str | None = None) -> Topology:
     number, fields = lines[0]
     if len(fields) != 1:
         raise ScenarioError(
-            path, number, f"the first line must be the number of processes, not {' '.join(fields)!r}"
+            path,
+            number,
+            f"the first line must be the number of processes, not {' '.join(fields)!r}",
         )
     n = _count(path, number, fields[0], "the number of processes", minimum=0)
     if n == 0:

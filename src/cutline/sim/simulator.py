@@ -127,22 +127,19 @@ class BankProcess:
     def apply(self, actions: Sequence[Action[Channel, Payment]]) -> None:
         sim = self.sim
         for action in actions:
-            kind = type(action)
-            if kind is RecordMessage:
-                sim.snapshot(action.snapshot_id).messages.append(  # type: ignore[union-attr]
-                    (action.channel, action.message)  # type: ignore[union-attr]
-                )
-            elif kind is SendMarker:
-                sim.send_marker(action.channel, action.snapshot_id)  # type: ignore[union-attr]
-            elif kind is RecordState:
+            if isinstance(action, RecordMessage):
+                sim.snapshot(action.snapshot_id).messages.append((action.channel, action.message))
+            elif isinstance(action, SendMarker):
+                sim.send_marker(action.channel, action.snapshot_id)
+            elif isinstance(action, RecordState):
                 sim.snapshot(action.snapshot_id).states[self.pid] = self.balance
                 sim.log(Kind.RECORD, self.pid, snapshot=action.snapshot_id, amount=self.balance)
-            elif kind is ChannelRecorded:
+            elif isinstance(action, ChannelRecorded):
                 snap = sim.snapshot(action.snapshot_id)
-                channel = action.channel  # type: ignore[union-attr]
+                channel = action.channel
                 snap.channels[channel] = [p for c, p in snap.messages if c == channel]
                 sim.log(Kind.CHANNEL_RECORDED, self.pid, channel, snapshot=action.snapshot_id)
-            elif kind is SnapshotComplete:
+            elif isinstance(action, SnapshotComplete):
                 sim.snapshot(action.snapshot_id).completed.append(self.pid)
                 sim.log(Kind.COMPLETE, self.pid, snapshot=action.snapshot_id)
             else:  # pragma: no cover - the protocol has no other actions
@@ -222,7 +219,10 @@ class Simulator:
         self._payments += 1
         self.log(Kind.SEND, channel[0], channel, message=payment.id, amount=amount)
         cfg = self.config
-        due = max(self.now + self._payment_rng.randint(cfg.min_delay, cfg.max_delay), link.last_payment_due)
+        due = max(
+            self.now + self._payment_rng.randint(cfg.min_delay, cfg.max_delay),
+            link.last_payment_due,
+        )
         link.last_payment_due = due
         queue = link.queue
         # A marker must not hold a later payment back: pull trailing markers
@@ -245,7 +245,9 @@ class Simulator:
             due = max(due, link.queue[-1].due)
         self._enqueue(link, due, None, snapshot_id)
 
-    def _enqueue(self, link: _Link, due: int, payment: Payment | None, snapshot: int | None) -> None:
+    def _enqueue(
+        self, link: _Link, due: int, payment: Payment | None, snapshot: int | None
+    ) -> None:
         seq = self._seq
         self._seq += 1
         link.queue.append(_InFlight(due, seq, payment, snapshot))
