@@ -5,8 +5,6 @@ the default ``tick``), the round trip ``format_* -> parse_*``, and every error
 path, each checked for the exact file name, line number and message of its
 :class:`ScenarioError`.
 
-Tests marked ``xfail(strict=True)`` with a reason starting ``BUG:`` show a defect
-in the code under test; they start to XPASS (and so fail the run) once it is fixed.
 """
 
 from __future__ import annotations
@@ -134,7 +132,7 @@ def test_process_order_and_channel_order_follow_the_file() -> None:
             id="count-float",
         ),
         pytest.param(
-            "-1\n", 1, "the number of processes must be at least 0, not -1", id="count-negative"
+            "-1\n", 1, "the number of processes must be at least 1, not -1", id="count-negative"
         ),
         pytest.param(
             "2 N1\nN1 1\nN2 2\n",
@@ -144,7 +142,7 @@ def test_process_order_and_channel_order_follow_the_file() -> None:
         ),
         pytest.param(
             "\n3\nN1 1\n# a comment\nN2 2\n",
-            None,
+            2,
             "the file declares 3 processes but lists only 2",
             id="fewer-process-lines",
         ),
@@ -304,7 +302,7 @@ def test_parse_accepts_a_send_larger_than_the_balance(topology: Topology) -> Non
         simulate(scenario, SimConfig(min_delay=1, max_delay=1))
     assert info.value.path == EVT
     assert info.value.line == 1
-    assert str(info.value) == f"{EVT}:1: N2 pays 1 tokens to N1 but holds only 0 at step 0"
+    assert str(info.value) == f"{EVT}:1: N2 pays 1 token to N1 but holds only 0 tokens at step 0"
 
 
 # ------------------------------------------------------------------ events errors
@@ -378,28 +376,15 @@ def test_first_error_wins(topology: Topology) -> None:
 # ------------------------------------------------------------------ line numbers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _lines() uses str.splitlines(), which also breaks lines at form feed, "
-    "vertical tab, \\x1c-\\x1e, \\x85, U+2028 and U+2029, so line numbers after such a "
-    "character are off by one against what an editor (or `grep -n`) shows",
-)
 def test_line_numbers_count_newlines_only() -> None:
     # A form feed on its own line (a page break, common in old text files) is line 2;
-    # the bad process line is line 3 of the file, but the error says line 4.
+    # the bad process line is line 3 of the file.
     with pytest.raises(ScenarioError) as info:
         parse_topology("1\n\x0c\nN1 x\n", TOP)
     _assert_error(info.value, TOP, 3, "the tokens of N1 must be a whole number, not 'x'")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: text after a U+2028 LINE SEPARATOR (or a form feed, ...) inside a '#' "
-    "comment is parsed as a new line of content instead of being part of the comment",
-)
 def test_comment_runs_to_the_end_of_the_line(topology: Topology) -> None:
-    # Reproduction: parse_events('tick  # later: \u2028send N1 N2 1\n', topology) returns
-    # (Tick(1), Send('N1', 'N2', 1)) instead of (Tick(1),).
     events = parse_events("tick  # later: \u2028send N1 N2 1\n", topology, EVT)
     assert _strip_lines(events) == [Tick(1)]
 

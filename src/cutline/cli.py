@@ -21,7 +21,6 @@ from cutline.sim.scenario import Scenario, ScenarioError, load_scenario
 from cutline.sim.simulator import SimConfig
 
 EXIT_OK, EXIT_UNVERIFIED, EXIT_BAD_INPUT = 0, 1, 2
-DIAGRAM_FORMATS = (".png", ".svg")
 
 
 def _fail(message: str) -> None:
@@ -76,11 +75,14 @@ def sim(
         raise click.UsageError("missing TOPOLOGY and EVENTS files (or use --demo)")
     if min_delay > max_delay:
         raise click.UsageError(f"--min-delay {min_delay} is larger than --max-delay {max_delay}")
-    if diagram is not None and diagram.suffix.lower() not in DIAGRAM_FORMATS:
-        raise click.UsageError(
-            f"--diagram {diagram}: unknown format {diagram.suffix or '(none)'!r}; "
-            f"use one of {', '.join(DIAGRAM_FORMATS)}"
-        )
+    if diagram is not None:
+        from cutline.sim.diagram import FORMATS
+
+        if diagram.suffix.lower() not in FORMATS:
+            raise click.UsageError(
+                f"--diagram {diagram}: unknown format {diagram.suffix or '(none)'!r}; "
+                f"use one of {', '.join(FORMATS)}"
+            )
     try:
         if demo:
             scenario = _demo_scenario()
@@ -93,10 +95,6 @@ def sim(
     except ScenarioError as exc:
         _fail(str(exc))
         return
-    if as_json:
-        click.echo(json.dumps(run_to_dict(run, verdict), indent=2))
-    else:
-        click.echo(format_snapshots(run), nl=False)
     if diagram is not None:
         from cutline.sim.diagram import draw_diagram
 
@@ -104,6 +102,10 @@ def sim(
             draw_diagram(run, diagram)
         except OSError as exc:
             _fail(f"cannot write the diagram to {diagram}: {exc.strerror or exc}")
+    if as_json:
+        click.echo(json.dumps(run_to_dict(run, verdict), indent=2))
+    else:
+        click.echo(format_snapshots(run), nl=False)
     click.echo(verdict.summary(), err=True)
     if not verdict.ok:
         for violation in verdict.violations[1:20]:

@@ -125,7 +125,7 @@ def _layout(run: SimRun) -> _Layout:
     # x: spread the drawn entries of each (process, step) over the step.
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
     for i, e in enumerate(log):
-        if e.kind in _DRAWN:
+        if e.kind in _DRAWN and e.process in lay.y:  # (an unknown process has no line)
             groups[e.process, e.time].append(i)
     for (_, time), members in groups.items():
         m = len(members)
@@ -146,7 +146,7 @@ def _layout(run: SimRun) -> _Layout:
             delivered.setdefault(e.message, i)
     for message, s in sorted(sent.items(), key=lambda item: item[1]):
         d = delivered.get(message)
-        if d is not None:
+        if d is not None and s in lay.x and d in lay.x:
             lay.payments.append((message, log[s].amount or 0, s, d))
 
     # markers: FIFO per (channel, snapshot); undelivered ones and stray deliveries are skipped
@@ -156,9 +156,9 @@ def _layout(run: SimRun) -> _Layout:
         if e.channel is None or e.snapshot is None:
             continue
         key = (e.channel, e.snapshot)
-        if e.kind is Kind.MARKER_SEND:
+        if e.kind is Kind.MARKER_SEND and i in lay.x:
             pending[key].append(i)
-        elif e.kind is Kind.MARKER_DELIVER and pending[key]:
+        elif e.kind is Kind.MARKER_DELIVER and pending[key] and i in lay.x:
             s = pending[key].popleft()
             k = paired[key]
             paired[key] += 1
@@ -171,7 +171,7 @@ def _layout(run: SimRun) -> _Layout:
     for i, e in enumerate(log):
         if e.snapshot is None:
             continue
-        if e.kind is Kind.RECORD:
+        if e.kind is Kind.RECORD and i in lay.x:
             lay.records.setdefault(e.snapshot, {}).setdefault(e.process, i)
         elif e.kind is Kind.INITIATE:
             initiated.append((i, e))
@@ -201,7 +201,12 @@ def _default_title(run: SimRun, snapshots: int) -> str:
     topo = run.scenario.topology
     payments = sum(1 for e in run.log if e.kind is Kind.SEND)
     name = run.scenario.events_path
-    about = f" ({name.strip('<>')})" if name and name != "<events>" else ""
+    if name is None or name == "<events>":
+        about = ""
+    elif name.startswith("<"):
+        about = f" ({name.strip('<>')})"
+    else:  # a file: its name only, so the picture does not depend on where it lives
+        about = f" ({pathlib.PurePath(name).name})"
     return (
         f"Chandy-Lamport run{about}: {len(topo.processes)} processes, {payments} payments, "
         f"{snapshots} snapshot{'s' if snapshots != 1 else ''}, seed {run.seed}"

@@ -19,33 +19,48 @@ from typing import Any
 
 from cutline.sim.checker import Verdict
 from cutline.sim.log import RecordedSnapshot, SimRun
+from cutline.sim.scenario import Topology
 
 
-def format_snapshot(snapshot: RecordedSnapshot, processes: tuple[str, ...]) -> str:
+def incomplete_reason(snapshot: RecordedSnapshot, topology: Topology) -> str:
+    """Why ``snapshot`` did not complete: who never recorded, who waits for which marker."""
+    parts = []
+    never = [p for p in topology.processes if p not in snapshot.states]
+    if never:
+        parts.append(
+            f"{', '.join(never)} never recorded (no marker reached "
+            f"{'it' if len(never) == 1 else 'them'}: not reachable from any initiator)"
+        )
+    parts += [
+        f"{dst} still waits for a marker on {src}->{dst}"
+        for src, dst in topology.channels
+        if dst in snapshot.states and (src, dst) not in snapshot.channels
+    ]
+    return "; ".join(parts)
+
+
+def format_snapshot(snapshot: RecordedSnapshot, topology: Topology) -> str:
+    """One snapshot as a §6 text block."""
     lines = [str(snapshot.snapshot_id)]
     if not snapshot.complete:
-        missing = [p for p in processes if p not in snapshot.completed]
-        lines.append(
-            "# incomplete: "
-            + ", ".join(missing)
-            + (" has" if len(missing) == 1 else " have")
-            + " not completed (unreachable from every initiator?)"
-        )
-    lines += [f"{p} {snapshot.states[p]}" for p in processes if p in snapshot.states]
+        lines.append(f"# incomplete: {incomplete_reason(snapshot, topology)}")
+    lines += [f"{p} {snapshot.states[p]}" for p in topology.processes if p in snapshot.states]
     lines += [f"{src} {dst} {payment}" for (src, dst), payment in snapshot.messages]
     return "\n".join(lines) + "\n"
 
 
 def format_snapshots(run: SimRun) -> str:
     """Every snapshot of ``run`` in the §6 text format."""
-    processes = run.scenario.topology.processes
-    return "\n".join(format_snapshot(s, processes) for s in run.snapshots.values())
+    topology = run.scenario.topology
+    return "\n".join(format_snapshot(s, topology) for s in run.snapshots.values())
 
 
-def snapshot_to_dict(snapshot: RecordedSnapshot, processes: tuple[str, ...]) -> dict[str, Any]:
+def snapshot_to_dict(snapshot: RecordedSnapshot, topology: Topology) -> dict[str, Any]:
+    processes = topology.processes
     return {
         "id": snapshot.snapshot_id,
         "complete": snapshot.complete,
+        "incomplete_reason": None if snapshot.complete else incomplete_reason(snapshot, topology),
         "initiators": list(snapshot.initiators),
         "states": {p: snapshot.states[p] for p in processes if p in snapshot.states},
         "messages": [
@@ -67,7 +82,7 @@ def run_to_dict(run: SimRun, verdict: Verdict | None = None) -> dict[str, Any]:
         "end_time": run.end_time,
         "stats": dict(run.stats),
         "final_balances": dict(run.final_balances),
-        "snapshots": [snapshot_to_dict(s, topo.processes) for s in run.snapshots.values()],
+        "snapshots": [snapshot_to_dict(s, topo) for s in run.snapshots.values()],
     }
     if verdict is not None:
         out["verdict"] = verdict.to_dict()

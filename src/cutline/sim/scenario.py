@@ -23,9 +23,12 @@ fields starts a comment too. Every problem is reported as a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+_INTEGER = re.compile(r"-?[0-9]+")
 
 Channel = tuple[str, str]
 """A one-way channel, as ``(source, destination)``."""
@@ -59,11 +62,18 @@ class Topology:
         known = set(self.processes)
         if len(known) != len(self.processes):
             raise ScenarioError(self.path, None, "a process id is declared twice")
+        if set(self.balances) != known:
+            raise ScenarioError(self.path, None, "the balances do not match the processes")
+        for pid, tokens in self.balances.items():
+            if tokens < 0:
+                raise ScenarioError(self.path, None, f"process {pid!r} holds {tokens} tokens")
         for src, dst in self.channels:
             if src not in known or dst not in known:
                 raise ScenarioError(
                     self.path, None, f"channel {src} -> {dst} names an unknown process"
                 )
+            if src == dst:
+                raise ScenarioError(self.path, None, f"channel {src} -> {dst} leads to itself")
         if len(set(self.channels)) != len(self.channels):
             raise ScenarioError(self.path, None, "a channel is declared twice")
 
@@ -132,18 +142,21 @@ class Scenario:
 
 
 def _lines(text: str) -> Iterator[tuple[int, list[str]]]:
-    """The meaningful lines of ``text`` as ``(line number, fields)``."""
-    for number, raw in enumerate(text.splitlines(), start=1):
+    """The meaningful lines of ``text`` as ``(line number, fields)``.
+
+    Only ``\n`` ends a line (``str.split`` on whitespace drops a ``\r`` before
+    it), so line numbers are the ones an editor or ``grep -n`` shows.
+    """
+    for number, raw in enumerate(text.split("\n"), start=1):
         content = raw.split("#", 1)[0].strip()
         if content:
             yield number, content.split()
 
 
 def _count(path: str | None, line: int, text: str, what: str, *, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ScenarioError(path, line, f"{what} must be a whole number, not {text!r}") from None
+    if _INTEGER.fullmatch(text) is None:
+        raise ScenarioError(path, line, f"{what} must be a whole number, not {text!r}")
+    value = int(text)
     if value < minimum:
         raise ScenarioError(path, line, f"{what} must be at least {minimum}, not {value}")
     return value
@@ -161,13 +174,10 @@ def parse_topology(text: str, path: str | None = None) -> Topology:
             number,
             f"the first line must be the number of processes, not {' '.join(fields)!r}",
         )
-    n = _count(path, number, fields[0], "the number of processes", minimum=0)
-    if n == 0:
+    count_line = number
+    if fields[0] == "0":
         raise ScenarioError(path, number, "empty topology: it declares 0 processes")
-    if len(lines) - 1 < n:
-        raise ScenarioError(
-            path, None, f"the file declares {n} processes but lists only {len(lines) - 1}"
-        )
+    n = _count(path, number, fields[0], "the number of processes", minimum=1)
     processes: list[str] = []
     balances: dict[str, int] = {}
     for number, fields in lines[1 : n + 1]:
@@ -176,10 +186,21 @@ def parse_topology(text: str, path: str | None = None) -> Topology:
                 path, number, f"expected a process line 'ID TOKENS', got {' '.join(fields)!r}"
             )
         pid, tokens = fields
+        if _INTEGER.fullmatch(tokens) is None and tokens in balances:
+            raise ScenarioError(
+                path,
+                number,
+                f"expected a process line 'ID TOKENS', got the channel {pid} {tokens}: line "
+                f"{count_line} declares {n} processes but only {len(processes)} are listed",
+            )
         if pid in balances:
             raise ScenarioError(path, number, f"process {pid!r} is declared twice")
         balances[pid] = _count(path, number, tokens, f"the tokens of {pid}", minimum=0)
         processes.append(pid)
+    if len(processes) < n:
+        raise ScenarioError(
+            path, count_line, f"the file declares {n} processes but lists only {len(processes)}"
+        )
     channels: list[Channel] = []
     seen: set[Channel] = set()
     for number, fields in lines[n + 1 :]:
@@ -241,7 +262,7 @@ def parse_events(text: str, topology: Topology, path: str | None = None) -> tupl
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ScenarioError(str(path), None, "no such file") from None
     except IsADirectoryError:

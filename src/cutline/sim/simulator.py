@@ -43,6 +43,10 @@ def default_recorder(name: str, inputs: Sequence[Channel], outputs: Sequence[Cha
     return ChandyLamportRecorder(inputs, outputs, name=name)
 
 
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
 class _InFlight:
     """A payment or a marker travelling on a channel."""
 
@@ -117,7 +121,8 @@ class BankProcess:
             raise ScenarioError(
                 self.sim.scenario.events_path,
                 line,
-                f"{self.pid} pays {amount} tokens to {dst} but holds only {self.balance} "
+                f"{self.pid} pays {_tokens(amount)} to {dst} but holds only "
+                f"{_tokens(self.balance)} "
                 f"at step {self.sim.now}",
             )
         self.balance -= amount

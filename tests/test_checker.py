@@ -1,0 +1,152 @@
+"""The checker fails, and says where, when a snapshot or the log is tampered with."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from broken_recorders import LateMarkerProcess
+from cutline.sim.checker import PROPERTIES, Violation, check_run, verify
+from cutline.sim.log import Kind, Payment, SimRun
+from cutline.sim.scenario import scenario_from_text
+from cutline.sim.simulator import SimConfig, simulate
+
+LINE = "3\nN1 10\nN2 10\nN3 10\nN1 N2\nN2 N1\nN2 N3\nN3 N2\n"
+CONCURRENT = "snapshot N1\nsnapshot N3\nsend N2 N1 1\nsend N2 N3 2\ntick\nsend N1 N2 3\ntick\n"
+ONE_STEP = SimConfig(min_delay=1, max_delay=1)
+
+
+def good_run() -> tuple[SimRun, SimRun]:
+    """The hand-derived run of tests/scenarios/3line-concurrent: both snapshots hold messages."""
+    scenario = scenario_from_text(LINE, CONCURRENT)
+    run = simulate(scenario, ONE_STEP)
+    baseline = simulate(scenario, SimConfig(min_delay=1, max_delay=1, snapshots=False))
+    assert check_run(run, baseline).ok
+    return copy.deepcopy(run), baseline
+
+
+def test_an_untouched_run_verifies_every_property() -> None:
+    run, baseline = good_run()
+    verdict = check_run(run, baseline)
+    assert verdict.ok
+    assert verdict.properties == PROPERTIES
+    assert verdict.snapshots == [0, 1]
+    assert verdict.summary().startswith("verified: 2 snapshots consistent")
+    # without a baseline, non-interference is not claimed
+    assert "non-interference" not in check_run(run).properties
+
+
+def test_a_wrong_recorded_balance_is_named() -> None:
+    run, _ = good_run()
+    run.snapshots[1].states["N2"] += 1
+    verdict = check_run(run)
+    (local,) = verdict.failed("local-state")
+    assert (local.snapshot, local.process) == (1, "N2")
+    assert "recorded balance 8, but the log shows 7" in local.detail
+    (conservation,) = verdict.failed("conservation")
+    assert conservation.snapshot == 1
+    assert "recorded 31 tokens" in conservation.detail
+
+
+def test_a_forgotten_in_flight_message_is_named() -> None:
+    run, _ = good_run()
+    snap = run.snapshots[0]
+    snap.messages.clear()
+    snap.channels[("N2", "N1")] = []
+    verdict = check_run(run)
+    (channel,) = verdict.failed("channel-state")
+    assert (channel.snapshot, channel.channel, channel.process) == (0, ("N2", "N1"), "N1")
+    assert "recorded nothing, expected [token(1)#0]" in channel.detail
+    assert verdict.failed("conservation")
+    assert "channel N2->N1" in str(channel)
+
+
+def test_an_extra_message_is_named() -> None:
+    run, _ = good_run()
+    extra = Payment(99, 0)
+    run.snapshots[0].channels[("N3", "N2")] = [extra]
+    run.snapshots[0].messages.append((("N3", "N2"), extra))
+    (channel,) = check_run(run).failed("channel-state")
+    assert channel.channel == ("N3", "N2")
+
+
+def test_messages_out_of_order_break_channel_state_but_not_conservation() -> None:
+    scenario = scenario_from_text(
+        "2\nN1 10\nN2 0\nN1 N2\nN2 N1\n", "snapshot N2\nsend N1 N2 1\nsend N1 N2 2\ntick 3\n"
+    )
+    run = simulate(scenario, ONE_STEP)
+    assert [p.amount for p in run.snapshots[0].channels[("N1", "N2")]] == [1, 2]
+    run.snapshots[0].channels[("N1", "N2")].reverse()
+    verdict = check_run(run)
+    assert [v.property for v in verdict.violations] == ["channel-state"]
+
+
+def test_a_channel_that_never_closed_is_named() -> None:
+    run, _ = good_run()
+    run.log = [
+        e
+        for e in run.log
+        if not (e.kind is Kind.CHANNEL_RECORDED and e.snapshot == 1 and e.channel == ("N1", "N2"))
+    ]
+    (failure,) = check_run(run).failed("termination")
+    assert (failure.snapshot, failure.channel, failure.process) == (1, ("N1", "N2"), "N2")
+    assert failure.detail == "was never closed"
+
+
+def test_a_second_recording_is_named() -> None:
+    run, _ = good_run()
+    record = next(e for e in run.log if e.kind is Kind.RECORD and e.process == "N3")
+    run.log.append(record)
+    failures = check_run(run).failed("termination")
+    assert any(v.process == "N3" and "recorded 2 times" in v.detail for v in failures)
+
+
+def test_an_orphan_payment_breaks_the_cut_on_its_channel() -> None:
+    # N1 records, then pays N2 *before* sending its marker: N2 records the payment as received,
+    # while N1's recorded balance still holds it.
+    scenario = scenario_from_text(
+        "2\nN1 10\nN2 0\nN1 N2\nN2 N1\n", "snapshot N1\nsend N1 N2 4\ntick 3\n"
+    )
+    run = simulate(scenario, ONE_STEP, process_factory=LateMarkerProcess)
+    verdict = check_run(run)
+    (cut,) = verdict.failed("consistent-cut")
+    assert (cut.snapshot, cut.process, cut.channel) == (0, "N2", ("N1", "N2"))
+    assert "directly" in cut.detail
+    (conservation,) = verdict.failed("conservation")
+    assert "recorded 14 tokens" in conservation.detail
+    assert not verdict.ok
+    assert verdict.summary().startswith("NOT verified")
+
+
+def test_a_different_run_without_snapshots_is_interference() -> None:
+    scenario = scenario_from_text(LINE, CONCURRENT + "send N3 N2 5\nsend N2 N1 6\n")
+    run = simulate(scenario, SimConfig(seed=1))
+    other = simulate(scenario, SimConfig(seed=2, snapshots=False))
+    failures = check_run(run, other).failed("non-interference")
+    assert failures
+    assert all(v.snapshot is None for v in failures)
+
+
+def test_verify_runs_both_and_reports_as_data() -> None:
+    scenario = scenario_from_text(LINE, CONCURRENT)
+    run, verdict = verify(scenario, SimConfig(seed=4))
+    assert verdict.ok
+    data = verdict.to_dict()
+    assert data["ok"] is True
+    assert data["violations"] == []
+    assert run.snapshots_enabled
+
+
+@pytest.mark.parametrize(
+    ("violation", "text"),
+    [
+        (
+            Violation("channel-state", 3, "recorded nothing", "N2", ("N1", "N2")),
+            "channel-state violated (snapshot 3, channel N1->N2, process N2): recorded nothing",
+        ),
+        (Violation("non-interference", None, "differs"), "non-interference violated: differs"),
+    ],
+)
+def test_violations_read_well(violation: Violation, text: str) -> None:
+    assert str(violation) == text
