@@ -6,11 +6,12 @@ import copy
 
 import pytest
 
-from broken_recorders import LateMarkerProcess
 from cutline.sim.checker import PROPERTIES, Violation, check_run, verify
 from cutline.sim.log import Kind, Payment, SimRun
 from cutline.sim.scenario import scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
+
+from broken_recorders import LateMarkerProcess
 
 LINE = "3\nN1 10\nN2 10\nN3 10\nN1 N2\nN2 N1\nN2 N3\nN3 N2\n"
 CONCURRENT = "snapshot N1\nsnapshot N3\nsend N2 N1 1\nsend N2 N3 2\ntick\nsend N1 N2 3\ntick\n"

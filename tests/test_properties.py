@@ -11,15 +11,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutline.sim.checker import PROPERTIES, check_run, verify
+from cutline.sim.log import Kind
+from cutline.sim.scenario import Scenario
+from cutline.sim.simulator import SimConfig, simulate
+
 from broken_recorders import (
     LateMarkerProcess,
     forgets_in_flight,
     records_first_marker_channel,
 )
-from cutline.sim.checker import PROPERTIES, check_run, verify
-from cutline.sim.log import Kind
-from cutline.sim.scenario import Scenario
-from cutline.sim.simulator import SimConfig, simulate
 from strategies import scenarios
 
 delays = st.tuples(st.integers(1, 3), st.integers(0, 6)).map(lambda d: (d[0], d[0] + d[1]))

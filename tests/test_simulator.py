@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import scenarios
 
 from cutline.sim.checker import check_run
 from cutline.sim.generate import random_scenario
 from cutline.sim.log import Kind
 from cutline.sim.scenario import Scenario, ScenarioError, scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
+
+from strategies import scenarios
 
 CHAIN = "3\nN1 10\nN2 0\nN3 0\nN1 N2\nN2 N3\n"
 
