@@ -37,7 +37,6 @@ from typing import Generic, TypeAlias, TypeVar
 from cutline.protocol.errors import (
     DuplicateMarkerError,
     InvalidSnapshotIdError,
-    ProtocolError,
     UnknownChannelError,
 )
 
@@ -267,15 +266,3 @@ class ChandyLamportRecorder(Generic[C, M]):
                 f"{self.name}: snapshot id {snapshot_id!r} is not a non-negative integer"
             )
 
-
-__all__ = [
-    "Action",
-    "ChandyLamportRecorder",
-    "ChannelRecorded",
-    "ProtocolError",
-    "RecordMessage",
-    "RecordState",
-    "SendMarker",
-    "SnapshotComplete",
-    "SnapshotStatus",
-]
