@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from cutline.sim.checker import PROPERTIES, Violation, check_run, verify
+from cutline.sim.checker import PROPERTIES, Violation, _ChannelHistory, check_run, verify
 from cutline.sim.log import Kind, Payment, SimRun
 from cutline.sim.scenario import scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
@@ -151,3 +153,27 @@ def test_verify_runs_both_and_reports_as_data() -> None:
 )
 def test_violations_read_well(violation: Violation, text: str) -> None:
     assert str(violation) == text
+
+
+@settings(max_examples=300)
+@given(
+    sent=st.lists(st.integers(0, 200), max_size=30),
+    delays=st.lists(st.integers(1, 50), min_size=30, max_size=30),
+    sender_recorded=st.integers(-1, 300),
+    receiver_recorded=st.integers(-1, 300),
+)
+def test_in_flight_lookup_equals_a_full_scan(
+    sent: list[int], delays: list[int], sender_recorded: int, receiver_recorded: int
+) -> None:
+    """The bisecting lookup agrees with the definition, FIFO or not (then it scans)."""
+    delivered = sorted(
+        ((s + d) * 1000 + k, k) for k, (s, d) in enumerate(zip(sent, delays, strict=False))
+    )
+    sent_at = {k: s * 1000 + k for k, s in enumerate(sent)}
+    history = _ChannelHistory(delivered, sent_at)
+    expected = [
+        m
+        for i, m in delivered
+        if i > receiver_recorded * 1000 and sent_at[m] < sender_recorded * 1000
+    ]
+    assert history.between(sender_recorded * 1000, receiver_recorded * 1000) == expected

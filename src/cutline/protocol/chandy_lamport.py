@@ -265,4 +265,3 @@ class ChandyLamportRecorder(Generic[C, M]):
             raise InvalidSnapshotIdError(
                 f"{self.name}: snapshot id {snapshot_id!r} is not a non-negative integer"
             )
-

@@ -70,6 +70,9 @@ class RecordedSnapshot:
     """Recorded balance of each process that recorded."""
     channels: dict[Channel, list[Payment]] = field(default_factory=dict)
     """Recorded state of each input channel whose recording finished, in order of receipt."""
+    recording: dict[Channel, list[Payment]] = field(default_factory=dict, repr=False)
+    """Messages recorded so far on channels still being recorded (moved to ``channels`` when
+    their recording finishes)."""
     messages: list[tuple[Channel, Payment]] = field(default_factory=list)
     """Every recorded message, in the order the destinations received them."""
     completed: list[str] = field(default_factory=list)

@@ -133,7 +133,9 @@ class BankProcess:
         sim = self.sim
         for action in actions:
             if isinstance(action, RecordMessage):
-                sim.snapshot(action.snapshot_id).messages.append((action.channel, action.message))
+                snap = sim.snapshot(action.snapshot_id)
+                snap.messages.append((action.channel, action.message))
+                snap.recording.setdefault(action.channel, []).append(action.message)
             elif isinstance(action, SendMarker):
                 sim.send_marker(action.channel, action.snapshot_id)
             elif isinstance(action, RecordState):
@@ -141,9 +143,10 @@ class BankProcess:
                 sim.log(Kind.RECORD, self.pid, snapshot=action.snapshot_id, amount=self.balance)
             elif isinstance(action, ChannelRecorded):
                 snap = sim.snapshot(action.snapshot_id)
-                channel = action.channel
-                snap.channels[channel] = [p for c, p in snap.messages if c == channel]
-                sim.log(Kind.CHANNEL_RECORDED, self.pid, channel, snapshot=action.snapshot_id)
+                snap.channels[action.channel] = snap.recording.pop(action.channel, [])
+                sim.log(
+                    Kind.CHANNEL_RECORDED, self.pid, action.channel, snapshot=action.snapshot_id
+                )
             elif isinstance(action, SnapshotComplete):
                 sim.snapshot(action.snapshot_id).completed.append(self.pid)
                 sim.log(Kind.COMPLETE, self.pid, snapshot=action.snapshot_id)
