@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutline.protocol import Action, ChandyLamportRecorder, SnapshotComplete, SnapshotStatus
 from cutline.sim.checker import PROPERTIES, Violation, _ChannelHistory, check_run, verify
 from cutline.sim.log import Kind, Payment, SimRun
-from cutline.sim.scenario import scenario_from_text
+from cutline.sim.scenario import Channel, scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
 
 from broken_recorders import LateMarkerProcess
@@ -56,7 +58,6 @@ def test_a_forgotten_in_flight_message_is_named() -> None:
     run, _ = good_run()
     snap = run.snapshots[0]
     snap.messages.clear()
-    snap.channels[("N2", "N1")] = []
     verdict = check_run(run)
     (channel,) = verdict.failed("channel-state")
     assert (channel.snapshot, channel.channel, channel.process) == (0, ("N2", "N1"), "N1")
@@ -67,9 +68,7 @@ def test_a_forgotten_in_flight_message_is_named() -> None:
 
 def test_an_extra_message_is_named() -> None:
     run, _ = good_run()
-    extra = Payment(99, 0)
-    run.snapshots[0].channels[("N3", "N2")] = [extra]
-    run.snapshots[0].messages.append((("N3", "N2"), extra))
+    run.snapshots[0].messages.append((("N3", "N2"), Payment(99, 0)))
     (channel,) = check_run(run).failed("channel-state")
     assert channel.channel == ("N3", "N2")
 
@@ -79,10 +78,56 @@ def test_messages_out_of_order_break_channel_state_but_not_conservation() -> Non
         "2\nN1 10\nN2 0\nN1 N2\nN2 N1\n", "snapshot N2\nsend N1 N2 1\nsend N1 N2 2\ntick 3\n"
     )
     run = simulate(scenario, ONE_STEP)
-    assert [p.amount for p in run.snapshots[0].channels[("N1", "N2")]] == [1, 2]
-    run.snapshots[0].channels[("N1", "N2")].reverse()
+    assert [p.amount for p in run.snapshots[0].channel_state(("N1", "N2"))] == [1, 2]
+    run.snapshots[0].messages.reverse()
     verdict = check_run(run)
     assert [v.property for v in verdict.violations] == ["channel-state"]
+
+
+def test_a_message_moved_to_another_channel_is_caught() -> None:
+    """What is printed (the snapshot's messages) is what is checked."""
+    scenario = scenario_from_text(
+        "2\nN1 10\nN2 0\nN1 N2\nN2 N1\n", "snapshot N2\nsend N1 N2 1\nsend N1 N2 2\ntick 3\n"
+    )
+    run = simulate(scenario, ONE_STEP)
+    messages = run.snapshots[0].messages
+    messages[0] = (("N2", "N1"), messages[0][1])
+    messages.reverse()
+    channels = {v.channel for v in check_run(run).failed("channel-state")}
+    assert channels == {("N1", "N2"), ("N2", "N1")}
+
+
+def test_a_missing_recorded_state_is_named() -> None:
+    run, _ = good_run()
+    del run.snapshots[0].states["N1"]
+    (local,) = check_run(run).failed("local-state")
+    assert (local.snapshot, local.process) == (0, "N1")
+    assert "holds no state" in local.detail
+
+
+def test_completing_before_every_channel_closed_is_caught() -> None:
+    """A recorder that reports local completion as soon as it records."""
+
+    class CompletesEarly(ChandyLamportRecorder[Channel, Payment]):
+        def _record(self, snapshot_id: int, closed: tuple[Channel, ...]) -> list[Action]:
+            actions = super()._record(snapshot_id, closed)
+            if not any(isinstance(a, SnapshotComplete) for a in actions):
+                actions.append(SnapshotComplete(snapshot_id))
+            return actions
+
+        def marker_received(self, snapshot_id: int, channel: Channel) -> Sequence[Action]:
+            early = self.status(snapshot_id) is SnapshotStatus.RECORDING
+            actions = super().marker_received(snapshot_id, channel)
+            return [a for a in actions if not (early and isinstance(a, SnapshotComplete))]
+
+    run = simulate(
+        scenario_from_text(LINE, CONCURRENT),
+        ONE_STEP,
+        recorder_factory=lambda name, inputs, outputs: CompletesEarly(inputs, outputs, name=name),
+    )
+    failures = check_run(run).failed("termination")
+    assert {(v.snapshot, v.process) for v in failures} >= {(0, "N2"), (1, "N2")}
+    assert all("completed while still recording" in v.detail for v in failures)
 
 
 def test_a_channel_that_never_closed_is_named() -> None:
@@ -92,9 +137,11 @@ def test_a_channel_that_never_closed_is_named() -> None:
         for e in run.log
         if not (e.kind is Kind.CHANNEL_RECORDED and e.snapshot == 1 and e.channel == ("N1", "N2"))
     ]
-    (failure,) = check_run(run).failed("termination")
-    assert (failure.snapshot, failure.channel, failure.process) == (1, ("N1", "N2"), "N2")
-    assert failure.detail == "was never closed"
+    failures = check_run(run).failed("termination")
+    assert [(v.snapshot, v.channel, v.process, v.detail) for v in failures] == [
+        (1, None, "N2", "completed while still recording N1->N2"),
+        (1, ("N1", "N2"), "N2", "was never closed"),
+    ]
 
 
 def test_a_second_recording_is_named() -> None:

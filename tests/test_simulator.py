@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from cutline.sim.checker import check_run
 from cutline.sim.generate import random_scenario
 from cutline.sim.log import Kind
-from cutline.sim.scenario import Scenario, ScenarioError, scenario_from_text
+from cutline.sim.scenario import Initiate, Scenario, ScenarioError, Tick, scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
 
 from strategies import scenarios
@@ -155,3 +155,20 @@ def test_without_a_log_nothing_is_checked() -> None:
     assert run.log == []
     with pytest.raises(ValueError, match="no event log"):
         check_run(run)
+
+
+def test_only_initiations_that_took_effect_are_listed() -> None:
+    scenario = Scenario(
+        scenario_from_text("2\nA 1\nB 1\nA B\nB A\n", "").topology,
+        (Initiate("A", 3), Tick(10), Initiate("A", 3), Initiate("B", 3)),
+    )
+    run = simulate(scenario, SimConfig(seed=0))
+    assert run.snapshots[3].initiators == ["A"]
+    assert [e.process for e in run.log if e.kind is Kind.INITIATE] == ["A", "A", "B"]
+
+
+def test_a_run_without_payments_or_markers_still_needs_its_log() -> None:
+    scenario = scenario_from_text("1\nA 5\n", "snapshot A\n")
+    with pytest.raises(ValueError, match="no event log"):
+        check_run(simulate(scenario, SimConfig(keep_log=False)))
+    assert check_run(simulate(scenario)).ok

@@ -33,8 +33,8 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from cutline.sim.log import Kind, SimRun
-from cutline.sim.scenario import Channel, Scenario
+from cutline.sim.log import Kind, RecordedSnapshot, SimRun
+from cutline.sim.scenario import Channel, Scenario, Topology
 from cutline.sim.simulator import SimConfig, simulate
 
 PROPERTIES = (
@@ -106,9 +106,12 @@ class Verdict:
         noun = "snapshot" if n == 1 else "snapshots"
         if self.ok:
             return f"verified: {n} {noun} consistent ({checked})"
-        bad = sorted({v.snapshot for v in self.violations if v.snapshot is not None})
+        bad = {v.snapshot for v in self.violations if v.snapshot is not None}
+        where = [f"{len(bad)} of {n} {noun}"] if bad else []
+        if any(v.snapshot is None for v in self.violations):
+            where.append("the run as a whole")
         return (
-            f"NOT verified: {len(self.violations)} violation(s) in {len(bad)} of {n} {noun}; "
+            f"NOT verified: {len(self.violations)} violation(s) in {' and '.join(where)}; "
             f"first: {self.violations[0]}"
         )
 
@@ -124,14 +127,16 @@ class Verdict:
 
 @dataclass
 class _Recording:
-    """What the log says about one snapshot."""
+    """What the log says about one snapshot (log indices)."""
 
     record_at: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     closed_at: dict[Channel, list[int]] = field(default_factory=lambda: defaultdict(list))
-    completed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    completed_at: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     markers_sent: dict[Channel, int] = field(default_factory=lambda: defaultdict(int))
     vector: dict[str, list[int]] = field(default_factory=dict)
+    """Each process's vector clock (over payments) when it recorded."""
     balance: dict[str, int] = field(default_factory=dict)
+    """Each process's balance, as the log shows it, when it recorded."""
 
 
 class _ChannelHistory:
@@ -159,32 +164,35 @@ class _ChannelHistory:
         return self.ids[lo:hi]
 
 
-def check_run(run: SimRun, baseline: SimRun | None = None) -> Verdict:
-    """Check every snapshot of ``run``; with ``baseline`` (the same run without snapshots) also
-    non-interference."""
-    if not run.log and (run.stats.get("payments") or run.stats.get("markers")):
-        raise ValueError("this run kept no event log (SimConfig.keep_log=False): nothing to check")
-    scenario = run.scenario
-    topo = scenario.topology
-    processes = topo.processes
-    index = {p: i for i, p in enumerate(processes)}
+@dataclass
+class _Log:
+    """Everything the checker derives from one pass over the event log."""
+
+    sent_at: dict[int, int] = field(default_factory=dict)
+    amounts: dict[int, int] = field(default_factory=dict)
+    delivered: dict[Channel, list[tuple[int, int]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    """Per channel, ``(log index, payment id)`` of each delivery, in order."""
+    recordings: dict[int, _Recording] = field(default_factory=lambda: defaultdict(_Recording))
+
+
+def _read_log(run: SimRun) -> _Log:
+    topo = run.scenario.topology
+    index = {p: i for i, p in enumerate(topo.processes)}
     balance = dict(topo.balances)
-    clock = {p: [0] * len(processes) for p in processes}
+    clock = {p: [0] * len(topo.processes) for p in topo.processes}
     sent_clock: dict[int, list[int]] = {}
-    sent_at: dict[int, int] = {}
-    delivered: dict[Channel, list[tuple[int, int]]] = defaultdict(list)  # (log index, payment id)
-    amounts: dict[int, int] = {}
-    recordings: dict[int, _Recording] = defaultdict(_Recording)
+    out = _Log()
     for i, event in enumerate(run.log):
-        kind = event.kind
-        p = event.process
+        kind, p = event.kind, event.process
         if kind is Kind.SEND:
             assert event.message is not None and event.amount is not None
             balance[p] -= event.amount
             clock[p][index[p]] += 1
             sent_clock[event.message] = clock[p][:]
-            sent_at[event.message] = i
-            amounts[event.message] = event.amount
+            out.sent_at[event.message] = i
+            out.amounts[event.message] = event.amount
         elif kind is Kind.DELIVER:
             assert event.message is not None and event.amount is not None and event.channel
             balance[p] += event.amount
@@ -193,138 +201,201 @@ def check_run(run: SimRun, baseline: SimRun | None = None) -> Verdict:
                 if v > mine[k]:
                     mine[k] = v
             mine[index[p]] += 1
-            delivered[event.channel].append((i, event.message))
+            out.delivered[event.channel].append((i, event.message))
         elif kind is Kind.RECORD:
             assert event.snapshot is not None
-            rec = recordings[event.snapshot]
+            rec = out.recordings[event.snapshot]
             rec.record_at[p].append(i)
             if p not in rec.vector:
                 rec.vector[p] = clock[p][:]
                 rec.balance[p] = balance[p]
         elif kind is Kind.CHANNEL_RECORDED:
             assert event.snapshot is not None and event.channel is not None
-            recordings[event.snapshot].closed_at[event.channel].append(i)
+            out.recordings[event.snapshot].closed_at[event.channel].append(i)
         elif kind is Kind.COMPLETE:
             assert event.snapshot is not None
-            recordings[event.snapshot].completed[p] += 1
+            out.recordings[event.snapshot].completed_at[p].append(i)
         elif kind is Kind.MARKER_SEND:
             assert event.snapshot is not None and event.channel is not None
-            recordings[event.snapshot].markers_sent[event.channel] += 1
+            out.recordings[event.snapshot].markers_sent[event.channel] += 1
+    return out
 
-    in_flight = {c: _ChannelHistory(delivered.get(c, []), sent_at) for c in topo.channels}
-    snapshot_ids = sorted(set(run.snapshots) | set(recordings))
+
+def check_run(run: SimRun, baseline: SimRun | None = None) -> Verdict:
+    """Check every snapshot of ``run``; with ``baseline`` (the same run without snapshots) also
+    non-interference."""
+    if not run.log_kept:
+        raise ValueError("this run kept no event log (SimConfig.keep_log=False): nothing to check")
+    topo = run.scenario.topology
+    log = _read_log(run)
+    in_flight = {c: _ChannelHistory(log.delivered.get(c, []), log.sent_at) for c in topo.channels}
+    snapshot_ids = sorted(set(run.snapshots) | set(log.recordings))
     verdict = Verdict(
         snapshots=snapshot_ids,
         properties=PROPERTIES if baseline is not None else PROPERTIES[:-1],
     )
-    out = verdict.violations
     for s in snapshot_ids:
-        rec = recordings[s]
-        snap = run.snapshots.get(s)
-        states = snap.states if snap else {}
-        recorded_messages = snap.messages if snap else []
-        # termination
-        for p in processes:
-            times = len(rec.record_at.get(p, ()))
-            if times != 1:
-                what = "never recorded its state" if times == 0 else f"recorded {times} times"
-                out.append(Violation("termination", s, what, process=p))
-            if rec.completed.get(p, 0) != 1 and times == 1:
-                n = rec.completed.get(p, 0)
-                what = "never completed" if n == 0 else f"completed {n} times"
-                out.append(Violation("termination", s, what, process=p))
-        for channel in topo.channels:
-            closes = rec.closed_at.get(channel, [])
-            dst = channel[1]
-            if dst in rec.record_at and len(closes) != 1:
-                what = "was never closed" if not closes else f"was closed {len(closes)} times"
-                out.append(Violation("termination", s, what, process=dst, channel=channel))
-            elif closes and dst in rec.record_at and closes[0] < rec.record_at[dst][0]:
-                out.append(
-                    Violation(
-                        "termination", s, "was closed before its process recorded", dst, channel
-                    )
-                )
-            markers = rec.markers_sent.get(channel, 0)
-            if channel[0] in rec.record_at and markers != 1:
-                out.append(
-                    Violation(
-                        "termination",
-                        s,
-                        f"carried {markers} markers instead of exactly 1",
-                        process=channel[0],
-                        channel=channel,
-                    )
-                )
-        # local state
-        for p, recorded in states.items():
-            expected = rec.balance.get(p)
-            if expected is not None and recorded != expected:
-                out.append(
-                    Violation(
-                        "local-state",
-                        s,
-                        f"recorded balance {recorded}, but the log shows {expected} when it recorded",
-                        process=p,
-                    )
-                )
-        # channel state
-        for channel in topo.channels:
-            src, dst = channel
-            if src not in rec.record_at or dst not in rec.record_at:
-                continue
-            src_at, dst_at = rec.record_at[src][0], rec.record_at[dst][0]
-            expected_ids = in_flight[channel].between(src_at, dst_at)
-            got = snap.channels.get(channel) if snap else None
-            if got is None:
-                got = [pay for c, pay in recorded_messages if c == channel]
-            got_ids = [pay.id for pay in got]
-            if got_ids != expected_ids:
-                out.append(
-                    Violation(
-                        "channel-state",
-                        s,
-                        f"recorded {_tokens(got_ids, amounts)}, expected {_tokens(expected_ids, amounts)}",
-                        process=dst,
-                        channel=channel,
-                    )
-                )
-        # consistent cut
-        for q, vq in rec.vector.items():
-            for p, vp in rec.vector.items():
-                k = index[p]
-                if p != q and vq[k] > vp[k]:
-                    orphan = _direct_orphan(p, q, delivered, sent_at, rec.record_at)
-                    how = "directly" if orphan else "through other processes"
-                    out.append(
-                        Violation(
-                            "consistent-cut",
-                            s,
-                            f"{q}'s recorded state reflects {vq[k] - vp[k]} event(s) of {p} that "
-                            f"{p}'s recorded state does not ({how})",
-                            process=q,
-                            channel=orphan,
-                        )
-                    )
-        # conservation
-        if len(states) == len(processes):
-            total = sum(states.values()) + sum(pay.amount for _, pay in recorded_messages)
-            if total != topo.total_tokens:
-                out.append(
-                    Violation(
-                        "conservation",
-                        s,
-                        f"recorded {total} tokens ({sum(states.values())} in balances, "
-                        f"{total - sum(states.values())} in channels) but the system holds "
-                        f"{topo.total_tokens}",
-                    )
-                )
+        rec = log.recordings[s]
+        snap = run.snapshots.get(s) or RecordedSnapshot(s, topo.processes)
+        verdict.violations += _termination(s, rec, topo)
+        verdict.violations += _local_state(s, rec, snap)
+        verdict.violations += _channel_state(s, rec, snap, topo, in_flight, log.amounts)
+        verdict.violations += _consistent_cut(s, rec, topo, log)
+        verdict.violations += _conservation(s, snap, topo)
     if baseline is not None:
-        out.extend(_non_interference(run, baseline))
+        verdict.violations += _non_interference(run, baseline)
     return verdict
 
 
-def _tokens(ids: list[int], amounts: dict[int, int]) -> str:
+def _termination(s: int, rec: _Recording, topo: Topology) -> list[Violation]:
+    out: list[Violation] = []
+    inputs: dict[str, list[Channel]] = defaultdict(list)
+    for channel in topo.channels:
+        inputs[channel[1]].append(channel)
+    for p in topo.processes:
+        times = len(rec.record_at.get(p, ()))
+        if times != 1:
+            what = "never recorded its state" if times == 0 else f"recorded {times} times"
+            out.append(Violation("termination", s, what, process=p))
+            continue
+        completions = rec.completed_at.get(p, [])
+        if len(completions) != 1:
+            what = "never completed" if not completions else f"completed {len(completions)} times"
+            out.append(Violation("termination", s, what, process=p))
+            continue
+        still_open = [
+            c
+            for c in inputs[p]
+            if not rec.closed_at.get(c) or rec.closed_at[c][0] > completions[0]
+        ]
+        if still_open:
+            out.append(
+                Violation(
+                    "termination",
+                    s,
+                    "completed while still recording "
+                    + ", ".join(_channel_name(c) for c in still_open),
+                    process=p,
+                )
+            )
+    for channel in topo.channels:
+        src, dst = channel
+        closes = rec.closed_at.get(channel, [])
+        if dst in rec.record_at and len(closes) != 1:
+            what = "was never closed" if not closes else f"was closed {len(closes)} times"
+            out.append(Violation("termination", s, what, process=dst, channel=channel))
+        elif closes and dst in rec.record_at and closes[0] < rec.record_at[dst][0]:
+            out.append(
+                Violation("termination", s, "was closed before its process recorded", dst, channel)
+            )
+        markers = rec.markers_sent.get(channel, 0)
+        if src in rec.record_at and markers != 1:
+            out.append(
+                Violation(
+                    "termination",
+                    s,
+                    f"carried {markers} markers instead of exactly 1",
+                    process=src,
+                    channel=channel,
+                )
+            )
+    return out
+
+
+def _local_state(s: int, rec: _Recording, snap: RecordedSnapshot) -> list[Violation]:
+    out: list[Violation] = []
+    for p in sorted(set(rec.balance) | set(snap.states)):
+        expected, recorded = rec.balance.get(p), snap.states.get(p)
+        if recorded is None:
+            what = "recorded its state (the log says so) but the snapshot holds no state for it"
+        elif expected is None:
+            what = f"has a recorded balance of {recorded} but never recorded (the log says so)"
+        elif recorded != expected:
+            what = f"recorded balance {recorded}, but the log shows {expected} when it recorded"
+        else:
+            continue
+        out.append(Violation("local-state", s, what, process=p))
+    return out
+
+
+def _channel_state(
+    s: int,
+    rec: _Recording,
+    snap: RecordedSnapshot,
+    topo: Topology,
+    in_flight: dict[Channel, _ChannelHistory],
+    amounts: dict[int, int],
+) -> list[Violation]:
+    """Compares what the snapshot holds (and so what is printed) with what the log implies."""
+    out: list[Violation] = []
+    recorded: dict[Channel, list[int]] = defaultdict(list)
+    for channel, payment in snap.messages:
+        recorded[channel].append(payment.id)
+    for channel in topo.channels:
+        src, dst = channel
+        if src in rec.record_at and dst in rec.record_at:
+            expected = in_flight[channel].between(rec.record_at[src][0], rec.record_at[dst][0])
+        else:
+            expected = []  # a cut with one side missing fails termination instead
+        got = recorded.pop(channel, [])
+        if got != expected:
+            out.append(
+                Violation(
+                    "channel-state",
+                    s,
+                    f"recorded {_describe_payments(got, amounts)}, "
+                    f"expected {_describe_payments(expected, amounts)}",
+                    process=dst,
+                    channel=channel,
+                )
+            )
+    out += [
+        Violation("channel-state", s, "messages recorded on a channel that does not exist", None, c)
+        for c in recorded
+    ]
+    return out
+
+
+def _consistent_cut(s: int, rec: _Recording, topo: Topology, log: _Log) -> list[Violation]:
+    out: list[Violation] = []
+    index = {p: i for i, p in enumerate(topo.processes)}
+    for q, vq in rec.vector.items():
+        for p, vp in rec.vector.items():
+            k = index[p]
+            if p != q and vq[k] > vp[k]:
+                orphan = _direct_orphan(p, q, log.delivered, log.sent_at, rec.record_at)
+                how = "directly" if orphan else "through other processes"
+                out.append(
+                    Violation(
+                        "consistent-cut",
+                        s,
+                        f"{q}'s recorded state reflects {vq[k] - vp[k]} event(s) of {p} that "
+                        f"{p}'s recorded state does not ({how})",
+                        process=q,
+                        channel=orphan,
+                    )
+                )
+    return out
+
+
+def _conservation(s: int, snap: RecordedSnapshot, topo: Topology) -> list[Violation]:
+    if len(snap.states) != len(topo.processes):
+        return []  # a snapshot missing states fails termination or local-state instead
+    in_balances = sum(snap.states.values())
+    total = snap.recorded_tokens
+    if total == topo.total_tokens:
+        return []
+    return [
+        Violation(
+            "conservation",
+            s,
+            f"recorded {total} tokens ({in_balances} in balances, {total - in_balances} in "
+            f"channels) but the system holds {topo.total_tokens}",
+        )
+    ]
+
+
+def _describe_payments(ids: list[int], amounts: dict[int, int]) -> str:
     if not ids:
         return "nothing"
     return "[" + ", ".join(f"token({amounts.get(m, '?')})#{m}" for m in ids) + "]"
@@ -359,7 +430,7 @@ def _non_interference(run: SimRun, baseline: SimRun) -> list[Violation]:
                     process=p,
                 )
             )
-    with_snapshots, without = run.delivery_order, baseline.delivery_order
+    with_snapshots, without = run.deliveries, baseline.deliveries
     if with_snapshots != without:
         for k, (a, b) in enumerate(zip(with_snapshots, without, strict=False)):
             if a != b:
@@ -367,9 +438,9 @@ def _non_interference(run: SimRun, baseline: SimRun) -> list[Violation]:
                     Violation(
                         "non-interference",
                         None,
-                        f"payment delivery {k} is payment {a[1]} to {a[0]} with snapshots but "
-                        f"payment {b[1]} to {b[0]} without",
-                        process=a[0],
+                        f"payment delivery {k} is payment {a[2]} to {a[1]} at step {a[0]} with "
+                        f"snapshots but payment {b[2]} to {b[1]} at step {b[0]} without",
+                        process=a[1],
                     )
                 )
                 break

@@ -68,13 +68,11 @@ class RecordedSnapshot:
     initiators: list[str] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
     """Recorded balance of each process that recorded."""
-    channels: dict[Channel, list[Payment]] = field(default_factory=dict)
-    """Recorded state of each input channel whose recording finished, in order of receipt."""
-    recording: dict[Channel, list[Payment]] = field(default_factory=dict, repr=False)
-    """Messages recorded so far on channels still being recorded (moved to ``channels`` when
-    their recording finishes)."""
     messages: list[tuple[Channel, Payment]] = field(default_factory=list)
-    """Every recorded message, in the order the destinations received them."""
+    """Every message recorded as in flight, with its channel, in the order the destinations
+    received them: the one place channel state is kept."""
+    closed: list[Channel] = field(default_factory=list)
+    """Input channels whose recording finished, in the order they finished."""
     completed: list[str] = field(default_factory=list)
     """Processes that completed the snapshot locally, in order of completion."""
 
@@ -82,6 +80,19 @@ class RecordedSnapshot:
     def complete(self) -> bool:
         """Global completion: every process completed locally."""
         return len(set(self.completed)) == len(self.processes)
+
+    def channel_state(self, channel: Channel) -> list[Payment]:
+        """The recorded state of ``channel``: its messages in the order they were received."""
+        return [payment for c, payment in self.messages if c == channel]
+
+    @property
+    def channels(self) -> dict[Channel, list[Payment]]:
+        """The recorded state of every channel whose recording finished."""
+        state: dict[Channel, list[Payment]] = {c: [] for c in self.closed}
+        for channel, payment in self.messages:
+            if channel in state:
+                state[channel].append(payment)
+        return state
 
     @property
     def recorded_tokens(self) -> int:
@@ -100,12 +111,13 @@ class SimRun:
     final_balances: dict[str, int]
     end_time: int
     stats: dict[str, int] = field(default_factory=dict)
+    log_kept: bool = True
 
     @property
-    def delivery_order(self) -> list[tuple[str, int]]:
-        """``(receiver, payment id)`` of every payment delivery, in order."""
+    def deliveries(self) -> list[tuple[int, str, int]]:
+        """``(step, receiver, payment id)`` of every payment delivery, in order."""
         return [
-            (e.process, e.message)  # type: ignore[misc]
+            (e.time, e.process, e.message)  # type: ignore[misc]
             for e in self.log
             if e.kind is Kind.DELIVER
         ]

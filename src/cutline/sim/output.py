@@ -34,7 +34,7 @@ def incomplete_reason(snapshot: RecordedSnapshot, topology: Topology) -> str:
     parts += [
         f"{dst} still waits for a marker on {src}->{dst}"
         for src, dst in topology.channels
-        if dst in snapshot.states and (src, dst) not in snapshot.channels
+        if dst in snapshot.states and (src, dst) not in snapshot.closed
     ]
     return "; ".join(parts)
 

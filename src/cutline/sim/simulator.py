@@ -102,9 +102,11 @@ class BankProcess:
 
     # events the simulator feeds in
     def initiate(self, snapshot_id: int) -> None:
-        self.sim.note_initiator(snapshot_id, self.pid)
         self.sim.log(Kind.INITIATE, self.pid, snapshot=snapshot_id)
-        self.apply(self.recorder.initiate(snapshot_id))
+        actions = self.recorder.initiate(snapshot_id)
+        if actions:  # empty when this process already recorded for that id
+            self.sim.snapshot(snapshot_id).initiators.append(self.pid)
+        self.apply(actions)
 
     def receive_marker(self, channel: Channel, snapshot_id: int) -> None:
         self.sim.log(Kind.MARKER_DELIVER, self.pid, channel, snapshot=snapshot_id)
@@ -134,17 +136,14 @@ class BankProcess:
         sim = self.sim
         for action in actions:
             if isinstance(action, RecordMessage):
-                snap = sim.snapshot(action.snapshot_id)
-                snap.messages.append((action.channel, action.message))
-                snap.recording.setdefault(action.channel, []).append(action.message)
+                sim.snapshot(action.snapshot_id).messages.append((action.channel, action.message))
             elif isinstance(action, SendMarker):
                 sim.send_marker(action.channel, action.snapshot_id)
             elif isinstance(action, RecordState):
                 sim.snapshot(action.snapshot_id).states[self.pid] = self.balance
                 sim.log(Kind.RECORD, self.pid, snapshot=action.snapshot_id, amount=self.balance)
             elif isinstance(action, ChannelRecorded):
-                snap = sim.snapshot(action.snapshot_id)
-                snap.channels[action.channel] = snap.recording.pop(action.channel, [])
+                sim.snapshot(action.snapshot_id).closed.append(action.channel)
                 sim.log(
                     Kind.CHANNEL_RECORDED, self.pid, action.channel, snapshot=action.snapshot_id
                 )
@@ -222,9 +221,6 @@ class Simulator:
             self._snapshots[snapshot_id] = snap
         return snap
 
-    def note_initiator(self, snapshot_id: int, pid: str) -> None:
-        self.snapshot(snapshot_id).initiators.append(pid)
-
     def send_payment(self, channel: Channel, amount: int) -> None:
         link = self._link_of[channel]
         payment = Payment(self._payments, amount)
@@ -294,12 +290,12 @@ class Simulator:
         reference cycles (reference counting frees what it drops), and the
         collector's passes over them cost a third of a run's time.
         """
-        paused = gc.isenabled()
+        was_enabled = gc.isenabled()
         gc.disable()
         try:
             return self._run()
         finally:
-            if paused:
+            if was_enabled:
                 gc.enable()
 
     def _run(self) -> SimRun:
@@ -328,6 +324,7 @@ class Simulator:
             snapshots=dict(sorted(self._snapshots.items())),
             final_balances={p: proc.balance for p, proc in self.processes.items()},
             end_time=self.now,
+            log_kept=self._keep_log,
             stats={
                 "payments": self._payments,
                 "markers": self._markers,
