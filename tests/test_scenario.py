@@ -347,8 +347,16 @@ def test_parse_accepts_a_send_larger_than_the_balance(topology: Topology) -> Non
             id="send-non-numeric",
         ),
         pytest.param("snapshot N9\n", 1, "unknown process 'N9'", id="snapshot-unknown-process"),
-        pytest.param("snapshot\n", 1, "expected 'snapshot ID'", id="snapshot-no-process"),
-        pytest.param("snapshot N1 N2\n", 1, "expected 'snapshot ID'", id="snapshot-two-processes"),
+        pytest.param("snapshot\n", 1, "expected 'snapshot ID [ID ...]'", id="snapshot-no-process"),
+        pytest.param(
+            "tick\nsnapshot N1 N1\n",
+            2,
+            "a process is named twice in one snapshot line",
+            id="snapshot-same-process-twice",
+        ),
+        pytest.param(
+            "snapshot N1 N9\n", 1, "unknown process 'N9'", id="snapshot-second-process-unknown"
+        ),
         pytest.param(
             "tick\ntick 0\n", 2, "the steps of a tick must be at least 1, not 0", id="tick-0"
         ),
@@ -548,3 +556,31 @@ def test_load_scenario_accepts_utf8_process_names(tmp_path: Path) -> None:
     scenario = load_scenario(top, evt)
     assert scenario.topology.processes == ("Banque-é", "銀行")
     assert scenario.events == (Send("Banque-é", "銀行", 5, 1),)
+
+
+def test_one_snapshot_line_may_name_several_initiators(topology: Topology) -> None:
+    events = parse_events("snapshot N1 N2\ntick\nsnapshot N3\n", topology, EVT)
+    assert events == (
+        Initiate("N1", 0, 1),
+        Initiate("N2", 0, 1),
+        Tick(1, 2),
+        Initiate("N3", 1, 3),
+    )
+    assert format_events(events) == "snapshot N1 N2\ntick\nsnapshot N3\n"
+
+
+def test_events_built_in_code_are_checked_too(topology: Topology) -> None:
+    with pytest.raises(ScenarioError, match="1 token or more, not -7"):
+        Send("N1", "N2", -7)
+    with pytest.raises(ScenarioError, match="cannot pay itself"):
+        Send("N1", "N1", 1)
+    with pytest.raises(ScenarioError, match="1 step or more, not -3"):
+        Tick(-3)
+    with pytest.raises(ScenarioError, match="whole number >= 0"):
+        Initiate("N1", -1)
+    with pytest.raises(ScenarioError, match="no channel from N2 to N2x"):
+        Scenario(topology, (Send("N2", "N2x", 1),))
+    with pytest.raises(ScenarioError, match="unknown process 'N7'"):
+        Scenario(topology, (Initiate("N7", 0),))
+    with pytest.raises(ValueError, match="the next one is 0"):
+        format_events((Initiate("N1", 1),))

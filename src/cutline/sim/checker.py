@@ -264,9 +264,7 @@ def _termination(s: int, rec: _Recording, topo: Topology) -> list[Violation]:
             out.append(Violation("termination", s, what, process=p))
             continue
         still_open = [
-            c
-            for c in inputs[p]
-            if not rec.closed_at.get(c) or rec.closed_at[c][0] > completions[0]
+            c for c in inputs[p] if not rec.closed_at.get(c) or rec.closed_at[c][0] > completions[0]
         ]
         if still_open:
             out.append(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -97,6 +97,14 @@ class Send:
     amount: int
     line: int | None = None
 
+    def __post_init__(self) -> None:
+        if type(self.amount) is not int or self.amount < 1:
+            raise ScenarioError(
+                None, self.line, f"a payment must be of 1 token or more, not {self.amount!r}"
+            )
+        if self.src == self.dst:
+            raise ScenarioError(None, self.line, f"{self.src} cannot pay itself")
+
 
 @dataclass(frozen=True)
 class Initiate:
@@ -110,6 +118,14 @@ class Initiate:
     snapshot_id: int
     line: int | None = None
 
+    def __post_init__(self) -> None:
+        if type(self.snapshot_id) is not int or self.snapshot_id < 0:
+            raise ScenarioError(
+                None,
+                self.line,
+                f"a snapshot id must be a whole number >= 0, not {self.snapshot_id!r}",
+            )
+
 
 @dataclass(frozen=True)
 class Tick:
@@ -117,6 +133,12 @@ class Tick:
 
     steps: int = 1
     line: int | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.steps) is not int or self.steps < 1:
+            raise ScenarioError(
+                None, self.line, f"a tick must be of 1 step or more, not {self.steps!r}"
+            )
 
 
 Event = Send | Initiate | Tick
@@ -129,7 +151,21 @@ class Scenario:
     topology: Topology
     events: tuple[Event, ...]
     events_path: str | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        known = set(self.topology.processes)
+        channels = set(self.topology.channels)
+        for event in self.events:
+            if isinstance(event, Send) and (event.src, event.dst) not in channels:
+                raise ScenarioError(
+                    self.events_path,
+                    event.line,
+                    f"there is no channel from {event.src} to {event.dst}",
+                )
+            if isinstance(event, Initiate) and event.process not in known:
+                raise ScenarioError(
+                    self.events_path, event.line, f"unknown process {event.process!r}"
+                )
 
     @property
     def snapshot_ids(self) -> tuple[int, ...]:
@@ -175,7 +211,7 @@ def parse_topology(text: str, path: str | None = None) -> Topology:
             f"the first line must be the number of processes, not {' '.join(fields)!r}",
         )
     count_line = number
-    if fields[0] == "0":
+    if _INTEGER.fullmatch(fields[0]) and int(fields[0]) == 0:
         raise ScenarioError(path, number, "empty topology: it declares 0 processes")
     n = _count(path, number, fields[0], "the number of processes", minimum=1)
     processes: list[str] = []
@@ -244,9 +280,12 @@ def parse_events(text: str, topology: Topology, path: str | None = None) -> tupl
             amount = _count(path, number, args[2], "the tokens sent", minimum=1)
             events.append(Send(src, dst, amount, number))
         elif verb == "snapshot":
-            if len(args) != 1:
-                raise ScenarioError(path, number, "expected 'snapshot ID'")
-            events.append(Initiate(process(number, args[0]), next_snapshot, number))
+            if not args:
+                raise ScenarioError(path, number, "expected 'snapshot ID [ID ...]'")
+            if len(set(args)) != len(args):
+                raise ScenarioError(path, number, "a process is named twice in one snapshot line")
+            # Several ids on one line (a cutline extension): they all initiate the same snapshot.
+            events += [Initiate(process(number, pid), next_snapshot, number) for pid in args]
             next_snapshot += 1
         elif verb == "tick":
             if len(args) > 1:
@@ -296,13 +335,27 @@ def format_topology(topology: Topology) -> str:
 
 
 def format_events(events: Sequence[Event]) -> str:
-    """The events in the file format. Snapshot ids are implied by order, so they must be 0, 1, ..."""
+    """The events in the file format (round-trips through :func:`parse_events`).
+
+    The format numbers snapshots in order, so each id must be the next one; the
+    initiators of one id must follow each other, and share one ``snapshot`` line.
+    """
     out: list[str] = []
+    next_id = 0
     for event in events:
         if isinstance(event, Send):
             out.append(f"send {event.src} {event.dst} {event.amount}")
         elif isinstance(event, Initiate):
+            if event.snapshot_id == next_id - 1 and out[-1].startswith("snapshot "):
+                out[-1] += f" {event.process}"
+                continue
+            if event.snapshot_id != next_id:
+                raise ValueError(
+                    f"snapshot {event.snapshot_id} cannot be written here: the file format "
+                    f"numbers snapshots in order, and the next one is {next_id}"
+                )
             out.append(f"snapshot {event.process}")
+            next_id += 1
         else:
             out.append("tick" if event.steps == 1 else f"tick {event.steps}")
     return "\n".join(out) + "\n"
