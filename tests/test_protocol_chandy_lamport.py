@@ -1021,3 +1021,36 @@ def test_property_concurrent_snapshots_match_a_reference_model(
                 assert_not_started(r, s)
     assert done == set(ids)
     assert r.in_progress() == ()
+
+
+def test_discard_below_keeps_memory_constant_with_gaps_in_the_ids() -> None:
+    r = ChandyLamportRecorder(["a"], ["x"], name="q")
+    for s in range(1, 2001, 2):  # odd ids only: a gap below every one
+        r.initiate(s)
+        r.marker_received(s, "a")
+    assert len(r._completed._above) == 1000  # one entry per id above the first gap
+    r.discard_below(2001)
+    assert len(r._completed._above) == 0
+    assert r.status(1999) is SnapshotStatus.COMPLETE
+    assert r.status(0) is SnapshotStatus.COMPLETE  # discarded ids count as complete
+    with pytest.raises(DuplicateMarkerError):
+        r.marker_received(7, "a")
+    assert r.status(2001) is SnapshotStatus.NOT_STARTED
+
+
+def test_discard_below_refuses_while_a_lower_snapshot_is_in_progress() -> None:
+    r = ChandyLamportRecorder(["a", "b"], [], name="q")
+    r.initiate(3)
+    with pytest.raises(ProtocolError, match=r"snapshot\(s\) \[3\] still in progress"):
+        r.discard_below(5)
+    assert r.status(3) is SnapshotStatus.RECORDING
+    r.discard_below(3)  # ids below the one in progress are fine
+    assert r.status(2) is SnapshotStatus.COMPLETE
+
+
+def test_an_unknown_channel_error_for_a_marker_names_the_snapshot() -> None:
+    r = ChandyLamportRecorder(["a"], [], name="q")
+    with pytest.raises(
+        UnknownChannelError, match="q: a marker for snapshot 4 arrived on channel 'z'"
+    ):
+        r.marker_received(4, "z")

@@ -37,6 +37,7 @@ from typing import Generic, TypeAlias, TypeVar
 from cutline.protocol.errors import (
     DuplicateMarkerError,
     InvalidSnapshotIdError,
+    ProtocolError,
     UnknownChannelError,
 )
 
@@ -99,10 +100,12 @@ class SnapshotStatus(Enum):
 
 
 class _CompletedIds:
-    """The set of completed snapshot ids, compact when ids complete in order.
+    """The set of completed snapshot ids.
 
     Every id below ``_floor`` is complete; ``_above`` holds the completed ids
-    at or above it. With increasing ids (the common case) the set stays tiny.
+    above it. When ids 0, 1, 2, ... complete in order, ``_above`` stays empty;
+    with gaps in the ids it grows by one entry per completed id above the
+    first gap, until :meth:`raise_floor` is called.
     """
 
     __slots__ = ("_above", "_floor")
@@ -113,6 +116,16 @@ class _CompletedIds:
 
     def add(self, snapshot_id: int) -> None:
         self._above.add(snapshot_id)
+        self._advance()
+
+    def raise_floor(self, floor: int) -> None:
+        """Count every id below ``floor`` as complete, and forget them one by one."""
+        if floor > self._floor:
+            self._above = {i for i in self._above if i >= floor}
+            self._floor = floor
+            self._advance()
+
+    def _advance(self) -> None:
         while self._floor in self._above:
             self._above.discard(self._floor)
             self._floor += 1
@@ -178,6 +191,23 @@ class ChandyLamportRecorder(Generic[C, M]):
         self._check_id(snapshot_id)
         return frozenset(self._open.get(snapshot_id, ()))
 
+    def discard_below(self, snapshot_id: int) -> None:
+        """Promise that no event will come for any id below ``snapshot_id``.
+
+        Those ids then count as complete and take no memory: a driver whose ids
+        increase with gaps (aborted or skipped snapshots) calls this now and
+        then to keep the recorder's memory constant. Refused while a snapshot
+        below ``snapshot_id`` is still in progress here.
+        """
+        self._check_id(snapshot_id)
+        pending = sorted(s for s in self._open if s < snapshot_id)
+        if pending:
+            raise ProtocolError(
+                f"{self.name}: cannot discard ids below {snapshot_id}: snapshot(s) "
+                f"{pending} still in progress"
+            )
+        self._completed.raise_floor(snapshot_id)
+
     # ------------------------------------------------------------------- events
 
     def initiate(self, snapshot_id: int) -> Sequence[Action[C, M]]:
@@ -194,7 +224,7 @@ class ChandyLamportRecorder(Generic[C, M]):
     def marker_received(self, snapshot_id: int, channel: C) -> Sequence[Action[C, M]]:
         """``Marker(snapshot_id)`` arrived on input ``channel``."""
         self._check_id(snapshot_id)
-        self._check_input(channel, "a marker")
+        self._check_input(channel, f"a marker for snapshot {snapshot_id}")
         open_channels = self._open.get(snapshot_id)
         if open_channels is None:
             if snapshot_id in self._completed:

@@ -313,8 +313,13 @@ def _build(run: SimRun, title: str | None) -> Figure:
     ax.set_xticks([t + 0.5 for t in steps], [str(t) for t in steps])
     ax.tick_params(axis="x", length=0)
     ax.set_xlabel("time (steps)")
+    # one boundary per labelled step: a run with a long tick must not draw millions of lines
     boundaries = ax.vlines(
-        range(int(lay.end) + 1), -0.6, len(processes) - 0.4, colors="0.92", linewidths=0.6
+        range(0, int(lay.end) + 1, stride),
+        -0.6,
+        len(processes) - 0.4,
+        colors="0.92",
+        linewidths=0.6,
     )
     boundaries.set_zorder(0)
     boundaries.set_gid("steps")
