@@ -3,8 +3,22 @@
 Nothing in this package opens a socket, starts a thread, reads a clock or
 draws a random number. The simulator (:mod:`cutline.sim`) and the runtime
 drive the very same objects.
+
+* :mod:`cutline.protocol.chandy_lamport` — the Chandy-Lamport recorder of one process;
+* :mod:`cutline.protocol.alignment` — aligned barrier handling of one subtask;
+* :mod:`cutline.protocol.coordinator` — the checkpoint coordinator of one job.
 """
 
+from cutline.protocol.alignment import (
+    AbortAlignment,
+    AlignedBarrierHandler,
+    AlignmentAction,
+    BarrierOrderError,
+    BlockChannel,
+    ForwardBarrier,
+    SnapshotState,
+    UnblockChannels,
+)
 from cutline.protocol.chandy_lamport import (
     Action,
     ChandyLamportRecorder,
@@ -15,6 +29,22 @@ from cutline.protocol.chandy_lamport import (
     SnapshotComplete,
     SnapshotStatus,
 )
+from cutline.protocol.coordinator import (
+    AbortCheckpoint,
+    CheckpointCoordinator,
+    CheckpointSettings,
+    CheckpointStatus,
+    CoordinatorAction,
+    DiscardCheckpoint,
+    DiscardState,
+    DuplicateAcknowledgementError,
+    FailJob,
+    NotifyCheckpointComplete,
+    TriggerCheckpoint,
+    UnknownCheckpointError,
+    UnknownTaskError,
+    WriteMetadata,
+)
 from cutline.protocol.errors import (
     DuplicateMarkerError,
     InvalidSnapshotIdError,
@@ -23,16 +53,38 @@ from cutline.protocol.errors import (
 )
 
 __all__ = [
+    "AbortAlignment",
+    "AbortCheckpoint",
     "Action",
+    "AlignedBarrierHandler",
+    "AlignmentAction",
+    "BarrierOrderError",
+    "BlockChannel",
     "ChandyLamportRecorder",
     "ChannelRecorded",
+    "CheckpointCoordinator",
+    "CheckpointSettings",
+    "CheckpointStatus",
+    "CoordinatorAction",
+    "DiscardCheckpoint",
+    "DiscardState",
+    "DuplicateAcknowledgementError",
     "DuplicateMarkerError",
+    "FailJob",
+    "ForwardBarrier",
     "InvalidSnapshotIdError",
+    "NotifyCheckpointComplete",
     "ProtocolError",
     "RecordMessage",
     "RecordState",
     "SendMarker",
     "SnapshotComplete",
+    "SnapshotState",
     "SnapshotStatus",
+    "TriggerCheckpoint",
+    "UnblockChannels",
     "UnknownChannelError",
+    "UnknownCheckpointError",
+    "UnknownTaskError",
+    "WriteMetadata",
 ]

@@ -1,0 +1,396 @@
+"""The checkpoint coordinator of one job, as a sans-IO state machine.
+
+The coordinator owns checkpoint ids (strictly increasing), decides when to
+trigger a checkpoint, collects every subtask's acknowledgement, and decides
+when a checkpoint is complete, aborted, subsumed or discarded (SEMANTICS §3,
+§5). It never reads a clock, opens a file or sends a message: the driver that
+hosts it passes the current time into every event and carries out the actions
+it returns, in order.
+
+==============================================  ===========================================
+event (method)                                  actions it may return
+==============================================  ===========================================
+``poll(now)``                                   ``TriggerCheckpoint``; ``AbortCheckpoint`` for
+                                                a checkpoint that timed out; ``FailJob``
+``trigger(now, final=...)``                     ``TriggerCheckpoint`` (on demand: the final
+                                                checkpoint of bounded input, a savepoint)
+``acknowledge(n, task, handle, now)``           ``WriteMetadata`` once every task acknowledged;
+                                                ``DiscardState`` for a late acknowledgement
+``decline(n, task, reason, now)``               ``AbortCheckpoint``; ``FailJob``
+``metadata_written(n, now)``                    ``NotifyCheckpointComplete``, ``AbortCheckpoint``
+                                                for older pending ones (subsumed),
+                                                ``DiscardCheckpoint`` beyond retention
+==============================================  ===========================================
+
+A checkpoint is complete only once its metadata is written (the driver writes
+it atomically, then calls :meth:`CheckpointCoordinator.metadata_written`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Generic, TypeAlias, TypeVar
+
+from cutline.protocol.errors import ProtocolError
+
+T = TypeVar("T", bound=Hashable)
+"""The type of a task (subtask) id."""
+H = TypeVar("H")
+"""The type of a state handle: whatever a task reports about the state it wrote."""
+
+
+class UnknownCheckpointError(ProtocolError):
+    """An event names a checkpoint id the coordinator never triggered."""
+
+
+class UnknownTaskError(ProtocolError):
+    """An event names a task that is not part of the job."""
+
+
+class DuplicateAcknowledgementError(ProtocolError):
+    """A task acknowledged or declined the same checkpoint twice."""
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """How often checkpoints are taken and how failures are tolerated (times in seconds)."""
+
+    interval: float | None = 1.0
+    """Seconds between two triggers; ``None`` triggers only on demand."""
+    timeout: float = 600.0
+    """A checkpoint not complete this long after its trigger is aborted."""
+    min_pause: float = 0.0
+    """Seconds from the end of one checkpoint (complete or aborted) to the next trigger."""
+    max_concurrent: int = 1
+    """Checkpoints in flight at once."""
+    tolerable_failures: int = 0
+    """Consecutive failed checkpoints (timed out or declined) tolerated before the job fails."""
+    retained: int = 1
+    """Complete checkpoints kept; older ones are discarded once a newer one is complete."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.interval is not None and not (math.isfinite(self.interval) and self.interval > 0):
+            problems.append(f"interval must be a positive number of seconds, not {self.interval!r}")
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            problems.append(f"timeout must be a positive number of seconds, not {self.timeout!r}")
+        if not (math.isfinite(self.min_pause) and self.min_pause >= 0):
+            problems.append(f"min_pause must be 0 or more seconds, not {self.min_pause!r}")
+        if type(self.max_concurrent) is not int or self.max_concurrent < 1:
+            problems.append(f"max_concurrent must be 1 or more, not {self.max_concurrent!r}")
+        if type(self.tolerable_failures) is not int or self.tolerable_failures < 0:
+            problems.append(
+                f"tolerable_failures must be 0 or more, not {self.tolerable_failures!r}"
+            )
+        if type(self.retained) is not int or self.retained < 1:
+            problems.append(f"retained must be 1 or more, not {self.retained!r}")
+        if problems:
+            raise ValueError("invalid checkpoint settings: " + "; ".join(problems))
+
+
+class CheckpointStatus(Enum):
+    PENDING = "pending"
+    """Triggered, waiting for acknowledgements."""
+    ACKNOWLEDGED = "acknowledged"
+    """Every task acknowledged; its metadata is being written."""
+    COMPLETE = "complete"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerCheckpoint:
+    """Ask every source task to take checkpoint ``checkpoint_id`` (and emit its barrier)."""
+
+    checkpoint_id: int
+    timestamp: float
+    final: bool = False
+    """The last checkpoint of a job whose input is bounded and exhausted."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMetadata(Generic[T, H]):
+    """Write checkpoint ``checkpoint_id``'s metadata (every task's handle) atomically, then
+    call ``metadata_written``."""
+
+    checkpoint_id: int
+    handles: tuple[tuple[T, H], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyCheckpointComplete:
+    """Tell every task that checkpoint ``checkpoint_id`` is complete (sinks publish)."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbortCheckpoint(Generic[T, H]):
+    """Checkpoint ``checkpoint_id`` will never complete: tell the tasks, remove its files
+    (``handles`` are the acknowledgements that came in)."""
+
+    checkpoint_id: int
+    reason: str
+    handles: tuple[tuple[T, H], ...] = ()
+    subsumed: bool = False
+    """Aborted because a newer checkpoint completed (not a failure)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardState(Generic[T, H]):
+    """A late acknowledgement of a checkpoint that was already aborted: remove its files."""
+
+    checkpoint_id: int
+    task: T
+    handle: H
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardCheckpoint:
+    """A complete checkpoint beyond the retained number: remove it."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailJob:
+    """Too many consecutive checkpoint failures: fail the job (it restarts or stops)."""
+
+    reason: str
+
+
+CoordinatorAction: TypeAlias = (
+    TriggerCheckpoint
+    | WriteMetadata[T, H]
+    | NotifyCheckpointComplete
+    | AbortCheckpoint[T, H]
+    | DiscardState[T, H]
+    | DiscardCheckpoint
+    | FailJob
+)
+
+
+@dataclass
+class PendingCheckpoint(Generic[T, H]):
+    """A checkpoint in flight."""
+
+    checkpoint_id: int
+    triggered_at: float
+    final: bool
+    waiting_for: set[T]
+    handles: dict[T, H] = field(default_factory=dict)
+    status: CheckpointStatus = CheckpointStatus.PENDING
+
+
+class CheckpointCoordinator(Generic[T, H]):
+    """Triggers checkpoints, collects acknowledgements, completes, aborts and retains them.
+
+    :param tasks: every task (subtask) of the job; each must acknowledge each checkpoint.
+    :param settings: interval, timeout, pause, concurrency, tolerance and retention.
+    :param next_id: the id of the first checkpoint; a job restored from checkpoint ``n``
+        starts at ``n + 1`` so that ids keep increasing across restarts.
+    :param completed: ids of complete checkpoints already retained (on restore), oldest first.
+    """
+
+    def __init__(
+        self,
+        tasks: Iterable[T],
+        settings: CheckpointSettings | None = None,
+        *,
+        next_id: int = 1,
+        completed: Iterable[int] = (),
+    ) -> None:
+        self.settings = settings or CheckpointSettings()
+        self.tasks: frozenset[T] = frozenset(tasks)
+        if not self.tasks:
+            raise ValueError("a checkpoint coordinator needs at least one task")
+        if type(next_id) is not int or next_id < 0:
+            raise ValueError(f"next_id must be a non-negative integer, not {next_id!r}")
+        self._next_id = next_id
+        self._pending: dict[int, PendingCheckpoint[T, H]] = {}
+        self._completed: list[int] = list(completed)
+        if any(c >= next_id for c in self._completed):
+            raise ValueError(f"completed checkpoints {self._completed} must be below {next_id}")
+        self._aborted: set[int] = set()
+        self._last_trigger: float | None = None
+        self._last_end: float | None = None
+        self._consecutive_failures = 0
+        self._failed = False
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def pending(self) -> tuple[int, ...]:
+        """Ids of the checkpoints in flight (triggered, not yet complete or aborted)."""
+        return tuple(self._pending)
+
+    @property
+    def completed(self) -> tuple[int, ...]:
+        """Ids of the retained complete checkpoints, oldest first."""
+        return tuple(self._completed)
+
+    @property
+    def latest_completed(self) -> int | None:
+        return self._completed[-1] if self._completed else None
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self._consecutive_failures
+
+    def status(self, checkpoint_id: int) -> CheckpointStatus:
+        pending = self._pending.get(checkpoint_id)
+        if pending is not None:
+            return pending.status
+        if checkpoint_id in self._completed:
+            return CheckpointStatus.COMPLETE
+        if checkpoint_id in self._aborted:
+            return CheckpointStatus.ABORTED
+        raise UnknownCheckpointError(f"checkpoint {checkpoint_id} was never triggered")
+
+    def next_trigger_time(self) -> float | None:
+        """The earliest time :meth:`poll` may trigger a checkpoint (``None``: never by itself)."""
+        if self.settings.interval is None or self._failed:
+            return None
+        times = [0.0]
+        if self._last_trigger is not None:
+            times.append(self._last_trigger + self.settings.interval)
+        if self._last_end is not None:
+            times.append(self._last_end + self.settings.min_pause)
+        return max(times)
+
+    # ------------------------------------------------------------------- events
+
+    def poll(self, now: float) -> Sequence[CoordinatorAction[T, H]]:
+        """Time is ``now``: abort what timed out, trigger what is due."""
+        actions: list[CoordinatorAction[T, H]] = []
+        for checkpoint in list(self._pending.values()):
+            if (
+                checkpoint.status is CheckpointStatus.PENDING
+                and now - checkpoint.triggered_at >= self.settings.timeout
+            ):
+                actions += self._fail(
+                    checkpoint,
+                    f"timed out after {self.settings.timeout:g} s waiting for "
+                    f"{len(checkpoint.waiting_for)} of {len(self.tasks)} tasks",
+                    now,
+                )
+        due = self.next_trigger_time()
+        if due is not None and now >= due and len(self._pending) < self.settings.max_concurrent:
+            actions += self._trigger(now, final=False)
+        return actions
+
+    def trigger(self, now: float, *, final: bool = False) -> Sequence[CoordinatorAction[T, H]]:
+        """Trigger a checkpoint now, whatever the interval (for the final checkpoint of bounded
+        input, or a savepoint). Returns no action after the job failed."""
+        if self._failed:
+            return ()
+        return self._trigger(now, final=final)
+
+    def acknowledge(
+        self, checkpoint_id: int, task: T, handle: H, now: float
+    ) -> Sequence[CoordinatorAction[T, H]]:
+        """``task`` took its part of checkpoint ``checkpoint_id`` and stored it as ``handle``."""
+        checkpoint = self._lookup(checkpoint_id, task)
+        if checkpoint is None:
+            return (DiscardState(checkpoint_id, task, handle),)
+        if task not in checkpoint.waiting_for:
+            raise DuplicateAcknowledgementError(
+                f"task {task!r} acknowledged checkpoint {checkpoint_id} twice"
+            )
+        checkpoint.waiting_for.discard(task)
+        checkpoint.handles[task] = handle
+        if checkpoint.waiting_for:
+            return ()
+        checkpoint.status = CheckpointStatus.ACKNOWLEDGED
+        return (WriteMetadata(checkpoint_id, tuple(checkpoint.handles.items())),)
+
+    def decline(
+        self, checkpoint_id: int, task: T, reason: str, now: float
+    ) -> Sequence[CoordinatorAction[T, H]]:
+        """``task`` cannot take checkpoint ``checkpoint_id`` (it aborted its alignment, say)."""
+        checkpoint = self._lookup(checkpoint_id, task)
+        if checkpoint is None:
+            return ()
+        if task not in checkpoint.waiting_for:
+            raise DuplicateAcknowledgementError(
+                f"task {task!r} declined checkpoint {checkpoint_id} after acknowledging it"
+            )
+        return self._fail(checkpoint, f"declined by task {task!r}: {reason}", now)
+
+    def metadata_written(self, checkpoint_id: int, now: float) -> Sequence[CoordinatorAction[T, H]]:
+        """The metadata of ``checkpoint_id`` is stored: the checkpoint is complete."""
+        checkpoint = self._pending.get(checkpoint_id)
+        if checkpoint is None or checkpoint.status is not CheckpointStatus.ACKNOWLEDGED:
+            raise ProtocolError(
+                f"metadata of checkpoint {checkpoint_id} written, but it was not waiting for it"
+            )
+        del self._pending[checkpoint_id]
+        self._completed.append(checkpoint_id)
+        self._last_end = now
+        self._consecutive_failures = 0
+        actions: list[CoordinatorAction[T, H]] = [NotifyCheckpointComplete(checkpoint_id)]
+        for older in [c for c in self._pending.values() if c.checkpoint_id < checkpoint_id]:
+            del self._pending[older.checkpoint_id]
+            self._aborted.add(older.checkpoint_id)
+            actions.append(
+                AbortCheckpoint(
+                    older.checkpoint_id,
+                    f"subsumed by checkpoint {checkpoint_id}",
+                    tuple(older.handles.items()),
+                    subsumed=True,
+                )
+            )
+        while len(self._completed) > self.settings.retained:
+            actions.append(DiscardCheckpoint(self._completed.pop(0)))
+        return actions
+
+    # ---------------------------------------------------------------- internals
+
+    def _trigger(self, now: float, *, final: bool) -> list[CoordinatorAction[T, H]]:
+        checkpoint_id = self._next_id
+        self._next_id += 1
+        self._last_trigger = now
+        self._pending[checkpoint_id] = PendingCheckpoint(
+            checkpoint_id, now, final, waiting_for=set(self.tasks)
+        )
+        return [TriggerCheckpoint(checkpoint_id, now, final)]
+
+    def _fail(
+        self, checkpoint: PendingCheckpoint[T, H], reason: str, now: float
+    ) -> list[CoordinatorAction[T, H]]:
+        del self._pending[checkpoint.checkpoint_id]
+        self._aborted.add(checkpoint.checkpoint_id)
+        self._last_end = now
+        self._consecutive_failures += 1
+        actions: list[CoordinatorAction[T, H]] = [
+            AbortCheckpoint(checkpoint.checkpoint_id, reason, tuple(checkpoint.handles.items()))
+        ]
+        if not self._failed and self._consecutive_failures > self.settings.tolerable_failures:
+            self._failed = True
+            actions.append(
+                FailJob(
+                    f"{self._consecutive_failures} checkpoint(s) failed in a row, more than the "
+                    f"{self.settings.tolerable_failures} tolerated; last: checkpoint "
+                    f"{checkpoint.checkpoint_id} {reason}"
+                )
+            )
+        return actions
+
+    def _lookup(self, checkpoint_id: int, task: T) -> PendingCheckpoint[T, H] | None:
+        """The pending checkpoint an acknowledgement or decline is for; ``None`` when it was
+        already aborted or completed (late messages are normal)."""
+        if task not in self.tasks:
+            raise UnknownTaskError(f"task {task!r} is not part of this job")
+        if type(checkpoint_id) is not int or not 0 <= checkpoint_id < self._next_id:
+            raise UnknownCheckpointError(f"checkpoint {checkpoint_id!r} was never triggered")
+        checkpoint = self._pending.get(checkpoint_id)
+        if checkpoint is None or checkpoint.status is not CheckpointStatus.PENDING:
+            if checkpoint is not None:
+                raise DuplicateAcknowledgementError(
+                    f"task {task!r} answered checkpoint {checkpoint_id} after every task "
+                    "acknowledged it"
+                )
+            return None
+        return checkpoint
