@@ -213,7 +213,7 @@ class CheckpointCoordinator(Generic[T, H]):
         self._completed: list[int] = list(completed)
         if any(c >= next_id for c in self._completed):
             raise ValueError(f"completed checkpoints {self._completed} must be below {next_id}")
-        self._aborted: set[int] = set()
+        self._aborted: set[int] = set()  # one int per aborted checkpoint: aborts are rare
         self._last_trigger: float | None = None
         self._last_end: float | None = None
         self._consecutive_failures = 0
@@ -282,8 +282,9 @@ class CheckpointCoordinator(Generic[T, H]):
         return actions
 
     def trigger(self, now: float, *, final: bool = False) -> Sequence[CoordinatorAction[T, H]]:
-        """Trigger a checkpoint now, whatever the interval (for the final checkpoint of bounded
-        input, or a savepoint). Returns no action after the job failed."""
+        """Trigger a checkpoint now, whatever the interval, the pause and the number in flight
+        (for the final checkpoint of bounded input, or a savepoint). Returns no action after the
+        job failed."""
         if self._failed:
             return ()
         return self._trigger(now, final=final)
