@@ -147,7 +147,7 @@ class AlignedBarrierHandler(Generic[C]):
 
     def barrier_received(self, checkpoint_id: int, channel: C) -> Sequence[AlignmentAction[C]]:
         """``Barrier(checkpoint_id)`` arrived on input ``channel``."""
-        self._check_id(checkpoint_id)
+        self._check_id(checkpoint_id, channel)
         self._check_live(channel, f"a barrier for checkpoint {checkpoint_id}")
         last = self._last_seen.get(channel)
         if last is not None and checkpoint_id <= last:
@@ -163,6 +163,10 @@ class AlignedBarrierHandler(Generic[C]):
         self._last_seen[channel] = checkpoint_id
         if checkpoint_id <= self._settled:
             return _NONE  # a checkpoint already aborted or subsumed here
+        if self._pending is not None and checkpoint_id < self._pending:
+            # Another input skipped this checkpoint (it was aborted upstream) and already
+            # delivered a newer barrier: this one can never align here.
+            return _NONE
         actions: list[AlignmentAction[C]] = []
         if self._pending is not None and checkpoint_id > self._pending:
             actions += self._abort(
@@ -186,7 +190,11 @@ class AlignedBarrierHandler(Generic[C]):
         if checkpoint_id <= self._settled:
             return _NONE
         if self._pending is not None and checkpoint_id >= self._pending:
-            actions = self._abort(f"checkpoint {checkpoint_id} was cancelled")
+            actions = self._abort(
+                "it was cancelled"
+                if checkpoint_id == self._pending
+                else f"the newer checkpoint {checkpoint_id} was cancelled"
+            )
         else:
             actions = []
         self._settled = max(self._settled, checkpoint_id)
@@ -246,8 +254,9 @@ class AlignedBarrierHandler(Generic[C]):
                 f"{self.name}: {what} arrived on channel {channel!r} after its end of input"
             )
 
-    def _check_id(self, checkpoint_id: int) -> None:
+    def _check_id(self, checkpoint_id: int, channel: C | None = None) -> None:
         if type(checkpoint_id) is not int or checkpoint_id < 0:
+            on = f" (on channel {channel!r})" if channel is not None else ""
             raise InvalidSnapshotIdError(
-                f"{self.name}: checkpoint id {checkpoint_id!r} is not a non-negative integer"
+                f"{self.name}: checkpoint id {checkpoint_id!r}{on} is not a non-negative integer"
             )
