@@ -73,11 +73,11 @@ class CheckpointSettings:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.interval is not None and not (math.isfinite(self.interval) and self.interval > 0):
+        if self.interval is not None and not (_seconds(self.interval) and self.interval > 0):
             problems.append(f"interval must be a positive number of seconds, not {self.interval!r}")
-        if not (math.isfinite(self.timeout) and self.timeout > 0):
+        if not (_seconds(self.timeout) and self.timeout > 0):
             problems.append(f"timeout must be a positive number of seconds, not {self.timeout!r}")
-        if not (math.isfinite(self.min_pause) and self.min_pause >= 0):
+        if not (_seconds(self.min_pause) and self.min_pause >= 0):
             problems.append(f"min_pause must be 0 or more seconds, not {self.min_pause!r}")
         if type(self.max_concurrent) is not int or self.max_concurrent < 1:
             problems.append(f"max_concurrent must be 1 or more, not {self.max_concurrent!r}")
@@ -91,12 +91,18 @@ class CheckpointSettings:
             raise ValueError("invalid checkpoint settings: " + "; ".join(problems))
 
 
+def _seconds(value: object) -> bool:
+    """A finite number of seconds (not a bool, not a string)."""
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+
+
 class CheckpointStatus(Enum):
     PENDING = "pending"
     """Triggered, waiting for acknowledgements."""
     ACKNOWLEDGED = "acknowledged"
     """Every task acknowledged; its metadata is being written."""
     COMPLETE = "complete"
+    """Its metadata is written (it may since have been discarded beyond retention)."""
     ABORTED = "aborted"
 
 
@@ -209,11 +215,19 @@ class CheckpointCoordinator(Generic[T, H]):
         if type(next_id) is not int or next_id < 0:
             raise ValueError(f"next_id must be a non-negative integer, not {next_id!r}")
         self._next_id = next_id
+        self._first_id = next_id
         self._pending: dict[int, PendingCheckpoint[T, H]] = {}
         self._completed: list[int] = list(completed)
-        if any(c >= next_id for c in self._completed):
-            raise ValueError(f"completed checkpoints {self._completed} must be below {next_id}")
+        if any(type(c) is not int or not 0 <= c < next_id for c in self._completed) or any(
+            a >= b for a, b in zip(self._completed, self._completed[1:], strict=False)
+        ):
+            raise ValueError(
+                f"completed checkpoints {self._completed} must be increasing ids below {next_id}"
+            )
+        self._final_triggered = False
         self._aborted: set[int] = set()  # one int per aborted checkpoint: aborts are rare
+        self._abandoned_writes: set[int] = set()
+        """Checkpoints aborted while their metadata was being written."""
         self._last_trigger: float | None = None
         self._last_end: float | None = None
         self._consecutive_failures = 0
@@ -247,11 +261,13 @@ class CheckpointCoordinator(Generic[T, H]):
             return CheckpointStatus.COMPLETE
         if checkpoint_id in self._aborted:
             return CheckpointStatus.ABORTED
-        raise UnknownCheckpointError(f"checkpoint {checkpoint_id} was never triggered")
+        if type(checkpoint_id) is int and self._first_id <= checkpoint_id < self._next_id:
+            return CheckpointStatus.COMPLETE  # completed, then discarded beyond retention
+        raise UnknownCheckpointError(f"checkpoint {checkpoint_id!r} was never triggered")
 
     def next_trigger_time(self) -> float | None:
         """The earliest time :meth:`poll` may trigger a checkpoint (``None``: never by itself)."""
-        if self.settings.interval is None or self._failed:
+        if self.settings.interval is None or self._failed or self._final_triggered:
             return None
         times = [0.0]
         if self._last_trigger is not None:
@@ -266,14 +282,17 @@ class CheckpointCoordinator(Generic[T, H]):
         """Time is ``now``: abort what timed out, trigger what is due."""
         actions: list[CoordinatorAction[T, H]] = []
         for checkpoint in list(self._pending.values()):
-            if (
-                checkpoint.status is CheckpointStatus.PENDING
-                and now - checkpoint.triggered_at >= self.settings.timeout
-            ):
+            if checkpoint.checkpoint_id not in self._pending:
+                continue  # aborted with the job a moment ago
+            if now - checkpoint.triggered_at >= self.settings.timeout:
+                waiting = (
+                    f"{len(checkpoint.waiting_for)} of {len(self.tasks)} tasks"
+                    if checkpoint.status is CheckpointStatus.PENDING
+                    else "its metadata to be written"
+                )
                 actions += self._fail(
                     checkpoint,
-                    f"timed out after {self.settings.timeout:g} s waiting for "
-                    f"{len(checkpoint.waiting_for)} of {len(self.tasks)} tasks",
+                    f"timed out after {self.settings.timeout:g} s waiting for {waiting}",
                     now,
                 )
         due = self.next_trigger_time()
@@ -287,6 +306,8 @@ class CheckpointCoordinator(Generic[T, H]):
         job failed."""
         if self._failed:
             return ()
+        if final:
+            self._final_triggered = True
         return self._trigger(now, final=final)
 
     def acknowledge(
@@ -323,6 +344,11 @@ class CheckpointCoordinator(Generic[T, H]):
     def metadata_written(self, checkpoint_id: int, now: float) -> Sequence[CoordinatorAction[T, H]]:
         """The metadata of ``checkpoint_id`` is stored: the checkpoint is complete."""
         checkpoint = self._pending.get(checkpoint_id)
+        if checkpoint is None and checkpoint_id in self._abandoned_writes:
+            # Aborted (timed out, subsumed, the job failed) while its metadata was being
+            # written: the folder now looks complete, and must go.
+            self._abandoned_writes.discard(checkpoint_id)
+            return (DiscardCheckpoint(checkpoint_id),)
         if checkpoint is None or checkpoint.status is not CheckpointStatus.ACKNOWLEDGED:
             raise ProtocolError(
                 f"metadata of checkpoint {checkpoint_id} written, but it was not waiting for it"
@@ -333,8 +359,7 @@ class CheckpointCoordinator(Generic[T, H]):
         self._consecutive_failures = 0
         actions: list[CoordinatorAction[T, H]] = [NotifyCheckpointComplete(checkpoint_id)]
         for older in [c for c in self._pending.values() if c.checkpoint_id < checkpoint_id]:
-            del self._pending[older.checkpoint_id]
-            self._aborted.add(older.checkpoint_id)
+            self._drop(older)
             actions.append(
                 AbortCheckpoint(
                     older.checkpoint_id,
@@ -358,11 +383,17 @@ class CheckpointCoordinator(Generic[T, H]):
         )
         return [TriggerCheckpoint(checkpoint_id, now, final)]
 
+    def _drop(self, checkpoint: PendingCheckpoint[T, H]) -> None:
+        """Forget a pending checkpoint that is being aborted."""
+        del self._pending[checkpoint.checkpoint_id]
+        self._aborted.add(checkpoint.checkpoint_id)
+        if checkpoint.status is CheckpointStatus.ACKNOWLEDGED:
+            self._abandoned_writes.add(checkpoint.checkpoint_id)
+
     def _fail(
         self, checkpoint: PendingCheckpoint[T, H], reason: str, now: float
     ) -> list[CoordinatorAction[T, H]]:
-        del self._pending[checkpoint.checkpoint_id]
-        self._aborted.add(checkpoint.checkpoint_id)
+        self._drop(checkpoint)
         self._last_end = now
         self._consecutive_failures += 1
         actions: list[CoordinatorAction[T, H]] = [
@@ -377,6 +408,13 @@ class CheckpointCoordinator(Generic[T, H]):
                     f"{checkpoint.checkpoint_id} {reason}"
                 )
             )
+            for other in list(self._pending.values()):  # the job restarts: nothing completes
+                self._drop(other)
+                actions.append(
+                    AbortCheckpoint(
+                        other.checkpoint_id, "the job failed", tuple(other.handles.items())
+                    )
+                )
         return actions
 
     def _lookup(self, checkpoint_id: int, task: T) -> PendingCheckpoint[T, H] | None:
@@ -387,11 +425,13 @@ class CheckpointCoordinator(Generic[T, H]):
         if type(checkpoint_id) is not int or not 0 <= checkpoint_id < self._next_id:
             raise UnknownCheckpointError(f"checkpoint {checkpoint_id!r} was never triggered")
         checkpoint = self._pending.get(checkpoint_id)
-        if checkpoint is None or checkpoint.status is not CheckpointStatus.PENDING:
-            if checkpoint is not None:
-                raise DuplicateAcknowledgementError(
-                    f"task {task!r} answered checkpoint {checkpoint_id} after every task "
-                    "acknowledged it"
-                )
-            return None
-        return checkpoint
+        if checkpoint is not None and checkpoint.status is CheckpointStatus.PENDING:
+            return checkpoint
+        if checkpoint is None and (
+            checkpoint_id in self._aborted
+            or (checkpoint_id < self._first_id and checkpoint_id not in self._completed)
+        ):
+            return None  # a late answer to an aborted checkpoint, or one from before a restore
+        raise DuplicateAcknowledgementError(
+            f"task {task!r} answered checkpoint {checkpoint_id} after every task acknowledged it"
+        )
