@@ -1,0 +1,295 @@
+"""Checkpoint storage: one folder per checkpoint in a local directory or any fsspec URL.
+
+Layout (SEMANTICS §5)::
+
+    CHECKPOINT_DIR/
+      chk-7/
+        g2-source-0.state      # a subtask's state file: generation 2, subtask "source-0"
+        g2-sum-1.state
+        _metadata              # written last, atomically: the checkpoint is complete
+      chk-8/                   # no _metadata: incomplete, never restored from
+        g2-source-0.state
+
+Every state file is named after the *generation* (the restart attempt) that
+wrote it, and the metadata lists, for every subtask, its file with size and
+SHA-256. A restore reads only files the metadata names, and checks their size
+and digest, so a file left by a stale attempt, a torn write or a flipped bit
+is refused with an error that names the file. :meth:`CheckpointStorage.latest`
+falls back to the previous complete checkpoint, and says why.
+
+The metadata is written to a temporary name and then renamed: on a local disk
+the rename is atomic; on object stores a single object write is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+METADATA = "_metadata"
+FORMAT_VERSION = 1
+_CHECKPOINT_DIR = re.compile(r"chk-(\d+)")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class StorageError(Exception):
+    """Checkpoint storage could not be read or written; the message names the path."""
+
+
+class CorruptCheckpointError(StorageError):
+    """A checkpoint's metadata or state file is missing, truncated, altered or unreadable."""
+
+
+@dataclass(frozen=True)
+class StateHandle:
+    """Where one subtask's part of a checkpoint lives, and how to know it is intact."""
+
+    path: str
+    """Relative to the checkpoint directory."""
+    size: int
+    sha256: str
+    generation: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "size": self.size,
+            "sha256": self.sha256,
+            "generation": self.generation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StateHandle:
+        return cls(
+            path=str(data["path"]),
+            size=int(data["size"]),
+            sha256=str(data["sha256"]),
+            generation=int(data["generation"]),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """What makes a checkpoint complete: every subtask's handle, plus the job's own facts."""
+
+    checkpoint_id: int
+    generation: int
+    handles: dict[str, StateHandle]
+    """Subtask name -> its state handle."""
+    extra: dict[str, Any]
+    """Anything the job records with the checkpoint (timestamps, operator ids, ...)."""
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "format": FORMAT_VERSION,
+                "checkpoint_id": self.checkpoint_id,
+                "generation": self.generation,
+                "handles": {task: h.to_dict() for task, h in sorted(self.handles.items())},
+                "extra": self.extra,
+            },
+            sort_keys=True,
+            indent=1,
+        ).encode()
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A complete-looking checkpoint that :meth:`CheckpointStorage.latest` passed over."""
+
+    checkpoint_id: int
+    reason: str
+
+
+class CheckpointStorage:
+    """The checkpoints of one job under ``url`` (a local path or an fsspec URL)."""
+
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        except (ValueError, ImportError) as exc:
+            raise StorageError(f"checkpoint directory {url!r}: {exc}") from None
+        self.root = self.root.rstrip("/") or "/"
+
+    # -------------------------------------------------------------------- paths
+
+    def checkpoint_path(self, checkpoint_id: int) -> str:
+        return f"{self.root}/chk-{checkpoint_id}"
+
+    def _where(self, path: str) -> str:
+        """``path`` as the user would write it (with the URL's protocol)."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        return path if protocol in ("file", "local") else f"{protocol}://{path.lstrip('/')}"
+
+    # ------------------------------------------------------------------- writing
+
+    def write_state(
+        self, checkpoint_id: int, task: str, generation: int, data: bytes
+    ) -> StateHandle:
+        """Store one subtask's state for ``checkpoint_id`` and return its handle."""
+        if _SAFE_NAME.fullmatch(task) is None:
+            raise ValueError(f"subtask name {task!r} is not usable as a file name")
+        name = f"g{generation}-{task}.state"
+        folder = self.checkpoint_path(checkpoint_id)
+        path = f"{folder}/{name}"
+        try:
+            self.fs.makedirs(folder, exist_ok=True)
+            with self.fs.open(path, "wb") as out:
+                out.write(data)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot write state of {task} for checkpoint {checkpoint_id} to "
+                f"{self._where(path)}: {exc.strerror or exc}"
+            ) from exc
+        return StateHandle(name, len(data), hashlib.sha256(data).hexdigest(), generation)
+
+    def write_metadata(self, metadata: CheckpointMetadata) -> None:
+        """Complete a checkpoint: write its metadata under a temporary name, then rename it."""
+        folder = self.checkpoint_path(metadata.checkpoint_id)
+        final = f"{folder}/{METADATA}"
+        temporary = f"{folder}/.{METADATA}.{uuid.uuid4().hex}.tmp"
+        try:
+            self.fs.makedirs(folder, exist_ok=True)
+            with self.fs.open(temporary, "wb") as out:
+                out.write(metadata.to_json())
+            self.fs.mv(temporary, final)
+        except OSError as exc:
+            self._remove_quietly(temporary)
+            raise StorageError(
+                f"cannot write the metadata of checkpoint {metadata.checkpoint_id} to "
+                f"{self._where(final)}: {exc.strerror or exc}"
+            ) from exc
+
+    # ------------------------------------------------------------------- reading
+
+    def checkpoint_ids(self) -> list[int]:
+        """Ids of every checkpoint folder, complete or not, in increasing order."""
+        try:
+            entries = self.fs.ls(self.root, detail=False) if self.fs.exists(self.root) else []
+        except OSError as exc:
+            raise StorageError(
+                f"cannot list checkpoint directory {self._where(self.root)}: {exc.strerror or exc}"
+            ) from exc
+        ids = []
+        for entry in entries:
+            match = _CHECKPOINT_DIR.fullmatch(str(entry).rstrip("/").rsplit("/", 1)[-1])
+            if match:
+                ids.append(int(match.group(1)))
+        return sorted(ids)
+
+    def is_complete(self, checkpoint_id: int) -> bool:
+        """Whether the checkpoint's metadata was written (it may still be corrupt)."""
+        return bool(self.fs.exists(f"{self.checkpoint_path(checkpoint_id)}/{METADATA}"))
+
+    def completed_ids(self) -> list[int]:
+        """Ids of the checkpoints with metadata, in increasing order."""
+        return [c for c in self.checkpoint_ids() if self.is_complete(c)]
+
+    def read_metadata(self, checkpoint_id: int) -> CheckpointMetadata:
+        """The metadata of a complete checkpoint; :class:`CorruptCheckpointError` if it is
+        missing or unreadable."""
+        path = f"{self.checkpoint_path(checkpoint_id)}/{METADATA}"
+        where = self._where(path)
+        try:
+            with self.fs.open(path, "rb") as source:
+                raw = source.read()
+        except FileNotFoundError:
+            raise CorruptCheckpointError(
+                f"checkpoint {checkpoint_id} is incomplete: {where} does not exist"
+            ) from None
+        except OSError as exc:
+            raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
+        try:
+            data = json.loads(raw)
+            if data.get("format") != FORMAT_VERSION:
+                raise ValueError(f"unknown format {data.get('format')!r}")
+            if data["checkpoint_id"] != checkpoint_id:
+                raise ValueError(f"it describes checkpoint {data['checkpoint_id']}")
+            return CheckpointMetadata(
+                checkpoint_id=checkpoint_id,
+                generation=int(data["generation"]),
+                handles={
+                    str(task): StateHandle.from_dict(h) for task, h in data["handles"].items()
+                },
+                extra=dict(data.get("extra", {})),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpointError(
+                f"{where} is not valid checkpoint metadata: {exc}"
+            ) from None
+
+    def read_state(self, checkpoint_id: int, handle: StateHandle) -> bytes:
+        """One subtask's state, checked against its handle's size and digest."""
+        path = f"{self.checkpoint_path(checkpoint_id)}/{handle.path}"
+        where = self._where(path)
+        try:
+            with self.fs.open(path, "rb") as source:
+                data: bytes = source.read()
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"state file {where} is missing") from None
+        except OSError as exc:
+            raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
+        if len(data) != handle.size:
+            raise CorruptCheckpointError(
+                f"state file {where} has {len(data)} bytes, the metadata says {handle.size}"
+            )
+        if hashlib.sha256(data).hexdigest() != handle.sha256:
+            raise CorruptCheckpointError(
+                f"state file {where} does not match the digest in the metadata"
+            )
+        return data
+
+    def verify(self, checkpoint_id: int) -> CheckpointMetadata:
+        """Read the metadata and check every state file it names; raise if anything is off."""
+        metadata = self.read_metadata(checkpoint_id)
+        for handle in metadata.handles.values():
+            self.read_state(checkpoint_id, handle)
+        return metadata
+
+    def latest(self, *, verify: bool = True) -> tuple[CheckpointMetadata | None, list[Skipped]]:
+        """The newest complete checkpoint that is intact, and the newer ones passed over (with
+        the reason each was skipped, to warn about)."""
+        skipped: list[Skipped] = []
+        for checkpoint_id in reversed(self.completed_ids()):
+            try:
+                metadata = (
+                    self.verify(checkpoint_id) if verify else self.read_metadata(checkpoint_id)
+                )
+            except CorruptCheckpointError as exc:
+                skipped.append(Skipped(checkpoint_id, str(exc)))
+                continue
+            return metadata, skipped
+        return None, skipped
+
+    # ----------------------------------------------------------------- removing
+
+    def discard(self, checkpoint_id: int) -> None:
+        """Remove a checkpoint's folder and everything in it."""
+        path = self.checkpoint_path(checkpoint_id)
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot remove checkpoint {checkpoint_id} at {self._where(path)}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+
+    def discard_state(self, checkpoint_id: int, handle: StateHandle) -> None:
+        """Remove one state file (a late acknowledgement of an aborted checkpoint)."""
+        self._remove_quietly(f"{self.checkpoint_path(checkpoint_id)}/{handle.path}")
+
+    def _remove_quietly(self, path: str) -> None:
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path)
+        except OSError:
+            pass
