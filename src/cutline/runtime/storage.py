@@ -24,7 +24,9 @@ the rename is atomic; on object stores a single object write is.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import re
 import uuid
 from collections.abc import Mapping
@@ -35,8 +37,17 @@ import fsspec
 
 METADATA = "_metadata"
 FORMAT_VERSION = 1
-_CHECKPOINT_DIR = re.compile(r"chk-(\d+)")
+_CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _sync(stream: Any) -> None:
+    """Flush ``stream`` to the disk when it is a local file (object stores have no such step)."""
+    try:
+        stream.flush()
+        os.fsync(stream.fileno())
+    except (AttributeError, OSError, io.UnsupportedOperation, ValueError):
+        pass
 
 
 class StorageError(Exception):
@@ -144,6 +155,7 @@ class CheckpointStorage:
             self.fs.makedirs(folder, exist_ok=True)
             with self.fs.open(path, "wb") as out:
                 out.write(data)
+                _sync(out)
         except OSError as exc:
             raise StorageError(
                 f"cannot write state of {task} for checkpoint {checkpoint_id} to "
@@ -160,6 +172,7 @@ class CheckpointStorage:
             self.fs.makedirs(folder, exist_ok=True)
             with self.fs.open(temporary, "wb") as out:
                 out.write(metadata.to_json())
+                _sync(out)  # on a local disk: the bytes are there before the name is
             self.fs.mv(temporary, final)
         except OSError as exc:
             self._remove_quietly(temporary)
@@ -209,9 +222,9 @@ class CheckpointStorage:
             raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
         try:
             data = json.loads(raw)
-            if data.get("format") != FORMAT_VERSION:
+            if type(data.get("format")) is not int or data["format"] != FORMAT_VERSION:
                 raise ValueError(f"unknown format {data.get('format')!r}")
-            if data["checkpoint_id"] != checkpoint_id:
+            if type(data["checkpoint_id"]) is not int or data["checkpoint_id"] != checkpoint_id:
                 raise ValueError(f"it describes checkpoint {data['checkpoint_id']}")
             return CheckpointMetadata(
                 checkpoint_id=checkpoint_id,
@@ -284,8 +297,17 @@ class CheckpointStorage:
             ) from exc
 
     def discard_state(self, checkpoint_id: int, handle: StateHandle) -> None:
-        """Remove one state file (a late acknowledgement of an aborted checkpoint)."""
-        self._remove_quietly(f"{self.checkpoint_path(checkpoint_id)}/{handle.path}")
+        """Remove one state file (a late acknowledgement of an aborted checkpoint); quiet when
+        it is already gone."""
+        path = f"{self.checkpoint_path(checkpoint_id)}/{handle.path}"
+        try:
+            self.fs.rm(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StorageError(
+                f"cannot remove state file {self._where(path)}: {exc.strerror or exc}"
+            ) from exc
 
     def _remove_quietly(self, path: str) -> None:
         try:
