@@ -1,0 +1,220 @@
+"""The wire format of the channels between subtasks, as a sans-IO encoder and decoder.
+
+A connection carries one channel, from one upstream subtask to one downstream
+subtask. It opens with a :class:`Hello` that names the channel, the job's
+**generation** (the restart attempt), so that a receiver refuses a stale
+attempt's connection, and the job's secret **token**, so that a receiver
+refuses anyone else before it reads (and unpickles) a single record. Then come frames, each a 9-byte header (kind, flags,
+payload length) and a payload:
+
+==============  ==========================================================
+frame           payload
+==============  ==========================================================
+``Hello``       generation (8 bytes), token length (2 bytes), token, then
+                the channel id as UTF-8
+``Records``     a batch of records: an Arrow IPC stream of one record batch
+                (columnar records), or a pickled list (any Python objects)
+``Barrier``     checkpoint id (8 bytes)
+``EndOfInput``  nothing: the upstream subtask has no more records
+==============  ==========================================================
+
+:class:`FrameDecoder` turns bytes, however they were split by the network,
+back into frames; it never reads a socket itself.
+"""
+
+from __future__ import annotations
+
+import hmac
+import pickle
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import pyarrow as pa
+
+MAGIC = b"CUTL"
+VERSION = 1
+_HEADER = struct.Struct(">BBI")  # kind, flags, payload length
+_U64 = struct.Struct(">Q")
+_U16 = struct.Struct(">H")
+MAX_PAYLOAD = 256 * 1024 * 1024
+"""A frame larger than this is refused: a corrupt stream, not a huge batch."""
+
+
+class WireError(Exception):
+    """Bytes that are not a valid cutline channel stream."""
+
+
+class RefusedConnectionError(WireError):
+    """A hello from another job (wrong token) or from a stale generation of this one."""
+
+
+class Kind(IntEnum):
+    HELLO = 1
+    RECORDS = 2
+    BARRIER = 3
+    END_OF_INPUT = 4
+
+
+_ARROW = 1  # flag: the Records payload is an Arrow IPC stream
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Opens a connection: which channel, and which generation of the job sends on it."""
+
+    channel: str
+    generation: int
+    token: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """A batch of records: a ``pyarrow.RecordBatch`` or a list of Python objects."""
+
+    batch: pa.RecordBatch | list[Any]
+
+    def __len__(self) -> int:
+        return self.batch.num_rows if isinstance(self.batch, pa.RecordBatch) else len(self.batch)
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfInput:
+    pass
+
+
+Frame = Hello | Records | Barrier | EndOfInput
+
+
+def encode(frame: Frame) -> bytes:
+    """The bytes of one frame (a :class:`Hello` also gets the stream's magic and version)."""
+    if isinstance(frame, Records):
+        if isinstance(frame.batch, pa.RecordBatch):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, frame.batch.schema) as writer:
+                writer.write_batch(frame.batch)
+            return _frame(Kind.RECORDS, sink.getvalue().to_pybytes(), _ARROW)
+        return _frame(Kind.RECORDS, pickle.dumps(frame.batch, protocol=pickle.HIGHEST_PROTOCOL))
+    if isinstance(frame, Barrier):
+        return _frame(Kind.BARRIER, _U64.pack(frame.checkpoint_id))
+    if isinstance(frame, EndOfInput):
+        return _frame(Kind.END_OF_INPUT, b"")
+    if isinstance(frame, Hello):
+        if len(frame.token) > 0xFFFF:
+            raise WireError("a channel token is limited to 65535 bytes")
+        payload = (
+            _U64.pack(frame.generation)
+            + _U16.pack(len(frame.token))
+            + frame.token
+            + frame.channel.encode("utf-8")
+        )
+        return MAGIC + bytes([VERSION]) + _frame(Kind.HELLO, payload)
+    raise TypeError(f"not a frame: {frame!r}")
+
+
+def _frame(kind: Kind, payload: bytes, flags: int = 0) -> bytes:
+    if len(payload) > MAX_PAYLOAD:
+        raise WireError(f"a frame of {len(payload)} bytes is larger than {MAX_PAYLOAD}")
+    return _HEADER.pack(kind, flags, len(payload)) + payload
+
+
+class FrameDecoder:
+    """Bytes in, frames out. The first frame of a stream must be a :class:`Hello`.
+
+    With ``token`` (and ``generation``) given, a hello with another token (or
+    generation) raises :class:`RefusedConnectionError` before any later frame
+    is decoded.
+    """
+
+    def __init__(self, *, token: bytes | None = None, generation: int | None = None) -> None:
+        self._buffer = bytearray()
+        self._greeted = False
+        self._token = token
+        self._generation = generation
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Add received bytes; return every frame they complete."""
+        self._buffer += data
+        frames: list[Frame] = []
+        while True:
+            if not self._greeted:
+                if len(self._buffer) < len(MAGIC) + 1:
+                    return frames
+                if bytes(self._buffer[: len(MAGIC)]) != MAGIC:
+                    raise WireError("the stream does not start like a cutline channel")
+                if self._buffer[len(MAGIC)] != VERSION:
+                    raise WireError(
+                        f"the peer speaks channel protocol version {self._buffer[len(MAGIC)]}, "
+                        f"this side {VERSION}"
+                    )
+            offset = 0 if self._greeted else len(MAGIC) + 1
+            if len(self._buffer) < offset + _HEADER.size:
+                return frames
+            kind, flags, length = _HEADER.unpack_from(self._buffer, offset)
+            if length > MAX_PAYLOAD:
+                raise WireError(f"a frame announces {length} bytes, more than {MAX_PAYLOAD}")
+            end = offset + _HEADER.size + length
+            if len(self._buffer) < end:
+                return frames
+            payload = bytes(self._buffer[offset + _HEADER.size : end])
+            del self._buffer[:end]
+            frames.append(self._decode(kind, flags, payload))
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes received that do not yet make a whole frame."""
+        return len(self._buffer)
+
+    def _decode(self, kind: int, flags: int, payload: bytes) -> Frame:
+        if not self._greeted:
+            if kind != Kind.HELLO:
+                raise WireError("the first frame of a channel must be its hello")
+            fixed = _U64.size + _U16.size
+            if len(payload) < fixed:
+                raise WireError("a hello frame is too short")
+            (token_length,) = _U16.unpack_from(payload, _U64.size)
+            if len(payload) < fixed + token_length:
+                raise WireError("a hello frame is too short for its token")
+            self._greeted = True
+            token = payload[fixed : fixed + token_length]
+            try:
+                channel = payload[fixed + token_length :].decode("utf-8")
+            except UnicodeDecodeError:
+                raise WireError("a hello frame names its channel in invalid UTF-8") from None
+            hello = Hello(channel, _U64.unpack_from(payload)[0], token)
+            if self._token is not None and not hmac.compare_digest(token, self._token):
+                raise RefusedConnectionError(
+                    f"channel {channel!r}: the peer's token is not this job's"
+                )
+            if self._generation is not None and hello.generation != self._generation:
+                raise RefusedConnectionError(
+                    f"channel {channel!r}: the peer belongs to generation {hello.generation} "
+                    f"of the job, this is generation {self._generation}"
+                )
+            return hello
+        if kind == Kind.RECORDS:
+            try:
+                if flags & _ARROW:
+                    with pa.ipc.open_stream(payload) as reader:
+                        return Records(reader.read_next_batch())
+                batch = pickle.loads(payload)
+            except Exception as exc:
+                raise WireError(f"a records frame cannot be read: {exc}") from exc
+            if not isinstance(batch, list):
+                raise WireError("a records frame does not hold a list of records")
+            return Records(batch)
+        if kind == Kind.BARRIER:
+            if len(payload) != _U64.size:
+                raise WireError("a barrier frame must hold exactly one checkpoint id")
+            return Barrier(_U64.unpack(payload)[0])
+        if kind == Kind.END_OF_INPUT:
+            return EndOfInput()
+        if kind == Kind.HELLO:
+            raise WireError("a second hello on one connection")
+        raise WireError(f"unknown frame kind {kind}")
