@@ -137,6 +137,8 @@ class FrameDecoder:
         self._greeted = False
         self._token = token
         self._generation = generation
+        self.hello: Hello | None = None
+        """The stream's hello, once it is decoded."""
 
     def feed(self, data: bytes) -> list[Frame]:
         """Add received bytes; return every frame they complete."""
@@ -197,6 +199,7 @@ class FrameDecoder:
                     f"channel {channel!r}: the peer belongs to generation {hello.generation} "
                     f"of the job, this is generation {self._generation}"
                 )
+            self.hello = hello
             return hello
         if kind == Kind.RECORDS:
             try:

@@ -1,0 +1,154 @@
+"""Channels over real TCP sockets: order, alignment blocking, backpressure, refusals, failures."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pyarrow as pa
+import pytest
+
+from cutline.runtime.channel import ChannelError, InputGate, OutputChannel
+from cutline.runtime.wire import Barrier, EndOfInput, Hello, Records, encode
+
+TOKEN = b"job-token"
+WAIT = 30.0  # seconds: only a bound against a hang, never an expectation
+
+
+def address(gate: InputGate) -> tuple[str, int]:
+    return ("127.0.0.1", gate.port)
+
+
+def drain(gate: InputGate, blocked: set[str] | None = None) -> list[tuple[str, object]]:
+    out = []
+    while (item := gate.poll(blocked or set(), timeout=WAIT)) is not None:
+        channel, frame = item
+        out.append((channel, frame))
+    return out
+
+
+def test_frames_arrive_in_order_per_channel_and_every_channel_ends() -> None:
+    with InputGate(["a", "b"], token=TOKEN, generation=1) as gate:
+        senders = [OutputChannel(address(gate), c, token=TOKEN, generation=1) for c in ("a", "b")]
+        for k in range(50):
+            for s in senders:
+                s.send(Records([f"{s.channel}{k}"]))
+            if k == 20:
+                for s in senders:
+                    s.send(Barrier(1))
+        for s in senders:
+            s.send(EndOfInput())
+            s.close()
+        got = drain(gate)
+        assert gate.finished
+    for name in ("a", "b"):
+        frames = [f for c, f in got if c == name]
+        expected = [Records([f"{name}{k}"]) for k in range(21)] + [Barrier(1)]
+        expected += [Records([f"{name}{k}"]) for k in range(21, 50)] + [EndOfInput()]
+        assert frames == expected
+
+
+def test_a_blocked_channel_waits_while_the_others_flow() -> None:
+    with InputGate(["a", "b"], token=TOKEN, generation=0, capacity=4) as gate:
+        a = OutputChannel(address(gate), "a", token=TOKEN, generation=0)
+        b = OutputChannel(address(gate), "b", token=TOKEN, generation=0)
+        a.send(Barrier(7))
+        a.send(Records(["after the barrier"]))
+        assert gate.poll(timeout=WAIT) == ("a", Barrier(7))
+        for k in range(3):
+            b.send(Records([k]))
+        b.send(Barrier(7))
+        # a is blocked (aligning checkpoint 7): only b's frames come, up to its barrier
+        got = [gate.poll({"a"}, timeout=WAIT) for _ in range(4)]
+        assert got == [
+            ("b", Records([0])),
+            ("b", Records([1])),
+            ("b", Records([2])),
+            ("b", Barrier(7)),
+        ]
+        assert gate.poll({"a", "b"}, timeout=0.05) is None  # everything left is blocked
+        assert gate.buffered("a") == 1
+        assert gate.poll(set(), timeout=WAIT) == ("a", Records(["after the barrier"]))
+        a.close()
+        b.close()
+
+
+def test_a_slow_consumer_blocks_its_sender_and_memory_stays_bounded() -> None:
+    frame = Records(pa.record_batch({"x": pa.array(bytes(1024) for _ in range(1024))}))
+    total = 64  # 64 frames of 1 MiB: far more than the socket buffers hold
+    sent = 0
+    done = threading.Event()
+    with InputGate(["a"], token=TOKEN, generation=0, capacity=2) as gate:
+
+        def produce() -> None:
+            nonlocal sent
+            with OutputChannel(address(gate), "a", token=TOKEN, generation=0) as out:
+                for _ in range(total):
+                    out.send(frame)
+                    sent += 1
+                out.send(EndOfInput())
+            done.set()
+
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        # nothing is polled yet: the queue fills to its capacity and no further
+        while gate.buffered("a") < 2:
+            threading.Event().wait(0.01)
+        assert gate.buffered("a") == 2
+        assert not done.is_set()
+        assert sent < total  # the sender is held back by TCP, not buffered without bound
+        received = drain(gate)
+        producer.join(WAIT)
+        assert done.is_set()
+    assert len(received) == total + 1
+    assert all(f == frame for _, f in received[:-1])
+
+
+@pytest.mark.parametrize(
+    ("hello", "reason"),
+    [
+        (Hello("a", 1, b"another job"), "token is not this job's"),
+        (Hello("a", 0, TOKEN), "generation 0 of the job, this is generation 1"),
+        (Hello("zzz", 1, TOKEN), "'zzz' is not an input of this subtask"),
+    ],
+)
+def test_foreign_and_stale_connections_are_refused_and_the_real_one_works(
+    hello: Hello, reason: str
+) -> None:
+    with InputGate(["a"], token=TOKEN, generation=1) as gate:
+        intruder = socket.create_connection(address(gate))
+        intruder.sendall(encode(hello) + encode(Records(["must never be read"])))
+        assert intruder.recv(10) == b""  # closed by the gate
+        intruder.close()
+        with OutputChannel(address(gate), "a", token=TOKEN, generation=1) as real:
+            real.send(Records(["ok"]))
+            real.send(EndOfInput())
+        assert drain(gate) == [("a", Records(["ok"])), ("a", EndOfInput())]
+        assert any(reason in r for r in gate.refused)
+
+
+def test_an_upstream_that_disconnects_early_fails_the_channel() -> None:
+    with InputGate(["a", "b"], token=TOKEN, generation=0) as gate:
+        a = OutputChannel(address(gate), "a", token=TOKEN, generation=0)
+        a.send(Records([1]))
+        a.close()  # no end of input: the upstream subtask died
+        with pytest.raises(ChannelError, match="'a': the upstream subtask disconnected before"):
+            for _ in range(3):
+                gate.poll(timeout=WAIT)
+
+
+def test_garbage_on_a_channel_fails_it_with_the_reason() -> None:
+    with InputGate(["a"], token=TOKEN, generation=0) as gate:
+        conn = socket.create_connection(address(gate))
+        conn.sendall(encode(Hello("a", 0, TOKEN)) + b"\x03\x00\x00\x00\x00\x01!")
+        with pytest.raises(ChannelError, match="'a': a barrier frame must hold exactly one"):
+            gate.poll(timeout=WAIT)
+        conn.close()
+
+
+def test_connecting_to_nobody_names_the_address() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ChannelError, match=f"cannot connect to 127.0.0.1:{port}"):
+        OutputChannel(("127.0.0.1", port), "a", token=TOKEN, generation=0, connect_timeout=5)
