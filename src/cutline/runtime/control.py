@@ -1,0 +1,290 @@
+"""The control connection between the driver (which hosts the checkpoint coordinator) and each
+task, over TCP: one JSON object per line.
+
+A task connects and says hello with its name, the job's **generation** and the
+job's secret **token**; the driver refuses another job's tasks and a stale
+attempt's, so their late acknowledgements never reach the coordinator. Then:
+
+* task → driver: ``ack`` (checkpoint, state handle), ``decline`` (checkpoint,
+  reason), ``failed`` (error, traceback), ``finished``;
+* driver → task: ``trigger`` (checkpoint, final), ``complete`` (checkpoint),
+  ``abort`` (checkpoint), ``stop``.
+
+The driver reads every task's messages into one queue
+(:meth:`ControlServer.next_event`); a task whose connection ends without
+``finished`` shows up as a ``lost`` event, so the driver can restart the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import queue
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_LINE = 1024 * 1024
+TASK_MESSAGES = frozenset({"ack", "decline", "failed", "finished"})
+DRIVER_MESSAGES = frozenset({"trigger", "complete", "abort", "stop"})
+
+
+class ControlError(Exception):
+    """The control connection failed or carried something that is not a control message."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A message from a task (or ``lost`` when its connection ended early)."""
+
+    task: str
+    kind: str
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def _encode(kind: str, body: dict[str, Any]) -> bytes:
+    line = json.dumps({"kind": kind, **body}, separators=(",", ":")).encode() + b"\n"
+    if len(line) > MAX_LINE:
+        raise ControlError(f"a {kind!r} message of {len(line)} bytes is larger than {MAX_LINE}")
+    return line
+
+
+def _lines(sock: socket.socket) -> Iterable[dict[str, Any]]:
+    """The JSON messages arriving on ``sock``, until it closes."""
+    buffer = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            return
+        if not data:
+            return
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                raise ControlError("a control message is not JSON") from None
+            if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
+                raise ControlError("a control message has no kind")
+            yield message
+        if len(buffer) > MAX_LINE:
+            raise ControlError(f"a control message is longer than {MAX_LINE} bytes")
+
+
+class ControlServer:
+    """The driver's end: accepts the tasks of one generation of the job.
+
+    :param token: the job's secret, as ASCII text in bytes (``secrets.token_hex(16).encode()``).
+    """
+
+    def __init__(
+        self, tasks: Iterable[str], *, token: bytes, generation: int, host: str = "0.0.0.0"
+    ) -> None:
+        self.tasks = frozenset(tasks)
+        self._token = token
+        self._generation = generation
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._conns: dict[str, socket.socket] = {}
+        self._lock = threading.Lock()
+        self.refused: list[str] = []
+        self._closed = False
+        self._server = socket.create_server((host, 0), backlog=max(8, len(self.tasks)))
+        threading.Thread(target=self._accept, name="cutline-control", daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        port: int = self._server.getsockname()[1]
+        return port
+
+    @property
+    def connected(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._conns)
+
+    def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next message from any task (``None`` after ``timeout`` seconds)."""
+        try:
+            return self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def send(self, task: str, kind: str, **body: Any) -> None:
+        """Send a message to one task. Raises :class:`ControlError` if it is not connected."""
+        if kind not in DRIVER_MESSAGES:
+            raise ValueError(f"{kind!r} is not a driver message: one of {sorted(DRIVER_MESSAGES)}")
+        with self._lock:
+            conn = self._conns.get(task)
+        if conn is None:
+            raise ControlError(f"task {task!r} is not connected")
+        try:
+            conn.sendall(_encode(kind, body))
+        except OSError as exc:
+            raise ControlError(f"task {task!r} is gone: {exc.strerror or exc}") from exc
+
+    def broadcast(self, kind: str, **body: Any) -> None:
+        for task in sorted(self.connected):
+            with contextlib.suppress(ControlError):
+                self.send(task, kind, **body)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._server.close()
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def __enter__(self) -> ControlServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _refuse(self, conn: socket.socket, reason: str) -> None:
+        with self._lock:
+            self.refused.append(reason)
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        task: str | None = None
+        finished = False
+        try:
+            for message in _lines(conn):
+                if task is None:
+                    task = self._hello(conn, message)
+                    if task is None:
+                        return
+                    continue
+                kind = message.pop("kind")
+                if kind not in TASK_MESSAGES:
+                    raise ControlError(f"task {task!r} sent an unknown message {kind!r}")
+                finished = finished or kind == "finished"
+                self._events.put(Event(task, kind, message))
+        except ControlError as exc:
+            if task is not None:
+                self._events.put(Event(task, "lost", {"reason": str(exc)}))
+                task = None  # reported
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+            if task is not None:
+                with self._lock:
+                    self._conns.pop(task, None)
+                if not finished and not self._closed:
+                    self._events.put(
+                        Event(task, "lost", {"reason": "its control connection closed"})
+                    )
+
+    def _hello(self, conn: socket.socket, message: dict[str, Any]) -> str | None:
+        token = str(message.get("token", "")).encode()
+        name = message.get("task")
+        if message.get("kind") != "hello" or not hmac.compare_digest(token, self._token):
+            self._refuse(conn, "a connection without this job's hello and token")
+            return None
+        if message.get("generation") != self._generation:
+            self._refuse(
+                conn,
+                f"task {name!r} of generation {message.get('generation')}, this is generation "
+                f"{self._generation}",
+            )
+            return None
+        if name not in self.tasks:
+            self._refuse(conn, f"{name!r} is not a task of this job")
+            return None
+        with self._lock:
+            if name in self._conns:
+                self.refused.append(f"task {name!r} is already connected")
+                return None
+            self._conns[name] = conn
+        return str(name)
+
+
+class ControlClient:
+    """A task's end of the control connection."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        task: str,
+        *,
+        token: bytes,
+        generation: int,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        self.task = task
+        try:
+            self._sock = socket.create_connection(address, timeout=connect_timeout)
+        except OSError as exc:
+            raise ControlError(
+                f"task {task!r}: cannot reach the driver at {address[0]}:{address[1]}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        self._sock.settimeout(None)
+        self._inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._sock.sendall(
+            _encode("hello", {"task": task, "generation": generation, "token": token.decode()})
+        )
+        threading.Thread(target=self._read, name="cutline-control-client", daemon=True).start()
+
+    def send(self, kind: str, **body: Any) -> None:
+        if kind not in TASK_MESSAGES:
+            raise ValueError(f"{kind!r} is not a task message: one of {sorted(TASK_MESSAGES)}")
+        try:
+            self._sock.sendall(_encode(kind, body))
+        except OSError as exc:
+            raise ControlError(
+                f"task {self.task!r}: the driver is gone: {exc.strerror or exc}"
+            ) from exc
+
+    def receive(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next message from the driver; ``None`` on timeout. Raises :class:`ControlError`
+        once the driver closed the connection."""
+        try:
+            message = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if message is None:
+            self._inbox.put(None)  # stays closed
+            raise ControlError(f"task {self.task!r}: the driver closed the control connection")
+        return message
+
+    def close(self) -> None:
+        # shutdown first: it sends the FIN and wakes this client's reader thread, which a plain
+        # close() from another thread would leave blocked, holding the connection open
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self) -> None:
+        try:
+            for message in _lines(self._sock):
+                self._inbox.put(message)
+        except ControlError:
+            pass
+        finally:
+            self._inbox.put(None)

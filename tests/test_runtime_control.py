@@ -1,0 +1,122 @@
+"""The control connection between the driver and the tasks, over real TCP sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from cutline.runtime.control import ControlClient, ControlError, ControlServer, Event
+
+TOKEN = b"0123abcd"
+WAIT = 30.0  # a bound against a hang only
+
+
+def address(server: ControlServer) -> tuple[str, int]:
+    return ("127.0.0.1", server.port)
+
+
+def test_messages_flow_both_ways() -> None:
+    with ControlServer(["source-0", "sum-0"], token=TOKEN, generation=2) as server:
+        with (
+            ControlClient(address(server), "source-0", token=TOKEN, generation=2) as source,
+            ControlClient(address(server), "sum-0", token=TOKEN, generation=2) as total,
+        ):
+            source.send("ack", checkpoint=1, handle={"path": "g2-source-0.state", "size": 3})
+            assert server.next_event(WAIT) == Event(
+                "source-0",
+                "ack",
+                {"checkpoint": 1, "handle": {"path": "g2-source-0.state", "size": 3}},
+            )
+            while server.connected != {"source-0", "sum-0"}:
+                assert server.next_event(0.01) is None
+            server.send("source-0", "trigger", checkpoint=2, final=False)
+            assert source.receive(WAIT) == {"kind": "trigger", "checkpoint": 2, "final": False}
+            server.broadcast("complete", checkpoint=1)
+            assert source.receive(WAIT) == {"kind": "complete", "checkpoint": 1}
+            assert total.receive(WAIT) == {"kind": "complete", "checkpoint": 1}
+            total.send("decline", checkpoint=2, reason="alignment aborted")
+            assert server.next_event(WAIT) == Event(
+                "sum-0", "decline", {"checkpoint": 2, "reason": "alignment aborted"}
+            )
+            source.send("finished")
+            total.send("finished")
+            got = [server.next_event(WAIT) for _ in range(2)]
+            assert sorted((e.task, e.kind) for e in got if e) == [
+                ("source-0", "finished"),
+                ("sum-0", "finished"),
+            ]
+        # both finished before closing: no "lost" event
+        assert server.next_event(0.2) is None
+
+
+def test_a_task_that_disappears_is_reported_lost() -> None:
+    with ControlServer(["t"], token=TOKEN, generation=0) as server:
+        client = ControlClient(address(server), "t", token=TOKEN, generation=0)
+        client.send("ack", checkpoint=1, handle={})
+        client.close()  # e.g. its Python worker was killed
+        assert server.next_event(WAIT) == Event("t", "ack", {"checkpoint": 1, "handle": {}})
+        event = server.next_event(WAIT)
+        assert event is not None and (event.task, event.kind) == ("t", "lost")
+        with pytest.raises(ControlError, match="'t' is not connected"):
+            server.send("t", "stop")
+
+
+@pytest.mark.parametrize(
+    ("hello", "reason"),
+    [
+        ({"kind": "hello", "task": "t", "generation": 1, "token": "guess"}, "without this job's"),
+        ({"kind": "hello", "task": "t", "generation": 0, "token": "0123abcd"}, "generation 0"),
+        ({"kind": "hello", "task": "x", "generation": 1, "token": "0123abcd"}, "'x' is not a task"),
+        ({"kind": "ack", "checkpoint": 1}, "without this job's hello"),
+    ],
+)
+def test_foreign_and_stale_tasks_are_refused(hello: dict[str, object], reason: str) -> None:
+    with ControlServer(["t"], token=TOKEN, generation=1) as server:
+        intruder = socket.create_connection(address(server))
+        intruder.sendall(json.dumps(hello).encode() + b"\n" + b'{"kind":"ack","checkpoint":9}\n')
+        assert intruder.recv(10) == b""  # closed by the driver
+        intruder.close()
+        assert server.next_event(0.2) is None  # nothing reached the coordinator
+        assert any(reason in r for r in server.refused)
+
+
+def test_a_driver_that_goes_away_is_an_error_for_the_task() -> None:
+    server = ControlServer(["t"], token=TOKEN, generation=0)
+    client = ControlClient(address(server), "t", token=TOKEN, generation=0)
+    while server.connected != {"t"}:
+        assert server.next_event(0.01) is None
+    server.close()
+    with pytest.raises(ControlError, match="driver closed the control connection"):
+        client.receive(WAIT)
+    client.close()
+
+
+def test_garbage_from_a_task_loses_it_with_the_reason() -> None:
+    with ControlServer(["t"], token=TOKEN, generation=0) as server:
+        conn = socket.create_connection(address(server))
+        conn.sendall(b'{"kind":"hello","task":"t","generation":0,"token":"0123abcd"}\n')
+        conn.sendall(b"this is not json\n")
+        event = server.next_event(WAIT)
+        assert event == Event("t", "lost", {"reason": "a control message is not JSON"})
+        conn.close()
+
+
+def test_only_known_message_kinds_are_sent() -> None:
+    with ControlServer(["t"], token=TOKEN, generation=0) as server:
+        with pytest.raises(ValueError, match="'ack' is not a driver message"):
+            server.send("t", "ack")
+        with (
+            ControlClient(address(server), "t", token=TOKEN, generation=0) as client,
+            pytest.raises(ValueError, match="'trigger' is not a task message"),
+        ):
+            client.send("trigger")
+
+
+def test_an_unreachable_driver_is_named() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ControlError, match=f"cannot reach the driver at 127.0.0.1:{port}"):
+        ControlClient(("127.0.0.1", port), "t", token=TOKEN, generation=0, connect_timeout=5)
