@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -92,7 +93,9 @@ def test_a_slow_consumer_blocks_its_sender_and_memory_stays_bounded() -> None:
         producer = threading.Thread(target=produce, daemon=True)
         producer.start()
         # nothing is polled yet: the queue fills to its capacity and no further
+        deadline = time.monotonic() + WAIT
         while gate.buffered("a") < 2:
+            assert time.monotonic() < deadline, "the queue never filled"
             threading.Event().wait(0.01)
         assert gate.buffered("a") == 2
         assert not done.is_set()
@@ -109,7 +112,7 @@ def test_a_slow_consumer_blocks_its_sender_and_memory_stays_bounded() -> None:
     [
         (Hello("a", 1, b"another job"), "token is not this job's"),
         (Hello("a", 0, TOKEN), "generation 0 of the job, this is generation 1"),
-        (Hello("zzz", 1, TOKEN), "'zzz' is not an input of this subtask"),
+        (Hello("zzz", 1, TOKEN), "'zzz' is not an input here"),
     ],
 )
 def test_foreign_and_stale_connections_are_refused_and_the_real_one_works(
@@ -152,3 +155,76 @@ def test_connecting_to_nobody_names_the_address() -> None:
         port = probe.getsockname()[1]
     with pytest.raises(ChannelError, match=f"cannot connect to 127.0.0.1:{port}"):
         OutputChannel(("127.0.0.1", port), "a", token=TOKEN, generation=0, connect_timeout=5)
+
+
+def test_bytes_that_are_not_a_channel_do_not_fail_the_gate() -> None:
+    with InputGate(["a"], token=TOKEN, generation=0) as gate:
+        probe = socket.create_connection(address(gate))
+        probe.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # a health check, a scanner
+        assert probe.recv(10) == b""
+        probe.close()
+        with OutputChannel(address(gate), "a", token=TOKEN, generation=0) as real:
+            real.send(EndOfInput())
+        assert drain(gate) == [("a", EndOfInput())]
+        assert any("does not start like a cutline channel" in r for r in gate.refused)
+
+
+def test_a_peer_may_not_make_the_gate_buffer_much_before_its_hello() -> None:
+    with InputGate(["a"], token=TOKEN, generation=0) as gate:
+        probe = socket.create_connection(address(gate))
+        # a header announcing a 200 MB hello: refused at once, nothing buffered
+        probe.sendall(b"CUTL\x01\x01\x00" + (200 * 1024 * 1024).to_bytes(4, "big"))
+        assert probe.recv(10) == b""
+        probe.close()
+        assert any("more than" in r for r in gate.refused)
+
+
+def test_closing_stops_accepting_and_wakes_a_blocked_sender() -> None:
+    gate = InputGate(["a"], token=TOKEN, generation=0, capacity=1)
+    port = gate.port
+    out = OutputChannel(address(gate), "a", token=TOKEN, generation=0)
+    failed = threading.Event()
+    big = Records(pa.record_batch({"x": pa.array(bytes(1024) for _ in range(1024))}))
+
+    def flood() -> None:
+        try:
+            while True:
+                out.send(big)  # blocks once the gate stops reading
+        except ChannelError:
+            failed.set()
+
+    sender = threading.Thread(target=flood, daemon=True)
+    sender.start()
+    deadline = time.monotonic() + WAIT
+    while gate.buffered("a") < 1:
+        assert time.monotonic() < deadline
+        threading.Event().wait(0.01)
+    gate.close()
+    out.close()  # wakes the sender blocked in sendall
+    sender.join(WAIT)
+    assert failed.is_set()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_several_threads_may_send_on_one_channel() -> None:
+    with InputGate(["a"], token=TOKEN, generation=0) as gate:
+        out = OutputChannel(address(gate), "a", token=TOKEN, generation=0)
+
+        def send(name: str) -> None:
+            for k in range(200):
+                out.send(Records([name, k, "x" * 5000]))
+
+        threads = [threading.Thread(target=send, args=(n,)) for n in "pq"]
+        for t in threads:
+            t.start()
+        got = []
+        while len(got) < 400:
+            item = gate.poll(timeout=WAIT)
+            assert item is not None
+            got.append(item[1])
+        for t in threads:
+            t.join(WAIT)
+        out.close()
+    for name in "pq":  # every frame whole, each thread's frames in its own order
+        assert [r.batch[1] for r in got if r.batch[0] == name] == list(range(200))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +18,13 @@ WAIT = 30.0  # a bound against a hang only
 
 def address(server: ControlServer) -> tuple[str, int]:
     return ("127.0.0.1", server.port)
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
 
 
 def test_messages_flow_both_ways() -> None:
@@ -29,8 +39,7 @@ def test_messages_flow_both_ways() -> None:
                 "ack",
                 {"checkpoint": 1, "handle": {"path": "g2-source-0.state", "size": 3}},
             )
-            while server.connected != {"source-0", "sum-0"}:
-                assert server.next_event(0.01) is None
+            wait_until(lambda: server.connected == {"source-0", "sum-0"})
             server.send("source-0", "trigger", checkpoint=2, final=False)
             assert source.receive(WAIT) == {"kind": "trigger", "checkpoint": 2, "final": False}
             server.broadcast("complete", checkpoint=1)
@@ -85,8 +94,7 @@ def test_foreign_and_stale_tasks_are_refused(hello: dict[str, object], reason: s
 def test_a_driver_that_goes_away_is_an_error_for_the_task() -> None:
     server = ControlServer(["t"], token=TOKEN, generation=0)
     client = ControlClient(address(server), "t", token=TOKEN, generation=0)
-    while server.connected != {"t"}:
-        assert server.next_event(0.01) is None
+    wait_until(lambda: server.connected == {"t"})
     server.close()
     with pytest.raises(ControlError, match="driver closed the control connection"):
         client.receive(WAIT)
@@ -120,3 +128,62 @@ def test_an_unreachable_driver_is_named() -> None:
         port = probe.getsockname()[1]
     with pytest.raises(ControlError, match=f"cannot reach the driver at 127.0.0.1:{port}"):
         ControlClient(("127.0.0.1", port), "t", token=TOKEN, generation=0, connect_timeout=5)
+
+
+def test_a_task_lost_for_garbage_can_connect_again() -> None:
+    with ControlServer(["t"], token=TOKEN, generation=0) as server:
+        conn = socket.create_connection(address(server))
+        conn.sendall(b'{"kind":"hello","task":"t","generation":0,"token":"0123abcd"}\nnot json\n')
+        event = server.next_event(WAIT)
+        assert event is not None and event.kind == "lost"
+        conn.close()
+        wait_until(lambda: server.connected == frozenset())
+        with ControlClient(address(server), "t", token=TOKEN, generation=0) as again:
+            again.send("finished")
+            assert server.next_event(WAIT) == Event("t", "finished")
+
+
+def test_concurrent_sends_from_a_task_stay_whole() -> None:
+    with ControlServer(["t"], token=TOKEN, generation=0) as server:
+        client = ControlClient(address(server), "t", token=TOKEN, generation=0)
+
+        def send(name: str) -> None:
+            for k in range(50):
+                client.send("ack", checkpoint=k, handle={"who": name, "pad": "x" * 200_000})
+
+        threads = [threading.Thread(target=send, args=(n,)) for n in "pq"]
+        for t in threads:
+            t.start()
+        got = [server.next_event(WAIT) for _ in range(100)]
+        for t in threads:
+            t.join(WAIT)
+        assert all(e is not None and e.kind == "ack" for e in got)
+        for name in "pq":
+            assert [
+                e.body["checkpoint"] for e in got if e and e.body["handle"]["who"] == name
+            ] == list(range(50))
+        client.close()
+
+
+def test_closing_the_server_stops_accepting() -> None:
+    server = ControlServer(["t"], token=TOKEN, generation=0)
+    port = server.port
+    server.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_a_generation_that_only_looks_equal_is_refused() -> None:
+    with ControlServer(["t"], token=TOKEN, generation=1) as server:
+        for fake in ("true", "1.0"):
+            intruder = socket.create_connection(address(server))
+            hello = f'{{"kind":"hello","task":"t","generation":{fake},"token":"0123abcd"}}\n'
+            intruder.sendall(hello.encode())
+            assert intruder.recv(10) == b""
+            intruder.close()
+        assert server.connected == frozenset()
+
+
+def test_a_binary_token_is_refused_clearly() -> None:
+    with pytest.raises(ValueError, match="must be ASCII bytes"):
+        ControlServer(["t"], token=b"\xff\xfe", generation=0)

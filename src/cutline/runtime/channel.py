@@ -19,19 +19,18 @@ subtask failed, and :meth:`InputGate.poll` raises :class:`ChannelError`.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Collection, Iterable
 
+from cutline.runtime.net import close_socket
 from cutline.runtime.wire import (
     EndOfInput,
     Frame,
     FrameDecoder,
     Hello,
-    RefusedConnectionError,
     WireError,
     encode,
 )
@@ -51,6 +50,7 @@ class InputGate:
     :param generation: the job attempt: connections from another one are refused.
     :param capacity: frames buffered per channel before its reader stops reading.
     :param host: the address to listen on (``0.0.0.0``: every interface).
+    :param hello_timeout: seconds a new connection has to say hello before it is dropped.
     """
 
     def __init__(
@@ -61,8 +61,10 @@ class InputGate:
         generation: int,
         capacity: int = 16,
         host: str = "0.0.0.0",
+        hello_timeout: float = 30.0,
     ) -> None:
         self.channels = tuple(channels)
+        self.hello_timeout = hello_timeout
         if len(set(self.channels)) != len(self.channels):
             raise ValueError(f"an input channel is listed twice: {self.channels!r}")
         if capacity < 1:
@@ -135,13 +137,11 @@ class InputGate:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        with contextlib.suppress(OSError):
-            self._server.close()
-        for sock in list(self._sockets):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                sock.close()
+        close_socket(self._server)  # shutdown first: it wakes the thread blocked in accept()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            close_socket(sock)
 
     def __enter__(self) -> InputGate:
         return self
@@ -157,7 +157,11 @@ class InputGate:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            self._sockets.append(conn)
+            with self._lock:
+                if self._closed:
+                    close_socket(conn)
+                    return
+                self._sockets.append(conn)
             reader = threading.Thread(
                 target=self._read, args=(conn,), name="cutline-channel", daemon=True
             )
@@ -165,12 +169,19 @@ class InputGate:
             self._threads.append(reader)
 
     def _read(self, conn: socket.socket) -> None:
-        decoder = FrameDecoder(token=self._token, generation=self._generation)
+        decoder = FrameDecoder(
+            token=self._token, generation=self._generation, channels=self._queues.keys()
+        )
+        conn.settimeout(self.hello_timeout)  # a silent peer must not hold a reader forever
         channel: str | None = None
         try:
             while not self._closed:
                 try:
                     data = conn.recv(_READ_SIZE)
+                except TimeoutError:
+                    with self._lock:
+                        self.refused.append("a connection sent no hello in time")
+                    return
                 except OSError:
                     data = b""
                 if not data:
@@ -185,19 +196,24 @@ class InputGate:
                         channel = self._greet(frame)
                         if channel is None:
                             return
+                        conn.settimeout(None)
                         continue
                     assert channel is not None
                     if not self._put(channel, frame):
                         return
-        except RefusedConnectionError as exc:
-            with self._lock:
-                self.refused.append(str(exc))
         except WireError as exc:
-            name = decoder.hello.channel if decoder.hello else None
-            self._fail(f"channel {name!r}: {exc}" if name else f"a connection: {exc}")
+            if decoder.hello is None:  # not one of ours (a scanner, a stale or foreign peer)
+                with self._lock:
+                    self.refused.append(str(exc))
+            else:
+                self._fail(f"channel {decoder.hello.channel!r}: {exc}")
+        except Exception as exc:  # a reader must never die silently: poll() would wait forever
+            self._fail(f"channel {channel!r}: {type(exc).__name__}: {exc}")
         finally:
-            with contextlib.suppress(OSError):
-                conn.close()
+            with self._lock:
+                if conn in self._sockets:
+                    self._sockets.remove(conn)
+            close_socket(conn)
 
     def _greet(self, hello: Hello) -> str | None:
         with self._lock:
@@ -252,19 +268,28 @@ class OutputChannel:
             ) from exc
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.send(Hello(channel, generation, token))
+        self._send_lock = threading.Lock()
+        try:
+            self.send(Hello(channel, generation, token))
+        except ChannelError:
+            close_socket(self._sock)
+            raise
 
     def send(self, frame: Frame) -> None:
+        """Send one frame; blocks while the receiver's buffers are full (backpressure). Safe to
+        call from several threads."""
+        data = encode(frame)
         try:
-            self._sock.sendall(encode(frame))
+            with self._send_lock:
+                self._sock.sendall(data)
         except OSError as exc:
             raise ChannelError(
                 f"channel {self.channel!r}: the downstream subtask is gone: {exc.strerror or exc}"
             ) from exc
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        """Close the channel; a ``send`` blocked by backpressure in another thread fails."""
+        close_socket(self._sock)
 
     def __enter__(self) -> OutputChannel:
         return self

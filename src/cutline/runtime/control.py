@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutline.runtime.net import close_socket
+
 MAX_LINE = 1024 * 1024
 TASK_MESSAGES = frozenset({"ack", "decline", "failed", "finished"})
 DRIVER_MESSAGES = frozenset({"trigger", "complete", "abort", "stop"})
@@ -43,6 +45,12 @@ class Event:
     task: str
     kind: str
     body: dict[str, Any] = field(default_factory=dict)
+
+
+def _ascii_token(token: bytes) -> bytes:
+    if not isinstance(token, bytes) or not token.isascii():
+        raise ValueError("the job token must be ASCII bytes, e.g. secrets.token_hex(16).encode()")
+    return token
 
 
 def _encode(kind: str, body: dict[str, Any]) -> bytes:
@@ -67,7 +75,7 @@ def _lines(sock: socket.socket) -> Iterable[dict[str, Any]]:
             line, buffer = buffer.split(b"\n", 1)
             try:
                 message = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise ControlError("a control message is not JSON") from None
             if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
                 raise ControlError("a control message has no kind")
@@ -80,14 +88,23 @@ class ControlServer:
     """The driver's end: accepts the tasks of one generation of the job.
 
     :param token: the job's secret, as ASCII text in bytes (``secrets.token_hex(16).encode()``).
+    :param hello_timeout: seconds a new connection has to say hello before it is dropped.
     """
 
     def __init__(
-        self, tasks: Iterable[str], *, token: bytes, generation: int, host: str = "0.0.0.0"
+        self,
+        tasks: Iterable[str],
+        *,
+        token: bytes,
+        generation: int,
+        host: str = "0.0.0.0",
+        hello_timeout: float = 30.0,
     ) -> None:
+        self.hello_timeout = hello_timeout
         self.tasks = frozenset(tasks)
-        self._token = token
+        self._token = _ascii_token(token)
         self._generation = generation
+        self._send_lock = threading.Lock()
         self._events: queue.Queue[Event] = queue.Queue()
         self._conns: dict[str, socket.socket] = {}
         self._lock = threading.Lock()
@@ -121,8 +138,10 @@ class ControlServer:
             conn = self._conns.get(task)
         if conn is None:
             raise ControlError(f"task {task!r} is not connected")
+        data = _encode(kind, body)
         try:
-            conn.sendall(_encode(kind, body))
+            with self._send_lock:
+                conn.sendall(data)
         except OSError as exc:
             raise ControlError(f"task {task!r} is gone: {exc.strerror or exc}") from exc
 
@@ -133,15 +152,11 @@ class ControlServer:
 
     def close(self) -> None:
         self._closed = True
-        with contextlib.suppress(OSError):
-            self._server.close()
+        close_socket(self._server)  # shutdown first: it wakes the thread blocked in accept()
         with self._lock:
             conns = list(self._conns.values())
         for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                conn.close()
+            close_socket(conn)
 
     def __enter__(self) -> ControlServer:
         return self
@@ -155,23 +170,27 @@ class ControlServer:
                 conn, _ = self._server.accept()
             except OSError:
                 return
+            if self._closed:
+                close_socket(conn)
+                return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _refuse(self, conn: socket.socket, reason: str) -> None:
         with self._lock:
             self.refused.append(reason)
-        with contextlib.suppress(OSError):
-            conn.close()
+        close_socket(conn)
 
     def _serve(self, conn: socket.socket) -> None:
         task: str | None = None
-        finished = False
+        finished = reported = False
+        conn.settimeout(self.hello_timeout)  # a silent peer must not hold a thread forever
         try:
             for message in _lines(conn):
                 if task is None:
                     task = self._hello(conn, message)
                     if task is None:
                         return
+                    conn.settimeout(None)
                     continue
                 kind = message.pop("kind")
                 if kind not in TASK_MESSAGES:
@@ -181,14 +200,13 @@ class ControlServer:
         except ControlError as exc:
             if task is not None:
                 self._events.put(Event(task, "lost", {"reason": str(exc)}))
-                task = None  # reported
+                reported = True
         finally:
-            with contextlib.suppress(OSError):
-                conn.close()
+            close_socket(conn)
             if task is not None:
                 with self._lock:
                     self._conns.pop(task, None)
-                if not finished and not self._closed:
+                if not finished and not reported and not self._closed:
                     self._events.put(
                         Event(task, "lost", {"reason": "its control connection closed"})
                     )
@@ -199,7 +217,8 @@ class ControlServer:
         if message.get("kind") != "hello" or not hmac.compare_digest(token, self._token):
             self._refuse(conn, "a connection without this job's hello and token")
             return None
-        if message.get("generation") != self._generation:
+        generation = message.get("generation")
+        if type(generation) is not int or generation != self._generation:
             self._refuse(
                 conn,
                 f"task {name!r} of generation {message.get('generation')}, this is generation "
@@ -238,17 +257,27 @@ class ControlClient:
                 f"{exc.strerror or exc}"
             ) from exc
         self._sock.settimeout(None)
+        self._send_lock = threading.Lock()
         self._inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._sock.sendall(
-            _encode("hello", {"task": task, "generation": generation, "token": token.decode()})
-        )
+        try:
+            hello = {"task": task, "generation": generation, "token": _ascii_token(token).decode()}
+            self._sock.sendall(_encode("hello", hello))
+        except (OSError, ValueError) as exc:
+            close_socket(self._sock)
+            if isinstance(exc, ValueError):
+                raise
+            raise ControlError(
+                f"task {task!r}: cannot say hello to the driver: {exc.strerror or exc}"
+            ) from exc
         threading.Thread(target=self._read, name="cutline-control-client", daemon=True).start()
 
     def send(self, kind: str, **body: Any) -> None:
         if kind not in TASK_MESSAGES:
             raise ValueError(f"{kind!r} is not a task message: one of {sorted(TASK_MESSAGES)}")
+        data = _encode(kind, body)
         try:
-            self._sock.sendall(_encode(kind, body))
+            with self._send_lock:  # the snapshot thread acknowledges while the loop sends too
+                self._sock.sendall(data)
         except OSError as exc:
             raise ControlError(
                 f"task {self.task!r}: the driver is gone: {exc.strerror or exc}"
@@ -267,12 +296,7 @@ class ControlClient:
         return message
 
     def close(self) -> None:
-        # shutdown first: it sends the FIN and wakes this client's reader thread, which a plain
-        # close() from another thread would leave blocked, holding the connection open
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        close_socket(self._sock)
 
     def __enter__(self) -> ControlClient:
         return self

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hmac
 import pickle
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -40,6 +41,8 @@ _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 MAX_PAYLOAD = 256 * 1024 * 1024
 """A frame larger than this is refused: a corrupt stream, not a huge batch."""
+MAX_HELLO = 8 + 2 + 0xFFFF + 1024
+"""Before the hello is checked, a peer may make the receiver buffer no more than this."""
 
 
 class WireError(Exception):
@@ -132,17 +135,27 @@ class FrameDecoder:
     is decoded.
     """
 
-    def __init__(self, *, token: bytes | None = None, generation: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        token: bytes | None = None,
+        generation: int | None = None,
+        channels: Collection[str] | None = None,
+    ) -> None:
         self._buffer = bytearray()
         self._greeted = False
         self._token = token
         self._generation = generation
+        self._channels = channels
         self.hello: Hello | None = None
         """The stream's hello, once it is decoded."""
 
     def feed(self, data: bytes) -> list[Frame]:
-        """Add received bytes; return every frame they complete."""
-        self._buffer += data
+        """Add received bytes; return every frame they complete.
+
+        A refused hello raises before any later frame in the same bytes is decoded.
+        """
+        self._buffer += data  # before the hello, its header's length is capped at MAX_HELLO
         frames: list[Frame] = []
         while True:
             if not self._greeted:
@@ -159,8 +172,9 @@ class FrameDecoder:
             if len(self._buffer) < offset + _HEADER.size:
                 return frames
             kind, flags, length = _HEADER.unpack_from(self._buffer, offset)
-            if length > MAX_PAYLOAD:
-                raise WireError(f"a frame announces {length} bytes, more than {MAX_PAYLOAD}")
+            limit = MAX_PAYLOAD if self._greeted else MAX_HELLO
+            if length > limit:
+                raise WireError(f"a frame announces {length} bytes, more than {limit}")
             end = offset + _HEADER.size + length
             if len(self._buffer) < end:
                 return frames
@@ -199,6 +213,8 @@ class FrameDecoder:
                     f"channel {channel!r}: the peer belongs to generation {hello.generation} "
                     f"of the job, this is generation {self._generation}"
                 )
+            if self._channels is not None and channel not in self._channels:
+                raise RefusedConnectionError(f"channel {channel!r} is not an input here")
             self.hello = hello
             return hello
         if kind == Kind.RECORDS:
