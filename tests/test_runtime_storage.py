@@ -684,3 +684,31 @@ def test_metadata_with_a_boolean_for_a_number_is_corrupt(tmp_path: Path, field: 
     path.write_text(json.dumps(data))
     with pytest.raises(CorruptCheckpointError, match="not valid checkpoint metadata"):
         storage.read_metadata(1)
+
+
+def test_a_passing_read_error_is_raised_not_skipped(tmp_path: Path) -> None:
+    """Restoring an older checkpoint because the newest could not be read *right now* would
+    replay output the sinks may already have published: an I/O error must stop the restore."""
+    storage = CheckpointStorage(str(tmp_path))
+    for checkpoint_id in (1, 2):
+        handle = storage.write_state(checkpoint_id, "t", 0, b"state")
+        storage.write_metadata(CheckpointMetadata(checkpoint_id, 0, {"t": handle}, {}))
+    state = tmp_path / "chk-2" / "g0-t.state"
+    state.unlink()
+    state.symlink_to("/proc/self/mem")  # reading it fails with a real kernel error (EIO/EINVAL)
+    with pytest.raises(StorageError, match="cannot read") as info:
+        storage.latest()
+    assert not isinstance(info.value, CorruptCheckpointError)
+    assert "chk-2/g0-t.state" in str(info.value)
+
+
+def test_a_handle_may_not_point_outside_its_checkpoint(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path))
+    handle = storage.write_state(1, "t", 0, b"x")
+    storage.write_metadata(CheckpointMetadata(1, 0, {"t": handle}, {}))
+    path = tmp_path / "chk-1" / "_metadata"
+    data = json.loads(path.read_text())
+    data["handles"]["t"]["path"] = "../chk-7/g0-t.state"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CorruptCheckpointError, match="not a state file of this checkpoint"):
+        storage.read_metadata(1)

@@ -20,6 +20,7 @@ event (method)                                  actions it may return
 ``metadata_written(n, now)``                    ``NotifyCheckpointComplete``, ``AbortCheckpoint``
                                                 for older pending ones (subsumed),
                                                 ``DiscardCheckpoint`` beyond retention
+``metadata_failed(n, reason, now)``             ``AbortCheckpoint``; ``FailJob``
 ==============================================  ===========================================
 
 A checkpoint is complete only once its metadata is written (the driver writes
@@ -61,7 +62,8 @@ class CheckpointSettings:
     interval: float | None = 1.0
     """Seconds between two triggers; ``None`` triggers only on demand."""
     timeout: float = 600.0
-    """A checkpoint not complete this long after its trigger is aborted."""
+    """A checkpoint not acknowledged by every task this long after its trigger is aborted (the
+    write of its metadata is bounded by the driver, see ``metadata_failed``)."""
     min_pause: float = 0.0
     """Seconds from the end of one checkpoint (complete or aborted) to the next trigger."""
     max_concurrent: int = 1
@@ -195,8 +197,9 @@ class CheckpointCoordinator(Generic[T, H]):
 
     :param tasks: every task (subtask) of the job; each must acknowledge each checkpoint.
     :param settings: interval, timeout, pause, concurrency, tolerance and retention.
-    :param next_id: the id of the first checkpoint; a job restored from checkpoint ``n``
-        starts at ``n + 1`` so that ids keep increasing across restarts.
+    :param next_id: the id of the first checkpoint. A restarted job starts above every
+        checkpoint folder in its storage, complete or not (not just above the one it restored
+        from), so that no id, and no folder, is ever reused.
     :param completed: ids of complete checkpoints already retained (on restore), oldest first.
     """
 
@@ -284,15 +287,17 @@ class CheckpointCoordinator(Generic[T, H]):
         for checkpoint in list(self._pending.values()):
             if checkpoint.checkpoint_id not in self._pending:
                 continue  # aborted with the job a moment ago
-            if now - checkpoint.triggered_at >= self.settings.timeout:
-                waiting = (
-                    f"{len(checkpoint.waiting_for)} of {len(self.tasks)} tasks"
-                    if checkpoint.status is CheckpointStatus.PENDING
-                    else "its metadata to be written"
-                )
+            # A checkpoint whose metadata is being written is not timed out here: the write may
+            # still land, and the tasks must not roll back a checkpoint that may be complete.
+            # The driver bounds the write itself and reports ``metadata_failed``.
+            if (
+                checkpoint.status is CheckpointStatus.PENDING
+                and now - checkpoint.triggered_at >= self.settings.timeout
+            ):
                 actions += self._fail(
                     checkpoint,
-                    f"timed out after {self.settings.timeout:g} s waiting for {waiting}",
+                    f"timed out after {self.settings.timeout:g} s waiting for "
+                    f"{len(checkpoint.waiting_for)} of {len(self.tasks)} tasks",
                     now,
                 )
         due = self.next_trigger_time()
@@ -340,6 +345,18 @@ class CheckpointCoordinator(Generic[T, H]):
                 f"task {task!r} declined checkpoint {checkpoint_id} after acknowledging it"
             )
         return self._fail(checkpoint, f"declined by task {task!r}: {reason}", now)
+
+    def metadata_failed(
+        self, checkpoint_id: int, reason: str, now: float
+    ) -> Sequence[CoordinatorAction[T, H]]:
+        """The metadata of ``checkpoint_id`` could not be written, and the driver made sure it
+        is not there (it removed what may have landed): the checkpoint failed."""
+        checkpoint = self._pending.get(checkpoint_id)
+        if checkpoint is None or checkpoint.status is not CheckpointStatus.ACKNOWLEDGED:
+            raise ProtocolError(
+                f"metadata of checkpoint {checkpoint_id} failed, but it was not being written"
+            )
+        return self._fail(checkpoint, f"its metadata could not be written: {reason}", now)
 
     def metadata_written(self, checkpoint_id: int, now: float) -> Sequence[CoordinatorAction[T, H]]:
         """The metadata of ``checkpoint_id`` is stored: the checkpoint is complete."""

@@ -15,9 +15,12 @@ Taking a checkpoint has two parts, as in SEMANTICS §3:
   another thread while records keep flowing.
 
 State values must be picklable; the serialized form is a pickle of plain
-dicts and lists, grouped by key group. A value given to
-:meth:`ValueState.update` must not be changed in place afterwards (update it
-with a new value instead): the snapshot shares it.
+dicts and lists, grouped by key group. Values are shared with snapshots, not
+copied: a value stored in state (given to :meth:`ValueState.update`,
+:meth:`ListState.add` or :meth:`MapState.put`, or read back from them) must
+not be changed in place — store a new value instead. (Flink's heap backend
+copies values through their serializer; cutline leaves Python objects alone
+for speed, and this is the rule that keeps snapshots exact.)
 """
 
 from __future__ import annotations

@@ -50,6 +50,26 @@ def _sync(stream: Any) -> None:
         pass
 
 
+def _sync_directory(fs: Any, folder: str) -> None:
+    """fsync a local directory, so that a rename in it is durable (a no-op elsewhere)."""
+    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_DAMAGED = (IsADirectoryError, NotADirectoryError)
+"""Errors that mean the checkpoint's files are not what they should be (not passing faults)."""
+
+
 class StorageError(Exception):
     """Checkpoint storage could not be read or written; the message names the path."""
 
@@ -78,12 +98,20 @@ class StateHandle:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StateHandle:
-        return cls(
+        handle = cls(
             path=str(data["path"]),
             size=int(data["size"]),
             sha256=str(data["sha256"]),
             generation=int(data["generation"]),
         )
+        prefix = f"g{handle.generation}-"
+        if not (
+            handle.path.startswith(prefix)
+            and handle.path.endswith(".state")
+            and _SAFE_NAME.fullmatch(handle.path)
+        ):
+            raise ValueError(f"state path {handle.path!r} is not a state file of this checkpoint")
+        return handle
 
 
 @dataclass(frozen=True)
@@ -174,6 +202,7 @@ class CheckpointStorage:
                 out.write(metadata.to_json())
                 _sync(out)  # on a local disk: the bytes are there before the name is
             self.fs.mv(temporary, final)
+            _sync_directory(self.fs, folder)  # on a local disk: the new name survives a crash
         except OSError as exc:
             self._remove_quietly(temporary)
             raise StorageError(
@@ -218,8 +247,10 @@ class CheckpointStorage:
             raise CorruptCheckpointError(
                 f"checkpoint {checkpoint_id} is incomplete: {where} does not exist"
             ) from None
-        except OSError as exc:
+        except _DAMAGED as exc:
             raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
+        except OSError as exc:  # maybe passing (EIO, a throttled store): never skip on it
+            raise StorageError(f"cannot read {where}: {exc.strerror or exc}") from exc
         try:
             data = json.loads(raw)
             if type(data.get("format")) is not int or data["format"] != FORMAT_VERSION:
@@ -248,8 +279,10 @@ class CheckpointStorage:
                 data: bytes = source.read()
         except FileNotFoundError:
             raise CorruptCheckpointError(f"state file {where} is missing") from None
-        except OSError as exc:
+        except _DAMAGED as exc:
             raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
+        except OSError as exc:  # maybe passing: never skip a checkpoint on it
+            raise StorageError(f"cannot read {where}: {exc.strerror or exc}") from exc
         if len(data) != handle.size:
             raise CorruptCheckpointError(
                 f"state file {where} has {len(data)} bytes, the metadata says {handle.size}"
@@ -269,7 +302,12 @@ class CheckpointStorage:
 
     def latest(self, *, verify: bool = True) -> tuple[CheckpointMetadata | None, list[Skipped]]:
         """The newest complete checkpoint that is intact, and the newer ones passed over (with
-        the reason each was skipped, to warn about)."""
+        the reason each was skipped, to warn about).
+
+        Only a checkpoint that is damaged (missing or altered files, invalid metadata) is
+        skipped. An I/O error that may pass raises :class:`StorageError` instead: restoring an
+        older checkpoint than the newest complete one would replay output the sinks may
+        already have published."""
         skipped: list[Skipped] = []
         for checkpoint_id in reversed(self.completed_ids()):
             try:
