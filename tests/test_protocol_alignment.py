@@ -27,7 +27,7 @@ from cutline.protocol import (
     BarrierOrderError,
     BlockChannel,
     ForwardBarrier,
-    InvalidSnapshotIdError,
+    InvalidCheckpointIdError,
     ProtocolError,
     SnapshotState,
     UnblockChannels,
@@ -68,9 +68,9 @@ def cancelled(old: int, cancelled_id: int, *held: Hashable) -> list[Any]:
     """What ``cancel(cancelled_id)`` returns when it ends the pending ``old`` alignment."""
     tail = [UnblockChannels(tuple(held))] if held else []
     reason = (
-        "it was cancelled"
+        "it was aborted"
         if old == cancelled_id
-        else f"the newer checkpoint {cancelled_id} was cancelled"
+        else f"the newer checkpoint {cancelled_id} was aborted"
     )
     return [AbortAlignment(old, reason), *tail]
 
@@ -142,12 +142,12 @@ def test_source_with_no_inputs() -> None:
         h.barrier_received(1, "a")
     with raises_naming(UnknownChannelError, "t1", "'a'"):
         h.end_of_input("a")
-    assert acts(h.cancel(2)) == []
+    assert acts(h.abort(2)) == []
     assert_state(h, pending=None, settled=2, live=())
 
 
 def test_error_classes_are_protocol_errors() -> None:
-    for cls in (UnknownChannelError, BarrierOrderError, InvalidSnapshotIdError):
+    for cls in (UnknownChannelError, BarrierOrderError, InvalidCheckpointIdError):
         assert issubclass(cls, ProtocolError)
 
 
@@ -339,7 +339,7 @@ def test_barriers_of_an_aborted_checkpoint_are_ignored() -> None:
 def test_barriers_of_a_cancelled_checkpoint_are_ignored() -> None:
     h = make()
     h.barrier_received(1, "a")
-    h.cancel(1)
+    h.abort(1)
     before = observe(h)
     assert acts(h.barrier_received(1, "b")) == []
     assert acts(h.barrier_received(1, "c")) == []
@@ -353,7 +353,7 @@ def test_barriers_of_a_cancelled_checkpoint_are_ignored() -> None:
 
 def test_ignored_barriers_still_count_for_the_channel_order() -> None:
     h = make()
-    h.cancel(3)
+    h.abort(3)
     assert acts(h.barrier_received(2, "a")) == []
     with raises_naming(BarrierOrderError, "t1", "'a'"):
         h.barrier_received(2, "a")
@@ -370,14 +370,14 @@ def test_cancel_of_the_pending_checkpoint() -> None:
     h = make()
     h.barrier_received(1, "b")
     h.barrier_received(1, "a")
-    assert acts(h.cancel(1)) == cancelled(1, 1, "b", "a")
+    assert acts(h.abort(1)) == cancelled(1, 1, "b", "a")
     assert_state(h, pending=None, settled=1)
 
 
 def test_cancel_of_a_newer_checkpoint_aborts_the_pending_one() -> None:
     h = make()
     h.barrier_received(1, "c")
-    assert acts(h.cancel(3)) == cancelled(1, 3, "c")
+    assert acts(h.abort(3)) == cancelled(1, 3, "c")
     assert_state(h, pending=None, settled=3)
     for n in (2, 3):  # every id up to the cancelled one is ignored
         for c in "abc":
@@ -395,11 +395,11 @@ def test_cancel_of_an_older_checkpoint_leaves_the_pending_alignment_alone() -> N
     h.barrier_received(1, "c")
     assert acts(h.barrier_received(4, "a")) == [BlockChannel("a")]
     before = observe(h)
-    assert acts(h.cancel(1)) == []  # already settled
+    assert acts(h.abort(1)) == []  # already settled
     assert observe(h) == before
-    assert acts(h.cancel(0)) == []
+    assert acts(h.abort(0)) == []
     assert observe(h) == before
-    assert acts(h.cancel(3)) == []  # never started here, older than the pending one
+    assert acts(h.abort(3)) == []  # never started here, older than the pending one
     assert h.pending_checkpoint == 4
     assert h.blocked_channels == ("a",)
     assert h.last_settled == 3
@@ -409,7 +409,7 @@ def test_cancel_of_an_older_checkpoint_leaves_the_pending_alignment_alone() -> N
 
 def test_cancel_of_a_future_checkpoint_with_nothing_pending() -> None:
     h = make()
-    assert acts(h.cancel(2)) == []
+    assert acts(h.abort(2)) == []
     assert_state(h, pending=None, settled=2)
     for n in (0, 1, 2):
         for c in ("b", "a", "c"):
@@ -424,13 +424,13 @@ def test_cancel_twice_and_cancel_of_a_snapshotted_checkpoint_are_no_ops() -> Non
     h = make(inputs=["a"])
     h.barrier_received(1, "a")
     before = observe(h)
-    assert acts(h.cancel(1)) == []
-    assert acts(h.cancel(0)) == []
+    assert acts(h.abort(1)) == []
+    assert acts(h.abort(0)) == []
     assert observe(h) == before
-    assert acts(h.cancel(5)) == []
+    assert acts(h.abort(5)) == []
     after = observe(h)
-    assert acts(h.cancel(5)) == []
-    assert acts(h.cancel(4)) == []
+    assert acts(h.abort(5)) == []
+    assert acts(h.abort(4)) == []
     assert observe(h) == after
 
 
@@ -438,7 +438,7 @@ def test_cancel_works_after_every_input_ended() -> None:
     h = make(inputs=["a", "b"])
     h.end_of_input("a")
     h.end_of_input("b")
-    assert acts(h.cancel(7)) == []
+    assert acts(h.abort(7)) == []
     assert_state(h, pending=None, settled=7, live=())
 
 
@@ -596,9 +596,9 @@ def test_barrier_received_rejects_invalid_ids(bad: Any) -> None:
     h = make()
     h.barrier_received(1, "a")
     before = observe(h)
-    with raises_naming(InvalidSnapshotIdError, "t1", repr(bad)):
+    with raises_naming(InvalidCheckpointIdError, "t1", repr(bad)):
         h.barrier_received(bad, "b")
-    with raises_naming(InvalidSnapshotIdError, "t1"):
+    with raises_naming(InvalidCheckpointIdError, "t1"):
         h.barrier_received(bad, "zz")  # the id is checked before the channel
     assert observe(h) == before
     assert acts(h.barrier_received(1, "b")) == [BlockChannel("b")]
@@ -606,7 +606,7 @@ def test_barrier_received_rejects_invalid_ids(bad: Any) -> None:
 
 def test_invalid_id_error_of_a_barrier_names_the_channel() -> None:
     h = make()
-    with raises_naming(InvalidSnapshotIdError, "t1", "'b'"):
+    with raises_naming(InvalidCheckpointIdError, "t1", "'b'"):
         h.barrier_received(-1, "b")
 
 
@@ -615,8 +615,8 @@ def test_cancel_rejects_invalid_ids(bad: Any) -> None:
     h = make()
     h.barrier_received(1, "a")
     before = observe(h)
-    with raises_naming(InvalidSnapshotIdError, "t1", repr(bad)):
-        h.cancel(bad)
+    with raises_naming(InvalidCheckpointIdError, "t1", repr(bad)):
+        h.abort(bad)
     assert observe(h) == before
 
 
@@ -624,14 +624,14 @@ def test_error_messages_use_the_default_name() -> None:
     h = AlignedBarrierHandler(["a"])
     with raises_naming(UnknownChannelError, "subtask", "'zz'"):
         h.barrier_received(0, "zz")
-    with raises_naming(InvalidSnapshotIdError, "subtask"):
-        h.cancel(-1)
+    with raises_naming(InvalidCheckpointIdError, "subtask"):
+        h.abort(-1)
 
 
 def test_zero_is_a_valid_id() -> None:
     h = make(inputs=["a", "b"])
     assert acts(h.barrier_received(0, "a")) == [BlockChannel("a")]
-    assert acts(h.cancel(0)) == cancelled(0, 0, "a")
+    assert acts(h.abort(0)) == cancelled(0, 0, "a")
     assert_state(h, pending=None, settled=0)
 
 
@@ -783,7 +783,7 @@ def test_property_exactly_once_with_ends_and_cancels(
             cancels_left -= 1
             n = data.draw(st.integers(0, m + 1), label="cancel id")
             cancelled_at.append((step, n))
-            run.apply(run.h.cancel(n))
+            run.apply(run.h.abort(n))
             continue
         c = data.draw(st.sampled_from(consumable))
         kind, arg = run.queues[c][0]

@@ -47,6 +47,7 @@ from cutline.protocol.coordinator import (
 )
 from cutline.protocol.errors import (
     DuplicateMarkerError,
+    InvalidCheckpointIdError,
     InvalidSnapshotIdError,
     ProtocolError,
     UnknownChannelError,
@@ -72,6 +73,7 @@ __all__ = [
     "DuplicateMarkerError",
     "FailJob",
     "ForwardBarrier",
+    "InvalidCheckpointIdError",
     "InvalidSnapshotIdError",
     "NotifyCheckpointComplete",
     "ProtocolError",

@@ -18,7 +18,7 @@ event (method)                     actions it may return
                                    ``ForwardBarrier(n)``, ``UnblockChannels``;
                                    ``AbortAlignment(m)`` first when a newer
                                    checkpoint overtakes a pending one
-``cancel(n)``                      ``AbortAlignment(n)``, ``UnblockChannels``
+``abort(n)``                       ``AbortAlignment(n)``, ``UnblockChannels``
 ``end_of_input(c)``                as ``barrier_received`` when the end of
                                    ``c`` completes an alignment
 =================================  ============================================
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeAlias, TypeVar
 
 from cutline.protocol.errors import (
-    InvalidSnapshotIdError,
+    InvalidCheckpointIdError,
     ProtocolError,
     UnknownChannelError,
 )
@@ -181,7 +181,7 @@ class AlignedBarrierHandler(Generic[C]):
             actions.append(BlockChannel(channel))
         return actions
 
-    def cancel(self, checkpoint_id: int) -> Sequence[AlignmentAction[C]]:
+    def abort(self, checkpoint_id: int) -> Sequence[AlignmentAction[C]]:
         """Checkpoint ``checkpoint_id`` was aborted (by the coordinator, or upstream).
 
         Ends its alignment if it is pending; its barriers that come later are ignored.
@@ -191,9 +191,9 @@ class AlignedBarrierHandler(Generic[C]):
             return _NONE
         if self._pending is not None and checkpoint_id >= self._pending:
             actions = self._abort(
-                "it was cancelled"
+                "it was aborted"
                 if checkpoint_id == self._pending
-                else f"the newer checkpoint {checkpoint_id} was cancelled"
+                else f"the newer checkpoint {checkpoint_id} was aborted"
             )
         else:
             actions = []
@@ -257,6 +257,6 @@ class AlignedBarrierHandler(Generic[C]):
     def _check_id(self, checkpoint_id: int, channel: C | None = None) -> None:
         if type(checkpoint_id) is not int or checkpoint_id < 0:
             on = f" (on channel {channel!r})" if channel is not None else ""
-            raise InvalidSnapshotIdError(
+            raise InvalidCheckpointIdError(
                 f"{self.name}: checkpoint id {checkpoint_id!r}{on} is not a non-negative integer"
             )

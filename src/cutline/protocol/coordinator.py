@@ -38,7 +38,7 @@ from typing import Generic, TypeAlias, TypeVar
 from cutline.protocol.errors import ProtocolError
 
 T = TypeVar("T", bound=Hashable)
-"""The type of a task (subtask) id."""
+"""The type of a subtask id (each subtask acknowledges each checkpoint)."""
 H = TypeVar("H")
 """The type of a state handle: whatever a task reports about the state it wrote."""
 

@@ -23,3 +23,7 @@ class DuplicateMarkerError(ProtocolError):
 
 class InvalidSnapshotIdError(ProtocolError):
     """A snapshot id that is not a non-negative integer."""
+
+
+class InvalidCheckpointIdError(ProtocolError):
+    """A checkpoint id that is not a non-negative integer."""

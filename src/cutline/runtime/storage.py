@@ -171,12 +171,12 @@ class CheckpointStorage:
     # ------------------------------------------------------------------- writing
 
     def write_state(
-        self, checkpoint_id: int, task: str, generation: int, data: bytes
+        self, checkpoint_id: int, subtask: str, generation: int, data: bytes
     ) -> StateHandle:
         """Store one subtask's state for ``checkpoint_id`` and return its handle."""
-        if _SAFE_NAME.fullmatch(task) is None:
-            raise ValueError(f"subtask name {task!r} is not usable as a file name")
-        name = f"g{generation}-{task}.state"
+        if _SAFE_NAME.fullmatch(subtask) is None:
+            raise ValueError(f"subtask name {subtask!r} is not usable as a file name")
+        name = f"g{generation}-{subtask}.state"
         folder = self.checkpoint_path(checkpoint_id)
         path = f"{folder}/{name}"
         try:
@@ -186,7 +186,7 @@ class CheckpointStorage:
                 _sync(out)
         except OSError as exc:
             raise StorageError(
-                f"cannot write state of {task} for checkpoint {checkpoint_id} to "
+                f"cannot write state of {subtask} for checkpoint {checkpoint_id} to "
                 f"{self._where(path)}: {exc.strerror or exc}"
             ) from exc
         return StateHandle(name, len(data), hashlib.sha256(data).hexdigest(), generation)
