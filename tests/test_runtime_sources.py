@@ -36,9 +36,7 @@ def write_inputs(folder: Path, fmt: str, files: int = 5, rows: int = 23) -> list
         data = [{"key": f"k{(f * rows + i) % 10}", "value": f * rows + i} for i in range(rows)]
         everything += data
         table = pa.Table.from_pylist(data)
-        name = (
-            folder / f"part-{f:03d}.{ {'parquet': 'parquet', 'csv': 'csv', 'jsonl': 'jsonl'}[fmt] }"
-        )
+        name = folder / f"part-{f:03d}.{fmt}"
         if fmt == "parquet":
             pq.write_table(table, name, row_group_size=5)
         elif fmt == "csv":
