@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -187,3 +188,14 @@ def test_a_generation_that_only_looks_equal_is_refused() -> None:
 def test_a_binary_token_is_refused_clearly() -> None:
     with pytest.raises(ValueError, match="must be ASCII bytes"):
         ControlServer(["t"], token=b"\xff\xfe", generation=0)
+
+
+def test_closing_the_server_closes_a_connection_that_never_said_hello() -> None:
+    server = ControlServer(["t"], token=TOKEN, generation=0)
+    silent = socket.create_connection(address(server))
+    server.close()
+    silent.settimeout(WAIT)
+    # closed by the server (FIN, or RST if it was never accepted), not left to time out
+    with contextlib.suppress(ConnectionResetError):
+        assert silent.recv(10) == b""
+    silent.close()

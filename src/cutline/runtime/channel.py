@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Collection, Iterable
 
-from cutline.runtime.net import close_socket
+from cutline.runtime.net import Listener, close_socket
 from cutline.runtime.wire import (
     EndOfInput,
     Frame,
@@ -81,17 +81,13 @@ class InputGate:
         self._lock = threading.Condition()
         self._closed = False
         self._next = 0  # round-robin start, for fairness between channels
-        self._server = socket.create_server((host, 0), backlog=max(8, len(self.channels)))
-        self._threads: list[threading.Thread] = []
-        self._sockets: list[socket.socket] = []
-        acceptor = threading.Thread(target=self._accept, name="cutline-accept", daemon=True)
-        acceptor.start()
-        self._threads.append(acceptor)
+        self._listener = Listener(
+            self._read, host=host, backlog=max(8, len(self.channels)), name="cutline-channel"
+        )
 
     @property
     def port(self) -> int:
-        port: int = self._server.getsockname()[1]
-        return port
+        return self._listener.port
 
     def buffered(self, channel: str) -> int:
         """Frames of ``channel`` received and not yet polled."""
@@ -137,11 +133,7 @@ class InputGate:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        close_socket(self._server)  # shutdown first: it wakes the thread blocked in accept()
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            close_socket(sock)
+        self._listener.close()
 
     def __enter__(self) -> InputGate:
         return self
@@ -150,23 +142,6 @@ class InputGate:
         self.close()
 
     # ----------------------------------------------------------------- threads
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._closed:
-                    close_socket(conn)
-                    return
-                self._sockets.append(conn)
-            reader = threading.Thread(
-                target=self._read, args=(conn,), name="cutline-channel", daemon=True
-            )
-            reader.start()
-            self._threads.append(reader)
 
     def _read(self, conn: socket.socket) -> None:
         decoder = FrameDecoder(
@@ -209,11 +184,7 @@ class InputGate:
                 self._fail(f"channel {decoder.hello.channel!r}: {exc}")
         except Exception as exc:  # a reader must never die silently: poll() would wait forever
             self._fail(f"channel {channel!r}: {type(exc).__name__}: {exc}")
-        finally:
-            with self._lock:
-                if conn in self._sockets:
-                    self._sockets.remove(conn)
-            close_socket(conn)
+        # the listener closes the connection when this returns
 
     def _greet(self, hello: Hello) -> str | None:
         with self._lock:

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutline.runtime.net import close_socket
+from cutline.runtime.net import Listener, close_socket
 
 MAX_LINE = 1024 * 1024
 TASK_MESSAGES = frozenset({"ack", "decline", "failed", "finished"})
@@ -110,13 +110,13 @@ class ControlServer:
         self._lock = threading.Lock()
         self.refused: list[str] = []
         self._closed = False
-        self._server = socket.create_server((host, 0), backlog=max(8, len(self.tasks)))
-        threading.Thread(target=self._accept, name="cutline-control", daemon=True).start()
+        self._listener = Listener(
+            self._serve, host=host, backlog=max(8, len(self.tasks)), name="cutline-control"
+        )
 
     @property
     def port(self) -> int:
-        port: int = self._server.getsockname()[1]
-        return port
+        return self._listener.port
 
     @property
     def connected(self) -> frozenset[str]:
@@ -152,11 +152,7 @@ class ControlServer:
 
     def close(self) -> None:
         self._closed = True
-        close_socket(self._server)  # shutdown first: it wakes the thread blocked in accept()
-        with self._lock:
-            conns = list(self._conns.values())
-        for conn in conns:
-            close_socket(conn)
+        self._listener.close()  # closes every connection, greeted or not
 
     def __enter__(self) -> ControlServer:
         return self
@@ -164,21 +160,10 @@ class ControlServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            if self._closed:
-                close_socket(conn)
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
     def _refuse(self, conn: socket.socket, reason: str) -> None:
         with self._lock:
             self.refused.append(reason)
-        close_socket(conn)
+        close_socket(conn)  # at once, so that the peer sees its refusal
 
     def _serve(self, conn: socket.socket) -> None:
         task: str | None = None
@@ -202,7 +187,7 @@ class ControlServer:
                 self._events.put(Event(task, "lost", {"reason": str(exc)}))
                 reported = True
         finally:
-            close_socket(conn)
+            close_socket(conn)  # before reporting it lost: the listener would close it too late
             if task is not None:
                 with self._lock:
                     self._conns.pop(task, None)
