@@ -217,30 +217,22 @@ class AlignedBarrierHandler(Generic[C]):
 
     def _complete(self) -> list[AlignmentAction[C]]:
         """Every live input delivered the pending barrier: snapshot, forward, resume."""
-        checkpoint_id = self._pending
-        assert checkpoint_id is not None
-        held = tuple(self._blocked)
-        self._pending = None
-        self._settled = checkpoint_id
-        self._blocked = []
-        actions: list[AlignmentAction[C]] = [
-            SnapshotState(checkpoint_id),
-            ForwardBarrier(checkpoint_id),
-        ]
-        if held:
-            actions.append(UnblockChannels(held))
-        return actions
+        assert self._pending is not None
+        return self._end([SnapshotState(self._pending), ForwardBarrier(self._pending)])
 
     def _abort(self, reason: str) -> list[AlignmentAction[C]]:
-        checkpoint_id = self._pending
-        assert checkpoint_id is not None
-        blocked = tuple(self._blocked)
+        assert self._pending is not None
+        return self._end([AbortAlignment(self._pending, reason)])
+
+    def _end(self, actions: list[AlignmentAction[C]]) -> list[AlignmentAction[C]]:
+        """Settle the pending checkpoint (after ``actions``) and resume the blocked inputs."""
+        assert self._pending is not None
+        held = tuple(self._blocked)
+        self._settled = self._pending
         self._pending = None
-        self._settled = checkpoint_id
         self._blocked = []
-        actions: list[AlignmentAction[C]] = [AbortAlignment(checkpoint_id, reason)]
-        if blocked:
-            actions.append(UnblockChannels(blocked))
+        if held:
+            actions.append(UnblockChannels(held))
         return actions
 
     def _check_live(self, channel: C, what: str) -> None:
