@@ -248,13 +248,23 @@ class StateSnapshot:
         return data
 
 
-class ValueState:
-    """One value per key."""
+class _State:
+    """What every kind of keyed state shares: its table, and clearing the current key."""
 
     __slots__ = ("_backend", "_table")
 
     def __init__(self, backend: KeyedStateBackend, table: _Table) -> None:
         self._backend, self._table = backend, table
+
+    def clear(self) -> None:
+        """Remove the current key's state."""
+        self._backend._clear(self._table, self._backend.current_key)
+
+
+class ValueState(_State):
+    """One value per key."""
+
+    __slots__ = ()
 
     def get(self, default: Any = None) -> Any:
         return self._table.data.get(self._backend.current_key, default)
@@ -262,17 +272,11 @@ class ValueState:
     def update(self, value: Any) -> None:
         self._table.data[self._backend.current_key] = value
 
-    def clear(self) -> None:
-        self._backend._clear(self._table, self._backend.current_key)
 
-
-class ListState:
+class ListState(_State):
     """A list of values per key."""
 
-    __slots__ = ("_backend", "_table")
-
-    def __init__(self, backend: KeyedStateBackend, table: _Table) -> None:
-        self._backend, self._table = backend, table
+    __slots__ = ()
 
     def get(self) -> list[Any]:
         """A copy of the key's list (empty when there is none)."""
@@ -286,17 +290,11 @@ class ListState:
         self._table.data[key] = list(values)
         self._table.epochs[key] = self._backend._epoch
 
-    def clear(self) -> None:
-        self._backend._clear(self._table, self._backend.current_key)
 
-
-class MapState:
+class MapState(_State):
     """A map of user keys to values per key."""
 
-    __slots__ = ("_backend", "_table")
-
-    def __init__(self, backend: KeyedStateBackend, table: _Table) -> None:
-        self._backend, self._table = backend, table
+    __slots__ = ()
 
     def _map(self) -> dict[Any, Any]:
         found: dict[Any, Any] = self._table.data.get(self._backend.current_key, {})
@@ -321,6 +319,3 @@ class MapState:
 
     def items(self) -> list[tuple[Any, Any]]:
         return list(self._map().items())
-
-    def clear(self) -> None:
-        self._backend._clear(self._table, self._backend.current_key)
