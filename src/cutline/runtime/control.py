@@ -5,8 +5,10 @@ A task connects and says hello with its name, the job's **generation** and the
 job's secret **token**; the driver refuses another job's tasks and a stale
 attempt's, so their late acknowledgements never reach the coordinator. Then:
 
-* task → driver: ``ack`` (checkpoint, state handle), ``decline`` (checkpoint,
-  reason), ``failed`` (error, traceback), ``finished``;
+* task → driver: ``ready`` (set up, its process id), ``heartbeat`` (every second),
+  ``exhausted`` (a source subtask read all its input), ``ack`` (subtask, checkpoint, state
+  handle), ``decline`` (subtask, checkpoint, reason), ``failed`` (subtask, operator, record,
+  error, traceback), ``finished``;
 * driver → task: ``trigger`` (checkpoint, final), ``complete`` (checkpoint),
   ``abort`` (checkpoint), ``stop``.
 
@@ -30,7 +32,9 @@ from typing import Any
 from cutline.runtime.net import Listener, close_socket
 
 MAX_LINE = 1024 * 1024
-TASK_MESSAGES = frozenset({"ack", "decline", "failed", "finished"})
+TASK_MESSAGES = frozenset(
+    {"ready", "heartbeat", "exhausted", "ack", "decline", "failed", "finished"}
+)
 DRIVER_MESSAGES = frozenset({"trigger", "complete", "abort", "stop"})
 
 

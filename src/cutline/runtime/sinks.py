@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PENDING = "_pending"
-_SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
+_SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "pickle": ".pickle"}
+"""``pickle`` parts hold lists of Python records: the collect sink's output."""
 
 
 class SinkError(Exception):
@@ -71,7 +73,7 @@ class FileSinkWriter:
         self._format = fmt
         self._subtask = subtask
         self._generation = generation
-        self._batches: list[pa.RecordBatch] = []
+        self._batches: list[Any] = []
         self._part = 0
         self._pending: list[dict[str, Any]] = []
         """Parts pre-committed and not yet published: {"checkpoint": n, "name": file name}."""
@@ -82,9 +84,10 @@ class FileSinkWriter:
 
     # ------------------------------------------------------------------ writing
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Buffer records for the part file of the current checkpoint."""
-        if batch.num_rows:
+    def write(self, batch: pa.RecordBatch | list[Any]) -> None:
+        """Buffer records for the part file of the current checkpoint (a list of records for
+        the ``pickle`` format)."""
+        if len(batch):
             self._batches.append(batch)
 
     def pre_commit(self, checkpoint_id: int) -> dict[str, Any]:
@@ -143,16 +146,31 @@ class FileSinkWriter:
         except OSError as exc:
             raise SinkError(f"cannot publish {source}: {exc.strerror or exc}") from exc
 
-    def _write_file(self, path: str, batches: list[pa.RecordBatch]) -> None:
-        table = pa.Table.from_batches(batches)
+    def _write_file(self, path: str, batches: list[Any]) -> None:
         buffer = io.BytesIO()
-        if self._format == "parquet":
+        if self._format == "pickle":
+            pickle.dump([r for batch in batches for r in batch], buffer, pickle.HIGHEST_PROTOCOL)
+        elif self._format == "parquet":
+            table = _table(batches)
             pq.write_table(table, buffer)
         else:
-            for row in table.to_pylist():
+            for row in _table(batches).to_pylist():
                 buffer.write(json.dumps(row, default=str).encode() + b"\n")
         try:
             with self._fs.open(path, "wb") as out:
                 out.write(buffer.getvalue())
         except OSError as exc:
             raise SinkError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def _table(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One table of ``batches``, unifying schemas that differ only where a column was all null
+    in some batch."""
+    try:
+        return pa.Table.from_batches(batches)
+    except pa.ArrowInvalid:
+        tables = [pa.Table.from_batches([b]) for b in batches]
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise SinkError(f"the records do not share one schema: {exc}") from None

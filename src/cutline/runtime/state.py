@@ -172,6 +172,12 @@ class KeyedStateBackend:
         table.data.pop(key, None)
         table.epochs.pop(key, None)
 
+    def value_table(self, name: str) -> dict[Hashable, Any]:
+        """Value state ``name`` as a dict (key -> value), for vectorized operators that read and
+        write many keys at once. Assign values; never change one in place, and only use keys of
+        this subtask's key groups (the caller routes records by key, so they are)."""
+        return self._table(name, "value").data
+
     # ------------------------------------------------------------------ queries
 
     def keys(self, name: str) -> Iterator[Hashable]:

@@ -300,16 +300,21 @@ class CheckpointStorage:
             self.read_state(checkpoint_id, handle)
         return metadata
 
-    def latest(self, *, verify: bool = True) -> tuple[CheckpointMetadata | None, list[Skipped]]:
+    def latest(
+        self, *, verify: bool = True, since: int = 0
+    ) -> tuple[CheckpointMetadata | None, list[Skipped]]:
         """The newest complete checkpoint that is intact, and the newer ones passed over (with
         the reason each was skipped, to warn about).
 
         Only a checkpoint that is damaged (missing or altered files, invalid metadata) is
         skipped. An I/O error that may pass raises :class:`StorageError` instead: restoring an
         older checkpoint than the newest complete one would replay output the sinks may
-        already have published."""
+        already have published.
+
+        ``since``: only checkpoints with an id of at least this (those of one run of a job).
+        """
         skipped: list[Skipped] = []
-        for checkpoint_id in reversed(self.completed_ids()):
+        for checkpoint_id in reversed([c for c in self.completed_ids() if c >= since]):
             try:
                 metadata = (
                     self.verify(checkpoint_id) if verify else self.read_metadata(checkpoint_id)

@@ -1,0 +1,16 @@
+"""The user's API: build a dataflow on a :class:`StreamEnvironment` and ``execute()`` it."""
+
+from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
+from cutline.runtime.driver import CheckpointWarning, JobFailedError, JobResult
+from cutline.runtime.operators import KeyedProcessFunction, ProcessContext
+
+__all__ = [
+    "CheckpointWarning",
+    "DataStream",
+    "JobFailedError",
+    "JobResult",
+    "KeyedProcessFunction",
+    "KeyedStream",
+    "ProcessContext",
+    "StreamEnvironment",
+]

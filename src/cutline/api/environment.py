@@ -1,0 +1,450 @@
+"""The user's API: :class:`StreamEnvironment`, :class:`DataStream`, :class:`KeyedStream`.
+
+::
+
+    env = StreamEnvironment(parallelism=2, checkpoint_interval="1s", checkpoint_dir="ck/")
+    (env.read_parquet("events/")
+        .key_by("key")
+        .sum("value")
+        .write_parquet("out/"))
+    result = env.execute()            # on local Spark, local[parallelism]
+
+Building a pipeline only describes it (a job graph); :meth:`StreamEnvironment.execute`
+runs it on Spark and returns when bounded input is all processed and its output published.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+
+from cutline.protocol.coordinator import CheckpointSettings
+from cutline.runtime.driver import JobConfig, JobDriver, JobResult, Launcher, Listener
+from cutline.runtime.graph import Edge, ExecutionPlan, JobGraph, Operator, plan
+from cutline.runtime.operators import (
+    KeyedProcessFunction,
+    MapBatchesLogic,
+    MapLogic,
+    PassLogic,
+    ProcessLogic,
+    RollingLogic,
+    SinkLogic,
+    SourceLogic,
+)
+from cutline.runtime.sinks import FileSink
+from cutline.runtime.sources import FileSource, SequenceSource
+from cutline.runtime.state import DEFAULT_MAX_PARALLELISM
+
+_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|min|m|h)?\s*")
+_UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+
+
+def seconds(value: float | int | str | None, what: str) -> float | None:
+    """``1.5``, ``"1s"``, ``"500ms"``, ``"2min"`` -> seconds (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: expected seconds or a duration like '1s', got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION.fullmatch(value)
+        if match:
+            return float(match.group(1)) * _UNITS[match.group(2)]
+    raise ValueError(
+        f"{what}: {value!r} is not a duration (use seconds, or text like '500ms', '1s', '2min')"
+    )
+
+
+def _name_of(fn: Any) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+class StreamEnvironment:
+    """A streaming job being built, and how it runs.
+
+    :param parallelism: subtasks per operator, one Spark task slot each.
+    :param checkpoint_interval: time between checkpoints (``"1s"``, ``0.5``); ``None``: only the
+        final checkpoint at the end of bounded input.
+    :param checkpoint_dir: where checkpoints go (a local path or any fsspec URL); by default a
+        temporary directory removed after the job.
+    :param checkpoint_timeout: a checkpoint not complete after this long is aborted.
+    :param min_pause: the least time between the end of one checkpoint and the next trigger.
+    :param tolerable_failed_checkpoints: failed checkpoints in a row before the job restarts.
+    :param retained_checkpoints: complete checkpoints kept.
+    :param restart_attempts: restarts after failures before ``execute`` raises.
+    :param restart_delay: pause before each restart.
+    :param dead_letter_dir: where records that an operator opened with
+        ``on_error="dead_letter"`` could not process go, with their error (JSON lines).
+    :param batch_size: records per batch read from a source.
+    :param buffer_capacity: batches buffered per input channel before backpressure.
+    :param heartbeat_timeout: a slot silent this long is declared lost.
+    """
+
+    def __init__(
+        self,
+        parallelism: int = 2,
+        *,
+        checkpoint_interval: float | str | None = "1s",
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_timeout: float | str = "10min",
+        min_pause: float | str = 0,
+        tolerable_failed_checkpoints: int = 0,
+        retained_checkpoints: int = 1,
+        restart_attempts: int = 3,
+        restart_delay: float | str = "1s",
+        dead_letter_dir: str | os.PathLike[str] | None = None,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        batch_size: int = 8192,
+        buffer_capacity: int = 16,
+        heartbeat_timeout: float | str = "30s",
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        if type(parallelism) is not int or parallelism < 1:
+            raise ValueError(f"parallelism must be a positive integer, not {parallelism!r}")
+        if type(max_parallelism) is not int or max_parallelism < parallelism:
+            raise ValueError(
+                f"max_parallelism must be an integer of at least parallelism ({parallelism}), "
+                f"not {max_parallelism!r}"
+            )
+        for name, value in (
+            ("batch_size", batch_size),
+            ("buffer_capacity", buffer_capacity),
+        ):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if type(restart_attempts) is not int or restart_attempts < 0:
+            raise ValueError(f"restart_attempts must be 0 or more, not {restart_attempts!r}")
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.checkpoint_settings = CheckpointSettings(
+            interval=seconds(checkpoint_interval, "checkpoint_interval"),
+            timeout=seconds(checkpoint_timeout, "checkpoint_timeout") or 0.0,
+            min_pause=seconds(min_pause, "min_pause") or 0.0,
+            tolerable_failures=tolerable_failed_checkpoints,
+            retained=retained_checkpoints,
+        )
+        self.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
+        self.restart_attempts = restart_attempts
+        self.restart_delay = seconds(restart_delay, "restart_delay") or 0.0
+        self.heartbeat_timeout = seconds(heartbeat_timeout, "heartbeat_timeout") or 30.0
+        self.dead_letter_dir = os.fspath(dead_letter_dir) if dead_letter_dir is not None else None
+        self.batch_size = batch_size
+        self.buffer_capacity = buffer_capacity
+        self.storage_options = storage_options
+        self.graph = JobGraph()
+        self._on_error: dict[str, str] = {}
+        self._outputs: dict[str, str] = {}
+        self._collect: dict[str, str] = {}
+        self._counter = 0
+
+    # ----------------------------------------------------------------- sources
+
+    def from_sequence(
+        self,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        column: str = "value",
+        name: str | None = None,
+    ) -> DataStream:
+        """The integers ``start, start+1, ...`` up to ``end`` (excluded; ``None``: unbounded), as
+        records with one column."""
+        if type(start) is not int or (end is not None and type(end) is not int):
+            raise ValueError(f"from_sequence needs integers, got start={start!r}, end={end!r}")
+        return self._source(SequenceSource(start, end, column), name or "sequence")
+
+    def read_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> DataStream:
+        """The Parquet files of a directory (a local path or fsspec URL), split by file over the
+        subtasks; replayable (offset: file and row)."""
+        return self._files(path, "parquet", name)
+
+    def read_csv(self, path: str | os.PathLike[str], *, name: str | None = None) -> DataStream:
+        return self._files(path, "csv", name)
+
+    def read_jsonl(self, path: str | os.PathLike[str], *, name: str | None = None) -> DataStream:
+        return self._files(path, "jsonl", name)
+
+    def _files(self, path: str | os.PathLike[str], fmt: str, name: str | None) -> DataStream:
+        source = FileSource(os.fspath(path), fmt, self.storage_options)
+        source.files()  # a missing directory is an error now, not inside a Spark task
+        return self._source(source, name or f"read_{fmt}")
+
+    def _source(self, source: SequenceSource | FileSource, name: str) -> DataStream:
+        return DataStream(self, self._add(name, SourceLogic(source), []))
+
+    def _add(
+        self,
+        name: str,
+        logic: Any,
+        inputs: list[Edge],
+        uid: str | None = None,
+        on_error: str = "fail",
+    ) -> Operator:
+        if on_error not in ("fail", "dead_letter"):
+            raise ValueError(f"on_error must be 'fail' or 'dead_letter', not {on_error!r}")
+        if on_error == "dead_letter" and self.dead_letter_dir is None:
+            raise ValueError(
+                f"{name}: on_error='dead_letter' needs a dead-letter directory: "
+                "StreamEnvironment(dead_letter_dir=...)"
+            )
+        self._counter += 1
+        if uid is None:
+            uid = f"{self._counter}-{re.sub(r'[^A-Za-z0-9_.]', '_', name)}"[:60]
+        operator = self.graph.add(Operator(uid, name, logic, inputs))
+        self._on_error[uid] = on_error
+        return operator
+
+    # ----------------------------------------------------------------- running
+
+    def plan(self) -> ExecutionPlan:
+        return plan(self.graph, self.parallelism, self.max_parallelism)
+
+    def execute(
+        self,
+        spark: Any = None,
+        *,
+        listener: Listener | None = None,
+        launcher: Launcher | None = None,
+        on_ready: Callable[[int, dict[str, int]], None] | None = None,
+    ) -> JobResult:
+        """Run the job on Spark and wait for it to end.
+
+        :param spark: a ``SparkSession`` to run on; by default a local one with
+            ``local[parallelism]`` (created once, reused).
+        :param listener: called with ``(kind, message)`` for checkpoints, aborts, restarts and
+            warnings, e.g. ``lambda kind, msg: print(kind, msg)``.
+        :returns: a :class:`~cutline.runtime.driver.JobResult`; ``result.output`` is the
+            records of the collect sink.
+        :raises JobFailedError: the job failed and the restart strategy gave up.
+        """
+        execution_plan = self.plan()
+        if not self._outputs and not self._collect:
+            warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
+        temporary = None
+        checkpoint_dir = self.checkpoint_dir
+        if checkpoint_dir is None:
+            temporary = tempfile.mkdtemp(prefix="cutline-checkpoints-")
+            checkpoint_dir = temporary
+        try:
+            collect_dirs = {}
+            for name in self._collect:
+                directory = f"{checkpoint_dir.rstrip('/')}/_collect/{name}"
+                fs, root = fsspec.core.url_to_fs(directory, **dict(self.storage_options or {}))
+                if fs.exists(root):
+                    fs.rm(root, recursive=True)
+                collect_dirs[name] = directory
+                operator = self.graph.operators[self._collect[name]]
+                operator.logic = SinkLogic(FileSink(directory, "pickle", self.storage_options))
+            config = JobConfig(
+                parallelism=self.parallelism,
+                checkpoint_dir=checkpoint_dir,
+                checkpoints=self.checkpoint_settings,
+                storage_options=self.storage_options,
+                restart_attempts=self.restart_attempts,
+                restart_delay=self.restart_delay,
+                batch_size=self.batch_size,
+                buffer_capacity=self.buffer_capacity,
+                dead_letter_dir=self.dead_letter_dir,
+                on_error=dict(self._on_error),
+                heartbeat_timeout=self.heartbeat_timeout,
+                collect=collect_dirs,
+            )
+            if launcher is None:
+                from cutline.spark.launcher import SparkLauncher
+
+                launcher = SparkLauncher.for_session(spark, self.parallelism)
+            driver = JobDriver(execution_plan, config, launcher, listener)
+            driver.on_ready = on_ready
+            return driver.run()
+        finally:
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+
+    def _check_output(self, directory: str, what: str) -> None:
+        if directory in self._outputs.values() or directory in self._outputs:
+            raise ValueError(f"{what}: two sinks write to {directory}; give each its own directory")
+        fs, root = fsspec.core.url_to_fs(directory, **dict(self.storage_options or {}))
+        if fs.exists(root):
+            published = [
+                p
+                for p in fs.ls(root, detail=False)
+                if not str(p).rstrip("/").rsplit("/", 1)[-1].startswith(("_", "."))
+            ]
+            if published:
+                raise ValueError(
+                    f"{what}: output directory {directory} already holds {len(published)} "
+                    "file(s); write to a new directory, or remove them first (the exactly-once "
+                    "sink never overwrites output)"
+                )
+
+
+class DataStream:
+    """A stream of records: the output of one operator."""
+
+    def __init__(self, env: StreamEnvironment, operator: Operator) -> None:
+        self.env = env
+        self.operator = operator
+
+    def _then(
+        self,
+        name: str,
+        logic: Any,
+        *,
+        uid: str | None = None,
+        on_error: str = "fail",
+        edge: Edge | None = None,
+    ) -> DataStream:
+        inputs = [edge or Edge(self.operator.uid)]
+        return DataStream(self.env, self.env._add(name, logic, inputs, uid, on_error))
+
+    def map(
+        self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """One record out for every record in: ``fn(record)``."""
+        _callable(fn, "map")
+        return self._then(f"map({_name_of(fn)})", MapLogic(fn, "map"), uid=name, on_error=on_error)
+
+    def flat_map(
+        self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """Any number of records out for every record in: ``fn(record)`` returns an iterable."""
+        _callable(fn, "flat_map")
+        return self._then(
+            f"flat_map({_name_of(fn)})", MapLogic(fn, "flat_map"), uid=name, on_error=on_error
+        )
+
+    def filter(
+        self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """The records for which ``fn(record)`` is true."""
+        _callable(fn, "filter")
+        return self._then(
+            f"filter({_name_of(fn)})", MapLogic(fn, "filter"), uid=name, on_error=on_error
+        )
+
+    def map_batches(
+        self,
+        fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table],
+        *,
+        name: str | None = None,
+        on_error: str = "fail",
+    ) -> DataStream:
+        """The vectorized path: ``fn`` gets a ``pyarrow.RecordBatch`` and returns a batch or
+        table. (Records that are dicts are turned into a batch first.)"""
+        _callable(fn, "map_batches")
+        return self._then(
+            f"map_batches({_name_of(fn)})", MapBatchesLogic(fn), uid=name, on_error=on_error
+        )
+
+    def key_by(self, key: str | Callable[[Any], Hashable]) -> KeyedStream:
+        """Partition by key: a column name (records are dicts or columns) or a function."""
+        if not (isinstance(key, str) or callable(key)):
+            raise TypeError(f"key_by takes a column name or a function, not {key!r}")
+        return KeyedStream(self, key)
+
+    def union(self, *others: DataStream) -> DataStream:
+        """The records of this stream and of ``others``, interleaved."""
+        streams = [self, *others]
+        if not others:
+            raise ValueError("union needs at least one other stream")
+        if any(s.env is not self.env for s in streams):
+            raise ValueError("union of streams from different StreamEnvironments")
+        if len({s.operator.uid for s in streams}) != len(streams):
+            raise ValueError("union of a stream with itself: every record would come twice")
+        inputs = [Edge(s.operator.uid) for s in streams]
+        return DataStream(self.env, self.env._add("union", PassLogic(), inputs))
+
+    def write_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        """Exactly-once Parquet output: part files appear in ``path`` when the checkpoint that
+        covers them completes (pending ones wait in ``path/_pending``, which readers skip)."""
+        self._file_sink(os.fspath(path), "parquet", name)
+
+    def write_jsonl(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        """Exactly-once JSON-lines output (as :meth:`write_parquet`)."""
+        self._file_sink(os.fspath(path), "jsonl", name)
+
+    def _file_sink(self, path: str, fmt: str, name: str | None) -> None:
+        what = f"write_{fmt}({path})"
+        self.env._check_output(path, what)
+        operator = self._then(
+            what, SinkLogic(FileSink(path, fmt, self.env.storage_options)), uid=name
+        ).operator
+        self.env._outputs[operator.uid] = path
+
+    def collect(self, name: str = "collect") -> None:
+        """Keep the records: ``execute()`` returns them (``result.output``), exactly once."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"collect name {name!r}: use letters, digits, '_', '-' and '.'")
+        if name in self.env._collect:
+            raise ValueError(f"two collect sinks are named {name!r}")
+        # the directory is fixed at execute(); the sink's logic finds it through the env
+        logic = SinkLogic(FileSink(f"{{collect:{name}}}", "pickle"))
+        operator = self._then(f"collect({name})", logic).operator
+        self.env._collect[name] = operator.uid
+
+
+class KeyedStream:
+    """A stream partitioned by key: keyed state and rolling aggregations per key."""
+
+    def __init__(self, stream: DataStream, key: str | Callable[[Any], Hashable]) -> None:
+        self.stream = stream
+        self.key = key
+
+    def _keyed(self, name: str, logic: Any, uid: str | None, on_error: str = "fail") -> DataStream:
+        edge = Edge(self.stream.operator.uid, "hash", self.key)
+        return self.stream._then(name, logic, uid=uid, on_error=on_error, edge=edge)
+
+    def process(
+        self, function: KeyedProcessFunction, *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """Run ``function.process(record, ctx)`` for every record, with keyed state in ``ctx``."""
+        if not isinstance(function, KeyedProcessFunction):
+            raise TypeError(
+                "process takes an instance of a KeyedProcessFunction subclass, not "
+                f"{type(function).__name__}"
+            )
+        return self._keyed(
+            f"process({type(function).__name__})",
+            ProcessLogic(function, self.key),
+            name,
+            on_error,
+        )
+
+    def reduce(
+        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """For every record, emit ``fn(previous result of its key, record)`` (the first record of
+        a key is emitted as it is)."""
+        _callable(fn, "reduce")
+        return self._keyed(
+            f"reduce({_name_of(fn)})", RollingLogic("reduce", self.key, fn=fn), name, on_error
+        )
+
+    def sum(self, field: str | int, *, name: str | None = None) -> DataStream:
+        """For every record, the record with ``field`` replaced by its key's running sum."""
+        return self._keyed(f"sum({field})", RollingLogic("sum", self.key, field), name)
+
+    def min(self, field: str | int, *, name: str | None = None) -> DataStream:
+        return self._keyed(f"min({field})", RollingLogic("min", self.key, field), name)
+
+    def max(self, field: str | int, *, name: str | None = None) -> DataStream:
+        return self._keyed(f"max({field})", RollingLogic("max", self.key, field), name)
+
+    def count(self, *, name: str | None = None) -> DataStream:
+        """For every record, the record with a ``count`` field: its key's running count."""
+        return self._keyed("count", RollingLogic("count", self.key), name)
+
+
+def _callable(fn: Any, what: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{what} takes a function, not {type(fn).__name__}")

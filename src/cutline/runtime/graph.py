@@ -1,0 +1,220 @@
+"""The job graph (operators and the edges between them) and its execution plan.
+
+A :class:`JobGraph` is what the API builds: :class:`Operator` nodes, each with
+its input :class:`Edge` s. An edge is ``forward`` (subtask ``i`` feeds subtask
+``i`` of the next operator) or ``hash`` (every record goes to the subtask that
+owns its key's key group: a shuffle).
+
+:func:`plan` turns it into the execution plan that the runtime runs, as in
+Flink:
+
+* **chains**: an operator joins its input's chain when its only input is a
+  forward edge from an operator that feeds nothing else. A chain runs as one
+  loop (one subtask per slot) with no channel inside it.
+* **channels**: every other edge becomes channels between subtasks of two
+  chains: ``parallelism`` of them for a forward edge, ``parallelism²`` for a
+  hash edge. A channel's id names both ends.
+
+Every operator runs at the job's parallelism, and slot ``i`` runs subtask ``i``
+of every chain.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+KeySelector = str | Callable[[Any], Hashable]
+"""A column name (records are dicts or Arrow rows), or a function of the record."""
+
+
+class GraphError(ValueError):
+    """A job graph that cannot run: no source, a repeated operator id, a cycle."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    upstream: str
+    """The uid of the operator the records come from."""
+    partitioning: str = "forward"
+    """``forward`` or ``hash``."""
+    key: KeySelector | None = None
+    """For ``hash`` edges: how to get a record's key."""
+
+
+@dataclass
+class Operator:
+    """One node of the job graph.
+
+    :param uid: stable id: names the operator's state in checkpoints (letters, digits, ``_``,
+        ``.``).
+    :param name: what messages call it, e.g. ``map(parse)``.
+    :param logic: the runtime object that does the work (a source, a transformation, a sink),
+        see :mod:`cutline.runtime.operators`.
+    """
+
+    uid: str
+    name: str
+    logic: Any
+    inputs: list[Edge] = field(default_factory=list)
+
+    @property
+    def is_source(self) -> bool:
+        return not self.inputs
+
+
+class JobGraph:
+    def __init__(self) -> None:
+        self.operators: dict[str, Operator] = {}
+
+    def add(self, operator: Operator) -> Operator:
+        if not _UID.fullmatch(operator.uid):
+            raise GraphError(
+                f"operator id {operator.uid!r} must be letters, digits, '_', '-' and '.' (it names "
+                "files)"
+            )
+        if operator.uid in self.operators:
+            raise GraphError(f"two operators have the id {operator.uid!r}: ids must be unique")
+        for edge in operator.inputs:
+            if edge.upstream not in self.operators:
+                raise GraphError(f"{operator.name} reads from unknown operator {edge.upstream!r}")
+            if edge.partitioning not in ("forward", "hash"):
+                raise GraphError(f"unknown partitioning {edge.partitioning!r}")
+        self.operators[operator.uid] = operator
+        return operator
+
+    def consumers(self, uid: str) -> list[str]:
+        return [o.uid for o in self.operators.values() if any(e.upstream == uid for e in o.inputs)]
+
+
+@dataclass(frozen=True)
+class OutputEdge:
+    """Where a chain's tail sends its records: the channels of one edge."""
+
+    downstream: str
+    """The uid of the downstream chain."""
+    partitioning: str
+    key: KeySelector | None
+    edge_id: str
+    """Names the edge in channel ids: ``UPSTREAM>DOWNSTREAM``."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Operators that run in one loop, head first."""
+
+    uid: str
+    """The head operator's uid."""
+    operators: tuple[Operator, ...]
+    inputs: tuple[Edge, ...]
+    """The head's input edges (empty for a source chain); their upstream is a chain uid."""
+    outputs: tuple[OutputEdge, ...]
+
+    @property
+    def is_source(self) -> bool:
+        return not self.inputs
+
+    @property
+    def name(self) -> str:
+        return " -> ".join(o.name for o in self.operators)
+
+
+def channel_id(edge_id: str, upstream: int, downstream: int) -> str:
+    return f"{edge_id}:{upstream}>{downstream}"
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    chains: tuple[Chain, ...]
+    parallelism: int
+    max_parallelism: int
+
+    def chain(self, uid: str) -> Chain:
+        for chain in self.chains:
+            if chain.uid == uid:
+                return chain
+        raise KeyError(uid)
+
+    def subtasks(self) -> list[str]:
+        """Every subtask of the job (each acknowledges each checkpoint)."""
+        return [subtask_name(c.uid, i) for c in self.chains for i in range(self.parallelism)]
+
+    def source_subtasks(self) -> list[str]:
+        return [
+            subtask_name(c.uid, i)
+            for c in self.chains
+            if c.is_source
+            for i in range(self.parallelism)
+        ]
+
+    def input_channels(self, chain: Chain, index: int) -> list[str]:
+        """The channel ids subtask ``index`` of ``chain`` reads."""
+        channels = []
+        for upstream in self.chains:
+            for out in upstream.outputs:
+                if out.downstream != chain.uid:
+                    continue
+                if out.partitioning == "forward":
+                    channels.append(channel_id(out.edge_id, index, index))
+                else:
+                    channels += [channel_id(out.edge_id, i, index) for i in range(self.parallelism)]
+        return channels
+
+    def output_channels(self, out: OutputEdge, index: int) -> list[tuple[str, int]]:
+        """The channels of edge ``out`` from subtask ``index``, with the downstream subtask."""
+        if out.partitioning == "forward":
+            return [(channel_id(out.edge_id, index, index), index)]
+        return [(channel_id(out.edge_id, index, j), j) for j in range(self.parallelism)]
+
+
+def subtask_name(chain_uid: str, index: int) -> str:
+    return f"{chain_uid}-{index}"
+
+
+def plan(graph: JobGraph, parallelism: int, max_parallelism: int) -> ExecutionPlan:
+    """Chain the operators of ``graph`` and lay out the channels between the chains."""
+    if not graph.operators:
+        raise GraphError("the job has no operators: read a source first")
+    if not any(o.is_source for o in graph.operators.values()):
+        raise GraphError("the job has no source")
+    if not 1 <= parallelism <= max_parallelism:
+        raise GraphError(
+            f"parallelism {parallelism} must be between 1 and max_parallelism {max_parallelism}"
+        )
+    consumers = {uid: graph.consumers(uid) for uid in graph.operators}
+    head_of: dict[str, str] = {}
+    members: dict[str, list[Operator]] = {}
+    for op in graph.operators.values():  # insertion order: inputs come first
+        chained = (
+            len(op.inputs) == 1
+            and op.inputs[0].partitioning == "forward"
+            and len(consumers[op.inputs[0].upstream]) == 1
+        )
+        if chained:
+            head = head_of[op.inputs[0].upstream]
+            head_of[op.uid] = head
+            members[head].append(op)
+        else:
+            head_of[op.uid] = op.uid
+            members[op.uid] = [op]
+    chains = []
+    for head, ops in members.items():
+        tail = ops[-1]
+        outputs = []
+        for consumer in consumers[tail.uid]:
+            if head_of[consumer] == head:
+                continue
+            for edge in graph.operators[consumer].inputs:
+                if edge.upstream == tail.uid:
+                    outputs.append(
+                        OutputEdge(consumer, edge.partitioning, edge.key, f"{tail.uid}>{consumer}")
+                    )
+        inputs = tuple(
+            Edge(head_of[e.upstream], e.partitioning, e.key) for e in graph.operators[head].inputs
+        )
+        chains.append(Chain(head, tuple(ops), inputs, tuple(outputs)))
+    return ExecutionPlan(tuple(chains), parallelism, max_parallelism)

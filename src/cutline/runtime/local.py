@@ -1,0 +1,63 @@
+"""Run every slot of a job as a thread of this process: for the runtime's own tests, and for
+debugging a job without Spark. Jobs run on Spark (:mod:`cutline.spark`); this launcher has the
+same contract, with a ``threading.Barrier`` for the rendezvous."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from cutline.runtime.task import SlotSetup, run_slot
+
+
+class ThreadJob:
+    def __init__(self, setup: SlotSetup) -> None:
+        n = setup.plan.parallelism
+        self._messages: list[str | None] = [None] * n
+        self._barrier = threading.Barrier(n)
+        self._errors: list[str] = []
+        self._lock = threading.Lock()
+        self.results: list[dict[str, Any]] = []
+        self._threads = [
+            threading.Thread(target=self._run, args=(setup, i), daemon=True, name=f"slot-{i}")
+            for i in range(n)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _exchange(self, slot: int, message: str) -> list[str]:
+        self._messages[slot] = message
+        self._barrier.wait(timeout=60)
+        return [m for m in self._messages if m is not None]
+
+    def _run(self, setup: SlotSetup, slot: int) -> None:
+        try:
+            result = run_slot(setup, slot, "127.0.0.1", lambda m: self._exchange(slot, m))
+            with self._lock:
+                self.results.append(result)
+        except BaseException as exc:
+            with self._lock:
+                self._errors.append(f"slot {slot}: {type(exc).__name__}: {exc}")
+            self._barrier.abort()
+
+    def error(self) -> str | None:
+        with self._lock:
+            return self._errors[0] if self._errors else None
+
+    def done(self) -> bool:
+        return not any(t.is_alive() for t in self._threads)
+
+    def cancel(self) -> None:
+        pass  # the driver closes the control server: every slot stops
+
+    def wait(self, timeout: float) -> None:
+        for thread in self._threads:
+            thread.join(timeout)
+
+
+class ThreadLauncher:
+    def launch(self, setup: SlotSetup) -> ThreadJob:
+        return ThreadJob(setup)
+
+    def driver_host(self) -> str:
+        return "127.0.0.1"

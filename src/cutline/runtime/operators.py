@@ -1,0 +1,617 @@
+"""What each operator does with the records of one subtask.
+
+Records travel in **batches**: a ``pyarrow.RecordBatch`` (columnar, the form
+sources produce and the fast paths keep) or a list of Python objects (what
+per-record functions return). Each operator of the job graph carries a
+picklable *logic* object; in every subtask, :meth:`Logic.open` makes a
+running instance of it that
+
+* ``process(batch)`` — returns the batch of records it emits (or ``None``),
+* ``snapshot(checkpoint_id)`` — the synchronous part of a checkpoint: returns
+  what goes into the checkpoint (cheap; serialized later, off the loop),
+* ``notify_complete(checkpoint_id)`` — the checkpoint is complete (sinks publish),
+* ``close()``.
+
+A user function that raises is reported by :class:`UserFunctionError`, naming
+the operator, the subtask and the record, with the user's traceback; or, for
+an operator opened with ``on_error="dead_letter"``, the record and the error
+go to the dead-letter output and processing goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import reprlib
+import traceback
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutline.runtime.sinks import FileSink, FileSinkWriter
+from cutline.runtime.sources import FileSource, SequenceSource, SourceReader
+from cutline.runtime.state import (
+    KeyedStateBackend,
+    StateSnapshot,
+    key_group,
+    key_group_range,
+    subtask_for_key_group,
+)
+
+Batch: TypeAlias = Any
+"""A ``pyarrow.RecordBatch`` or a ``list`` of records (pyarrow has no type hints)."""
+ON_ERROR = ("fail", "dead_letter")
+_repr = reprlib.Repr()  # records in messages: long ones shortened
+_repr.maxstring = _repr.maxother = 200
+_repr.maxlist = _repr.maxdict = 20
+
+
+class UserFunctionError(Exception):
+    """A user function raised while processing a record."""
+
+    def __init__(
+        self, operator: str, subtask: int, record: str, error: str, user_traceback: str
+    ) -> None:
+        super().__init__(
+            f"{operator} (subtask {subtask}) failed on record {record}: {error}\n"
+            f"{user_traceback.rstrip()}"
+        )
+        self.operator = operator
+        self.subtask = subtask
+        self.record = record
+        self.error = error
+        self.user_traceback = user_traceback
+
+
+class RecordError(Exception):
+    """A record cannot be handled by cutline itself (not a dict where columns are needed, a
+    missing key column); reported like a user function's error."""
+
+
+def rows(batch: Batch) -> list[Any]:
+    records: list[Any] = batch.to_pylist() if isinstance(batch, pa.RecordBatch) else batch
+    return records
+
+
+def to_arrow(batch: Batch, what: str) -> pa.RecordBatch:
+    """``batch`` as columns: records must be dicts with the same keys and compatible values."""
+    if isinstance(batch, pa.RecordBatch):
+        return batch
+    if not all(isinstance(r, dict) for r in batch):
+        bad = next(r for r in batch if not isinstance(r, dict))
+        raise RecordError(
+            f"{what} needs records that are dicts (column -> value), got {_repr.repr(bad)}"
+        )
+    try:
+        return pa.RecordBatch.from_pylist(batch)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise RecordError(f"{what}: the records do not fit one schema: {exc}") from None
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` without cutline's own frames before the user's."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "/cutline/runtime/" not in f.filename.replace("\\", "/")]
+    lines = traceback.format_list(user or frames)
+    return (
+        "Traceback (most recent call last):\n"
+        + "".join(lines)
+        + "".join(traceback.format_exception_only(type(exc), exc))
+    )
+
+
+@dataclass
+class OperatorContext:
+    """What a running operator knows about where it runs."""
+
+    name: str
+    subtask: int
+    parallelism: int
+    max_parallelism: int
+    generation: int
+    on_error: str = "fail"
+    dead_letters: DeadLetterOutput | None = None
+
+    def fail(self, record: Any, exc: BaseException) -> None:
+        """A record could not be processed: raise, or send it to the dead-letter output."""
+        if isinstance(exc, UserFunctionError):
+            raise exc
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if self.on_error == "dead_letter" and self.dead_letters is not None:
+            self.dead_letters.add(self.name, self.subtask, record, error, _user_traceback(exc))
+            return
+        raise UserFunctionError(
+            self.name, self.subtask, _repr.repr(record), error, _user_traceback(exc)
+        ) from exc
+
+
+class DeadLetterOutput:
+    """Records that failed, with their error, written exactly once (a JSON-lines file sink)."""
+
+    def __init__(self, writer: FileSinkWriter) -> None:
+        self.writer = writer
+        self.count = 0
+
+    def add(self, operator: str, subtask: int, record: Any, error: str, trace: str) -> None:
+        try:
+            text = json.dumps(record, default=repr, sort_keys=True)
+        except (TypeError, ValueError):
+            text = repr(record)
+        row = {
+            "operator": operator,
+            "subtask": subtask,
+            "error": error,
+            "traceback": trace,
+            "record": text,
+        }
+        self.writer.write(pa.RecordBatch.from_pylist([row]))
+        self.count += 1
+
+
+class Running:
+    """A running operator; the default does nothing at checkpoints."""
+
+    def process(self, batch: Batch) -> Batch | None:
+        raise NotImplementedError
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return None
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Logic:
+    """The picklable description of an operator's work."""
+
+    keyed = False
+
+    def open(self, ctx: OperatorContext, state: Any) -> Running:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class SourceLogic:
+    source: SequenceSource | FileSource
+
+    def open(self, ctx: OperatorContext, offset: Mapping[str, Any] | None) -> SourceReader:
+        return self.source.open(ctx.subtask, ctx.parallelism, offset)
+
+
+# ------------------------------------------------------------------ stateless per record
+
+
+@dataclass(frozen=True)
+class PassLogic(Logic):
+    """Records pass unchanged (``union``)."""
+
+    def open(self, ctx: OperatorContext, state: Any) -> Running:
+        return _Pass()
+
+
+class _Pass(Running):
+    def process(self, batch: Batch) -> Batch | None:
+        return batch
+
+
+@dataclass(frozen=True)
+class MapLogic(Logic):
+    fn: Callable[[Any], Any]
+    kind: str = "map"  # map, flat_map or filter
+
+    def open(self, ctx: OperatorContext, state: Any) -> Running:
+        return _PerRecord(self.fn, self.kind, ctx)
+
+
+class _PerRecord(Running):
+    def __init__(self, fn: Callable[[Any], Any], kind: str, ctx: OperatorContext) -> None:
+        self.fn, self.kind, self.ctx = fn, kind, ctx
+
+    def process(self, batch: Batch) -> Batch | None:
+        fn, out = self.fn, []
+        if self.kind == "map":
+            for record in rows(batch):
+                try:
+                    out.append(fn(record))
+                except Exception as exc:
+                    self.ctx.fail(record, exc)
+        elif self.kind == "filter":
+            for record in rows(batch):
+                try:
+                    if fn(record):
+                        out.append(record)
+                except Exception as exc:
+                    self.ctx.fail(record, exc)
+        else:
+            for record in rows(batch):
+                try:
+                    produced = fn(record)
+                    if produced is not None:
+                        out.extend(produced)
+                except Exception as exc:
+                    self.ctx.fail(record, exc)
+        return out
+
+
+@dataclass(frozen=True)
+class MapBatchesLogic(Logic):
+    fn: Callable[[pa.RecordBatch], Any]
+
+    def open(self, ctx: OperatorContext, state: Any) -> Running:
+        return _MapBatches(self.fn, ctx)
+
+
+class _MapBatches(Running):
+    def __init__(self, fn: Callable[[pa.RecordBatch], Any], ctx: OperatorContext) -> None:
+        self.fn, self.ctx = fn, ctx
+
+    def process(self, batch: Batch) -> Batch | None:
+        columns = to_arrow(batch, f"{self.ctx.name}")
+        try:
+            result = self.fn(columns)
+            if isinstance(result, pa.Table):
+                result = result.combine_chunks().to_batches()
+                result = result[0] if len(result) == 1 else pa.concat_batches(result)
+            if result is None:
+                return None
+            if not isinstance(result, pa.RecordBatch):
+                raise TypeError(
+                    f"map_batches functions return a pyarrow.RecordBatch or Table, not "
+                    f"{type(result).__name__}"
+                )
+            return result
+        except Exception as exc:
+            if self.ctx.on_error != "dead_letter":
+                self.ctx.fail(f"a batch of {columns.num_rows} rows", exc)
+            for record in columns.to_pylist():  # the whole batch failed: each record goes
+                self.ctx.fail(record, exc)
+            return None
+
+
+# ----------------------------------------------------------------------------- keyed
+
+
+def key_getter(key: str | Callable[[Any], Hashable]) -> Callable[[Any], Hashable]:
+    if callable(key):
+        return key
+
+    def column(record: Any) -> Hashable:
+        try:
+            return record[key]  # type: ignore[no-any-return]
+        except (KeyError, TypeError, IndexError):
+            raise RecordError(
+                f"the record has no key field {key!r}: {_repr.repr(record)}"
+            ) from None
+
+    return column
+
+
+class _Keyed(Running):
+    """A running keyed operator: its state backend owns this subtask's key groups."""
+
+    def __init__(self, ctx: OperatorContext, state: Any, key: str | Callable[[Any], Hashable]):
+        self.ctx = ctx
+        self.key = key
+        self.get_key = key_getter(key)
+        groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
+        self.backend = KeyedStateBackend(ctx.max_parallelism, groups)
+        if state is not None:
+            self.backend.restore([state])
+
+    def snapshot(self, checkpoint_id: int) -> StateSnapshot:
+        return self.backend.snapshot()
+
+
+class KeyedProcessFunction:
+    """Subclass it and pass an instance to ``KeyedStream.process``.
+
+    ``open(ctx)`` runs once per subtask before any record (get state handles there);
+    ``process(record, ctx)`` runs for every record with ``ctx.key`` set to its key and
+    returns (or yields) the records to emit, or ``None``.
+    """
+
+    def open(self, ctx: ProcessContext) -> None:
+        pass
+
+    def process(self, record: Any, ctx: ProcessContext) -> Iterable[Any] | None:
+        raise NotImplementedError
+
+
+class ProcessContext:
+    """What a keyed process function sees: the current key, keyed state, and its subtask."""
+
+    def __init__(self, backend: KeyedStateBackend, subtask: int, parallelism: int) -> None:
+        self._backend = backend
+        self.subtask = subtask
+        self.parallelism = parallelism
+
+    @property
+    def key(self) -> Hashable:
+        return self._backend.current_key
+
+    def value_state(self, name: str) -> Any:
+        return self._backend.value_state(name)
+
+    def list_state(self, name: str) -> Any:
+        return self._backend.list_state(name)
+
+    def map_state(self, name: str) -> Any:
+        return self._backend.map_state(name)
+
+
+@dataclass(frozen=True)
+class ProcessLogic(Logic):
+    function: KeyedProcessFunction
+    key: str | Callable[[Any], Hashable]
+    keyed = True
+
+    def open(self, ctx: OperatorContext, state: Any) -> Running:
+        # every subtask gets its own copy: open() binds state handles to this subtask's backend
+        return _Process(copy.deepcopy(self.function), ctx, state, self.key)
+
+
+class _Process(_Keyed):
+    def __init__(self, function: KeyedProcessFunction, ctx: OperatorContext, state: Any, key: Any):
+        super().__init__(ctx, state, key)
+        self.function = function
+        self.pctx = ProcessContext(self.backend, ctx.subtask, ctx.parallelism)
+        try:
+            function.open(self.pctx)
+        except Exception as exc:
+            ctx.fail("(none: in open())", exc)
+
+    def process(self, batch: Batch) -> Batch | None:
+        out: list[Any] = []
+        set_key, get_key, fn, pctx = (
+            self.backend.set_current_key,
+            self.get_key,
+            self.function.process,
+            self.pctx,
+        )
+        for record in rows(batch):
+            try:
+                set_key(get_key(record))
+                produced = fn(record, pctx)
+                if produced is not None:
+                    out.extend(produced)
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        return out
+
+
+@dataclass(frozen=True)
+class RollingLogic(Logic):
+    """Flink's rolling aggregations per key: for every record, emit it with ``field`` replaced by
+    its key's running ``sum``/``min``/``max``, or with a ``count`` field added; or ``reduce``."""
+
+    how: str  # sum, min, max, count, reduce
+    key: str | Callable[[Any], Hashable]
+    field: str | int | None = None
+    fn: Callable[[Any, Any], Any] | None = None
+    keyed = True
+
+    def open(self, ctx: OperatorContext, state: Any) -> Running:
+        return _Rolling(self, ctx, state)
+
+
+_COMBINE: dict[str, Callable[[Any, Any], Any]] = {
+    "sum": lambda a, b: a + b,
+    "min": lambda a, b: b if b < a else a,
+    "max": lambda a, b: b if b > a else a,
+}
+
+
+def _replace(record: Any, field: str | int, value: Any) -> Any:
+    if isinstance(record, dict):
+        return {**record, field: value}
+    if isinstance(record, tuple) and isinstance(field, int):
+        return (*record[:field], value, *record[field + 1 :])
+    if isinstance(record, list) and isinstance(field, int):
+        return [*record[:field], value, *record[field + 1 :]]
+    raise RecordError(f"cannot set field {field!r} of record {_repr.repr(record)}")
+
+
+class _Rolling(_Keyed):
+    def __init__(self, logic: RollingLogic, ctx: OperatorContext, state: Any) -> None:
+        super().__init__(ctx, state, logic.key)
+        self.how = logic.how
+        self.field = "count" if logic.how == "count" else logic.field
+        self.fn = logic.fn
+        self.table = self.backend.value_table(logic.how)
+        self.targets: dict[Hashable, int] = {}
+
+    def process(self, batch: Batch) -> Batch | None:
+        if (
+            self.how in ("sum", "count")
+            and isinstance(batch, pa.RecordBatch)
+            and isinstance(self.key, str)
+            and batch.num_rows
+        ):
+            vectorized = self._vectorized(batch)
+            if vectorized is not None:
+                return vectorized
+        return self._per_record(rows(batch))
+
+    def _per_record(self, records: list[Any]) -> list[Any]:
+        out = []
+        table, get_key, field, how = self.table, self.get_key, self.field, self.how
+        missing = object()
+        for record in records:
+            try:
+                key = get_key(record)
+                self._check_key(key)
+                previous = table.get(key, missing)
+                if how == "count":
+                    value = 1 if previous is missing else previous + 1
+                    table[key] = value
+                    out.append(_replace(record, "count", value))
+                    continue
+                if how == "reduce":
+                    assert self.fn is not None
+                    value = record if previous is missing else self.fn(previous, record)
+                    table[key] = value
+                    out.append(value)
+                    continue
+                assert field is not None
+                try:
+                    current = record[field]
+                except (KeyError, IndexError, TypeError):
+                    raise RecordError(
+                        f"the record has no field {field!r}: {_repr.repr(record)}"
+                    ) from None
+                value = current if previous is missing else _COMBINE[how](previous, current)
+                table[key] = value
+                out.append(_replace(record, field, value))
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        return out
+
+    def _check_key(self, key: Hashable) -> None:
+        """Keys are checked once (stable hash, owned by this subtask), then remembered."""
+        if key in self.targets:
+            return
+        ctx = self.ctx
+        group = key_group(key, ctx.max_parallelism)
+        owner = subtask_for_key_group(group, ctx.parallelism, ctx.max_parallelism)
+        if owner != ctx.subtask:
+            raise RecordError(f"key {key!r} belongs to subtask {owner}, not {ctx.subtask}")
+        self.targets[key] = owner
+
+    def _vectorized(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """The running sum (or count) of a whole batch at once, with NumPy."""
+        assert isinstance(self.key, str)
+        names = batch.schema.names
+        if self.key not in names:
+            return None
+        keys = batch.column(self.key)
+        if self.how == "sum":
+            if self.field not in names:
+                return None
+            column = batch.column(self.field)
+            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+                return None
+            if column.null_count or keys.null_count:
+                return None
+            values = column.to_numpy()
+            if pa.types.is_integer(column.type):
+                values = values.astype(np.int64)
+        else:
+            if keys.null_count:
+                return None
+            values = np.ones(batch.num_rows, dtype=np.int64)
+        encoded = pc.dictionary_encode(keys)
+        uniques = encoded.dictionary.to_pylist()
+        for key in uniques:
+            self._check_key(key)
+        indices = encoded.indices.to_numpy()
+        order = np.argsort(indices, kind="stable")
+        sorted_groups = indices[order]
+        sums = np.cumsum(values[order])
+        starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+        counts = np.diff(np.r_[starts, len(sorted_groups)])
+        before = np.r_[0, sums][starts]
+        table = self.table
+        group_keys = [uniques[g] for g in sorted_groups[starts]]
+        prior = np.array([table.get(k, 0) for k in group_keys], dtype=sums.dtype)
+        running_sorted = sums - np.repeat(before - prior, counts)
+        ends = running_sorted[starts + counts - 1]
+        for k, total in zip(group_keys, ends.tolist(), strict=True):
+            table[k] = total
+        running = np.empty_like(running_sorted)
+        running[order] = running_sorted
+        result = pa.array(running)
+        target = "count" if self.how == "count" else self.field
+        assert isinstance(target, str)
+        if target in names:
+            return batch.set_column(names.index(target), target, result)
+        return batch.append_column(target, result)
+
+
+# ----------------------------------------------------------------------------- sinks
+
+
+@dataclass(frozen=True)
+class SinkLogic(Logic):
+    """An exactly-once file sink (Parquet, JSON lines, or pickled records for ``collect``)."""
+
+    sink: FileSink
+
+    def open(self, ctx: OperatorContext, state: Any) -> Running:
+        return _Sink(self.sink.open(ctx.subtask, ctx.generation, state), self.sink.format, ctx)
+
+
+class _Sink(Running):
+    def __init__(self, writer: FileSinkWriter, fmt: str, ctx: OperatorContext) -> None:
+        self.writer, self.format, self.ctx = writer, fmt, ctx
+
+    def process(self, batch: Batch) -> Batch | None:
+        if self.format == "pickle":
+            self.writer.write(batch if isinstance(batch, list) else batch.to_pylist())
+            return None
+        try:
+            self.writer.write(to_arrow(batch, f"{self.ctx.name}"))
+        except Exception as exc:
+            self.ctx.fail(rows(batch)[0] if len(batch) else batch, exc)
+        return None
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return self.writer.pre_commit(checkpoint_id)
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        self.writer.notify_complete(checkpoint_id)
+
+
+@dataclass
+class Partitioner:
+    """Splits a batch between the subtasks of a hash edge, by key group."""
+
+    key: str | Callable[[Any], Hashable]
+    parallelism: int
+    max_parallelism: int
+    _targets: dict[Hashable, int] = field(default_factory=dict)
+
+    def target(self, key: Hashable) -> int:
+        target = self._targets.get(key)
+        if target is None:
+            group = key_group(key, self.max_parallelism)
+            target = subtask_for_key_group(group, self.parallelism, self.max_parallelism)
+            if len(self._targets) < 1_000_000:
+                self._targets[key] = target
+        return target
+
+    def split(self, batch: Batch) -> list[Batch]:
+        """One batch per downstream subtask (empty ones included)."""
+        n = self.parallelism
+        if n == 1:
+            return [batch]
+        if isinstance(batch, pa.RecordBatch) and isinstance(self.key, str):
+            if self.key not in batch.schema.names:
+                raise RecordError(
+                    f"key_by({self.key!r}): the records have no such column "
+                    f"(columns: {', '.join(batch.schema.names)})"
+                )
+            encoded = pc.dictionary_encode(batch.column(self.key))
+            targets = np.array(
+                [self.target(k) for k in encoded.dictionary.to_pylist()], dtype=np.int64
+            )
+            indices = encoded.indices
+            if indices.null_count:
+                raise RecordError(f"key_by({self.key!r}): a record has no key (null)")
+            per_row = targets[indices.to_numpy()] if len(targets) else np.zeros(0, np.int64)
+            return [batch.filter(pa.array(per_row == t)) for t in range(n)]
+        out: list[list[Any]] = [[] for _ in range(n)]
+        get_key = key_getter(self.key)
+        target = self.target
+        for record in rows(batch):
+            out[target(get_key(record))].append(record)
+        return list(out)

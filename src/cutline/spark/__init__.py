@@ -1,0 +1,1 @@
+"""Running cutline jobs on Apache Spark: one barrier stage per job attempt."""

@@ -1,0 +1,165 @@
+"""Run a cutline job as one Spark barrier stage.
+
+Each attempt (generation) of the job is one Spark job: ``parallelism`` partitions,
+``rdd.barrier().mapPartitions(...)``, so that Spark schedules every slot at once or
+none. In each task, the slot body (:func:`cutline.runtime.task.run_slot`) exchanges
+its data addresses with the other slots through ``BarrierTaskContext.allGather``
+(once: it costs about a second), then talks TCP: data to its peers, control to the
+driver. The Spark job runs in a driver thread, in its own job group, so that the
+cutline driver can cancel it after a failure and submit the next generation (Spark
+does not retry a failed barrier stage that ends in ``collect()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from cutline.runtime.task import SlotSetup, run_slot
+
+SLOTS_CHECK_CONF = {
+    # A barrier job asking for more slots than the cluster has fails at once, with a message,
+    # instead of waiting for minutes.
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+}
+
+
+class SparkSetupError(RuntimeError):
+    """Spark cannot run the job: too few slots, no Java, a session that cannot start."""
+
+
+_session_lock = threading.Lock()
+
+
+def local_session(parallelism: int) -> Any:
+    """A local Spark session with at least ``parallelism`` slots (created once, then reused)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    with _session_lock:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            return active
+        builder = (
+            SparkSession.builder.master(f"local[{parallelism}]")
+            .appName("cutline")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(parallelism))
+            .config("spark.python.worker.faulthandler.enabled", "true")
+        )
+        for key, value in SLOTS_CHECK_CONF.items():
+            builder = builder.config(key, value)
+        try:
+            spark = builder.getOrCreate()
+        except Exception as exc:
+            raise SparkSetupError(
+                f"cannot start a local Spark session: {exc}. PySpark needs Java 17 or newer "
+                "(java -version) and JAVA_HOME pointing to it."
+            ) from exc
+        spark.sparkContext.setLogLevel("ERROR")
+        return spark
+
+
+def _slot_body(setup: SlotSetup) -> Any:
+    def body(_: Iterator[Any]) -> Iterator[str]:
+        from pyspark import BarrierTaskContext
+
+        context = BarrierTaskContext.get()
+        slot = context.partitionId()
+        address = context.getTaskInfos()[slot].address
+        host = address.rsplit(":", 1)[0] if ":" in address else address
+        summary = run_slot(setup, slot, host, lambda message: list(context.allGather(message)))
+        yield json.dumps(summary)
+
+    return body
+
+
+class SparkJob:
+    """One attempt of the job, running as a Spark job in a driver thread."""
+
+    def __init__(self, spark: Any, setup: SlotSetup) -> None:
+        self._spark = spark
+        self._group = f"cutline-{uuid.uuid4().hex[:12]}-g{setup.generation}"
+        self._error: str | None = None
+        self._done = threading.Event()
+        self.results: list[str] = []
+        self._thread = threading.Thread(
+            target=self._run, args=(setup,), name="cutline-spark-job", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, setup: SlotSetup) -> None:
+        sc = self._spark.sparkContext
+        n = setup.plan.parallelism
+        try:
+            sc.setJobGroup(self._group, f"cutline generation {setup.generation}", True)
+            rdd = sc.parallelize(range(n), n).barrier().mapPartitions(_slot_body(setup))
+            self.results = rdd.collect()
+        except BaseException as exc:
+            self._error = _spark_error(exc, n)
+        finally:
+            self._done.set()
+
+    def error(self) -> str | None:
+        return self._error if self._done.is_set() else None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        if not self._done.is_set():
+            # the context may be stopping; the thread ends anyway
+            with contextlib.suppress(Exception):
+                self._spark.sparkContext.cancelJobGroup(self._group)
+
+    def wait(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def _spark_error(exc: BaseException, slots: int) -> str:
+    text = str(exc)
+    if "BarrierJobSlotsNumberCheckFailed" in text or "maxConcurrentTasksCheck" in text:
+        return (
+            f"the job needs {slots} task slots at once (one per subtask index) and the Spark "
+            "cluster has fewer: lower the parallelism or add executors/cores"
+        )
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in lines:  # the Python error of the task, when there is one
+        if line.startswith(("RuntimeError:", "Exception:", "org.apache.spark.api.python")):
+            return line.strip()
+    return lines[0].strip() if lines else type(exc).__name__
+
+
+class SparkLauncher:
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    @classmethod
+    def for_session(cls, spark: Any, parallelism: int) -> SparkLauncher:
+        """On ``spark`` (``None``: a local session), after checking it has enough slots."""
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        session = spark if spark is not None else local_session(parallelism)
+        slots = session.sparkContext.defaultParallelism
+        if parallelism > slots:
+            raise SparkSetupError(
+                f"the job needs {parallelism} task slots at once (parallelism {parallelism}), "
+                f"and this Spark session has {slots}: lower the parallelism, or start Spark "
+                f"with more (e.g. master local[{parallelism}])"
+            )
+        return cls(session)
+
+    def launch(self, setup: SlotSetup) -> SparkJob:
+        return SparkJob(self.spark, setup)
+
+    def driver_host(self) -> str:
+        conf = self.spark.sparkContext.getConf()
+        return str(conf.get("spark.driver.host", "127.0.0.1"))
