@@ -117,3 +117,23 @@ def sim(
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@main.command()
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("demo-output"),
+    show_default=True,
+    help="Where the input, the checkpoints and the output go.",
+)
+@click.option("--events", type=click.IntRange(min=10_000), default=2_000_000, show_default=True)
+@click.option("--no-kill", is_flag=True, help="Do not kill a worker.")
+def demo(workdir: Path, events: int, no_kill: bool) -> None:
+    """Run B1 (keyed running count) on local Spark, kill a worker, recover, check the output."""
+    if events % 10_000:
+        _fail("--events must be a multiple of 10,000 (the number of keys)")
+    from cutline.demo import run_demo
+
+    _, verdict = run_demo(workdir, events=events, kill=not no_kill)
+    sys.exit(EXIT_OK if verdict.exact else EXIT_UNVERIFIED)

@@ -342,6 +342,7 @@ class _Attempt:
         self.final: int | None = None
         self.failure: Failure | None = None
         self.records_in: dict[str, int] = {}
+        self.ready_at: float | None = None
 
     def now(self) -> float:
         return time.monotonic()
@@ -365,6 +366,8 @@ class _Attempt:
                         f"{config.start_timeout:g} s",
                     )
             else:
+                if self.ready_at is None:
+                    self.ready_at = now
                 for slot in self.slots - self.finished:
                     if now - self.last_beat.get(slot, now) > config.heartbeat_timeout:
                         return Failure(
@@ -373,7 +376,10 @@ class _Attempt:
                             f"{config.heartbeat_timeout:g} s)",
                             subtask=slot,
                         )
-                self._do(self.coordinator.poll(now))
+                # as in Flink, the first periodic checkpoint comes one interval after the start
+                interval = config.checkpoints.interval
+                if interval is None or now >= self.ready_at + interval:
+                    self._do(self.coordinator.poll(now))
             event = self.server.next_event(timeout=0.02)
             while event is not None and self.failure is None:
                 self._on_event(event)
@@ -436,6 +442,7 @@ class _Attempt:
                 )
         elif kind == "finished":
             self.finished.add(event.task)
+            self.records_in.update(body.get("records_in", {}))
 
     # ---------------------------------------------------------------- actions
 

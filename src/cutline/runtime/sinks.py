@@ -16,6 +16,12 @@ checkpoint publishes the parts that checkpoint pre-committed (idempotently:
 one already published stays as it is) and deletes this subtask's other
 pending parts, written after the checkpoint by the attempt that failed. Every
 record is therefore published exactly once.
+
+One more case keeps that true when the newest complete checkpoint is damaged
+and the job restores an older one: parts that an earlier attempt published for
+a checkpoint newer than the restored one are **withdrawn** (deleted), since
+the replay writes their records again. Part names carry the checkpoint id and
+the generation, so recovery knows them.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import contextlib
 import io
 import json
 import pickle
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PENDING = "_pending"
+_PART = re.compile(r"part-(\d{5})-(\d{10})-g(\d+)-\d+\.[a-z]+")
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "pickle": ".pickle"}
 """``pickle`` parts hold lists of Python records: the collect sink's output."""
 
@@ -102,7 +110,7 @@ class FileSinkWriter:
             self._write_file(f"{self._root}/{PENDING}/{name}", self._batches)
             self._batches = []
             self._pending.append({"checkpoint": checkpoint_id, "name": name})
-        return {"pending": list(self._pending)}
+        return {"checkpoint": checkpoint_id, "pending": list(self._pending)}
 
     def notify_complete(self, checkpoint_id: int) -> list[str]:
         """Checkpoint ``checkpoint_id`` is complete: publish every part pending up to it.
@@ -116,6 +124,7 @@ class FileSinkWriter:
     # ------------------------------------------------------------------ recovery
 
     def _recover(self, state: Mapping[str, Any]) -> None:
+        self._withdraw_newer(state.get("checkpoint"))
         committed = [dict(p) for p in state.get("pending", [])]
         for part in committed:  # pre-committed in a complete checkpoint: publish (once)
             self._publish(str(part["name"]))
@@ -131,6 +140,28 @@ class FileSinkWriter:
                 # written after the restored checkpoint (or by a stale attempt): never published
                 with contextlib.suppress(FileNotFoundError):
                     self._fs.rm(str(path))
+
+    def _withdraw_newer(self, restored: int | None) -> None:
+        """Delete this subtask's parts that earlier attempts published for checkpoints after
+        ``restored`` (``None``: any): the job restores an older checkpoint than the newest
+        complete one (it was damaged), so their records come again."""
+        prefix = f"part-{self._subtask:05d}-"
+        try:
+            published = self._fs.ls(self._root, detail=False)
+        except FileNotFoundError:
+            return
+        for path in published:
+            match = _PART.fullmatch(str(path).rstrip("/").rsplit("/", 1)[-1])
+            if match is None or not match.group(0).startswith(prefix):
+                continue
+            checkpoint, generation = int(match.group(2)), int(match.group(3))
+            if generation < self._generation and (restored is None or checkpoint > restored):
+                try:
+                    self._fs.rm(str(path))
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise SinkError(f"cannot withdraw {path}: {exc.strerror or exc}") from exc
 
     def _publish(self, name: str) -> None:
         source = f"{self._root}/{PENDING}/{name}"

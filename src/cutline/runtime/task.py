@@ -489,5 +489,6 @@ def _supervise(
         raise RuntimeError(f"subtask {failed[0].name} failed: {failed[0].failure}")
     if any(r.stopped.is_set() for r in runners):
         return {"stopped": True}
-    control.send("finished")
-    return {"records_in": {r.name: r.records_in for r in runners}}
+    summary = {"records_in": {r.name: r.records_in for r in runners}}
+    control.send("finished", **summary)
+    return summary
