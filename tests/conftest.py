@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,3 +28,21 @@ settings.register_profile(
     "dev", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One real local Spark session (local[4]) for the whole test session.
+
+    The workers import the test modules' functions by name, so the tests folder goes on
+    their PYTHONPATH before Spark starts.
+    """
+    tests = str(Path(__file__).parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (tests, os.environ.get("PYTHONPATH")) if p
+    )
+    from cutline.spark.launcher import local_session
+
+    session = local_session(4)
+    yield session
+    session.stop()

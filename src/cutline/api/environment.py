@@ -404,6 +404,36 @@ class KeyedStream:
         edge = Edge(self.stream.operator.uid, "hash", self.key)
         return self.stream._then(name, logic, uid=uid, on_error=on_error, edge=edge)
 
+    def map(
+        self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """As :meth:`DataStream.map`, on records partitioned by key."""
+        _callable(fn, "map")
+        return self._keyed(f"map({_name_of(fn)})", MapLogic(fn, "map"), name, on_error)
+
+    def flat_map(
+        self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        _callable(fn, "flat_map")
+        return self._keyed(f"flat_map({_name_of(fn)})", MapLogic(fn, "flat_map"), name, on_error)
+
+    def filter(
+        self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        _callable(fn, "filter")
+        return self._keyed(f"filter({_name_of(fn)})", MapLogic(fn, "filter"), name, on_error)
+
+    def map_batches(
+        self,
+        fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table],
+        *,
+        name: str | None = None,
+        on_error: str = "fail",
+    ) -> DataStream:
+        """As :meth:`DataStream.map_batches`: every batch holds only keys of one subtask."""
+        _callable(fn, "map_batches")
+        return self._keyed(f"map_batches({_name_of(fn)})", MapBatchesLogic(fn), name, on_error)
+
     def process(
         self, function: KeyedProcessFunction, *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:

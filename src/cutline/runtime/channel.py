@@ -19,6 +19,7 @@ subtask failed, and :meth:`InputGate.poll` raises :class:`ChannelError`.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -36,6 +37,9 @@ from cutline.runtime.wire import (
 )
 
 _READ_SIZE = 256 * 1024
+SOCKET_BUFFER = 256 * 1024
+"""Kernel buffer per channel socket and direction: with the bounded queues, what bounds the
+records in flight between two subtasks (the kernel's default can grow to several MB)."""
 
 
 class ChannelError(Exception):
@@ -148,6 +152,8 @@ class InputGate:
             token=self._token, generation=self._generation, channels=self._queues.keys()
         )
         conn.settimeout(self.hello_timeout)  # a silent peer must not hold a reader forever
+        with contextlib.suppress(OSError):
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
         channel: str | None = None
         try:
             while not self._closed:
@@ -239,6 +245,8 @@ class OutputChannel:
             ) from exc
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         self._send_lock = threading.Lock()
         try:
             self.send(Hello(channel, generation, token))

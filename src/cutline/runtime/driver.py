@@ -343,6 +343,9 @@ class _Attempt:
         self.failure: Failure | None = None
         self.records_in: dict[str, int] = {}
         self.ready_at: float | None = None
+        self.consequence: Failure | None = None
+        """A failure caused by another (a channel whose upstream died), used if no cause comes."""
+        self.consequence_at = 0.0
 
     def now(self) -> float:
         return time.monotonic()
@@ -358,6 +361,8 @@ class _Attempt:
             error = job.error()
             if error is not None:
                 return self._explain(error)
+            if self.consequence is not None and now - self.consequence_at > 2.0:
+                return self.consequence
             if len(self.ready) < len(self.slots):
                 if now - started > config.start_timeout:
                     return Failure(
@@ -395,7 +400,7 @@ class _Attempt:
                 self._on_event(event)
         if self.failure is not None:
             return self.failure
-        return Failure("launcher", error)
+        return self.consequence or Failure("launcher", error)
 
     # ----------------------------------------------------------------- events
 
@@ -423,9 +428,17 @@ class _Attempt:
                 )
             )
         elif kind == "failed":
-            if self.failure is None or self.failure.cause != "task":
+            if body.get("cause") == "channel":
+                # a consequence: an upstream subtask died; its own report (or its lost
+                # connection) is the cause, and comes a moment later
+                if self.consequence is None:
+                    self.consequence = Failure(
+                        "lost", str(body.get("error")), subtask=str(body.get("subtask"))
+                    )
+                    self.consequence_at = now
+            elif self.failure is None or self.failure.cause != "task":
                 self.failure = Failure(
-                    "task" if body.get("cause") != "channel" else "lost",
+                    "task",
                     str(body.get("error")),
                     subtask=str(body.get("subtask")),
                     operator=body.get("operator"),

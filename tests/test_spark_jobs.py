@@ -1,0 +1,276 @@
+"""End-to-end jobs on a real local Spark session: exact output with no failure, after an
+exception in user code, after a SIGKILL of a worker process, with a corrupt latest checkpoint,
+at parallelism 1, 2 and 4, and with a slow operator.
+
+Every test checks the published output exactly: the keyed running sum of B1's shape (value 1
+per event) must emit, for every key, the running sums 1..n each exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cutline import CheckpointWarning, JobFailedError, KeyedProcessFunction, StreamEnvironment
+from cutline.demo import WorkerKiller, check_b1_output, write_b1_input
+from cutline.runtime.storage import CheckpointStorage
+from cutline.spark.launcher import SparkSetupError
+
+KEYS = 1000
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """200,000 events over 1,000 keys (value 1), in 20 Parquet files."""
+    directory = tmp_path_factory.mktemp("events")
+    write_b1_input(directory, 200_000, KEYS)
+    return directory
+
+
+def _env(tmp_path: Path, parallelism: int = 2, **settings: object) -> StreamEnvironment:
+    options: dict[str, object] = {
+        "checkpoint_interval": 0.3,
+        "checkpoint_dir": str(tmp_path / "ck"),
+        "restart_delay": 0,
+        "batch_size": 2000,
+    }
+    options.update(settings)
+    return StreamEnvironment(parallelism, **options)  # type: ignore[arg-type]
+
+
+def _assert_exact(output: Path, per_key: int = 200) -> None:
+    verdict = check_b1_output(output, KEYS, per_key)
+    assert verdict.wrong_keys == []
+    assert verdict.rows == KEYS * per_key
+    assert verdict.exact
+
+
+def slow_batches(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A deliberately slow operator: 20 ms per batch."""
+    time.sleep(0.02)
+    return batch
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_keyed_sum_is_exact_at_every_parallelism(spark, events, tmp_path, parallelism):
+    env = _env(tmp_path, parallelism)
+    env.read_parquet(events).key_by("key").sum("value").write_parquet(tmp_path / "out")
+    result = env.execute(spark)
+    _assert_exact(tmp_path / "out")
+    assert result.restarts == []
+    assert result.checkpoints[-1].final
+    assert sum(result.records_in[f"1-read_parquet-{i}"] for i in range(parallelism)) == 200_000
+    assert not list((tmp_path / "out" / "_pending").iterdir())
+
+
+class Tally(KeyedProcessFunction):
+    """Value, list and map state together: count, last three values, and values seen."""
+
+    def open(self, ctx):
+        self.count = ctx.value_state("count")
+        self.recent = ctx.list_state("recent")
+        self.seen = ctx.map_state("seen")
+
+    def process(self, record, ctx):
+        count = self.count.get(0) + 1
+        self.count.update(count)
+        self.recent.update([*self.recent.get()[-2:], record["value"]])
+        self.seen.put(record["value"] % 3, True)
+        yield {"key": ctx.key, "count": count, "recent": len(self.recent.get())}
+
+
+def test_process_function_with_keyed_state_collects_exactly(spark, tmp_path):
+    env = _env(tmp_path)
+    (
+        env.from_sequence(0, 30_000)
+        .map(lambda r: {"key": r["value"] % 7, "value": r["value"]})
+        .key_by("key")
+        .process(Tally())
+        .collect()
+    )
+    output = env.execute(spark).output
+    assert len(output) == 30_000
+    per_key = Counter(r["key"] for r in output)
+    for key, n in per_key.items():
+        counts = sorted(r["count"] for r in output if r["key"] == key)
+        assert counts == list(range(1, n + 1))
+    assert sum(per_key.values()) == 30_000
+
+
+class FailOnce:
+    """Raises on one record, the first time only (a flag file remembers across processes)."""
+
+    def __init__(self, flag: Path, bad: str) -> None:
+        self.flag, self.bad = flag, bad
+
+    def __call__(self, record: dict) -> dict:
+        if record["key"] == self.bad and not self.flag.exists():
+            self.flag.touch()
+            raise ValueError(f"injected failure on {record['key']}")
+        return record
+
+
+def test_an_exception_at_a_random_record_restarts_and_output_is_exact(spark, events, tmp_path):
+    bad = f"k{random.Random(3).randrange(KEYS)}"
+    env = _env(tmp_path)
+    fail_once = FailOnce(tmp_path / "failed-once", bad)
+    (
+        env.read_parquet(events)
+        .map(fail_once, name="inject")
+        .key_by("key")
+        .sum("value")
+        .write_parquet(tmp_path / "out")
+    )
+    result = env.execute(spark)
+    assert (tmp_path / "failed-once").exists()
+    assert len(result.restarts) == 1
+    assert "map(FailOnce)" in result.restarts[0].cause
+    assert f"injected failure on {bad}" in result.restarts[0].cause
+    _assert_exact(tmp_path / "out")
+
+
+def always_fails(record: dict) -> dict:
+    if record["value"] == 1:
+        raise KeyError("no such thing")  # the user's own line
+    return record
+
+
+def test_a_failure_every_time_ends_with_the_operator_subtask_and_traceback(spark, tmp_path):
+    env = _env(tmp_path, restart_attempts=1)
+    env.from_sequence(0, 100).map(always_fails).collect()
+    with pytest.raises(JobFailedError) as info:
+        env.execute(spark)
+    message = str(info.value)
+    assert "after 2 attempt(s)" in message
+    assert "map(always_fails)" in message
+    assert info.value.operator == "map(always_fails)"
+    assert info.value.subtask is not None and info.value.subtask.endswith(("-0", "-1"))
+    assert "KeyError: 'no such thing'" in message
+    assert 'raise KeyError("no such thing")  # the user\'s own line' in message
+    assert "{'value': 1}" in message
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sigkill_of_a_random_worker_at_a_random_moment(spark, events, tmp_path, seed):
+    rng = random.Random(seed)
+    env = _env(tmp_path, batch_size=1000)  # about 2 s of input per subtask
+    (
+        env.read_parquet(events)
+        .map_batches(slow_batches)
+        .key_by("key")
+        .sum("value")
+        .write_parquet(tmp_path / "out")
+    )
+    killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}")
+    delay = rng.uniform(0.2, 1.5)
+
+    timer = threading.Timer(delay, killer.kill)
+
+    def on_ready(generation: int, pids: dict[str, int]) -> None:
+        killer.on_ready(generation, pids)
+        if generation == 1:
+            timer.start()
+
+    try:
+        result = env.execute(spark, on_ready=on_ready)
+    finally:
+        timer.cancel()  # never kill a reused worker of a later test
+    assert killer.killed_at is not None
+    assert len(result.restarts) == 1
+    assert "lost" in result.restarts[0].cause or "died" in result.restarts[0].cause
+    _assert_exact(tmp_path / "out")
+
+
+def _corrupt(storage: CheckpointStorage, checkpoint_id: int) -> Path:
+    metadata = storage.read_metadata(checkpoint_id)
+    handle = sorted(metadata.handles.values(), key=lambda h: h.path)[0]
+    path = Path(storage.checkpoint_path(checkpoint_id)) / handle.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_corrupt_latest_checkpoint_is_skipped_for_the_previous_one(spark, events, tmp_path):
+    env = _env(tmp_path, retained_checkpoints=2, batch_size=1000)
+    (
+        env.read_parquet(events)
+        .map_batches(slow_batches)
+        .key_by("key")
+        .sum("value")
+        .write_parquet(tmp_path / "out")
+    )
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    killer = WorkerKiller()
+    corrupted: list[int] = []
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "checkpoint" and not corrupted and len(storage.completed_ids()) >= 2:
+            latest = storage.completed_ids()[-1]
+            _corrupt(storage, latest)
+            corrupted.append(latest)
+            killer.kill()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = env.execute(spark, listener=listener, on_ready=killer.on_ready)
+    assert corrupted and killer.killed_at is not None
+    skipped = [w for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert any(f"checkpoint {corrupted[0]} is damaged" in str(w.message) for w in skipped)
+    assert len(result.restarts) == 1
+    _assert_exact(tmp_path / "out")
+
+
+def test_a_slow_operator_behind_a_shuffle_gives_exact_output(spark, events, tmp_path):
+    """Small buffers and a slow keyed operator: the sources are slowed down (backpressure),
+    barriers wait behind full buffers, and the output is still exact. (That memory stays
+    bounded is measured in test_backpressure.py, where the counters can be read.)"""
+    env = _env(tmp_path, buffer_capacity=2, checkpoint_interval=0.2, batch_size=1000)
+    (
+        env.read_parquet(events)
+        .key_by("key")
+        .map_batches(slow_batches)
+        .key_by("key")
+        .sum("value")
+        .write_parquet(tmp_path / "out")
+    )
+    result = env.execute(spark)
+    assert result.restarts == []
+    assert result.checkpoints[-1].final
+    _assert_exact(tmp_path / "out")
+
+
+def test_more_subtasks_than_slots_is_refused_with_a_clear_message(spark, tmp_path):
+    env = _env(tmp_path, parallelism=5)
+    env.from_sequence(0, 10).collect()
+    with pytest.raises(SparkSetupError, match=r"needs 5 task slots .* has 4"):
+        env.execute(spark)
+
+
+def test_csv_and_jsonl_sources_and_jsonl_sink(spark, tmp_path):
+    src = tmp_path / "csv"
+    src.mkdir()
+    for f in range(3):
+        rows = [f"k{i % 5},{i}" for i in range(f * 100, (f + 1) * 100)]
+        (src / f"in-{f}.csv").write_text("key,value\n" + "\n".join(rows) + "\n")
+    env = _env(tmp_path)
+    env.read_csv(src).key_by("key").max("value").write_jsonl(tmp_path / "out")
+    env.execute(spark)
+    published = [
+        json.loads(line)
+        for part in sorted((tmp_path / "out").glob("part-*.jsonl"))
+        for line in part.read_text().splitlines()
+    ]
+    assert len(published) == 300
+    finals = {}
+    for row in published:
+        finals[row["key"]] = max(finals.get(row["key"], -1), row["value"])
+    assert finals == {f"k{k}": 295 + k for k in range(5)}
