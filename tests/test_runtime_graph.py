@@ -75,7 +75,9 @@ def busy_graph() -> JobGraph:
 
 
 def test_a_pipeline_of_forward_single_consumer_edges_is_one_chain() -> None:
-    graph = graph_of(("src", []), ("map", [fwd("src")]), ("flt", [fwd("map")]), ("out", [fwd("flt")]))
+    graph = graph_of(
+        ("src", []), ("map", [fwd("src")]), ("flt", [fwd("map")]), ("out", [fwd("flt")])
+    )
     result = plan(graph, 2, 128)
     assert layout(result) == [["src", "map", "flt", "out"]]
     (chain,) = result.chains

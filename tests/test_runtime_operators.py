@@ -71,7 +71,9 @@ def values_batch(values: list[int]) -> pa.RecordBatch:
     return pa.record_batch({"value": pa.array(values, pa.int64())})
 
 
-def keyed_batch(pairs: list[tuple[Any, Any]], key_type: pa.DataType | None = None) -> pa.RecordBatch:
+def keyed_batch(
+    pairs: list[tuple[Any, Any]], key_type: pa.DataType | None = None
+) -> pa.RecordBatch:
     keys = pa.array([k for k, _ in pairs], key_type)
     values = pa.array([v for _, v in pairs], pa.int64())
     return pa.record_batch({"key": keys, "value": values})
@@ -157,7 +159,7 @@ def test_map_batches_rejects_records_that_are_not_dicts() -> None:
 
 def test_map_batches_reports_a_function_that_returns_the_wrong_type() -> None:
     running = MapBatchesLogic(lambda b: b.to_pylist()).open(context("map_batches(f)"), None)
-    with pytest.raises(UserFunctionError, match="return a pyarrow.RecordBatch or Table, not list"):
+    with pytest.raises(UserFunctionError, match=r"return a pyarrow\.RecordBatch or Table, not list"):
         running.process(values_batch([1]))
 
 
@@ -207,13 +209,19 @@ def test_sum_of_an_int32_column_gives_the_same_values_on_both_paths() -> None:
         {"key": pa.array([1, 2, 1], pa.int32()), "value": pa.array([1, 2, 3], pa.int32())}
     )
     vectorized = RollingLogic("sum", "key", "value").open(context(), None).process(batch)
-    per_record = RollingLogic("sum", "key", "value").open(context(), None).process(batch.to_pylist())
+    per_record = (
+        RollingLogic("sum", "key", "value").open(context(), None).process(batch.to_pylist())
+    )
     assert isinstance(vectorized, pa.RecordBatch)
-    assert vectorized.to_pylist() == per_record == [
-        {"key": 1, "value": 1},
-        {"key": 2, "value": 2},
-        {"key": 1, "value": 4},
-    ]
+    assert (
+        vectorized.to_pylist()
+        == per_record
+        == [
+            {"key": 1, "value": 1},
+            {"key": 2, "value": 2},
+            {"key": 1, "value": 4},
+        ]
+    )
 
 
 def test_rolling_sum_of_tuples_by_position_and_a_key_function() -> None:
@@ -228,7 +236,11 @@ def test_rolling_sum_of_tuples_by_position_and_a_key_function() -> None:
 
 
 def merge(previous: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
-    return {"key": record["key"], "value": previous["value"] + record["value"], "n": previous["n"] + 1}
+    return {
+        "key": record["key"],
+        "value": previous["value"] + record["value"],
+        "n": previous["n"] + 1,
+    }
 
 
 def test_reduce_emits_the_first_record_as_it_is_then_the_combined_records() -> None:
@@ -458,9 +470,7 @@ def test_every_subtask_gets_its_own_copy_of_the_process_function() -> None:
     function = Tracker()
     logic = ProcessLogic(function, "key")
     keys = [f"k{i}" for i in range(30)]
-    (first, second) = (
-        logic.open(context(subtask=i, parallelism=2), None) for i in range(2)
-    )
+    (first, second) = (logic.open(context(subtask=i, parallelism=2), None) for i in range(2))
     first.process([{"key": k, "value": 1} for k in owned_keys(keys, 0, 2)])
     out = second.process([{"key": k, "value": 1} for k in owned_keys(keys, 1, 2)])
     assert all(r["total"] == 1 and r["subtask"] == 1 for r in out)
@@ -541,9 +551,7 @@ def test_split_of_a_list_with_a_key_function(
     parallelism: int, records: list[tuple[str, int]]
 ) -> None:
     parts = Partitioner(first_letter, parallelism, MAXP).split(records)
-    check_split(
-        records, parts, lambda r: owner(first_letter(r), parallelism), parallelism
-    )
+    check_split(records, parts, lambda r: owner(first_letter(r), parallelism), parallelism)
 
 
 @given(

@@ -104,8 +104,8 @@ class StreamEnvironment:
         restart_delay: float | str = "1s",
         dead_letter_dir: str | os.PathLike[str] | None = None,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-        batch_size: int = 8192,
-        buffer_capacity: int = 16,
+        batch_size: int = 65536,
+        buffer_capacity: int = 4,
         heartbeat_timeout: float | str = "30s",
         storage_options: dict[str, Any] | None = None,
     ) -> None:

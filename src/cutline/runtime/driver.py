@@ -110,6 +110,10 @@ class CheckpointInfo:
     duration: float
     """Seconds from trigger to complete."""
     final: bool
+    alignment: float = 0.0
+    """The longest barrier alignment of any subtask (seconds)."""
+    size: int = 0
+    """Bytes of state files."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,12 @@ class JobResult:
     duration: float = 0.0
     generations: int = 0
     records_in: dict[str, int] = field(default_factory=dict)
+    """Records each subtask took in, in the last generation."""
+    source_records: dict[int, int] = field(default_factory=dict)
+    """Per generation, the records its source subtasks read (for a failed generation: as last
+    reported, at most a heartbeat before it failed)."""
+    running_seconds: float = 0.0
+    """The last generation's time from every slot running to every slot finished."""
 
     @property
     def output(self) -> list[Any]:
@@ -175,8 +185,8 @@ class JobConfig:
     storage_options: dict[str, Any] | None = None
     restart_attempts: int = 3
     restart_delay: float = 1.0
-    batch_size: int = 8192
-    buffer_capacity: int = 16
+    batch_size: int = 65536
+    buffer_capacity: int = 4
     dead_letter_dir: str | None = None
     on_error: dict[str, str] = field(default_factory=dict)
     heartbeat_timeout: float = 30.0
@@ -342,6 +352,8 @@ class _Attempt:
         self.final: int | None = None
         self.failure: Failure | None = None
         self.records_in: dict[str, int] = {}
+        self.alignment: dict[int, float] = {}
+        self.sizes: dict[int, int] = {}
         self.ready_at: float | None = None
         self.consequence: Failure | None = None
         """A failure caused by another (a channel whose upstream died), used if no cause comes."""
@@ -371,8 +383,7 @@ class _Attempt:
                         f"{config.start_timeout:g} s",
                     )
             else:
-                if self.ready_at is None:
-                    self.ready_at = now
+                assert self.ready_at is not None
                 for slot in self.slots - self.finished:
                     if now - self.last_beat.get(slot, now) > config.heartbeat_timeout:
                         return Failure(
@@ -409,13 +420,19 @@ class _Attempt:
         self.last_beat[event.task] = now
         if kind == "ready":
             self.ready[event.task] = int(body.get("pid", 0))
-            if len(self.ready) == len(self.slots) and self.driver.on_ready is not None:
-                self.driver.on_ready(self.generation, dict(self.ready))
+            if len(self.ready) == len(self.slots):
+                self.ready_at = now
+                if self.driver.on_ready is not None:
+                    self.driver.on_ready(self.generation, dict(self.ready))
         elif kind == "exhausted":
             self.exhausted.add(str(body["subtask"]))
             if self.exhausted >= self.sources and self.final is None:
                 self._do(self.coordinator.trigger(now, final=True))
         elif kind == "ack":
+            checkpoint = int(body["checkpoint"])
+            self.alignment[checkpoint] = max(
+                self.alignment.get(checkpoint, 0.0), float(body.get("alignment", 0.0))
+            )
             self._do(
                 self.coordinator.acknowledge(
                     int(body["checkpoint"]), str(body["subtask"]), dict(body["handle"]), now
@@ -453,9 +470,15 @@ class _Attempt:
                     "its connection broke)",
                     subtask=event.task,
                 )
-        elif kind == "finished":
-            self.finished.add(event.task)
+        elif kind in ("finished", "heartbeat"):
             self.records_in.update(body.get("records_in", {}))
+            self.driver.result.source_records[self.generation] = sum(
+                n for s, n in self.records_in.items() if s in self.sources
+            )
+            if kind == "finished":
+                self.finished.add(event.task)
+                if len(self.finished) == len(self.slots) and self.ready_at is not None:
+                    self.driver.result.running_seconds = now - self.ready_at
 
     # ---------------------------------------------------------------- actions
 
@@ -476,7 +499,14 @@ class _Attempt:
             elif isinstance(action, NotifyCheckpointComplete):
                 self._broadcast("complete", checkpoint=action.checkpoint_id)
                 started, final = self.triggered_at.get(action.checkpoint_id, (now, False))
-                info = CheckpointInfo(action.checkpoint_id, self.generation, now - started, final)
+                info = CheckpointInfo(
+                    action.checkpoint_id,
+                    self.generation,
+                    now - started,
+                    final,
+                    self.alignment.pop(action.checkpoint_id, 0.0),
+                    self.sizes.pop(action.checkpoint_id, 0),
+                )
                 driver.result.checkpoints.append(info)
                 driver.listener(
                     "checkpoint",
@@ -523,6 +553,7 @@ class _Attempt:
                 },
             )
             storage.write_metadata(metadata)
+            self.sizes[action.checkpoint_id] = sum(h.size for h in metadata.handles.values())
         except (StorageError, ValueError, KeyError) as exc:
             with contextlib.suppress(StorageError):
                 storage.discard(action.checkpoint_id)

@@ -74,8 +74,8 @@ class SlotSetup:
     storage_options: dict[str, Any] | None = None
     restore_id: int | None = None
     restore_handles: dict[str, dict[str, Any]] = field(default_factory=dict)
-    batch_size: int = 8192
-    buffer_capacity: int = 16
+    batch_size: int = 65536
+    buffer_capacity: int = 4
     dead_letter_dir: str | None = None
     on_error: dict[str, str] = field(default_factory=dict)
     """Operator uid -> ``fail`` or ``dead_letter``."""
@@ -118,6 +118,7 @@ class SubtaskRunner:
         self._reader: Any = None
         self._dead_letters: DeadLetterOutput | None = None
         self._current = chain.operators[0].name
+        self._first_barrier_at: float | None = None
 
     # ----------------------------------------------------------------- set-up
 
@@ -246,6 +247,8 @@ class SubtaskRunner:
                 self.records_in += len(frame)
                 self._push(frame.batch)
             elif isinstance(frame, Barrier):
+                if aligner.pending_checkpoint is None:
+                    self._first_barrier_at = time.monotonic()
                 self._align(aligner.barrier_received(frame.checkpoint_id, channel))
             elif isinstance(frame, EndOfInput):
                 self._align(aligner.end_of_input(channel))
@@ -345,9 +348,14 @@ class SubtaskRunner:
         if self._dead_letters is not None:
             parts[DEAD_LETTERS] = self._dead_letters.writer.pre_commit(checkpoint_id)
         self._last_snapshot = checkpoint_id
-        self._snapshotter.submit(self._write, checkpoint_id, parts)
+        now = time.monotonic()
+        alignment = now - self._first_barrier_at if self._first_barrier_at is not None else 0.0
+        self._first_barrier_at = None
+        self._snapshotter.submit(self._write, checkpoint_id, parts, alignment, now)
 
-    def _write(self, checkpoint_id: int, parts: dict[str, Any]) -> None:
+    def _write(
+        self, checkpoint_id: int, parts: dict[str, Any], alignment: float, sync_end: float
+    ) -> None:
         """The asynchronous part: serialize, store, acknowledge (or decline)."""
         try:
             state = {
@@ -369,7 +377,12 @@ class SubtaskRunner:
             return
         with contextlib.suppress(ControlError):
             self.control.send(
-                "ack", subtask=self.name, checkpoint=checkpoint_id, handle=handle.to_dict()
+                "ack",
+                subtask=self.name,
+                checkpoint=checkpoint_id,
+                handle=handle.to_dict(),
+                alignment=alignment,
+                asynchronous=time.monotonic() - sync_end,
             )
 
     # ---------------------------------------------------------------- failure
@@ -482,7 +495,7 @@ def _supervise(
                 runner.inbox.put(message)
         now = time.monotonic()
         if now >= next_beat:
-            control.send("heartbeat")
+            control.send("heartbeat", records_in={r.name: r.records_in for r in runners})
             next_beat = now + setup.heartbeat_interval
     failed = [r for r in runners if r.failure is not None]
     if failed:
