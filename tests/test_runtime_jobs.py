@@ -427,6 +427,10 @@ class FailOnce:
         return record
 
 
+def key_value_keeping_index(record: dict[str, int]) -> dict[str, int]:
+    return {"key": record["value"] % 7, "value": 1, "index": record["value"]}
+
+
 @pytest.mark.parametrize("parallelism", PARALLELISM)
 def test_an_exception_raised_once_restarts_once_and_the_output_is_exact(
     tmp_path: Path, parallelism: int
@@ -450,10 +454,6 @@ def test_an_exception_raised_once_restarts_once_and_the_output_is_exact(
     assert result.checkpoints[-1].generation == 2
     assert running_values(result) == expected_running_counts([v % 7 for v in range(N)])
     assert sorted(r["index"] for r in result.output) == list(range(N))
-
-
-def key_value_keeping_index(record: dict[str, int]) -> dict[str, int]:
-    return {"key": record["value"] % 7, "value": 1, "index": record["value"]}
 
 
 @dataclass(frozen=True)
@@ -661,21 +661,27 @@ def test_dead_letters_get_the_bad_records_and_the_good_ones_flow_on(
         assert 0 <= row["subtask"] < parallelism
 
 
-def test_dead_letters_are_written_once_across_a_restart(tmp_path: Path) -> None:
-    dead = tmp_path / "dead"
-    flag = tmp_path / "failed-once"
-    env = environment(tmp_path, 2, dead_letter_dir=dead, batch_size=4)
+@pytest.mark.parametrize("restore", [False, True])
+def test_dead_letters_are_written_once_across_a_restart(tmp_path: Path, restore: bool) -> None:
+    dead, flag, marker = tmp_path / "dead", tmp_path / "failed-once", tmp_path / "checkpointed"
+    n = 600 if restore else N
+    env = environment(tmp_path, 2, dead_letter_dir=dead, batch_size=2)
+    failing = FailAfterCheckpoint(str(marker), str(flag)) if restore else FailOnce(str(flag), n - 3)
     (
-        env.from_sequence(0, N)
+        env.from_sequence(0, n)
+        .map(Pace(str(marker)) if restore else (lambda r: r))
         .map(reject_tens, on_error="dead_letter")
-        .map(FailOnce(str(flag), N - 3))
+        .map(failing)
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher())
+    result = env.execute(launcher=ThreadLauncher(), listener=mark_checkpoints(marker))
     assert len(result.restarts) == 1
-    assert sorted(r["value"] for r in result.output) == [v for v in range(N) if v % 10]
+    if restore:
+        assert result.restarts[0].restored_from is not None
+    assert sorted(r["value"] for r in result.output) == [v for v in range(n) if v % 10]
     records = sorted(json.loads(r["record"])["value"] for r in dead_letters(dead))
-    assert records == list(range(0, N, 10))
+    assert records == list(range(0, n, 10))
+    assert all(no_pending_output(chain) for chain in dead.iterdir())
 
 
 def test_dead_letter_mode_needs_a_dead_letter_directory(tmp_path: Path) -> None:

@@ -159,7 +159,9 @@ def test_map_batches_rejects_records_that_are_not_dicts() -> None:
 
 def test_map_batches_reports_a_function_that_returns_the_wrong_type() -> None:
     running = MapBatchesLogic(lambda b: b.to_pylist()).open(context("map_batches(f)"), None)
-    with pytest.raises(UserFunctionError, match=r"return a pyarrow\.RecordBatch or Table, not list"):
+    with pytest.raises(
+        UserFunctionError, match=r"return a pyarrow\.RecordBatch or Table, not list"
+    ):
         running.process(values_batch([1]))
 
 

@@ -8,8 +8,11 @@ per event) must emit, for every key, the running sums 1..n each exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
 import threading
 import time
 import warnings
@@ -186,6 +189,40 @@ def test_sigkill_of_a_random_worker_at_a_random_moment(spark, events, tmp_path, 
     assert killer.killed_at is not None
     assert len(result.restarts) == 1
     assert "lost" in result.restarts[0].cause or "died" in result.restarts[0].cause
+    _assert_exact(tmp_path / "out")
+
+
+def test_a_task_that_stops_answering_is_declared_lost_and_the_job_restarts(spark, events, tmp_path):
+    """SIGSTOP freezes a worker (no crash, no closed connection): only the missing heartbeats
+    tell. The driver declares it lost, cancels the attempt (Spark kills the frozen worker) and
+    restarts from the latest checkpoint."""
+    env = _env(tmp_path, batch_size=1000, heartbeat_timeout=2)
+    (
+        env.read_parquet(events)
+        .map_batches(slow_batches)
+        .key_by("key")
+        .sum("value")
+        .write_parquet(tmp_path / "out")
+    )
+    frozen: list[int] = []
+
+    def freeze(pids: dict[str, int]) -> None:
+        frozen.append(pids["slot-1"])
+        os.kill(pids["slot-1"], signal.SIGSTOP)
+
+    def on_ready(generation: int, pids: dict[str, int]) -> None:
+        if generation == 1:
+            threading.Timer(0.5, freeze, args=(pids,)).start()
+
+    try:
+        result = env.execute(spark, on_ready=on_ready)
+    finally:
+        for pid in frozen:  # never leave a frozen process behind, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert frozen
+    assert len(result.restarts) == 1
+    assert "stopped answering (no heartbeat for 2 s)" in result.restarts[0].cause
     _assert_exact(tmp_path / "out")
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_MAX_PARALLELISM = 128
+_CHECKED_KEYS = 1_000_000
 _FORMAT = 1
 
 
@@ -117,18 +118,28 @@ class KeyedStateBackend:
         self._tables: dict[str, _Table] = {}
         self._key: Hashable = None
         self._has_key = False
+        self._checked: dict[Hashable, None] = {}
+        """Keys already found to be in this subtask's key groups (hashing each is costly)."""
         self._epoch = 0
 
     # ------------------------------------------------------------- current key
 
     def set_current_key(self, key: Hashable) -> None:
         """The key the next state accesses are for (the key of the record being processed)."""
-        group = key_group(key, self.max_parallelism)
-        if group not in self.key_groups:
-            raise StateError(
-                f"key {key!r} is in key group {group}, which this subtask does not own "
-                f"({self.key_groups.start}..{self.key_groups.stop - 1})"
-            )
+        try:
+            checked = key in self._checked
+        except TypeError:  # unhashable: _encode_key says why
+            checked = False
+        if not checked:
+            group = key_group(key, self.max_parallelism)
+            if group not in self.key_groups:
+                raise StateError(
+                    f"key {key!r} is in key group {group}, which this subtask does not own "
+                    f"({self.key_groups.start}..{self.key_groups.stop - 1})"
+                )
+            if len(self._checked) >= _CHECKED_KEYS:
+                self._checked.clear()
+            self._checked[key] = None
         self._key = key
         self._has_key = True
 

@@ -388,27 +388,32 @@ class SubtaskRunner:
     # ---------------------------------------------------------------- failure
 
     def _report(self, exc: BaseException) -> None:
-        if isinstance(exc, UserFunctionError):
-            body: dict[str, Any] = {
-                "operator": exc.operator,
-                "record": exc.record,
-                "error": exc.error,
-                "traceback": exc.user_traceback,
-            }
-        else:
-            operator = self._current
-            for op in self.chain.operators:
-                if op.uid == self._current:
-                    operator = op.name
-            body = {
-                "operator": operator,
-                "record": None,
-                "error": f"{type(exc).__name__}: {exc}",
-                "traceback": "".join(traceback.format_exception(exc)),
-            }
-        body["cause"] = "channel" if isinstance(exc, ChannelError) else "task"
+        operator = self._current
+        for op in self.chain.operators:
+            if op.uid == self._current:
+                operator = op.name
         with contextlib.suppress(ControlError):
-            self.control.send("failed", subtask=self.name, **body)
+            self.control.send("failed", subtask=self.name, **failure_report(exc, operator))
+
+
+def failure_report(exc: BaseException, operator: str) -> dict[str, Any]:
+    """The body of a ``failed`` message: the operator, the record, the error, the traceback
+    (the user's own frames for a user function's error)."""
+    if isinstance(exc, UserFunctionError):
+        return {
+            "operator": exc.operator,
+            "record": exc.record,
+            "error": exc.error,
+            "traceback": exc.user_traceback,
+            "cause": "task",
+        }
+    return {
+        "operator": operator,
+        "record": None,
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc)),
+        "cause": "channel" if isinstance(exc, ChannelError) else "task",
+    }
 
 
 Exchange = Callable[[str], list[str]]
@@ -421,6 +426,7 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
     gates: dict[str, InputGate] = {}
     control: ControlClient | None = None
     runners: list[SubtaskRunner] = []
+    opening: str | None = None
     try:
         for chain in plan.chains:
             if not chain.is_source:
@@ -443,7 +449,9 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
         for chain in plan.chains:
             runner = SubtaskRunner(setup, chain, slot, control, storage, gates.get(chain.uid))
             runners.append(runner)
+            opening = runner.name
             runner.open()
+        opening = None
         for runner in runners:
             runner.connect(addresses)
         control.send("ready", pid=os.getpid(), host=host)
@@ -451,15 +459,8 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
     except BaseException as exc:
         if control is not None and not any(r.failure for r in runners):
             with contextlib.suppress(ControlError):
-                control.send(
-                    "failed",
-                    subtask=f"slot-{slot}",
-                    operator="(set-up)",
-                    record=None,
-                    error=f"{type(exc).__name__}: {exc}",
-                    traceback="".join(traceback.format_exception(exc)),
-                    cause="task",
-                )
+                report = failure_report(exc, "(opening the subtasks)")
+                control.send("failed", subtask=opening or f"slot-{slot}", **report)
         raise
     finally:
         for runner in runners:
