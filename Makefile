@@ -33,6 +33,7 @@ soak: $(STAMP)
 	$(BIN)/pytest -m slow
 
 bench: $(STAMP)
+	$(BIN)/python bench/b1_b2.py
 	$(BIN)/python bench/b5_sim.py
 
 $(STAMP): pyproject.toml | check-python check-java
