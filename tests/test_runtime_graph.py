@@ -288,12 +288,6 @@ def test_a_subtask_reads_the_channels_of_every_input_of_its_chain(parallelism: i
     assert proc.inputs == (Edge("u", "hash", key_of),)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JobGraph.add accepts an operator with two edges from the same upstream, and plan() "
-    "gives both edges the edge id 'UP>DOWN', so their channel ids collide (the downstream "
-    "subtask lists one channel twice)",
-)
 def test_two_edges_from_one_upstream_get_distinct_channels_or_are_rejected() -> None:
     graph = graph_of(("a", []))
     try:

@@ -541,32 +541,6 @@ def bad(record: dict[str, int]) -> dict[str, int]:
     return record
 
 
-@pytest.fixture
-def failures_visible_once_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Closes the race of ``test_a_user_error_is_reported_even_if_reporting_it_takes_a_while``
-    (a src bug) for the tests that check the failure message: a subtask's failure becomes
-    visible to the slot's supervisor only once the subtask reported it to the driver. Without
-    this, about 1 run in 30 loses the user's error to a "slot-0 was lost" failure. Remove it
-    once SubtaskRunner.run reports before it sets ``failure``."""
-    original = SubtaskRunner._report
-
-    def get(self: SubtaskRunner) -> BaseException | None:
-        return self.__dict__.get("_visible_failure")
-
-    def set_(self: SubtaskRunner, exc: BaseException | None) -> None:
-        if exc is None or self.__dict__.get("_reported"):
-            self.__dict__["_visible_failure"] = exc
-
-    def report(self: SubtaskRunner, exc: BaseException) -> None:
-        original(self, exc)
-        self.__dict__["_reported"] = True
-        self.__dict__["_visible_failure"] = exc
-
-    monkeypatch.setattr(SubtaskRunner, "failure", property(get, set_), raising=False)
-    monkeypatch.setattr(SubtaskRunner, "_report", report)
-
-
-@pytest.mark.usefixtures("failures_visible_once_reported")
 def test_an_exception_raised_every_time_fails_the_job_naming_operator_subtask_record_line(
     tmp_path: Path,
 ) -> None:
@@ -588,14 +562,6 @@ def test_an_exception_raised_every_time_fails_the_job_naming_operator_subtask_re
     assert "in bad" in info.value.user_traceback
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="race in SubtaskRunner.run: it sets self.failure before self._report(exc) sends "
-    "'failed' to the driver; _supervise polls runner.failure (every <= 0.1 s), raises, and "
-    "run_slot's finally closes the control connection, so the report is never sent and the "
-    "driver records 'slot-0 was lost: its control connection closed' (no operator, record or "
-    "traceback). Happens in ~3% of plain runs; a report slower than the poll makes it certain",
-)
 def test_a_user_error_is_reported_even_if_reporting_it_takes_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

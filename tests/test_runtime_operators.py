@@ -323,24 +323,12 @@ def test_vectorized_and_per_record_batches_can_alternate_on_one_key_state(
         assert as_list(out) == reference.process(batch.to_pylist())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vectorized sum of a float column takes each key's running sum as the difference "
-    "of one cumulative sum over the whole batch (all keys), so a key's result depends on "
-    "the other keys' values: 1e20 for key 'big' makes key 'small' sum to 0.0, not 1.0",
-)
 def test_vectorized_float_sum_of_one_key_does_not_depend_on_other_keys() -> None:
     batch = pa.record_batch({"key": ["big", "small"], "value": [1e20, 1.0]})
     out = RollingLogic("sum", "key", "value").open(context(), None).process(batch)
     assert as_list(out) == [{"key": "big", "value": 1e20}, {"key": "small", "value": 1.0}]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vectorized float sum is not the per-record sum even without extreme values: "
-    "0.2 for the first record of key 'b' comes out as 0.20000000000000004 (it is "
-    "(0.1 + 0.2) - 0.1)",
-)
 def test_vectorized_float_sum_equals_the_per_record_sum() -> None:
     batch = pa.record_batch({"key": ["a", "b", "b"], "value": [0.1, 0.2, 0.3]})
     logic = RollingLogic("sum", "key", "value")
@@ -349,12 +337,6 @@ def test_vectorized_float_sum_equals_the_per_record_sum() -> None:
     assert as_list(fast) == slow
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vectorized sum casts the running values of earlier batches to the dtype of the "
-    "current batch's column: a float running sum 1.5 followed by an int64 batch [1] gives 2 "
-    "(1.5 truncated to 1), where the per-record path gives 2.5",
-)
 def test_a_float_running_sum_is_not_truncated_by_a_later_integer_batch() -> None:
     logic = RollingLogic("sum", "key", "value")
     running = logic.open(context(), None)
@@ -363,12 +345,6 @@ def test_a_float_running_sum_is_not_truncated_by_a_later_integer_batch() -> None
     assert as_list(out) == [{"key": "a", "value": 2.5}]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vectorized sum casts a uint64 column to int64 (values.astype(np.int64)): a value "
-    "of 2**63 + 5 comes out negative; likewise a per-key int64 sum that overflows wraps, "
-    "where the per-record path gives the exact Python int",
-)
 def test_vectorized_sum_of_large_unsigned_values_equals_the_per_record_sum() -> None:
     batch = pa.record_batch({"key": ["a"], "value": pa.array([2**63 + 5], pa.uint64())})
     logic = RollingLogic("sum", "key", "value")

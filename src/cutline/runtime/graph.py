@@ -79,6 +79,9 @@ class JobGraph:
             )
         if operator.uid in self.operators:
             raise GraphError(f"two operators have the id {operator.uid!r}: ids must be unique")
+        upstreams = [edge.upstream for edge in operator.inputs]
+        if len(set(upstreams)) != len(upstreams):
+            raise GraphError(f"{operator.name} reads the same operator twice: {upstreams}")
         for edge in operator.inputs:
             if edge.upstream not in self.operators:
                 raise GraphError(f"{operator.name} reads from unknown operator {edge.upstream!r}")

@@ -404,6 +404,11 @@ class RollingLogic(Logic):
         return _Rolling(self, ctx, state)
 
 
+_EXACT_INTEGERS = frozenset(
+    [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()]
+)
+_INT64_SAFE = 2**62
+
 _COMBINE: dict[str, Callable[[Any, Any], Any]] = {
     "sum": lambda a, b: a + b,
     "min": lambda a, b: b if b < a else a,
@@ -498,13 +503,11 @@ class _Rolling(_Keyed):
             if self.field not in names:
                 return None
             column = batch.column(self.field)
-            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+            # exact only in integers: float sums differ with the order of additions, so floats
+            # take the per-record path (as do uint64 and nulls)
+            if column.type not in _EXACT_INTEGERS or column.null_count or keys.null_count:
                 return None
-            if column.null_count or keys.null_count:
-                return None
-            values = column.to_numpy()
-            if pa.types.is_integer(column.type):
-                values = values.astype(np.int64)
+            values = column.to_numpy().astype(np.int64)
         else:
             if keys.null_count:
                 return None
@@ -522,7 +525,14 @@ class _Rolling(_Keyed):
         before = np.r_[0, sums][starts]
         table = self.table
         group_keys = [uniques[g] for g in sorted_groups[starts]]
-        prior = np.array([table.get(k, 0) for k in group_keys], dtype=sums.dtype)
+        previous = [table.get(k, 0) for k in group_keys]
+        if any(type(p) is not int for p in previous):
+            return None  # a float (or other) running value: the per-record path keeps its type
+        extreme = max(abs(int(values.max())), abs(int(values.min())))
+        largest = max(map(abs, previous), default=0) + extreme * len(values)
+        if largest >= _INT64_SAFE:
+            return None  # could overflow int64: Python's integers in the per-record path cannot
+        prior = np.array(previous, dtype=np.int64)
         running_sorted = sums - np.repeat(before - prior, counts)
         ends = running_sorted[starts + counts - 1]
         for k, total in zip(group_keys, ends.tolist(), strict=True):

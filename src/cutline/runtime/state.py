@@ -66,8 +66,17 @@ def _encode_key(key: Hashable) -> bytes:
 
 
 def key_group(key: Hashable, max_parallelism: int) -> int:
-    """The key group of ``key``: stable across processes, runs and machines."""
-    return zlib.crc32(_encode_key(key)) % max_parallelism
+    """The key group of ``key``: stable across processes, runs and machines.
+
+    CRC-32 of the key's canonical bytes, mixed by MurmurHash3's finalizer (as Flink mixes
+    ``hashCode``) so that keys differing in a few bits still spread over every key group."""
+    h = zlib.crc32(_encode_key(key))
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h % max_parallelism
 
 
 def key_group_range(subtask: int, parallelism: int, max_parallelism: int) -> range:

@@ -191,8 +191,8 @@ class SubtaskRunner:
         except BaseException as exc:
             if self.stopped.is_set():
                 return  # closing the channels of a stopped job makes sends fail: not a failure
-            self.failure = exc
-            self._report(exc)
+            self._report(exc)  # first: the slot closes the control connection once it sees
+            self.failure = exc  # a failure, and the driver must get the cause before that
         finally:
             self._snapshotter.shutdown(wait=False, cancel_futures=True)
             for _, running in self._operators:
