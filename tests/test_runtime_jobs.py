@@ -688,3 +688,33 @@ def test_a_second_run_in_the_same_checkpoint_directory_starts_from_scratch(
         env.from_sequence(0, 50).map(key_value).key_by("key").sum("value").collect()
         result = run(env)
         assert running_values(result) == expected_running_counts([v % 7 for v in range(50)])
+
+
+# ---------------------------------------------------------------- unbounded, storage URLs
+
+
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_an_unbounded_sequence_stops_gracefully_with_every_record_read_published_once(
+    tmp_path: Path, parallelism: int
+) -> None:
+    env = environment(tmp_path, parallelism, batch_size=100)
+    env.from_sequence(0, None).collect()
+    result = env.execute(launcher=ThreadLauncher(), stop_after=0.5)
+    assert result.restarts == []
+    assert result.checkpoints[-1].final
+    values = sorted(r["value"] for r in result.output)
+    assert len(values) == len(set(values)) > 0
+    # subtask s emits s, s + p, s + 2p, ...: what it read before the stop is a prefix of that
+    for subtask in range(parallelism):
+        mine = [v for v in values if v % parallelism == subtask]
+        assert mine == list(range(subtask, subtask + parallelism * len(mine), parallelism))
+    read = sum(n for name, n in result.records_in.items() if "sequence" in name)
+    assert read == len(values)
+
+
+def test_checkpoints_and_collected_output_on_an_fsspec_url(tmp_path: Path) -> None:
+    env = environment(tmp_path, 2, checkpoint_dir=f"memory://cutline-test-{os.getpid()}/ck")
+    env.from_sequence(0, N).map(key_value).key_by("key").sum("value").collect()
+    result = run(env)
+    keys = [v % 7 for v in range(N)]
+    assert running_values(result) == expected_running_counts(keys)

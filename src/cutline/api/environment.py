@@ -216,6 +216,7 @@ class StreamEnvironment:
         listener: Listener | None = None,
         launcher: Launcher | None = None,
         on_ready: Callable[[int, dict[str, int]], None] | None = None,
+        stop_after: float | str | None = None,
     ) -> JobResult:
         """Run the job on Spark and wait for it to end.
 
@@ -223,6 +224,10 @@ class StreamEnvironment:
             ``local[parallelism]`` (created once, reused).
         :param listener: called with ``(kind, message)`` for checkpoints, aborts, restarts and
             warnings, e.g. ``lambda kind, msg: print(kind, msg)``.
+        :param stop_after: stop the job this long after it started (``"30s"``), gracefully: the
+            sources stop reading, a final checkpoint completes, and everything read until then
+            is processed and published exactly once. For unbounded sources; without it such
+            a job runs until interrupted.
         :returns: a :class:`~cutline.runtime.driver.JobResult`; ``result.output`` is the
             records of the collect sink.
         :raises JobFailedError: the job failed and the restart strategy gave up.
@@ -258,6 +263,7 @@ class StreamEnvironment:
                 on_error=dict(self._on_error),
                 heartbeat_timeout=self.heartbeat_timeout,
                 collect=collect_dirs,
+                stop_after=seconds(stop_after, "stop_after"),
             )
             if launcher is None:
                 from cutline.spark.launcher import SparkLauncher

@@ -194,6 +194,9 @@ class JobConfig:
     """Collect sink name -> its directory (read back when the job ends)."""
     start_timeout: float = 300.0
     """Seconds for every slot to be scheduled and ready."""
+    stop_after: float | None = None
+    """Seconds after the job started at which it stops with a final checkpoint: the sources
+    stop reading, everything they read is processed and published (for unbounded sources)."""
 
 
 Listener = Callable[[str, str], None]
@@ -365,6 +368,7 @@ class _Attempt:
     def drive(self, job: LaunchedJob) -> Failure | None:
         config = self.driver.config
         started = self.now()
+        driver_start = self.driver._start
         while self.failure is None:
             now = self.now()
             if len(self.finished) == len(self.slots):
@@ -392,6 +396,9 @@ class _Attempt:
                             f"{config.heartbeat_timeout:g} s)",
                             subtask=slot,
                         )
+                stop = config.stop_after
+                if stop is not None and self.final is None and now - driver_start >= stop:
+                    self._do(self.coordinator.trigger(now, final=True))
                 # as in Flink, the first periodic checkpoint comes one interval after the start
                 interval = config.checkpoints.interval
                 if interval is None or now >= self.ready_at + interval:
