@@ -39,7 +39,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -161,18 +160,11 @@ def _recovery(
         parallelism=2, checkpoint_interval=interval, checkpoint_dir=str(ck), restart_delay=0
     )
     env.read_parquet(str(input_dir)).key_by("key").sum("value").write_parquet(str(out))
-    killer = WorkerKiller()
-    timer = threading.Timer(kill_after, killer.kill)
-
-    def on_ready(generation: int, pids: dict[str, int]) -> None:
-        killer.on_ready(generation, pids)
-        if generation == 1:
-            timer.start()
-
+    killer = WorkerKiller().after(kill_after)
     try:
-        result = env.execute(spark, on_ready=on_ready)
+        result = env.execute(spark, on_ready=killer.on_ready)
     finally:
-        timer.cancel()
+        killer.disarm()
     verdict = check_b1_output(out, KEYS, events // KEYS)
     read_before = result.source_records.get(1, 0)
     restored_from = result.restarts[0].restored_from if result.restarts else None
@@ -286,8 +278,8 @@ def main() -> None:
     long_off = _summary(long_runs["cutline sum, checkpoints off, long input"], "events_per_s")
     half = (on["median"] and args.events / on["median"] / 2) or 1.0
     # B1 with checkpoints every 1 s ends before its first periodic checkpoint on this machine,
-    # so B2 checkpoints every quarter of the expected run: the kill comes after one completed
-    interval = round(max(0.1, 2 * half / 4), 2)
+    # so B2 checkpoints every sixth of the expected run: the kill comes after one completed
+    interval = round(max(0.1, half / 3), 2)
     recoveries = [
         _recovery(spark, input_dir, base / f"b2-{i}", half, args.events, interval)
         for i in range(args.repeats)

@@ -172,20 +172,11 @@ def test_sigkill_of_a_random_worker_at_a_random_moment(spark, events, tmp_path, 
         .sum("value")
         .write_parquet(tmp_path / "out")
     )
-    killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}")
-    delay = rng.uniform(0.2, 1.5)
-
-    timer = threading.Timer(delay, killer.kill)
-
-    def on_ready(generation: int, pids: dict[str, int]) -> None:
-        killer.on_ready(generation, pids)
-        if generation == 1:
-            timer.start()
-
+    killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}").after(rng.uniform(0.2, 1.5))
     try:
-        result = env.execute(spark, on_ready=on_ready)
+        result = env.execute(spark, on_ready=killer.on_ready)
     finally:
-        timer.cancel()  # never kill a reused worker of a later test
+        killer.disarm()  # never kill a reused worker of a later test
     assert killer.killed_at is not None
     assert len(result.restarts) == 1
     assert "lost" in result.restarts[0].cause or "died" in result.restarts[0].cause

@@ -95,11 +95,25 @@ class WorkerKiller:
         self.killed_at: float | None = None
         self.ready_at: dict[int, float] = {}
         self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
 
     def on_ready(self, generation: int, pids: dict[str, int]) -> None:
         self.ready_at[generation] = time.monotonic()
         if generation == 1:
             self.pids = pids
+            if self._timer is not None:
+                self._timer.start()
+
+    def after(self, delay: float) -> WorkerKiller:
+        """Kill ``delay`` seconds after generation 1 is running (pass ``on_ready`` to
+        ``execute``, and call :meth:`disarm` after it)."""
+        self._timer = threading.Timer(delay, self.kill)
+        return self
+
+    def disarm(self) -> None:
+        """Never kill later: the pid may by then be a reused worker of another job."""
+        if self._timer is not None:
+            self._timer.cancel()
 
     def kill(self) -> bool:
         with self._lock:

@@ -317,26 +317,19 @@ class DataStream:
         self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """One record out for every record in: ``fn(record)``."""
-        _callable(fn, "map")
-        return self._then(f"map({_name_of(fn)})", MapLogic(fn, "map"), uid=name, on_error=on_error)
+        return self._then(*_per_record("map", fn), uid=name, on_error=on_error)
 
     def flat_map(
         self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """Any number of records out for every record in: ``fn(record)`` returns an iterable."""
-        _callable(fn, "flat_map")
-        return self._then(
-            f"flat_map({_name_of(fn)})", MapLogic(fn, "flat_map"), uid=name, on_error=on_error
-        )
+        return self._then(*_per_record("flat_map", fn), uid=name, on_error=on_error)
 
     def filter(
         self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """The records for which ``fn(record)`` is true."""
-        _callable(fn, "filter")
-        return self._then(
-            f"filter({_name_of(fn)})", MapLogic(fn, "filter"), uid=name, on_error=on_error
-        )
+        return self._then(*_per_record("filter", fn), uid=name, on_error=on_error)
 
     def map_batches(
         self,
@@ -347,10 +340,7 @@ class DataStream:
     ) -> DataStream:
         """The vectorized path: ``fn`` gets a ``pyarrow.RecordBatch`` and returns a batch or
         table. (Records that are dicts are turned into a batch first.)"""
-        _callable(fn, "map_batches")
-        return self._then(
-            f"map_batches({_name_of(fn)})", MapBatchesLogic(fn), uid=name, on_error=on_error
-        )
+        return self._then(*_per_record("map_batches", fn), uid=name, on_error=on_error)
 
     def key_by(self, key: str | Callable[[Any], Hashable]) -> KeyedStream:
         """Partition by key: a column name (records are dicts or columns) or a function."""
@@ -414,20 +404,17 @@ class KeyedStream:
         self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """As :meth:`DataStream.map`, on records partitioned by key."""
-        _callable(fn, "map")
-        return self._keyed(f"map({_name_of(fn)})", MapLogic(fn, "map"), name, on_error)
+        return self._keyed(*_per_record("map", fn), name, on_error)
 
     def flat_map(
         self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
-        _callable(fn, "flat_map")
-        return self._keyed(f"flat_map({_name_of(fn)})", MapLogic(fn, "flat_map"), name, on_error)
+        return self._keyed(*_per_record("flat_map", fn), name, on_error)
 
     def filter(
         self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
-        _callable(fn, "filter")
-        return self._keyed(f"filter({_name_of(fn)})", MapLogic(fn, "filter"), name, on_error)
+        return self._keyed(*_per_record("filter", fn), name, on_error)
 
     def map_batches(
         self,
@@ -437,8 +424,7 @@ class KeyedStream:
         on_error: str = "fail",
     ) -> DataStream:
         """As :meth:`DataStream.map_batches`: every batch holds only keys of one subtask."""
-        _callable(fn, "map_batches")
-        return self._keyed(f"map_batches({_name_of(fn)})", MapBatchesLogic(fn), name, on_error)
+        return self._keyed(*_per_record("map_batches", fn), name, on_error)
 
     def process(
         self, function: KeyedProcessFunction, *, name: str | None = None, on_error: str = "fail"
@@ -479,6 +465,13 @@ class KeyedStream:
     def count(self, *, name: str | None = None) -> DataStream:
         """For every record, the record with a ``count`` field: its key's running count."""
         return self._keyed("count", RollingLogic("count", self.key), name)
+
+
+def _per_record(kind: str, fn: Any) -> tuple[str, Any]:
+    """The name and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``."""
+    _callable(fn, kind)
+    logic = MapBatchesLogic(fn) if kind == "map_batches" else MapLogic(fn, kind)
+    return f"{kind}({_name_of(fn)})", logic
 
 
 def _callable(fn: Any, what: str) -> None:

@@ -79,7 +79,7 @@ class SlotSetup:
     dead_letter_dir: str | None = None
     on_error: dict[str, str] = field(default_factory=dict)
     """Operator uid -> ``fail`` or ``dead_letter``."""
-    heartbeat_interval: float = 1.0
+    heartbeat_interval: float = 0.25
 
 
 class Stopped(Exception):
