@@ -302,3 +302,38 @@ def test_csv_and_jsonl_sources_and_jsonl_sink(spark, tmp_path):
     for row in published:
         finals[row["key"]] = max(finals.get(row["key"], -1), row["value"])
     assert finals == {f"k{k}": 295 + k for k in range(5)}
+
+
+def parse_amount(record: dict) -> dict:
+    return {"key": record["key"], "amount": int(record["amount"])}
+
+
+def test_bad_records_go_to_the_dead_letter_output_and_the_job_goes_on(spark, tmp_path):
+    source = tmp_path / "payments"
+    source.mkdir()
+    lines = [
+        json.dumps({"key": f"c{i % 3}", "amount": "oops" if i % 50 == 7 else str(i)})
+        for i in range(500)
+    ]
+    (source / "payments.jsonl").write_text("\n".join(lines) + "\n")
+    env = _env(tmp_path, dead_letter_dir=str(tmp_path / "dead"))
+    (
+        env.read_jsonl(source)
+        .map(parse_amount, on_error="dead_letter")
+        .key_by("key")
+        .count()
+        .collect()
+    )
+    result = env.execute(spark)
+    good = [i for i in range(500) if i % 50 != 7]
+    assert len(result.output) == len(good)
+    assert sorted(r["amount"] for r in result.output) == good
+    dead = [
+        json.loads(line)
+        for part in sorted((tmp_path / "dead").rglob("part-*.jsonl"))
+        for line in part.read_text().splitlines()
+    ]
+    assert sorted(json.loads(d["record"])["amount"] for d in dead) == ["oops"] * 10
+    assert {d["operator"] for d in dead} == {"map(parse_amount)"}
+    assert all("ValueError: invalid literal for int()" in d["error"] for d in dead)
+    assert all('int(record["amount"])' in d["traceback"] for d in dead)
