@@ -337,3 +337,14 @@ def test_bad_records_go_to_the_dead_letter_output_and_the_job_goes_on(spark, tmp
     assert {d["operator"] for d in dead} == {"map(parse_amount)"}
     assert all("ValueError: invalid literal for int()" in d["error"] for d in dead)
     assert all('int(record["amount"])' in d["traceback"] for d in dead)
+
+
+def test_the_demo_job_runs_and_checks_its_output(spark, tmp_path):
+    from cutline.demo import run_demo
+
+    lines: list[str] = []
+    result, verdict = run_demo(tmp_path, events=100_000, kill=False, echo=lines.append, spark=spark)
+    assert verdict.exact
+    assert verdict.rows == 100_000 and verdict.keys == 10_000
+    assert result.restarts == []
+    assert lines[-1].startswith("exact: 100,000 records published; all 10,000 keys end at 10")

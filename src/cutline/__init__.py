@@ -18,6 +18,7 @@ _API = (
     "KeyedProcessFunction",
     "KeyedStream",
     "ProcessContext",
+    "SparkSetupError",
     "StreamEnvironment",
 )
 __all__ = [*_API, "__version__"]

@@ -3,7 +3,7 @@ on local Spark, with checkpoints every second and one worker process killed part
 
 It writes the input (20 Parquet files), runs ``read_parquet -> key_by("key") -> sum("value")
 -> write_parquet`` at parallelism 2, kills a Python worker with SIGKILL once the first
-checkpoint is complete, lets cutline restart from it, and checks the published output:
+periodic checkpoint is complete, lets cutline restart from it, and checks the published output:
 every key's running sums are exactly 1, 2, ..., 200, each once.
 """
 
@@ -147,8 +147,14 @@ def run_demo(
         shutil.rmtree(input_dir, ignore_errors=True)
         echo(f"writing {events:,} events over {keys:,} keys to {input_dir} (20 Parquet files)")
         write_b1_input(input_dir, events, keys)
+    # smaller batches than the default: the job then lasts a few seconds here, long enough for
+    # a checkpoint to complete before the kill (with the default it is over in about one)
     env = StreamEnvironment(
-        parallelism=2, checkpoint_interval="1s", checkpoint_dir=str(checkpoints), restart_delay=0.5
+        parallelism=2,
+        checkpoint_interval="1s",
+        checkpoint_dir=str(checkpoints),
+        restart_delay=0.5,
+        batch_size=8192,
     )
     b1_job(env, input_dir, output_dir)
     killer = WorkerKiller()
@@ -156,7 +162,7 @@ def run_demo(
 
     def listener(kind: str, message: str) -> None:
         echo(f"[{time.monotonic() - start:6.2f} s] {kind:<10} {message}")
-        if kill and kind == "checkpoint" and killer.kill():
+        if kill and kind == "checkpoint" and "(final)" not in message and killer.kill():
             echo(
                 f"[{time.monotonic() - start:6.2f} s] {'kill':<10} SIGKILL to the Python worker "
                 f"of {killer.slot} (pid {killer.pids[killer.slot]})"
@@ -170,8 +176,20 @@ def run_demo(
         f"{len(result.restarts)} restart(s)"
     )
     recovery = killer.recovery_seconds()
+    if kill and killer.killed_at is None:
+        echo(
+            "note: the input was read before the first periodic checkpoint completed, so no "
+            "worker was killed; run with more --events to see a recovery"
+        )
     if recovery is not None:
         echo(f"recovery: {recovery:.1f} s from the kill to every slot running again")
+    for restart in result.restarts:
+        after = result.source_records.get(restart.generation + 1)
+        if restart.restored_from is not None and after is not None:
+            echo(
+                f"generation {restart.generation + 1} restored checkpoint {restart.restored_from} "
+                f"and read the {after:,} events after its offsets"
+            )
     if verdict.exact:
         echo(
             f"exact: {verdict.rows:,} records published; all {verdict.keys:,} keys end at "

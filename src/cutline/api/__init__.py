@@ -3,6 +3,7 @@
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
 from cutline.runtime.driver import CheckpointWarning, JobFailedError, JobResult
 from cutline.runtime.operators import KeyedProcessFunction, ProcessContext
+from cutline.spark.launcher import SparkSetupError
 
 __all__ = [
     "CheckpointWarning",
@@ -12,5 +13,6 @@ __all__ = [
     "KeyedProcessFunction",
     "KeyedStream",
     "ProcessContext",
+    "SparkSetupError",
     "StreamEnvironment",
 ]
