@@ -106,6 +106,7 @@ def test_every_record_is_published_exactly_once_whatever_fails(tmp_path_factory,
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 @settings(max_examples=1000, **_SETTINGS)
 @_JOBS
 def test_soak_every_record_is_published_exactly_once_whatever_fails(tmp_path_factory, **job):
