@@ -464,12 +464,19 @@ def test_timeout_aborts_with_the_handles_that_came_in_then_min_pause_applies() -
     assert acts(c.poll(15)) == [trig(2, 15)]
 
 
-def test_timeout_message_counts_the_missing_tasks() -> None:
+def test_timeout_message_counts_and_names_the_missing_tasks() -> None:
     c = make(timeout=2.5, min_pause=100, tolerable_failures=1)
     c.poll(0)
     c.acknowledge(1, "b", "hb", 1)
     (abort,) = acts(c.poll(2.5))
-    assert abort.reason == "timed out after 2.5 s waiting for 2 of 3 tasks"
+    assert abort.reason == "timed out after 2.5 s waiting for 2 of 3 tasks: a, c"
+
+
+def test_timeout_message_names_at_most_five_missing_tasks() -> None:
+    c = CheckpointCoordinator([f"t{i}" for i in range(8)], CheckpointSettings(timeout=1))
+    c.poll(0)
+    (abort, _fail) = acts(c.poll(1))
+    assert abort.reason.endswith("waiting for 8 of 8 tasks: t0, t1, t2, t3, t4 and 3 more")
 
 
 def test_timeout_and_the_next_trigger_in_the_same_poll_come_in_that_order() -> None:

@@ -718,3 +718,143 @@ def test_checkpoints_and_collected_output_on_an_fsspec_url(tmp_path: Path) -> No
     result = run(env)
     keys = [v % 7 for v in range(N)]
     assert running_values(result) == expected_running_counts(keys)
+
+
+# ------------------------------------------------------- findings of the runtime's review
+
+
+def fail_on_seven(record: dict[str, int]) -> dict[str, int]:
+    if record["value"] % 10 == 7:
+        raise ValueError(f"bad {record['value']}")
+    return record
+
+
+def test_a_second_run_never_touches_the_first_runs_dead_letters(tmp_path: Path) -> None:
+    dead = tmp_path / "dead"
+    for run_number in (1, 2):
+        env = environment(tmp_path, 2, dead_letter_dir=dead, restart_attempts=1)
+        stream = env.from_sequence(0, 50).map(fail_on_seven, on_error="dead_letter")
+        if run_number == 2:  # the second run also restarts once, before any checkpoint
+            stream = stream.map(FailFirstTime(tmp_path / "flag"))
+        stream.collect()
+        env.execute(launcher=ThreadLauncher())
+    letters = [
+        json.loads(line)
+        for part in dead.rglob("part-*.jsonl")
+        for line in part.read_text().splitlines()
+    ]
+    assert sorted(json.loads(d["record"])["value"] for d in letters) == sorted(
+        [7, 17, 27, 37, 47] * 2
+    )
+
+
+class FailFirstTime:
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __call__(self, record: dict[str, int]) -> dict[str, int]:
+        if not self.flag.exists():
+            self.flag.touch()
+            raise RuntimeError("once")
+        return record
+
+
+def test_executing_twice_into_one_output_directory_is_refused_the_second_time(
+    tmp_path: Path,
+) -> None:
+    env = environment(tmp_path, 2)
+    env.from_sequence(0, 20).write_jsonl(tmp_path / "out")
+    env.execute(launcher=ThreadLauncher())
+    with pytest.raises(ValueError, match=r"already holds .* file"):
+        env.execute(launcher=ThreadLauncher())
+
+
+def test_one_directory_spelled_two_ways_is_refused(tmp_path: Path) -> None:
+    env = environment(tmp_path, 2)
+    stream = env.from_sequence(0, 20)
+    stream.write_parquet(f"{tmp_path}/out")
+    with pytest.raises(ValueError, match="two sinks write to"):
+        stream.write_parquet(f"{tmp_path}/out/")
+
+
+def test_a_dead_letter_directory_inside_an_output_directory_is_refused(tmp_path: Path) -> None:
+    env = environment(tmp_path, 2, dead_letter_dir=tmp_path / "out" / "dead")
+    env.from_sequence(0, 20).write_parquet(tmp_path / "out")
+    with pytest.raises(ValueError, match="overlap"):
+        env.execute(launcher=ThreadLauncher())
+
+
+def customer_of(record: dict[str, Any]) -> Any:
+    return record["customer"]
+
+
+def test_a_failing_key_function_names_key_by_the_operator_and_the_record(tmp_path: Path) -> None:
+    env = environment(tmp_path, 2, restart_attempts=0)
+    env.from_sequence(0, 20).key_by(customer_of).count().collect()
+    with pytest.raises(JobFailedError) as info:
+        env.execute(launcher=ThreadLauncher())
+    assert info.value.operator == "key_by(customer_of) of count"
+    assert "KeyError: 'customer'" in str(info.value)
+    assert "record: {'value': " in str(info.value)
+    assert 'return record["customer"]' in str(info.value)
+
+
+def test_some_records_without_a_key_fail_the_job_by_default(tmp_path: Path) -> None:
+    env = environment(tmp_path, 2, dead_letter_dir=tmp_path / "dead")
+    (
+        env.from_sequence(0, 30)
+        .map(lambda r: {"customer": r["value"]} if r["value"] % 3 else {"other": 1})
+        .key_by(customer_of)
+        .count(name="counting")
+        .collect()
+    )
+    # the key function belongs to the keyed operator: its on_error applies (default: fail)
+    with pytest.raises(JobFailedError):
+        env.execute(launcher=ThreadLauncher())
+
+
+def huge_error(record: dict[str, int]) -> dict[str, int]:
+    if record["value"] == 3:
+        raise ValueError("x" * 3_000_000)
+    return record
+
+
+def test_an_error_with_a_huge_message_is_still_reported_as_the_users(tmp_path: Path) -> None:
+    env = environment(tmp_path, 2, restart_attempts=0)
+    env.from_sequence(0, 10).map(huge_error).collect()
+    with pytest.raises(JobFailedError) as info:
+        env.execute(launcher=ThreadLauncher())
+    assert info.value.operator == "map(huge_error)"
+    assert "characters left out" in str(info.value)
+
+
+def add_in_place(acc: dict[str, int], record: dict[str, int]) -> dict[str, int]:
+    acc["value"] += record["value"]
+    return acc
+
+
+def test_a_reduce_that_changes_its_accumulator_in_place_does_not_rewrite_earlier_output(
+    tmp_path: Path,
+) -> None:
+    env = environment(tmp_path, 1)
+    env.from_sequence(0, 10).map(lambda r: {"key": "k", "value": 1}).key_by("key").reduce(
+        add_in_place
+    ).collect()
+    result = run(env)
+    assert sorted(r["value"] for r in result.output) == list(range(1, 11))
+
+
+def half_then_fail(record: dict[str, int]) -> Any:
+    yield {"v": record["value"], "part": 1}
+    if record["value"] == 3:
+        raise ValueError("halfway")
+    yield {"v": record["value"], "part": 2}
+
+
+def test_a_flat_map_failing_halfway_emits_nothing_for_that_record(tmp_path: Path) -> None:
+    env = environment(tmp_path, 1, dead_letter_dir=tmp_path / "dead")
+    env.from_sequence(0, 6).flat_map(half_then_fail, on_error="dead_letter").collect()
+    result = run(env)
+    assert sorted((r["v"], r["part"]) for r in result.output) == [
+        (v, p) for v in (0, 1, 2, 4, 5) for p in (1, 2)
+    ]

@@ -112,7 +112,7 @@ def test_json_lines_output(tmp_path: Path) -> None:
 def test_a_full_disk_is_an_error_naming_the_file(tmp_path: Path) -> None:
     out = tmp_path / "out"
     writer = FileSink(str(out)).open(0, 0)
-    name = "part-00000-0000000001-g0-0.parquet"
+    name = "part-00000-0000000001-g0-r0-0.parquet"
     (out / PENDING / name).symlink_to("/dev/full")  # a real ENOSPC on write
     writer.write(batch(range(1000)))
     with pytest.raises(SinkError, match=f"cannot write .*{name}: .*No space left on device"):

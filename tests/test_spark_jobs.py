@@ -254,6 +254,8 @@ def test_a_corrupt_latest_checkpoint_is_skipped_for_the_previous_one(spark, even
     skipped = [w for w in caught if issubclass(w.category, CheckpointWarning)]
     assert any(f"checkpoint {corrupted[0]} is damaged" in str(w.message) for w in skipped)
     assert len(result.restarts) == 1
+    restored = result.restarts[0].restored_from
+    assert restored is None or restored < corrupted[0]  # what was restored, not the damaged one
     _assert_exact(tmp_path / "out")
 
 

@@ -115,10 +115,6 @@ def sim(
         sys.exit(EXIT_UNVERIFIED)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
-
 @main.command()
 @click.option(
     "--workdir",
@@ -137,3 +133,7 @@ def demo(workdir: Path, events: int, no_kill: bool) -> None:
 
     _, verdict = run_demo(workdir, events=events, kill=not no_kill)
     sys.exit(EXIT_OK if verdict.exact else EXIT_UNVERIFIED)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -233,6 +233,7 @@ class StreamEnvironment:
         :raises JobFailedError: the job failed and the restart strategy gave up.
         """
         execution_plan = self.plan()
+        self._check_outputs()
         if not self._outputs and not self._collect:
             warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
         temporary = None
@@ -276,9 +277,35 @@ class StreamEnvironment:
             if temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)
 
+    def _location(self, directory: str) -> tuple[str, str]:
+        """(protocol, path) of ``directory``: equal for two spellings of one place."""
+        fs, root = fsspec.core.url_to_fs(directory, **dict(self.storage_options or {}))
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        return protocol, root.rstrip("/") or "/"
+
+    def _check_outputs(self) -> None:
+        """At ``execute()``: every output directory apart from the others and empty."""
+        places = [(self._location(d), f"output directory {d}") for d in self._outputs.values()]
+        if self.dead_letter_dir is not None:
+            places.append((self._location(self.dead_letter_dir), "dead_letter_dir"))
+        for i, (a, what_a) in enumerate(places):
+            for b, what_b in places[i + 1 :]:
+                if a[0] == b[0] and (
+                    a[1] == b[1] or b[1].startswith(a[1] + "/") or a[1].startswith(b[1] + "/")
+                ):
+                    raise ValueError(
+                        f"{what_a} and {what_b} overlap: give each sink its own directory"
+                    )
+        for uid, directory in self._outputs.items():
+            self._check_empty(directory, self.graph.operators[uid].name)
+
     def _check_output(self, directory: str, what: str) -> None:
-        if directory in self._outputs.values() or directory in self._outputs:
+        location = self._location(directory)
+        if any(self._location(d) == location for d in self._outputs.values()):
             raise ValueError(f"{what}: two sinks write to {directory}; give each its own directory")
+        self._check_empty(directory, what)
+
+    def _check_empty(self, directory: str, what: str) -> None:
         fs, root = fsspec.core.url_to_fs(directory, **dict(self.storage_options or {}))
         if fs.exists(root):
             published = [

@@ -93,6 +93,13 @@ class CheckpointSettings:
             raise ValueError("invalid checkpoint settings: " + "; ".join(problems))
 
 
+def _some(tasks: Iterable[Hashable], most: int = 5) -> str:
+    """``a, b, c`` (and how many more): names for a message."""
+    names = sorted(str(t) for t in tasks)
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
 def _seconds(value: object) -> bool:
     """A finite number of seconds (not a bool, not a string)."""
     return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
@@ -297,7 +304,8 @@ class CheckpointCoordinator(Generic[T, H]):
                 actions += self._fail(
                     checkpoint,
                     f"timed out after {self.settings.timeout:g} s waiting for "
-                    f"{len(checkpoint.waiting_for)} of {len(self.tasks)} tasks",
+                    f"{len(checkpoint.waiting_for)} of {len(self.tasks)} tasks: "
+                    + _some(checkpoint.waiting_for),
                     now,
                 )
         due = self.next_trigger_time()

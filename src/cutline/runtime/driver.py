@@ -225,6 +225,8 @@ class JobDriver:
         self._next_id = self._first_id
         self.result = JobResult()
         self._start = time.monotonic()
+        self.run_id = secrets.token_hex(4)
+        """This run's id, in the names of its output files."""
         self.on_ready: Callable[[int, dict[str, int]], None] | None = None
         """Called with (generation, {slot: process id}) once every slot is ready (tests use it
         to kill a worker)."""
@@ -233,9 +235,9 @@ class JobDriver:
 
     def run(self) -> JobResult:
         generation = 0
+        restore = self._choose_checkpoint()
         while True:
             generation += 1
-            restore = self._choose_checkpoint()
             failure = self._attempt(generation, restore)
             self.result.generations = generation
             if failure is None:
@@ -243,31 +245,31 @@ class JobDriver:
                 self.result.collected = self._read_collected()
                 return self.result
             restarts = len(self.result.restarts)
-            latest = self._latest_id()
-            self.result.restarts.append(
-                RestartInfo(generation, failure.describe(), latest, time.monotonic() - self._start)
-            )
             if restarts >= self.config.restart_attempts:
+                self.result.restarts.append(
+                    RestartInfo(generation, failure.describe(), None, self._elapsed())
+                )
                 self.listener("failure", failure.describe())
                 raise JobFailedError(
                     f"the job failed after {restarts + 1} attempt(s) "
                     f"(restart_attempts={self.config.restart_attempts}): {failure.describe()}",
                     failure,
                 )
+            restore = self._choose_checkpoint()  # warns about the damaged ones it skips
+            restored = restore.checkpoint_id if restore is not None else None
+            self.result.restarts.append(
+                RestartInfo(generation, failure.describe(), restored, self._elapsed())
+            )
             self.listener(
                 "restart",
                 f"generation {generation} failed: {failure.describe()}\n"
                 f"restarting in {self.config.restart_delay:g} s from "
-                + (f"checkpoint {latest}" if latest is not None else "the start"),
+                + (f"checkpoint {restored}" if restored is not None else "the start"),
             )
             time.sleep(self.config.restart_delay)
 
-    def _latest_id(self) -> int | None:
-        try:
-            metadata, _ = self.storage.latest(since=self._first_id, verify=False)
-        except StorageError:
-            return None
-        return metadata.checkpoint_id if metadata else None
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._start
 
     def _choose_checkpoint(self) -> CheckpointMetadata | None:
         metadata, skipped = self.storage.latest(since=self._first_id)
@@ -305,6 +307,7 @@ class JobDriver:
             buffer_capacity=config.buffer_capacity,
             dead_letter_dir=config.dead_letter_dir,
             on_error=config.on_error,
+            run=self.run_id,
         )
         attempt = _Attempt(self, generation, coordinator, server)
         job = self.launcher.launch(setup)

@@ -69,7 +69,11 @@ class UserFunctionError(Exception):
 
 class RecordError(Exception):
     """A record cannot be handled by cutline itself (not a dict where columns are needed, a
-    missing key column); reported like a user function's error."""
+    missing key column); reported like a user function's error, with the record."""
+
+    def __init__(self, message: str, record: Any = None) -> None:
+        super().__init__(message)
+        self.record = record
 
 
 def rows(batch: Batch) -> list[Any]:
@@ -84,7 +88,7 @@ def to_arrow(batch: Batch, what: str) -> pa.RecordBatch:
     if not all(isinstance(r, dict) for r in batch):
         bad = next(r for r in batch if not isinstance(r, dict))
         raise RecordError(
-            f"{what} needs records that are dicts (column -> value), got {_repr.repr(bad)}"
+            f"{what} needs records that are dicts (column -> value), got {_repr.repr(bad)}", bad
         )
     try:
         return pa.RecordBatch.from_pylist(batch)
@@ -115,6 +119,8 @@ class OperatorContext:
     generation: int
     on_error: str = "fail"
     dead_letters: DeadLetterOutput | None = None
+    run: str = "r0"
+    """The id of this run of the job (one ``execute()``): sinks name their files with it."""
 
     def fail(self, record: Any, exc: BaseException) -> None:
         """A record could not be processed: raise, or send it to the dead-letter output."""
@@ -237,7 +243,7 @@ class _PerRecord(Running):
                 try:
                     produced = fn(record)
                     if produced is not None:
-                        out.extend(produced)
+                        out.extend(list(produced))  # all of a record's output, or none of it
                 except Exception as exc:
                     self.ctx.fail(record, exc)
         return out
@@ -383,7 +389,7 @@ class _Process(_Keyed):
                 set_key(get_key(record))
                 produced = fn(record, pctx)
                 if produced is not None:
-                    out.extend(produced)
+                    out.extend(list(produced))  # all of a record's output, or none of it
             except Exception as exc:
                 self.ctx.fail(record, exc)
         return out
@@ -463,7 +469,9 @@ class _Rolling(_Keyed):
                     continue
                 if how == "reduce":
                     assert self.fn is not None
-                    value = record if previous is missing else self.fn(previous, record)
+                    # a copy: a function that changes its accumulator in place must not change
+                    # records already emitted, nor the state a pending snapshot holds
+                    value = record if previous is missing else self.fn(copy.copy(previous), record)
                     table[key] = value
                     out.append(value)
                     continue
@@ -557,7 +565,8 @@ class SinkLogic(Logic):
     sink: FileSink
 
     def open(self, ctx: OperatorContext, state: Any) -> Running:
-        return _Sink(self.sink.open(ctx.subtask, ctx.generation, state), self.sink.format, ctx)
+        writer = self.sink.open(ctx.subtask, ctx.generation, state, ctx.run)
+        return _Sink(writer, self.sink.format, ctx)
 
 
 class _Sink(Running):
@@ -570,8 +579,10 @@ class _Sink(Running):
             return None
         try:
             self.writer.write(to_arrow(batch, f"{self.ctx.name}"))
+        except RecordError as exc:
+            self.ctx.fail(exc.record, exc)
         except Exception as exc:
-            self.ctx.fail(rows(batch)[0] if len(batch) else batch, exc)
+            self.ctx.fail(f"a batch of {len(batch)} records", exc)
         return None
 
     def snapshot(self, checkpoint_id: int) -> Any:
@@ -599,16 +610,20 @@ class Partitioner:
                 self._targets[key] = target
         return target
 
-    def split(self, batch: Batch) -> list[Batch]:
-        """One batch per downstream subtask (empty ones included)."""
+    def split(
+        self, batch: Batch, fail: Callable[[Any, BaseException], None] | None = None
+    ) -> list[Batch]:
+        """One batch per downstream subtask (empty ones included); a record whose key cannot be
+        taken goes to ``fail(record, error)`` (by default the error is raised)."""
         n = self.parallelism
-        if n == 1:
+        if n == 1 and isinstance(self.key, str):
             return [batch]
         if isinstance(batch, pa.RecordBatch) and isinstance(self.key, str):
             if self.key not in batch.schema.names:
                 raise RecordError(
                     f"key_by({self.key!r}): the records have no such column "
-                    f"(columns: {', '.join(batch.schema.names)})"
+                    f"(columns: {', '.join(batch.schema.names)})",
+                    batch.slice(0, 1).to_pylist()[0] if batch.num_rows else None,
                 )
             encoded = pc.dictionary_encode(batch.column(self.key))
             targets = np.array(
@@ -623,5 +638,10 @@ class Partitioner:
         get_key = key_getter(self.key)
         target = self.target
         for record in rows(batch):
-            out[target(get_key(record))].append(record)
+            try:
+                out[target(get_key(record))].append(record)
+            except Exception as exc:
+                if fail is None:
+                    raise
+                fail(record, exc)
         return list(out)

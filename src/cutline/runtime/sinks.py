@@ -18,10 +18,11 @@ pending parts, written after the checkpoint by the attempt that failed. Every
 record is therefore published exactly once.
 
 One more case keeps that true when the newest complete checkpoint is damaged
-and the job restores an older one: parts that an earlier attempt published for
-a checkpoint newer than the restored one are **withdrawn** (deleted), since
-the replay writes their records again. Part names carry the checkpoint id and
-the generation, so recovery knows them.
+and the job restores an older one: parts that an earlier attempt of the same
+run published for a checkpoint newer than the restored one are **withdrawn**
+(deleted), since the replay writes their records again. Part names carry the
+checkpoint id, the generation and the run (one ``execute()``), so recovery
+knows them and never touches another run's output.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PENDING = "_pending"
-_PART = re.compile(r"part-(\d{5})-(\d{10})-g(\d+)-\d+\.[a-z]+")
+_PART = re.compile(r"part-(\d{5})-(\d{10})-g(\d+)-([a-z0-9]+)-\d+\.[a-z]+")
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "pickle": ".pickle"}
 """``pickle`` parts hold lists of Python records: the collect sink's output."""
 
@@ -64,18 +65,29 @@ class FileSink:
             )
 
     def open(
-        self, subtask: int, generation: int, state: Mapping[str, Any] | None = None
+        self,
+        subtask: int,
+        generation: int,
+        state: Mapping[str, Any] | None = None,
+        run: str = "r0",
     ) -> FileSinkWriter:
-        """A writer for ``subtask`` in job attempt ``generation``; ``state`` is what the sink
-        stored in the checkpoint the job restores from (``None`` on a fresh start)."""
+        """A writer for ``subtask`` in job attempt ``generation`` of the job's run ``run`` (an
+        id of one ``execute()``: part names carry it, so two runs never share a name, and
+        recovery only ever withdraws its own run's parts); ``state`` is what the sink stored in
+        the checkpoint the job restores from (``None`` on a fresh start)."""
+        if not re.fullmatch(r"[a-z0-9]{1,16}", run):
+            raise ValueError(f"run id {run!r}: use 1 to 16 lowercase letters and digits")
         fs, root = fsspec.core.url_to_fs(self.directory, **dict(self.storage_options or {}))
-        writer = FileSinkWriter(fs, root.rstrip("/"), self.format, subtask, generation)
+        writer = FileSinkWriter(fs, root.rstrip("/"), self.format, subtask, generation, run)
         writer._recover(state or {})
         return writer
 
 
 class FileSinkWriter:
-    def __init__(self, fs: Any, root: str, fmt: str, subtask: int, generation: int) -> None:
+    def __init__(
+        self, fs: Any, root: str, fmt: str, subtask: int, generation: int, run: str = "r0"
+    ) -> None:
+        self._run = run
         self._fs = fs
         self._root = root
         self._format = fmt
@@ -104,7 +116,7 @@ class FileSinkWriter:
         if self._batches:
             name = (
                 f"part-{self._subtask:05d}-{checkpoint_id:010d}-g{self._generation}-"
-                f"{self._part}{_SUFFIX[self._format]}"
+                f"{self._run}-{self._part}{_SUFFIX[self._format]}"
             )
             self._part += 1
             self._write_file(f"{self._root}/{PENDING}/{name}", self._batches)
@@ -155,6 +167,8 @@ class FileSinkWriter:
             if match is None or not match.group(0).startswith(prefix):
                 continue
             checkpoint, generation = int(match.group(2)), int(match.group(3))
+            if match.group(4) != self._run:
+                continue  # another run's output: never touched
             if generation < self._generation and (restored is None or checkpoint > restored):
                 try:
                     self._fs.rm(str(path))

@@ -80,6 +80,8 @@ class SlotSetup:
     on_error: dict[str, str] = field(default_factory=dict)
     """Operator uid -> ``fail`` or ``dead_letter``."""
     heartbeat_interval: float = 0.25
+    run: str = "r0"
+    """The id of this run of the job (one ``execute()``), in every output file's name."""
 
 
 class Stopped(Exception):
@@ -119,6 +121,7 @@ class SubtaskRunner:
         self._dead_letters: DeadLetterOutput | None = None
         self._current = chain.operators[0].name
         self._first_barrier_at: float | None = None
+        self._key_contexts: dict[str, OperatorContext] = {}
 
     # ----------------------------------------------------------------- set-up
 
@@ -139,7 +142,7 @@ class SubtaskRunner:
                 "jsonl",
                 setup.storage_options,
             )
-            writer = sink.open(self.index, setup.generation, restored.get(DEAD_LETTERS))
+            writer = sink.open(self.index, setup.generation, restored.get(DEAD_LETTERS), setup.run)
             self._dead_letters = DeadLetterOutput(writer)
         for op in self.chain.operators:
             ctx = OperatorContext(
@@ -150,6 +153,7 @@ class SubtaskRunner:
                 generation=setup.generation,
                 on_error=setup.on_error.get(op.uid, "fail"),
                 dead_letters=self._dead_letters,
+                run=setup.run,
             )
             self._current = op.name
             if op.is_source:
@@ -174,6 +178,17 @@ class SubtaskRunner:
             if out.partitioning == "hash":
                 assert out.key is not None
                 partitioner = Partitioner(out.key, plan.parallelism, plan.max_parallelism)
+                head = plan.chain(out.downstream).operators[0]
+                key = out.key if isinstance(out.key, str) else _name_of(out.key)
+                self._key_contexts[out.downstream] = OperatorContext(
+                    name=f"key_by({key}) of {head.name}",
+                    subtask=self.index,
+                    parallelism=plan.parallelism,
+                    max_parallelism=plan.max_parallelism,
+                    generation=setup.generation,
+                    on_error=setup.on_error.get(head.uid, "fail"),
+                    dead_letters=self._dead_letters,
+                )
             assert out.partitioning == "hash" or len(channels) == 1
             self.outputs.append((out.downstream, channels, partitioner))
 
@@ -207,7 +222,7 @@ class SubtaskRunner:
         exhausted = False
         batch_size = self.setup.batch_size
         while True:
-            self._handle_messages(block=exhausted)
+            self._handle_messages(block=exhausted or self._final is not None)
             if self._final is not None and self._last_complete >= self._final:
                 self._emit_end()
                 return
@@ -264,7 +279,7 @@ class SubtaskRunner:
                     "decline",
                     subtask=self.name,
                     checkpoint=action.checkpoint_id,
-                    reason=action.reason,
+                    reason=_cut(action.reason),
                 )
             # BlockChannel / UnblockChannels: the aligner's blocked_channels says it all
 
@@ -318,8 +333,14 @@ class SubtaskRunner:
             if partitioner is None:
                 channels[0].send(Records(batch))
                 continue
-            self._current = f"key_by before {downstream}"
-            for channel, part in zip(channels, partitioner.split(batch), strict=True):
+            context = self._key_contexts[downstream]
+            self._current = context.name
+            try:
+                parts = partitioner.split(batch, context.fail)
+            except RecordError as exc:
+                context.fail(exc.record, exc)
+                continue  # the whole batch went to the dead letters
+            for channel, part in zip(channels, parts, strict=True):
                 if len(part):
                     channel.send(Records(part))
 
@@ -372,7 +393,7 @@ class SubtaskRunner:
                     "decline",
                     subtask=self.name,
                     checkpoint=checkpoint_id,
-                    reason=f"{type(exc).__name__}: {exc}",
+                    reason=_cut(f"{type(exc).__name__}: {exc}"),
                 )
             return
         with contextlib.suppress(ControlError):
@@ -398,22 +419,39 @@ class SubtaskRunner:
 
 def failure_report(exc: BaseException, operator: str) -> dict[str, Any]:
     """The body of a ``failed`` message: the operator, the record, the error, the traceback
-    (the user's own frames for a user function's error)."""
+    (the user's own frames for a user function's error), each cut to a size a control message
+    can carry."""
     if isinstance(exc, UserFunctionError):
         return {
-            "operator": exc.operator,
-            "record": exc.record,
-            "error": exc.error,
-            "traceback": exc.user_traceback,
+            "operator": _cut(exc.operator),
+            "record": _cut(exc.record),
+            "error": _cut(exc.error),
+            "traceback": _cut(exc.user_traceback),
             "cause": "task",
         }
     return {
-        "operator": operator,
+        "operator": _cut(operator),
         "record": None,
-        "error": f"{type(exc).__name__}: {exc}",
-        "traceback": "".join(traceback.format_exception(exc)),
+        "error": _cut(f"{type(exc).__name__}: {exc}"),
+        "traceback": _cut("".join(traceback.format_exception(exc))),
         "cause": "channel" if isinstance(exc, ChannelError) else "task",
     }
+
+
+_MOST = 16 * 1024
+
+
+def _cut(text: str) -> str:
+    """``text``, or its first and last 8 KiB with how much was left out between them."""
+    if len(text) <= _MOST:
+        return text
+    half = _MOST // 2
+    return f"{text[:half]}\n... ({len(text) - _MOST} characters left out) ...\n{text[-half:]}"
+
+
+def _name_of(fn: Any) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else str(name)
 
 
 Exchange = Callable[[str], list[str]]
