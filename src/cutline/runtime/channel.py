@@ -37,9 +37,10 @@ from cutline.runtime.wire import (
 )
 
 _READ_SIZE = 256 * 1024
-SOCKET_BUFFER = 256 * 1024
-"""Kernel buffer per channel socket and direction: with the bounded queues, what bounds the
-records in flight between two subtasks (the kernel's default can grow to several MB)."""
+SOCKET_BUFFER = 64 * 1024
+"""Kernel buffer asked for per channel socket and direction (Linux doubles it: 128 KiB): with
+the bounded queues, what bounds the records in flight between two subtasks, and so how long a
+barrier waits behind them (the kernel's default can grow to several MB)."""
 
 
 class ChannelError(Exception):

@@ -59,6 +59,7 @@ from cutline.runtime.storage import CheckpointStorage, StateHandle
 from cutline.runtime.wire import Barrier, EndOfInput, Records
 
 STATE_FORMAT = 1
+_JOIN_SECONDS = 10.0
 DEAD_LETTERS = "_dead_letters"
 
 
@@ -122,6 +123,7 @@ class SubtaskRunner:
         self._current = chain.operators[0].name
         self._first_barrier_at: float | None = None
         self._key_contexts: dict[str, OperatorContext] = {}
+        self.thread: threading.Thread | None = None
 
     # ----------------------------------------------------------------- set-up
 
@@ -510,6 +512,13 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
             gate.close()
         if control is not None:
             control.close()
+        # Let the subtask threads end before the slot does, so that none of them still
+        # pre-commits or publishes while the next generation recovers (in a reused worker, or
+        # with the thread launcher). A thread stuck in user code is given up on after a while.
+        deadline = time.monotonic() + _JOIN_SECONDS
+        for runner in runners:
+            if runner.thread is not None:
+                runner.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _supervise(
@@ -518,7 +527,8 @@ def _supervise(
     threads = [
         threading.Thread(target=r.run, name=f"cutline-{r.name}", daemon=True) for r in runners
     ]
-    for thread in threads:
+    for runner, thread in zip(runners, threads, strict=True):
+        runner.thread = thread
         thread.start()
     next_beat = time.monotonic() + setup.heartbeat_interval
     while any(t.is_alive() for t in threads):
