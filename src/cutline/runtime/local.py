@@ -44,9 +44,6 @@ class ThreadJob:
         with self._lock:
             return self._errors[0] if self._errors else None
 
-    def done(self) -> bool:
-        return not any(t.is_alive() for t in self._threads)
-
     def cancel(self) -> None:
         pass  # the driver closes the control server: every slot stops
 

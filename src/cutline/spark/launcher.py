@@ -112,9 +112,6 @@ class SparkJob:
     def error(self) -> str | None:
         return self._error if self._done.is_set() else None
 
-    def done(self) -> bool:
-        return self._done.is_set()
-
     def cancel(self) -> None:
         if not self._done.is_set():
             # the context may be stopping; the thread ends anyway
