@@ -38,6 +38,7 @@ from cutline.runtime.operators import (
     RollingLogic,
     SinkLogic,
     SourceLogic,
+    function_name,
 )
 from cutline.runtime.sinks import FileSink
 from cutline.runtime.sources import FileSource, SequenceSource
@@ -62,11 +63,6 @@ def seconds(value: float | int | str | None, what: str) -> float | None:
     raise ValueError(
         f"{what}: {value!r} is not a duration (use seconds, or text like '500ms', '1s', '2min')"
     )
-
-
-def _name_of(fn: Any) -> str:
-    name = getattr(fn, "__name__", None) or type(fn).__name__
-    return "lambda" if name == "<lambda>" else name
 
 
 class StreamEnvironment:
@@ -476,7 +472,7 @@ class KeyedStream:
         a key is emitted as it is)."""
         _callable(fn, "reduce")
         return self._keyed(
-            f"reduce({_name_of(fn)})", RollingLogic("reduce", self.key, fn=fn), name, on_error
+            f"reduce({function_name(fn)})", RollingLogic("reduce", self.key, fn=fn), name, on_error
         )
 
     def sum(self, field: str | int, *, name: str | None = None) -> DataStream:
@@ -498,7 +494,7 @@ def _per_record(kind: str, fn: Any) -> tuple[str, Any]:
     """The name and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``."""
     _callable(fn, kind)
     logic = MapBatchesLogic(fn) if kind == "map_batches" else MapLogic(fn, kind)
-    return f"{kind}({_name_of(fn)})", logic
+    return f"{kind}({function_name(fn)})", logic
 
 
 def _callable(fn: Any, what: str) -> None:

@@ -96,6 +96,12 @@ def to_arrow(batch: Batch, what: str) -> pa.RecordBatch:
         raise RecordError(f"{what}: the records do not fit one schema: {exc}") from None
 
 
+def function_name(fn: Any) -> str:
+    """How messages name a user function: its ``__name__``, ``lambda``, or its class."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else str(name)
+
+
 def _user_traceback(exc: BaseException) -> str:
     """The traceback of ``exc`` without cutline's own frames before the user's."""
     frames = traceback.extract_tb(exc.__traceback__)

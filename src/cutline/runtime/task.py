@@ -52,6 +52,7 @@ from cutline.runtime.operators import (
     RecordError,
     Running,
     UserFunctionError,
+    function_name,
 )
 from cutline.runtime.sinks import FileSink
 from cutline.runtime.state import StateSnapshot
@@ -129,7 +130,7 @@ class SubtaskRunner:
 
     def open(self) -> None:
         """Restore state (when the driver chose a checkpoint) and open every operator."""
-        plan, setup = self.setup.plan, self.setup
+        setup = self.setup
         restored: dict[str, Any] = {}
         handle = setup.restore_handles.get(self.name)
         if setup.restore_id is not None and handle is not None:
@@ -147,21 +148,26 @@ class SubtaskRunner:
             writer = sink.open(self.index, setup.generation, restored.get(DEAD_LETTERS), setup.run)
             self._dead_letters = DeadLetterOutput(writer)
         for op in self.chain.operators:
-            ctx = OperatorContext(
-                name=op.name,
-                subtask=self.index,
-                parallelism=plan.parallelism,
-                max_parallelism=plan.max_parallelism,
-                generation=setup.generation,
-                on_error=setup.on_error.get(op.uid, "fail"),
-                dead_letters=self._dead_letters,
-                run=setup.run,
-            )
+            ctx = self._context(op.name, op.uid)
             self._current = op.name
             if op.is_source:
                 self._reader = op.logic.open(ctx, restored.get(op.uid))
             else:
                 self._operators.append((op.uid, op.logic.open(ctx, restored.get(op.uid))))
+
+    def _context(self, name: str, uid: str) -> OperatorContext:
+        """What the operator ``uid`` (or work done on its behalf, named ``name``) knows."""
+        plan, setup = self.setup.plan, self.setup
+        return OperatorContext(
+            name=name,
+            subtask=self.index,
+            parallelism=plan.parallelism,
+            max_parallelism=plan.max_parallelism,
+            generation=setup.generation,
+            on_error=setup.on_error.get(uid, "fail"),
+            dead_letters=self._dead_letters,
+            run=setup.run,
+        )
 
     def connect(self, addresses: dict[tuple[int, str], tuple[str, int]]) -> None:
         """Open the output channels to every downstream subtask."""
@@ -181,15 +187,10 @@ class SubtaskRunner:
                 assert out.key is not None
                 partitioner = Partitioner(out.key, plan.parallelism, plan.max_parallelism)
                 head = plan.chain(out.downstream).operators[0]
-                key = out.key if isinstance(out.key, str) else _name_of(out.key)
-                self._key_contexts[out.downstream] = OperatorContext(
-                    name=f"key_by({key}) of {head.name}",
-                    subtask=self.index,
-                    parallelism=plan.parallelism,
-                    max_parallelism=plan.max_parallelism,
-                    generation=setup.generation,
-                    on_error=setup.on_error.get(head.uid, "fail"),
-                    dead_letters=self._dead_letters,
+                key = out.key if isinstance(out.key, str) else function_name(out.key)
+                # the key function belongs to the keyed operator: its on_error applies
+                self._key_contexts[out.downstream] = self._context(
+                    f"key_by({key}) of {head.name}", head.uid
                 )
             assert out.partitioning == "hash" or len(channels) == 1
             self.outputs.append((out.downstream, channels, partitioner))
@@ -449,11 +450,6 @@ def _cut(text: str) -> str:
         return text
     half = _MOST // 2
     return f"{text[:half]}\n... ({len(text) - _MOST} characters left out) ...\n{text[-half:]}"
-
-
-def _name_of(fn: Any) -> str:
-    name = getattr(fn, "__name__", None) or type(fn).__name__
-    return "lambda" if name == "<lambda>" else str(name)
 
 
 Exchange = Callable[[str], list[str]]
