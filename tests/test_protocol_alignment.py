@@ -22,19 +22,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutline.protocol import (
-    AbortAlignment,
-    AlignedBarrierHandler,
+    BarrierAligner,
     BarrierOrderError,
     BlockChannel,
+    DeclineCheckpoint,
     ForwardBarrier,
     InvalidCheckpointIdError,
     ProtocolError,
+    SnapshotComplete,
     SnapshotState,
     UnblockChannels,
     UnknownChannelError,
 )
 
-Handler = AlignedBarrierHandler[Any]
+Handler = BarrierAligner[Any]
 
 INVALID_IDS: list[Any] = [-1, -(10**18), True, False, 1.0, 0.0, float("nan"), "1", None]
 
@@ -43,7 +44,7 @@ INVALID_IDS: list[Any] = [-1, -(10**18), True, False, 1.0, 0.0, float("nan"), "1
 
 
 def make(inputs: Iterable[Hashable] = ("a", "b", "c"), name: str = "t1") -> Handler:
-    return AlignedBarrierHandler(inputs, name=name)
+    return BarrierAligner(inputs, name=name)
 
 
 def acts(actions: Sequence[Any]) -> list[Any]:
@@ -54,14 +55,14 @@ def acts(actions: Sequence[Any]) -> list[Any]:
 def aligned(n: int, *held: Hashable) -> list[Any]:
     """What the alignment of ``n`` returns: snapshot, forward, then resume the ``held`` ones."""
     tail = [UnblockChannels(tuple(held))] if held else []
-    return [SnapshotState(n), ForwardBarrier(n), *tail]
+    return [SnapshotState(n), ForwardBarrier(n), *tail, SnapshotComplete(n)]
 
 
 def overtaken(old: int, new: int, channel: Hashable, *held: Hashable) -> list[Any]:
     """What a newer barrier returns first when it overtakes the pending ``old`` alignment."""
     reason = f"checkpoint {new} overtook it on channel {channel!r} before it aligned"
     tail = [UnblockChannels(tuple(held))] if held else []
-    return [AbortAlignment(old, reason), *tail]
+    return [DeclineCheckpoint(old, reason), *tail]
 
 
 def cancelled(old: int, cancelled_id: int, *held: Hashable) -> list[Any]:
@@ -72,7 +73,7 @@ def cancelled(old: int, cancelled_id: int, *held: Hashable) -> list[Any]:
         if old == cancelled_id
         else f"the newer checkpoint {cancelled_id} was aborted"
     )
-    return [AbortAlignment(old, reason), *tail]
+    return [DeclineCheckpoint(old, reason), *tail]
 
 
 def observe(h: Handler, extra: Iterable[Hashable] = ()) -> tuple[Any, ...]:
@@ -118,7 +119,7 @@ def test_constructor_keeps_inputs_in_order_and_name() -> None:
 
 
 def test_constructor_accepts_a_one_shot_iterable_and_has_a_default_name() -> None:
-    h = AlignedBarrierHandler(c for c in "ab")
+    h = BarrierAligner(c for c in "ab")
     assert h.inputs == ("a", "b")
     assert h.name == "subtask"
 
@@ -132,7 +133,7 @@ def test_fresh_handler_has_nothing_pending() -> None:
 
 def test_duplicate_input_channel_is_a_value_error_naming_the_subtask() -> None:
     with raises_naming(ValueError, "t9", "'a'"):
-        AlignedBarrierHandler(["a", "b", "a"], name="t9")
+        BarrierAligner(["a", "b", "a"], name="t9")
 
 
 def test_source_with_no_inputs() -> None:
@@ -156,7 +157,7 @@ def test_error_classes_are_protocol_errors() -> None:
 
 def test_one_input_snapshots_and_forwards_at_once() -> None:
     h = make(inputs=["a"])
-    assert acts(h.barrier_received(1, "a")) == [SnapshotState(1), ForwardBarrier(1)]
+    assert acts(h.barrier_received(1, "a")) == aligned(1)
     assert_state(h, pending=None, settled=1)
 
 
@@ -621,7 +622,7 @@ def test_cancel_rejects_invalid_ids(bad: Any) -> None:
 
 
 def test_error_messages_use_the_default_name() -> None:
-    h = AlignedBarrierHandler(["a"])
+    h = BarrierAligner(["a"])
     with raises_naming(UnknownChannelError, "subtask", "'zz'"):
         h.barrier_received(0, "zz")
     with raises_naming(InvalidCheckpointIdError, "subtask"):
@@ -692,7 +693,7 @@ class Run:
     """One handler driven by a consumer, with a model of the blocked channels."""
 
     def __init__(self, inputs: list[str], queues: dict[str, list[Item]]) -> None:
-        self.h: Handler = AlignedBarrierHandler(inputs, name="prop")
+        self.h: Handler = BarrierAligner(inputs, name="prop")
         self.inputs = inputs
         self.queues = {c: list(q) for c, q in queues.items()}
         self.expected = records_before(queues)
@@ -719,8 +720,12 @@ class Run:
             elif isinstance(a, ForwardBarrier):
                 assert i > 0
                 assert actions[i - 1] == SnapshotState(a.checkpoint_id)
+            elif isinstance(a, SnapshotComplete):
+                assert a.snapshot_id in self.snapshots() + [
+                    b.checkpoint_id for b in actions[:i] if isinstance(b, SnapshotState)
+                ]
             else:
-                assert isinstance(a, AbortAlignment)
+                assert isinstance(a, DeclineCheckpoint)
         self.actions += actions
         assert self.h.blocked_channels == tuple(self.blocked)
         for c in self.inputs:
@@ -739,7 +744,7 @@ class Run:
         return [a.checkpoint_id for a in self.actions if isinstance(a, SnapshotState)]
 
     def aborts(self) -> list[int]:
-        return [a.checkpoint_id for a in self.actions if isinstance(a, AbortAlignment)]
+        return [a.checkpoint_id for a in self.actions if isinstance(a, DeclineCheckpoint)]
 
 
 @settings(max_examples=300, deadline=None)

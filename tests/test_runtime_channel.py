@@ -29,7 +29,8 @@ def drain(gate: InputGate, blocked: set[str] | None = None) -> list[tuple[str, o
 
 
 def test_frames_arrive_in_order_per_channel_and_every_channel_ends() -> None:
-    with InputGate(["a", "b"], token=TOKEN, generation=1) as gate:
+    # room for every frame: nothing polls until all are sent
+    with InputGate(["a", "b"], token=TOKEN, generation=1, capacity=64) as gate:
         senders = [OutputChannel(address(gate), c, token=TOKEN, generation=1) for c in ("a", "b")]
         for k in range(50):
             for s in senders:

@@ -43,6 +43,7 @@ from cutline.runtime.operators import (
 from cutline.runtime.sinks import FileSink
 from cutline.runtime.sources import FileSource, SequenceSource
 from cutline.runtime.state import DEFAULT_MAX_PARALLELISM
+from cutline.runtime.task import CHECKPOINTING_MODES
 
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|min|m|h)?\s*")
 _UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
@@ -84,6 +85,14 @@ class StreamEnvironment:
     :param batch_size: records per batch read from a source.
     :param buffer_capacity: batches buffered per input channel before backpressure.
     :param heartbeat_timeout: a slot silent this long is declared lost.
+    :param checkpointing: how barriers are handled (README, "Checkpointing modes"):
+        ``"aligned"`` (exactly-once; a subtask waits for a checkpoint's barrier on every
+        input before it snapshots), ``"unaligned"`` (exactly-once; it snapshots on the first
+        barrier, which overtakes the queued records; those are stored with the checkpoint)
+        or ``"at_least_once"`` (inputs never wait; replay after a failure may repeat records).
+    :param alignment_timeout: with ``"aligned"``: a subtask whose alignment of a checkpoint
+        lasts longer switches that checkpoint to unaligned (``None``: never).
+    :param max_concurrent_checkpoints: checkpoints in flight at once (``"unaligned"``: 1).
     """
 
     def __init__(
@@ -104,6 +113,9 @@ class StreamEnvironment:
         buffer_capacity: int = 4,
         heartbeat_timeout: float | str = "30s",
         storage_options: dict[str, Any] | None = None,
+        checkpointing: str = "aligned",
+        alignment_timeout: float | str | None = None,
+        max_concurrent_checkpoints: int = 1,
     ) -> None:
         if type(parallelism) is not int or parallelism < 1:
             raise ValueError(f"parallelism must be a positive integer, not {parallelism!r}")
@@ -120,6 +132,25 @@ class StreamEnvironment:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
         if type(restart_attempts) is not int or restart_attempts < 0:
             raise ValueError(f"restart_attempts must be 0 or more, not {restart_attempts!r}")
+        if checkpointing not in CHECKPOINTING_MODES:
+            raise ValueError(
+                f"checkpointing must be one of {', '.join(map(repr, CHECKPOINTING_MODES))}, "
+                f"not {checkpointing!r}"
+            )
+        self.alignment_timeout = seconds(alignment_timeout, "alignment_timeout")
+        if self.alignment_timeout is not None:
+            if checkpointing != "aligned":
+                raise ValueError(
+                    f"alignment_timeout applies to aligned checkpoints only, not {checkpointing!r}"
+                )
+            if self.alignment_timeout < 0:
+                raise ValueError(f"alignment_timeout must be 0 or more, not {alignment_timeout!r}")
+        if checkpointing == "unaligned" and max_concurrent_checkpoints != 1:
+            raise ValueError(
+                "unaligned checkpoints are taken one at a time: max_concurrent_checkpoints must "
+                f"be 1, not {max_concurrent_checkpoints!r}"
+            )
+        self.checkpointing = checkpointing
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.checkpoint_settings = CheckpointSettings(
@@ -128,6 +159,7 @@ class StreamEnvironment:
             min_pause=seconds(min_pause, "min_pause") or 0.0,
             tolerable_failures=tolerable_failed_checkpoints,
             retained=retained_checkpoints,
+            max_concurrent=max_concurrent_checkpoints,
         )
         self.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
         self.restart_attempts = restart_attempts
@@ -261,6 +293,8 @@ class StreamEnvironment:
                 heartbeat_timeout=self.heartbeat_timeout,
                 collect=collect_dirs,
                 stop_after=seconds(stop_after, "stop_after"),
+                checkpointing=self.checkpointing,
+                alignment_timeout=self.alignment_timeout,
             )
             if launcher is None:
                 from cutline.spark.launcher import SparkLauncher

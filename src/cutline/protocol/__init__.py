@@ -5,16 +5,18 @@ draws a random number. The simulator (:mod:`cutline.sim`) and the runtime
 drive the very same objects.
 
 * :mod:`cutline.protocol.chandy_lamport` — the Chandy-Lamport recorder of one process;
-* :mod:`cutline.protocol.alignment` — aligned barrier handling of one subtask;
+* :mod:`cutline.protocol.alignment` — barrier handling of one subtask (aligned, unaligned,
+  at-least-once, loops);
 * :mod:`cutline.protocol.coordinator` — the checkpoint coordinator of one job.
 """
 
 from cutline.protocol.alignment import (
-    AbortAlignment,
-    AlignedBarrierHandler,
-    AlignmentAction,
+    BarrierAction,
+    BarrierAligner,
     BarrierOrderError,
+    BarrierTracker,
     BlockChannel,
+    DeclineCheckpoint,
     ForwardBarrier,
     SnapshotState,
     UnblockChannels,
@@ -54,12 +56,12 @@ from cutline.protocol.errors import (
 )
 
 __all__ = [
-    "AbortAlignment",
     "AbortCheckpoint",
     "Action",
-    "AlignedBarrierHandler",
-    "AlignmentAction",
+    "BarrierAction",
+    "BarrierAligner",
     "BarrierOrderError",
+    "BarrierTracker",
     "BlockChannel",
     "ChandyLamportRecorder",
     "ChannelRecorded",
@@ -67,6 +69,7 @@ __all__ = [
     "CheckpointSettings",
     "CheckpointStatus",
     "CoordinatorAction",
+    "DeclineCheckpoint",
     "DiscardCheckpoint",
     "DiscardState",
     "DuplicateAcknowledgementError",

@@ -1,41 +1,75 @@
-"""Barrier alignment of one subtask (aligned, exactly-once checkpoints), as a sans-IO state machine.
+"""Barrier handling of one subtask, for every checkpointing mode, as sans-IO state machines.
 
-A subtask with several input channels receives ``Barrier(n)`` on each of them,
-in line with its records. With aligned checkpoints (SEMANTICS §3) a subtask
-that receives ``Barrier(n)`` on input ``i`` stops consuming ``i`` until
-``Barrier(n)`` has arrived on every input; then it snapshots its state,
-forwards ``Barrier(n)`` on every output and resumes all inputs. On an acyclic
-dataflow no channel state is recorded.
+A subtask receives ``Barrier(n)`` on each of its input channels, in line with
+its records (SEMANTICS §3). What it does then is the checkpointing mode:
 
-One :class:`AlignedBarrierHandler` stands beside each subtask. The subtask
-feeds it events and carries out the actions it returns, in order:
+* **aligned** (exactly-once): a subtask that receives ``Barrier(n)`` on input
+  ``i`` stops consuming ``i`` until ``Barrier(n)`` has arrived on every input;
+  then it snapshots its state, forwards ``Barrier(n)`` and resumes. No channel
+  state is recorded (on an acyclic dataflow).
+* **unaligned** (exactly-once): on the first ``Barrier(n)`` the subtask
+  snapshots at once and forwards an *unaligned* barrier, which overtakes the
+  records queued in its output buffers (the runtime keeps those as the output
+  side of the channel state). The records that arrive on every other input
+  until its ``Barrier(n)`` does are the input side: the Chandy-Lamport
+  recording, done by :class:`~cutline.protocol.ChandyLamportRecorder`. An
+  unaligned barrier that arrives overtakes the records queued before it in
+  the subtask's input buffer; they are recorded too.
+* **alignment timeout**: an aligned checkpoint whose alignment lasts too long
+  (the runtime measures it and calls :meth:`BarrierAligner.alignment_timed_out`)
+  switches to unaligned for that checkpoint; so does one that receives an
+  unaligned barrier from an upstream subtask that switched.
+* **at-least-once** (:class:`BarrierTracker`): inputs are never blocked; the
+  snapshot is taken when the last barrier arrives. Replay may duplicate.
+* **loops** (the ABS paper's extension): the inputs of an iteration head that
+  come round a back edge are never waited for: the head snapshots once its
+  other inputs aligned, then records the back edges until ``Barrier(n)`` comes
+  round (the same recording); in at-least-once mode too, or records would be lost.
 
-=================================  ============================================
-event (method)                     actions it may return
-=================================  ============================================
-``barrier_received(n, c)``         ``BlockChannel(c)``; or, when ``n`` is
-                                   aligned, ``SnapshotState(n)``,
-                                   ``ForwardBarrier(n)``, ``UnblockChannels``;
-                                   ``AbortAlignment(m)`` first when a newer
-                                   checkpoint overtakes a pending one
-``abort(n)``                       ``AbortAlignment(n)``, ``UnblockChannels``
-``end_of_input(c)``                as ``barrier_received`` when the end of
-                                   ``c`` completes an alignment
-=================================  ============================================
+One handler stands beside each subtask. The subtask feeds it events and
+carries out the actions it returns, in order:
 
-The handler never reads a record, a clock or a socket: the subtask asks it
-which channels are blocked (:meth:`AlignedBarrierHandler.is_blocked`) and
-reads only from the others. Checkpoint ids increase; every channel carries
-each checkpoint's barrier at most once, in increasing order. A barrier of a
-checkpoint that was already aborted or subsumed here is ignored.
+=======================================  ==========================================
+event (method)                           actions it may return
+=======================================  ==========================================
+``barrier_received(n, c)``               ``BlockChannel(c)``; or ``SnapshotState(n)``,
+                                         ``ForwardBarrier(n)``, ``RecordMessage``,
+                                         ``UnblockChannels``, ``SnapshotComplete(n)``;
+                                         ``DeclineCheckpoint(m)`` first for an older
+                                         checkpoint ``n`` overtook
+``message_received(c, m)``               ``RecordMessage(n, c, m)`` for every
+                                         checkpoint recording ``c``
+``end_of_input(c)``                      as ``barrier_received`` when the end of ``c``
+                                         completes an alignment or a recording
+``alignment_timed_out(n)``               the unaligned snapshot of ``n``
+``abort(n)``                             ``DeclineCheckpoint``, ``UnblockChannels``
+=======================================  ==========================================
+
+``SnapshotState(n)`` asks for the synchronous copy of the subtask's state;
+``RecordMessage`` actions then add channel state to it; ``SnapshotComplete(n)``
+says the checkpoint is whole here: write it and acknowledge. A checkpoint
+without recorded channels gets both at once.
+
+The handlers never read a record, a clock or a socket: the subtask asks which
+channels are blocked (``is_blocked``, ``blocked_channels``) and reads only the
+others. Checkpoint ids increase; every channel carries each checkpoint's
+barrier at most once, in increasing order. A barrier of a checkpoint that was
+already aborted or subsumed here is ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
+from cutline.protocol.chandy_lamport import (
+    ChandyLamportRecorder,
+    ChannelRecorded,
+    RecordMessage,
+    RecordState,
+    SnapshotComplete,
+)
 from cutline.protocol.errors import (
     InvalidCheckpointIdError,
     ProtocolError,
@@ -67,56 +101,188 @@ class UnblockChannels(Generic[C]):
 
 @dataclass(frozen=True, slots=True)
 class SnapshotState:
-    """Take the snapshot of the subtask's state for ``checkpoint_id`` now."""
+    """Take the (synchronous) snapshot of the subtask's state for ``checkpoint_id`` now."""
 
     checkpoint_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardBarrier:
-    """Emit ``Barrier(checkpoint_id)`` on every output channel, before any further record."""
+    """Emit ``Barrier(checkpoint_id)`` on every output channel, before any further record.
+
+    ``unaligned``: emit it ahead of the records queued in the output buffers, and keep
+    those records as the output side of the checkpoint's channel state.
+    """
 
     checkpoint_id: int
+    unaligned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class AbortAlignment:
-    """Give up checkpoint ``checkpoint_id`` here: decline it to the coordinator."""
+class DeclineCheckpoint:
+    """Give up checkpoint ``checkpoint_id`` here (drop what was taken for it) and decline it
+    to the coordinator."""
 
     checkpoint_id: int
     reason: str
 
 
-AlignmentAction: TypeAlias = (
-    BlockChannel[C] | UnblockChannels[C] | SnapshotState | ForwardBarrier | AbortAlignment
+BarrierAction: TypeAlias = (
+    BlockChannel[C]
+    | UnblockChannels[C]
+    | SnapshotState
+    | ForwardBarrier
+    | RecordMessage[C, Any]
+    | SnapshotComplete
+    | DeclineCheckpoint
 )
 
 _NONE: tuple[()] = ()
 
 
-class AlignedBarrierHandler(Generic[C]):
-    """Aligned barrier handling at one subtask.
+class _BarrierHandler(Generic[C]):
+    """What both handlers share: the inputs, their ends and order checks, and the recorder
+    of the channels that are recorded after a snapshot."""
 
-    :param inputs: the ids of the subtask's input channels (none for a source).
-    :param name: the subtask's name, for error messages.
-    """
-
-    __slots__ = ("_blocked", "_ended", "_last_seen", "_pending", "_settled", "inputs", "name")
-
-    def __init__(self, inputs: Iterable[C], *, name: str = "subtask") -> None:
+    def __init__(self, inputs: Iterable[C], back_edges: Iterable[C], name: str) -> None:
         self.name = name
         self.inputs: tuple[C, ...] = tuple(inputs)
-        if len(set(self.inputs)) != len(self.inputs):
+        self._input_set = frozenset(self.inputs)
+        if len(self._input_set) != len(self.inputs):
             raise ValueError(f"{name}: an input channel is listed twice: {self.inputs!r}")
+        self.back_edges: frozenset[C] = frozenset(back_edges)
+        unknown = self.back_edges - set(self.inputs)
+        if unknown:
+            raise ValueError(f"{name}: back edges {sorted(map(repr, unknown))} are not inputs")
         self._last_seen: dict[C, int] = {}
         """Per channel, the id of the last barrier it delivered."""
         self._ended: set[C] = set()
+        self._settled = -1
+        """Every checkpoint id up to this one has been snapshotted, aborted or subsumed here."""
+        self._recorder: ChandyLamportRecorder[C, Any] = ChandyLamportRecorder(
+            self.inputs, (), name=name
+        )
+
+    @property
+    def live_inputs(self) -> tuple[C, ...]:
+        """The inputs that have not ended."""
+        return tuple(c for c in self.inputs if c not in self._ended)
+
+    @property
+    def recording(self) -> tuple[int, ...]:
+        """The checkpoints snapshotted here whose channel state is still being recorded."""
+        return self._recorder.in_progress()
+
+    def recorded_channels(self, checkpoint_id: int) -> frozenset[C]:
+        """The inputs still recorded for ``checkpoint_id``."""
+        return self._recorder.recording_channels(checkpoint_id)
+
+    def message_received(self, channel: C, message: Any) -> Sequence[RecordMessage[C, Any]]:
+        """The subtask consumed ``message`` from ``channel``: record it for every checkpoint
+        that records ``channel``."""
+        return self._recorder.message_received(channel, message)  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------- internals
+
+    def _regular_aligned(self, delivered: Iterable[C]) -> bool:
+        """Whether every live input that is not a back edge is in ``delivered``."""
+        have = set(delivered)
+        return all(
+            c in have for c in self.inputs if c not in self._ended and c not in self.back_edges
+        )
+
+    def _check_barrier(self, checkpoint_id: int, channel: C) -> None:
+        self._check_id(checkpoint_id, channel)
+        self._check_live(channel, f"a barrier for checkpoint {checkpoint_id}")
+        last = self._last_seen.get(channel)
+        if last is not None and checkpoint_id <= last:
+            raise BarrierOrderError(
+                f"{self.name}: channel {channel!r} delivered a barrier for checkpoint "
+                f"{checkpoint_id} after one for checkpoint {last}"
+            )
+
+    def _decline_recordings(self, channel: C, before: int) -> list[BarrierAction[C]]:
+        """Checkpoints older than ``before`` still recording ``channel`` can never complete:
+        ``channel`` just skipped their barrier."""
+        actions: list[BarrierAction[C]] = []
+        for old in self._recorder.in_progress():
+            if old < before and channel in self._recorder.recording_channels(old):
+                self._recorder.abandon(old)
+                actions.append(
+                    DeclineCheckpoint(
+                        old,
+                        f"checkpoint {before} overtook it on channel {channel!r} before "
+                        "its barrier came",
+                    )
+                )
+        return actions
+
+    def _snapshot(
+        self, checkpoint_id: int, closed: Iterable[C], unaligned: bool
+    ) -> list[BarrierAction[C]]:
+        """Snapshot now; ``closed`` delivered the barrier and nothing since; the other live
+        inputs are recorded until their barrier comes."""
+        actions: list[BarrierAction[C]] = []
+        for action in self._recorder.initiate(checkpoint_id, closed):
+            if isinstance(action, RecordState):
+                actions.append(SnapshotState(checkpoint_id))
+                actions.append(ForwardBarrier(checkpoint_id, unaligned))
+            elif isinstance(action, SnapshotComplete):
+                actions.append(action)
+        return actions
+
+    def _forget(self) -> None:
+        """Let the recorder forget every id below the oldest one still in play here, so that
+        its memory stays constant whatever the ids skipped (aborted elsewhere, restored)."""
+        self._recorder.discard_below(min((*self._recorder.in_progress(), self._settled + 1)))
+
+    def _recorded(self, actions: Iterable[Any]) -> list[BarrierAction[C]]:
+        """The recorder's actions, as the handler's (``ChannelRecorded`` says nothing more)."""
+        return [a for a in actions if not isinstance(a, ChannelRecorded)]
+
+    def _check_live(self, channel: C, what: str) -> None:
+        if channel not in self._input_set:
+            raise UnknownChannelError(
+                f"{self.name}: {what} arrived on channel {channel!r}, which is not one of its "
+                f"input channels {list(self.inputs)!r}"
+            )
+        if channel in self._ended:
+            raise BarrierOrderError(
+                f"{self.name}: {what} arrived on channel {channel!r} after its end of input"
+            )
+
+    def _check_id(self, checkpoint_id: int, channel: C | None = None) -> None:
+        if type(checkpoint_id) is not int or checkpoint_id < 0:
+            on = f" (on channel {channel!r})" if channel is not None else ""
+            raise InvalidCheckpointIdError(
+                f"{self.name}: checkpoint id {checkpoint_id!r}{on} is not a non-negative integer"
+            )
+
+
+class BarrierAligner(_BarrierHandler[C]):
+    """Exactly-once barrier handling at one subtask: aligned, unaligned, or aligned with a
+    switch to unaligned (the runtime calls :meth:`alignment_timed_out`).
+
+    :param inputs: the ids of the subtask's input channels.
+    :param unaligned: take every checkpoint unaligned (snapshot on the first barrier).
+    :param back_edges: the inputs that come round a loop: never waited for, recorded.
+    :param name: the subtask's name, for error messages.
+    """
+
+    def __init__(
+        self,
+        inputs: Iterable[C],
+        *,
+        unaligned: bool = False,
+        back_edges: Iterable[C] = (),
+        name: str = "subtask",
+    ) -> None:
+        super().__init__(inputs, back_edges, name)
+        self.unaligned = unaligned
         self._blocked: list[C] = []
         """Channels blocked by the pending alignment, in the order their barriers came."""
         self._pending: int | None = None
-        """The checkpoint being aligned."""
-        self._settled = -1
-        """Every checkpoint id up to this one is done here: snapshotted, aborted or subsumed."""
+        """The checkpoint being aligned (its snapshot not taken yet)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -134,74 +300,85 @@ class AlignedBarrierHandler(Generic[C]):
         return tuple(self._blocked)
 
     @property
-    def live_inputs(self) -> tuple[C, ...]:
-        """The inputs that have not ended."""
-        return tuple(c for c in self.inputs if c not in self._ended)
-
-    @property
     def last_settled(self) -> int:
-        """The newest checkpoint id this subtask is done with (-1 before any)."""
+        """The newest checkpoint id whose alignment is over here (-1 before any)."""
         return self._settled
 
     # ------------------------------------------------------------------- events
 
-    def barrier_received(self, checkpoint_id: int, channel: C) -> Sequence[AlignmentAction[C]]:
-        """``Barrier(checkpoint_id)`` arrived on input ``channel``."""
-        self._check_id(checkpoint_id, channel)
-        self._check_live(channel, f"a barrier for checkpoint {checkpoint_id}")
-        last = self._last_seen.get(channel)
-        if last is not None and checkpoint_id <= last:
-            raise BarrierOrderError(
-                f"{self.name}: channel {channel!r} delivered a barrier for checkpoint "
-                f"{checkpoint_id} after one for checkpoint {last}"
+    def barrier_received(
+        self,
+        checkpoint_id: int,
+        channel: C,
+        *,
+        unaligned: bool = False,
+        overtaken: Sequence[Any] = (),
+    ) -> Sequence[BarrierAction[C]]:
+        """``Barrier(checkpoint_id)`` arrived on input ``channel``.
+
+        ``unaligned``: the upstream subtask sent it unaligned; ``overtaken``: the records of
+        ``channel`` queued before it in this subtask's input buffer, which it jumped over
+        (they are consumed later; they belong to the checkpoint's channel state).
+        """
+        self._check_barrier(checkpoint_id, channel)
+        if (
+            channel in self._blocked
+            and (unaligned or overtaken)
+            and self._pending is not None
+            and checkpoint_id > self._pending
+        ):
+            # an unaligned barrier jumps the queue, even of a blocked channel: the pending
+            # checkpoint was given up upstream
+            actions = self._decline_pending(
+                f"checkpoint {checkpoint_id} overtook it on channel {channel!r} before it aligned"
             )
+            actions.extend(
+                self.barrier_received(
+                    checkpoint_id, channel, unaligned=unaligned, overtaken=overtaken
+                )
+            )
+            return actions
         if channel in self._blocked:
             raise BarrierOrderError(
                 f"{self.name}: channel {channel!r} is blocked for checkpoint {self._pending} "
                 f"but delivered a barrier for checkpoint {checkpoint_id}"
             )
         self._last_seen[channel] = checkpoint_id
+        actions = self._decline_recordings(channel, checkpoint_id)
+        if channel in self._recorder.recording_channels(checkpoint_id):
+            actions += self._recorded(
+                self._recorder.marker_received(checkpoint_id, channel, overtaken)
+            )
+            return actions
         if checkpoint_id <= self._settled:
-            return _NONE  # a checkpoint already aborted or subsumed here
+            return actions  # a checkpoint already aborted or subsumed here
         if self._pending is not None and checkpoint_id < self._pending:
             # Another input skipped this checkpoint (it was aborted upstream) and already
             # delivered a newer barrier: this one can never align here.
-            return _NONE
-        actions: list[AlignmentAction[C]] = []
+            return actions
         if self._pending is not None and checkpoint_id > self._pending:
-            actions += self._abort(
+            actions += self._decline_pending(
                 f"checkpoint {checkpoint_id} overtook it on channel {channel!r} before it aligned"
             )
-        if self._pending is None:
-            self._pending = checkpoint_id
-        if len(self._blocked) + 1 + len(self._ended) == len(self.inputs):
-            actions += self._complete()  # this barrier was the last one missing
-        else:
-            self._blocked.append(channel)
-            actions.append(BlockChannel(channel))
+        self._pending = checkpoint_id
+        if self.unaligned or unaligned or overtaken:
+            return actions + self._take(unaligned=True, arrived=channel, overtaken=overtaken)
+        if self._regular_aligned((*self._blocked, channel)):
+            return actions + self._take(unaligned=False, arrived=channel)
+        self._blocked.append(channel)
+        actions.append(BlockChannel(channel))
         return actions
 
-    def abort(self, checkpoint_id: int) -> Sequence[AlignmentAction[C]]:
-        """Checkpoint ``checkpoint_id`` was aborted (by the coordinator, or upstream).
-
-        Ends its alignment if it is pending; its barriers that come later are ignored.
-        """
+    def alignment_timed_out(self, checkpoint_id: int) -> Sequence[BarrierAction[C]]:
+        """The alignment of ``checkpoint_id`` took too long: switch it to unaligned."""
         self._check_id(checkpoint_id)
-        if checkpoint_id <= self._settled:
-            return _NONE
-        if self._pending is not None and checkpoint_id >= self._pending:
-            actions = self._abort(
-                "it was aborted"
-                if checkpoint_id == self._pending
-                else f"the newer checkpoint {checkpoint_id} was aborted"
-            )
-        else:
-            actions = []
-        self._settled = max(self._settled, checkpoint_id)
-        return actions
+        if self._pending != checkpoint_id:
+            return _NONE  # aligned, aborted or snapshotted meanwhile
+        return self._take(unaligned=True)
 
-    def end_of_input(self, channel: C) -> Sequence[AlignmentAction[C]]:
-        """Input ``channel`` ended: it counts as aligned for every later checkpoint."""
+    def end_of_input(self, channel: C) -> Sequence[BarrierAction[C]]:
+        """Input ``channel`` ended: it counts as aligned and recorded for every later
+        checkpoint."""
         self._check_live(channel, "the end of input")
         if channel in self._blocked:
             raise BarrierOrderError(
@@ -209,46 +386,176 @@ class AlignedBarrierHandler(Generic[C]):
                 "but delivered its end of input"
             )
         self._ended.add(channel)
-        if self._pending is not None and len(self._blocked) + len(self._ended) == len(self.inputs):
-            return self._complete()
-        return _NONE
+        actions = self._recorded(self._recorder.end_of_input(channel))
+        if self._pending is not None and self._regular_aligned(self._blocked):
+            actions += self._take(unaligned=False)
+        return actions
+
+    def abort(self, checkpoint_id: int) -> Sequence[BarrierAction[C]]:
+        """Checkpoint ``checkpoint_id`` was aborted (by the coordinator, or upstream).
+
+        Ends its alignment or recording here (and those of older ones); its barriers that
+        come later are ignored.
+        """
+        self._check_id(checkpoint_id)
+        actions: list[BarrierAction[C]] = []
+        for old in self._recorder.in_progress():
+            if old <= checkpoint_id:
+                self._recorder.abandon(old)
+                actions.append(DeclineCheckpoint(old, "it was aborted"))
+        if self._pending is not None and checkpoint_id >= self._pending:
+            actions += self._decline_pending(
+                "it was aborted"
+                if checkpoint_id == self._pending
+                else f"the newer checkpoint {checkpoint_id} was aborted"
+            )
+        self._settled = max(self._settled, checkpoint_id)  # its later barriers are ignored
+        self._forget()
+        return actions
 
     # ---------------------------------------------------------------- internals
 
-    def _complete(self) -> list[AlignmentAction[C]]:
-        """Every live input delivered the pending barrier: snapshot, forward, resume."""
-        assert self._pending is not None
-        return self._end([SnapshotState(self._pending), ForwardBarrier(self._pending)])
+    def _take(
+        self, *, unaligned: bool, arrived: C | None = None, overtaken: Sequence[Any] = ()
+    ) -> list[BarrierAction[C]]:
+        """Snapshot the pending checkpoint now: its blocked inputs delivered the barrier (and
+        ``arrived`` too, which overtook ``overtaken``); the others are recorded."""
+        checkpoint_id = self._pending
+        assert checkpoint_id is not None
+        held = tuple(self._blocked)
+        self._settled = checkpoint_id
+        self._pending = None
+        self._blocked = []
+        actions = self._snapshot(checkpoint_id, held, unaligned)
+        if arrived is not None:
+            actions += self._recorded(
+                self._recorder.marker_received(checkpoint_id, arrived, overtaken)
+            )
+        if held:
+            # unblock before the local completion, so the order is the aligned one:
+            # snapshot, forward, resume, complete
+            done = [a for a in actions if isinstance(a, SnapshotComplete)]
+            actions = [a for a in actions if not isinstance(a, SnapshotComplete)]
+            actions.append(UnblockChannels(held))
+            actions += done
+        self._forget()
+        return actions
 
-    def _abort(self, reason: str) -> list[AlignmentAction[C]]:
+    def _decline_pending(self, reason: str) -> list[BarrierAction[C]]:
         assert self._pending is not None
-        return self._end([AbortAlignment(self._pending, reason)])
-
-    def _end(self, actions: list[AlignmentAction[C]]) -> list[AlignmentAction[C]]:
-        """Settle the pending checkpoint (after ``actions``) and resume the blocked inputs."""
-        assert self._pending is not None
+        actions: list[BarrierAction[C]] = [DeclineCheckpoint(self._pending, reason)]
         held = tuple(self._blocked)
         self._settled = self._pending
         self._pending = None
         self._blocked = []
+        self._forget()
         if held:
             actions.append(UnblockChannels(held))
         return actions
 
-    def _check_live(self, channel: C, what: str) -> None:
-        if channel not in self.inputs:
-            raise UnknownChannelError(
-                f"{self.name}: {what} arrived on channel {channel!r}, which is not one of its "
-                f"input channels {list(self.inputs)!r}"
-            )
-        if channel in self._ended:
-            raise BarrierOrderError(
-                f"{self.name}: {what} arrived on channel {channel!r} after its end of input"
-            )
 
-    def _check_id(self, checkpoint_id: int, channel: C | None = None) -> None:
-        if type(checkpoint_id) is not int or checkpoint_id < 0:
-            on = f" (on channel {channel!r})" if channel is not None else ""
-            raise InvalidCheckpointIdError(
-                f"{self.name}: checkpoint id {checkpoint_id!r}{on} is not a non-negative integer"
+class BarrierTracker(_BarrierHandler[C]):
+    """At-least-once barrier handling at one subtask: nothing is ever blocked.
+
+    The snapshot of ``n`` is taken when ``Barrier(n)`` has arrived on every live input
+    that is not a back edge; records that arrive on an input after its barrier are
+    consumed before the snapshot, so replay after a restore may repeat them. Back
+    edges are recorded after the snapshot until the barrier comes round, as with
+    exactly-once: replay must never lose a record. Several checkpoints may be pending.
+
+    :param inputs: the ids of the subtask's input channels.
+    :param back_edges: the inputs that come round a loop.
+    :param name: the subtask's name, for error messages.
+    """
+
+    def __init__(
+        self, inputs: Iterable[C], *, back_edges: Iterable[C] = (), name: str = "subtask"
+    ) -> None:
+        super().__init__(inputs, back_edges, name)
+        self._pending: dict[int, set[C]] = {}
+        """Checkpoints not snapshotted yet -> the inputs that delivered their barrier."""
+
+    @property
+    def pending_checkpoints(self) -> tuple[int, ...]:
+        return tuple(sorted(self._pending))
+
+    def is_blocked(self, channel: C) -> bool:
+        """Never: at-least-once does not block inputs."""
+        return False
+
+    @property
+    def blocked_channels(self) -> tuple[C, ...]:
+        return ()
+
+    @property
+    def last_settled(self) -> int:
+        """The newest checkpoint id snapshotted, aborted or subsumed here (-1 before any)."""
+        return self._settled
+
+    def barrier_received(
+        self,
+        checkpoint_id: int,
+        channel: C,
+        *,
+        unaligned: bool = False,
+        overtaken: Sequence[Any] = (),
+    ) -> Sequence[BarrierAction[C]]:
+        """``Barrier(checkpoint_id)`` arrived on input ``channel`` (at-least-once barriers
+        are never unaligned: the two flags are accepted for symmetry and must be unset)."""
+        self._check_barrier(checkpoint_id, channel)
+        if unaligned or overtaken:
+            raise ProtocolError(
+                f"{self.name}: an unaligned barrier for checkpoint {checkpoint_id} arrived "
+                f"on channel {channel!r} in an at-least-once job"
             )
+        self._last_seen[channel] = checkpoint_id
+        actions = self._decline_recordings(channel, checkpoint_id)
+        if channel in self._recorder.recording_channels(checkpoint_id):
+            actions += self._recorded(self._recorder.marker_received(checkpoint_id, channel))
+            return actions
+        if checkpoint_id <= self._settled:
+            return actions
+        self._pending.setdefault(checkpoint_id, set()).add(channel)
+        return actions + self._ready()
+
+    def end_of_input(self, channel: C) -> Sequence[BarrierAction[C]]:
+        """Input ``channel`` ended: it counts as delivered for every later checkpoint."""
+        self._check_live(channel, "the end of input")
+        self._ended.add(channel)
+        return self._recorded(self._recorder.end_of_input(channel)) + self._ready()
+
+    def abort(self, checkpoint_id: int) -> Sequence[BarrierAction[C]]:
+        """Checkpoint ``checkpoint_id`` was aborted: forget it and older ones here."""
+        self._check_id(checkpoint_id)
+        actions: list[BarrierAction[C]] = []
+        for old in self._recorder.in_progress():
+            if old <= checkpoint_id:
+                self._recorder.abandon(old)
+                actions.append(DeclineCheckpoint(old, "it was aborted"))
+        for old in sorted(self._pending):
+            if old <= checkpoint_id:
+                del self._pending[old]
+                actions.append(DeclineCheckpoint(old, "it was aborted"))
+        self._settled = max(self._settled, checkpoint_id)
+        self._forget()
+        return actions
+
+    def _ready(self) -> list[BarrierAction[C]]:
+        """Snapshot the newest pending checkpoint whose barriers all came; older pending ones
+        are subsumed by it."""
+        actions: list[BarrierAction[C]] = []
+        ready = [n for n, have in self._pending.items() if self._regular_aligned(have)]
+        if not ready:
+            return actions
+        newest = max(ready)
+        for old in sorted(self._pending):
+            if old < newest:
+                del self._pending[old]
+                actions.append(
+                    DeclineCheckpoint(old, f"checkpoint {newest} completed its barriers first")
+                )
+        closed = self._pending.pop(newest) - self._ended
+        self._settled = newest
+        actions += self._snapshot(newest, closed, unaligned=False)
+        self._forget()
+        return actions

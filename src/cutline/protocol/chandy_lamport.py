@@ -12,6 +12,9 @@ event (method)                          actions it may return
 ``marker_received(s, c)``               as above, plus ``ChannelRecorded(s, c)``
 ``message_received(c, m)``              ``RecordMessage(s, c, m)`` for every
                                         snapshot still recording ``c``
+``end_of_input(c)``                     ``ChannelRecorded``, ``SnapshotComplete``
+                                        for the snapshots recording ``c``
+``abandon(s)``                          none: snapshot ``s`` is given up here
 ======================================  =========================================
 
 The recorder never touches the process's state, a clock, a socket or a random
@@ -25,6 +28,19 @@ Several snapshots run at once, each under its own id; a message that arrives
 on a channel that several snapshots are recording belongs to the channel
 state of each of them. Several processes may initiate the same id: a process
 that has already recorded for an id ignores a later ``initiate`` of it.
+
+Two extensions serve barrier snapshots of dataflows (SEMANTICS §3):
+
+* a marker may **overtake** messages (an unaligned barrier jumps ahead of the
+  records queued before it): ``marker_received(s, c, overtaken=...)`` names the
+  messages it jumped over. They were sent before the marker, so they belong to
+  ``c``'s state for ``s``; the process receives them later, as usual, and they
+  are then recorded for every *other* snapshot still recording ``c``.
+* a process may **delay** its recording after markers arrived, provided it
+  received nothing on their channels meanwhile (barrier alignment blocks them):
+  ``initiate(s, closed=...)`` records now and counts those channels as recorded
+  empty. And a channel may **end** (``end_of_input``): it is recorded as it
+  stands for every snapshot, and later snapshots do not wait for it.
 """
 
 from __future__ import annotations
@@ -148,7 +164,16 @@ class ChandyLamportRecorder(Generic[C, M]):
     :param name: the process's name, used in error messages only.
     """
 
-    __slots__ = ("_completed", "_input_set", "_open", "_recording", "inputs", "name", "outputs")
+    __slots__ = (
+        "_completed",
+        "_ended",
+        "_input_set",
+        "_open",
+        "_recording",
+        "inputs",
+        "name",
+        "outputs",
+    )
 
     def __init__(self, inputs: Iterable[C], outputs: Iterable[C], *, name: str = "process") -> None:
         self.name = name
@@ -164,6 +189,7 @@ class ChandyLamportRecorder(Generic[C, M]):
         # input channel -> ids of the snapshots recording it, oldest first
         self._recording: dict[C, list[int]] = {}
         self._completed = _CompletedIds()
+        self._ended: set[C] = set()
 
     # ------------------------------------------------------------------ queries
 
@@ -210,37 +236,62 @@ class ChandyLamportRecorder(Generic[C, M]):
 
     # ------------------------------------------------------------------- events
 
-    def initiate(self, snapshot_id: int) -> Sequence[Action[C, M]]:
+    def initiate(self, snapshot_id: int, closed: Iterable[C] = ()) -> Sequence[Action[C, M]]:
         """This process starts snapshot ``snapshot_id``.
+
+        ``closed`` names input channels whose marker for ``snapshot_id`` already
+        arrived and on which nothing was received since (a subtask that aligned
+        barriers): their recorded state is empty.
 
         Returns no actions when the process has already recorded its state for
         that id (another initiator's marker got here first).
         """
         self._check_id(snapshot_id)
+        closed = tuple(closed)
+        for channel in closed:
+            self._check_input(channel, f"a marker for snapshot {snapshot_id}")
+            if channel in self._ended:
+                raise self._ended_error(channel, f"a marker for snapshot {snapshot_id}")
         if snapshot_id in self._open or snapshot_id in self._completed:
             return _NO_ACTIONS
-        return self._record(snapshot_id, closed=())
+        return self._record(snapshot_id, closed=closed)
 
-    def marker_received(self, snapshot_id: int, channel: C) -> Sequence[Action[C, M]]:
-        """``Marker(snapshot_id)`` arrived on input ``channel``."""
+    def marker_received(
+        self, snapshot_id: int, channel: C, overtaken: Sequence[M] = ()
+    ) -> Sequence[Action[C, M]]:
+        """``Marker(snapshot_id)`` arrived on input ``channel``.
+
+        ``overtaken`` lists, in order, the messages sent on ``channel`` before the
+        marker that the marker overtook (they will be received after it): they
+        are recorded as part of ``channel``'s state for this snapshot only.
+        """
         self._check_id(snapshot_id)
         self._check_input(channel, f"a marker for snapshot {snapshot_id}")
         open_channels = self._open.get(snapshot_id)
+        actions: list[Action[C, M]]
         if open_channels is None:
             if snapshot_id in self._completed:
                 raise DuplicateMarkerError(
                     f"{self.name}: a second marker for snapshot {snapshot_id} arrived on "
-                    f"channel {channel!r}, after the snapshot completed here"
+                    f"channel {channel!r}, after the snapshot completed or was abandoned here"
                 )
-            return self._record(snapshot_id, closed=(channel,))
-        if channel not in open_channels:
+            if channel in self._ended:
+                raise self._ended_error(channel, f"a marker for snapshot {snapshot_id}")
+            if not overtaken:
+                return self._record(snapshot_id, closed=(channel,))
+            actions = self._record(snapshot_id, closed=())
+            open_channels = self._open[snapshot_id]
+        elif channel not in open_channels:
             raise DuplicateMarkerError(
                 f"{self.name}: a second marker for snapshot {snapshot_id} arrived on "
                 f"channel {channel!r}"
             )
+        else:
+            actions = []
+        actions.extend(RecordMessage(snapshot_id, channel, m) for m in overtaken)
         open_channels.discard(channel)
         self._stop_recording(channel, snapshot_id)
-        actions: list[Action[C, M]] = [ChannelRecorded(snapshot_id, channel)]
+        actions.append(ChannelRecorded(snapshot_id, channel))
         if not open_channels:
             actions.append(self._complete(snapshot_id))
         return actions
@@ -250,8 +301,41 @@ class ChandyLamportRecorder(Generic[C, M]):
         snapshots = self._recording.get(channel)
         if snapshots is None:
             self._check_input(channel, "a message")
+            if channel in self._ended:
+                raise self._ended_error(channel, "a message")
             return _NO_ACTIONS
         return [RecordMessage(s, channel, message) for s in snapshots]
+
+    def end_of_input(self, channel: C) -> Sequence[Action[C, M]]:
+        """Input ``channel`` ended: nothing more will arrive on it, not even markers.
+
+        Every snapshot recording it has its state as it stands; later snapshots
+        do not record it.
+        """
+        self._check_input(channel, "the end of input")
+        if channel in self._ended:
+            raise self._ended_error(channel, "the end of input")
+        self._ended.add(channel)
+        actions: list[Action[C, M]] = []
+        for snapshot_id in self._recording.pop(channel, ()):
+            open_channels = self._open[snapshot_id]
+            open_channels.discard(channel)
+            actions.append(ChannelRecorded(snapshot_id, channel))
+            if not open_channels:
+                actions.append(self._complete(snapshot_id))
+        return actions
+
+    def abandon(self, snapshot_id: int) -> None:
+        """Give up snapshot ``snapshot_id`` here (it was aborted): stop recording for it.
+
+        It then counts as done: a later ``initiate`` of it does nothing, a later
+        marker of it is an error (the driver filters them).
+        """
+        self._check_id(snapshot_id)
+        open_channels = self._open.pop(snapshot_id, None)
+        for channel in open_channels or ():
+            self._stop_recording(channel, snapshot_id)
+        self._completed.add(snapshot_id)
 
     # ---------------------------------------------------------------- internals
 
@@ -259,7 +343,7 @@ class ChandyLamportRecorder(Generic[C, M]):
         """Record the state; ``closed`` holds the channel the first marker came on, if any."""
         actions: list[Action[C, M]] = [RecordState(snapshot_id)]
         actions.extend(SendMarker(snapshot_id, out) for out in self.outputs)
-        open_channels = set(self.inputs)
+        open_channels = set(self.inputs) - self._ended
         for channel in closed:
             open_channels.discard(channel)
             actions.append(ChannelRecorded(snapshot_id, channel))
@@ -289,6 +373,9 @@ class ChandyLamportRecorder(Generic[C, M]):
                 f"{self.name}: {what} arrived on channel {channel!r}, which is not one of its "
                 f"input channels {list(self.inputs)!r}"
             )
+
+    def _ended_error(self, channel: C, what: str) -> ProtocolError:
+        return ProtocolError(f"{self.name}: {what} arrived on channel {channel!r} after its end")
 
     def _check_id(self, snapshot_id: int) -> None:
         if type(snapshot_id) is not int or snapshot_id < 0:

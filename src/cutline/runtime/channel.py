@@ -1,15 +1,28 @@
-"""Channels between subtasks over TCP, with bounded buffers and backpressure.
+"""Channels between subtasks over TCP, with credit-based flow control and barriers that can
+overtake the records queued before them.
 
-A subtask's :class:`InputGate` listens on one port for all its input
-channels. Every accepted connection gets a reader thread that decodes frames
-(:mod:`cutline.runtime.wire`) into that channel's bounded queue. When the
-queue is full the reader stops reading the socket: the kernel's receive
-buffer fills, TCP's window closes, and the upstream subtask's ``send`` blocks.
-That is the backpressure: a slow subtask slows its inputs, and memory stays
-bounded by ``capacity`` frames per channel plus the sockets' buffers.
+A subtask's :class:`InputGate` listens on one port for all its input channels.
+Every accepted connection gets a reader thread that decodes frames
+(:mod:`cutline.runtime.wire`) into that channel's queue. The queue has room for
+``capacity`` records frames, and the sender may send only as many as it holds
+**credits** for: the gate grants ``capacity`` when the channel connects and one
+more each time the subtask consumes a frame. A sender without credit keeps its
+frames in its own output queue (:class:`OutputChannel`), and when that is full
+too, ``send`` blocks: that is the backpressure. A slow subtask slows its inputs,
+memory stays bounded by ``capacity`` frames per channel on each side, and the
+sockets never hold records the receiver has no room for, so a barrier can
+always reach the receiver at once.
+
+That is what **unaligned** barriers need (SEMANTICS §3): ``send_priority`` writes
+a barrier ahead of the sender's queued frames (they stay queued; they are returned,
+to be kept as the output side of the checkpoint's channel state), and the gate hands
+such a barrier to the subtask ahead of the frames queued before it on its channel,
+together with those frames (:class:`PriorityBarrier`), which are still consumed later.
 
 The subtask's loop calls :meth:`InputGate.poll` with the channels it must not
 consume now (those blocked by barrier alignment); their frames stay queued.
+**Back edges** (the feedback channel of a loop) get unbounded credit, so that a
+loop can never deadlock on its own backpressure, and are read first.
 
 A connection whose hello carries another job's token or a stale generation is
 refused and closed, and the gate goes on waiting for the right one. A channel
@@ -25,22 +38,34 @@ import threading
 import time
 from collections import deque
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
 from cutline.runtime.net import Listener, close_socket
 from cutline.runtime.wire import (
+    Barrier,
+    CreditDecoder,
     EndOfInput,
     Frame,
     FrameDecoder,
     Hello,
+    Records,
     WireError,
     encode,
+    encode_credit,
 )
 
 _READ_SIZE = 256 * 1024
-SOCKET_BUFFER = 64 * 1024
-"""Kernel buffer asked for per channel socket and direction (Linux doubles it: 128 KiB): with
-the bounded queues, what bounds the records in flight between two subtasks, and so how long a
-barrier waits behind them (the kernel's default can grow to several MB)."""
+UNBOUNDED_CREDIT = 0x7FFFFFFF
+"""The credit a back edge gets: a loop must not wait for itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityBarrier:
+    """An unaligned barrier, handed to the subtask ahead of ``overtaken``: the records frames
+    of its channel that were queued before it (still queued, consumed later)."""
+
+    barrier: Barrier
+    overtaken: tuple[Records, ...]
 
 
 class ChannelError(Exception):
@@ -53,9 +78,10 @@ class InputGate:
     :param channels: the ids of the input channels.
     :param token: the job's secret: connections must present it.
     :param generation: the job attempt: connections from another one are refused.
-    :param capacity: frames buffered per channel before its reader stops reading.
+    :param capacity: records frames buffered per channel (the credit each sender gets).
     :param host: the address to listen on (``0.0.0.0``: every interface).
     :param hello_timeout: seconds a new connection has to say hello before it is dropped.
+    :param back_edges: channels that come round a loop: unbounded credit, read first.
     """
 
     def __init__(
@@ -67,8 +93,14 @@ class InputGate:
         capacity: int = 16,
         host: str = "0.0.0.0",
         hello_timeout: float = 30.0,
+        back_edges: Collection[str] = (),
     ) -> None:
-        self.channels = tuple(channels)
+        channels = tuple(channels)
+        self.back_edges = frozenset(back_edges)
+        # back edges first: draining a loop comes before taking in more
+        self.channels = tuple(c for c in channels if c in self.back_edges) + tuple(
+            c for c in channels if c not in self.back_edges
+        )
         self.hello_timeout = hello_timeout
         if len(set(self.channels)) != len(self.channels):
             raise ValueError(f"an input channel is listed twice: {self.channels!r}")
@@ -78,6 +110,10 @@ class InputGate:
         self._token = token
         self._generation = generation
         self._queues: dict[str, deque[Frame]] = {c: deque() for c in self.channels}
+        self._records: dict[str, int] = dict.fromkeys(self.channels, 0)
+        """Records frames queued per channel (what the credit bounds)."""
+        self._priority: deque[tuple[str, PriorityBarrier]] = deque()
+        self._connections: dict[str, socket.socket] = {}
         self._connected: set[str] = set()
         self._ended: set[str] = set()
         self._errors: list[ChannelError] = []
@@ -99,30 +135,49 @@ class InputGate:
         with self._lock:
             return len(self._queues[channel])
 
+    def queued_records(self) -> int:
+        """Records frames received on every channel and not yet polled."""
+        with self._lock:
+            return sum(self._records.values())
+
     @property
     def finished(self) -> bool:
         """Every channel delivered its end of input, and it was polled."""
         with self._lock:
-            return len(self._ended) == len(self.channels) and not any(self._queues.values())
+            return (
+                len(self._ended) == len(self.channels)
+                and not any(self._queues.values())
+                and not self._priority
+            )
 
     def poll(
         self, blocked: Collection[str] = (), timeout: float | None = None
-    ) -> tuple[str, Frame] | None:
-        """The next frame of a channel not in ``blocked``, waiting up to ``timeout`` seconds
+    ) -> tuple[str, Frame | PriorityBarrier] | None:
+        """The next frame of a channel not in ``blocked`` (an unaligned barrier of any
+        channel first, as a :class:`PriorityBarrier`), waiting up to ``timeout`` seconds
         (``None``: until one comes). Returns ``None`` on timeout or when nothing can come."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while True:
                 if self._errors:
                     raise self._errors[0]
+                if self._priority:
+                    return self._priority.popleft()
                 n = len(self.channels)
+                backs = len(self.back_edges)
                 for i in range(n):
-                    channel = self.channels[(self._next + i) % n]
+                    # the back edges (listed first) always first, then round robin
+                    k = i if i < backs else backs + (self._next + i - backs) % (n - backs)
+                    channel = self.channels[k]
                     queue = self._queues[channel]
                     if queue and channel not in blocked:
-                        self._next = (self._next + i + 1) % n
+                        if k >= backs:
+                            self._next = (k - backs + 1) % (n - backs)
                         frame = queue.popleft()
-                        self._lock.notify_all()  # its reader may go on reading
+                        if isinstance(frame, Records):
+                            self._records[channel] -= 1
+                            if channel not in self.back_edges:
+                                self._grant(channel, 1)
                         return channel, frame
                 if self._closed or all(
                     c in self._ended and not self._queues[c] for c in self.channels
@@ -153,8 +208,6 @@ class InputGate:
             token=self._token, generation=self._generation, channels=self._queues.keys()
         )
         conn.settimeout(self.hello_timeout)  # a silent peer must not hold a reader forever
-        with contextlib.suppress(OSError):
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
         channel: str | None = None
         try:
             while not self._closed:
@@ -175,14 +228,14 @@ class InputGate:
                     return
                 for frame in decoder.feed(data):
                     if isinstance(frame, Hello):
-                        channel = self._greet(frame)
+                        conn.settimeout(None)
+                        channel = self._greet(frame, conn)
                         if channel is None:
                             return
-                        conn.settimeout(None)
                         continue
                     assert channel is not None
-                    if not self._put(channel, frame):
-                        return
+                    if not self._put(channel, frame) or isinstance(frame, EndOfInput):
+                        return  # closing now tells the sender everything arrived
         except WireError as exc:
             if decoder.hello is None:  # not one of ours (a scanner, a stale or foreign peer)
                 with self._lock:
@@ -193,7 +246,7 @@ class InputGate:
             self._fail(f"channel {channel!r}: {type(exc).__name__}: {exc}")
         # the listener closes the connection when this returns
 
-    def _greet(self, hello: Hello) -> str | None:
+    def _greet(self, hello: Hello, conn: socket.socket) -> str | None:
         with self._lock:
             if hello.channel not in self._queues:
                 self.refused.append(f"channel {hello.channel!r} is not an input of this subtask")
@@ -202,18 +255,39 @@ class InputGate:
                 self.refused.append(f"channel {hello.channel!r} is already connected")
                 return None
             self._connected.add(hello.channel)
+            self._connections[hello.channel] = conn
+            credit = UNBOUNDED_CREDIT if hello.channel in self.back_edges else self.capacity
+            self._grant(hello.channel, credit)
             return hello.channel
+
+    def _grant(self, channel: str, count: int) -> None:
+        """Tell ``channel``'s sender it may send ``count`` more records frames."""
+        conn = self._connections.get(channel)
+        if conn is not None:
+            with contextlib.suppress(OSError):  # a gone sender shows up on the reading side
+                conn.sendall(encode_credit(count))
 
     def _put(self, channel: str, frame: Frame) -> bool:
         with self._lock:
-            queue = self._queues[channel]
-            while len(queue) >= self.capacity and not self._closed:
-                self._lock.wait()  # backpressure: stop reading this socket
             if self._closed:
                 return False
-            queue.append(frame)
-            if isinstance(frame, EndOfInput):
-                self._ended.add(channel)
+            queue = self._queues[channel]
+            if isinstance(frame, Barrier) and frame.unaligned:
+                # ahead of the frames queued before it; in-line barriers it overtook are void
+                overtaken = tuple(f for f in queue if isinstance(f, Records))
+                for old in [f for f in queue if isinstance(f, Barrier)]:
+                    if old.checkpoint_id < frame.checkpoint_id:
+                        queue.remove(old)
+                self._priority.append((channel, PriorityBarrier(frame, overtaken)))
+            else:
+                if isinstance(frame, Records):
+                    self._records[channel] += 1
+                    if self._records[channel] > self.capacity and channel not in self.back_edges:
+                        raise WireError(f"the sender sent more than its {self.capacity} credits")
+                queue.append(frame)
+                if isinstance(frame, EndOfInput):
+                    self._ended.add(channel)
+                    self._connections.pop(channel, None)  # no credit after the end
             self._lock.notify_all()
             return True
 
@@ -224,8 +298,14 @@ class InputGate:
 
 
 class OutputChannel:
-    """The sending end of one channel: connect, say hello, send frames (blocking when the
-    receiver's buffers are full)."""
+    """The sending end of one channel: connect, say hello, then send frames as the receiver
+    grants credit, keeping up to ``capacity`` records frames queued meanwhile (``send``
+    blocks beyond that: backpressure).
+
+    A thread reads the receiver's credits and sends the queued frames as they allow.
+    Barriers and ends of input need no credit, but keep their place in the queue;
+    :meth:`send_priority` sends a barrier ahead of everything queued.
+    """
 
     def __init__(
         self,
@@ -235,8 +315,12 @@ class OutputChannel:
         token: bytes,
         generation: int,
         connect_timeout: float = 30.0,
+        capacity: int = 4,
     ) -> None:
         self.channel = channel
+        if capacity < 1:
+            raise ValueError(f"capacity must be 1 or more, not {capacity}")
+        self.capacity = capacity
         try:
             self._sock = socket.create_connection(address, timeout=connect_timeout)
         except OSError as exc:
@@ -246,29 +330,86 @@ class OutputChannel:
             ) from exc
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with contextlib.suppress(OSError):
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-        self._send_lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._queue: deque[Frame] = deque()
+        self._queued_records = 0
+        self._credits = 0
+        self._error: ChannelError | None = None
+        self._closed = False
+        self._ended = False
         try:
-            self.send(Hello(channel, generation, token))
+            self._write(Hello(channel, generation, token))
         except ChannelError:
             close_socket(self._sock)
             raise
+        self._reader = threading.Thread(
+            target=self._read_credits, name=f"cutline-credit-{channel}", daemon=True
+        )
+        self._reader.start()
+
+    @property
+    def queued(self) -> int:
+        """Records frames waiting for credit."""
+        with self._lock:
+            return self._queued_records
 
     def send(self, frame: Frame) -> None:
-        """Send one frame; blocks while the receiver's buffers are full (backpressure). Safe to
-        call from several threads."""
-        data = encode(frame)
-        try:
-            with self._send_lock:
-                self._sock.sendall(data)
-        except OSError as exc:
-            raise ChannelError(
-                f"channel {self.channel!r}: the downstream subtask is gone: {exc.strerror or exc}"
-            ) from exc
+        """Send one frame in order; blocks while ``capacity`` records frames already wait for
+        credit (backpressure), and an :class:`EndOfInput` until everything is written. Safe
+        to call from several threads."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            self._queue.append(frame)
+            if isinstance(frame, Records):
+                self._queued_records += 1
+            self._drain()
+            # an end of input is the last frame: it returns once everything is written
+            most = -1 if isinstance(frame, EndOfInput) else self.capacity
+            while (
+                self._queued_records > most if most >= 0 else self._queue
+            ) and self._error is None:
+                self._lock.wait()
+            if self._error is not None:
+                raise self._error
+
+    def preload(self, frames: Iterable[Frame]) -> None:
+        """Queue ``frames`` to go first, without waiting for room (the output side of a
+        restored checkpoint's channel state)."""
+        with self._lock:
+            for frame in frames:
+                self._queue.append(frame)
+                if isinstance(frame, Records):
+                    self._queued_records += 1
+            self._drain()
+
+    def send_priority(self, barrier: Barrier) -> list[Records]:
+        """Send ``barrier`` ahead of the queued frames; return the records frames it
+        overtook (they stay queued and are sent later). Queued barriers older than it
+        are dropped: the receiver would ignore them."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            overtaken = [f for f in self._queue if isinstance(f, Records)]
+            for old in [f for f in self._queue if isinstance(f, Barrier)]:
+                if old.checkpoint_id < barrier.checkpoint_id:
+                    self._queue.remove(old)
+            self._write(barrier)
+            return overtaken
 
     def close(self) -> None:
-        """Close the channel; a ``send`` blocked by backpressure in another thread fails."""
+        """Close the channel; a ``send`` blocked by backpressure in another thread fails.
+
+        After an end of input, first wait (a little) for the receiver to close its side: a
+        socket closed with unread credits in it would reset the connection, and the receiver
+        could lose what it had not read yet."""
+        if self._ended:
+            self._reader.join(5.0)
+        with self._lock:
+            self._closed = True
+            if self._error is None:
+                self._error = ChannelError(f"channel {self.channel!r} was closed")
+            self._lock.notify_all()
         close_socket(self._sock)
 
     def __enter__(self) -> OutputChannel:
@@ -276,3 +417,56 @@ class OutputChannel:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _drain(self) -> None:
+        """Write the queued frames the credits allow (called with the lock held)."""
+        queue = self._queue
+        while queue and self._error is None:
+            head = queue[0]
+            if isinstance(head, Records):
+                if self._credits <= 0:
+                    break
+                self._credits -= 1
+                self._queued_records -= 1
+            queue.popleft()
+            try:
+                self._write(head)
+            except ChannelError as exc:
+                self._error = exc
+            if isinstance(head, EndOfInput):
+                self._ended = True
+        self._lock.notify_all()
+
+    def _write(self, frame: Frame) -> None:
+        try:
+            self._sock.sendall(encode(frame))
+        except OSError as exc:
+            raise ChannelError(
+                f"channel {self.channel!r}: the downstream subtask is gone: {exc.strerror or exc}"
+            ) from exc
+
+    def _read_credits(self) -> None:
+        decoder = CreditDecoder()
+        reason = "the downstream subtask closed the channel"
+        try:
+            while True:
+                try:
+                    data = self._sock.recv(4096)
+                except OSError as exc:
+                    reason = f"the downstream subtask is gone: {exc.strerror or exc}"
+                    data = b""
+                if not data:
+                    break
+                credits = decoder.feed(data)
+                if credits:
+                    with self._lock:
+                        self._credits += sum(credits)
+                        self._drain()
+        except WireError as exc:
+            reason = str(exc)
+        with self._lock:
+            if self._error is None and not self._ended:  # after the end, closing is the reply
+                self._error = ChannelError(f"channel {self.channel!r}: {reason}")
+            self._lock.notify_all()

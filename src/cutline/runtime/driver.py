@@ -114,6 +114,10 @@ class CheckpointInfo:
     """The longest barrier alignment of any subtask (seconds)."""
     size: int = 0
     """Bytes of state files."""
+    unaligned: bool = False
+    """Whether any subtask took it unaligned (the mode, or an alignment that timed out)."""
+    channel_state_records: int = 0
+    """Records in flight it recorded (input and output channel state of every subtask)."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,9 @@ class JobConfig:
     stop_after: float | None = None
     """Seconds after the job started at which it stops with a final checkpoint: the sources
     stop reading, everything they read is processed and published (for unbounded sources)."""
+    checkpointing: str = "aligned"
+    """``aligned``, ``unaligned`` or ``at_least_once`` (see :class:`SlotSetup`)."""
+    alignment_timeout: float | None = None
 
 
 Listener = Callable[[str, str], None]
@@ -306,6 +313,8 @@ class JobDriver:
             dead_letter_dir=config.dead_letter_dir,
             on_error=config.on_error,
             run=self.run_id,
+            checkpointing=config.checkpointing,
+            alignment_timeout=config.alignment_timeout,
         )
         attempt = _Attempt(self, generation, coordinator, server)
         job = self.launcher.launch(setup)
@@ -357,6 +366,8 @@ class _Attempt:
         self.failure: Failure | None = None
         self.records_in: dict[str, int] = {}
         self.alignment: dict[int, float] = {}
+        self.channel_records: dict[int, int] = {}
+        self.unaligned: set[int] = set()
         self.sizes: dict[int, int] = {}
         self.ready_at: float | None = None
         self.consequence: Failure | None = None
@@ -441,6 +452,11 @@ class _Attempt:
             self.alignment[checkpoint] = max(
                 self.alignment.get(checkpoint, 0.0), float(body.get("alignment", 0.0))
             )
+            self.channel_records[checkpoint] = self.channel_records.get(checkpoint, 0) + int(
+                body.get("channel_records", 0)
+            )
+            if body.get("unaligned"):
+                self.unaligned.add(checkpoint)
             self._do(
                 self.coordinator.acknowledge(
                     int(body["checkpoint"]), str(body["subtask"]), dict(body["handle"]), now
@@ -514,7 +530,10 @@ class _Attempt:
                     final,
                     self.alignment.pop(action.checkpoint_id, 0.0),
                     self.sizes.pop(action.checkpoint_id, 0),
+                    action.checkpoint_id in self.unaligned,
+                    self.channel_records.pop(action.checkpoint_id, 0),
                 )
+                self.unaligned.discard(action.checkpoint_id)
                 driver.result.checkpoints.append(info)
                 driver.listener(
                     "checkpoint",
@@ -523,6 +542,9 @@ class _Attempt:
                 )
             elif isinstance(action, AbortCheckpoint):
                 self._broadcast("abort", checkpoint=action.checkpoint_id)
+                self.alignment.pop(action.checkpoint_id, None)
+                self.channel_records.pop(action.checkpoint_id, None)
+                self.unaligned.discard(action.checkpoint_id)
                 with contextlib.suppress(StorageError):
                     storage.discard(action.checkpoint_id)
                 if not action.subsumed:

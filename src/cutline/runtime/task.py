@@ -14,10 +14,17 @@ A **slot** is one Spark task of the job's barrier stage. It
 A :class:`SubtaskRunner` is the loop of one chain subtask. A source subtask reads
 batches from its reader and takes a checkpoint when the driver triggers one
 (records its offset, emits the barrier). Any other subtask reads the channels that
-its :class:`~cutline.protocol.AlignedBarrierHandler` has not blocked, and carries out
-the handler's actions. A checkpoint's synchronous part (offsets, copy-on-write state
-copies, the sinks' pre-commit) runs in the loop; serializing, writing and
-acknowledging run on the subtask's snapshot thread while records keep flowing.
+its barrier handler (:class:`~cutline.protocol.BarrierAligner` for exactly-once,
+:class:`~cutline.protocol.BarrierTracker` for at-least-once) has not blocked, and
+carries out the handler's actions. A checkpoint's synchronous part (offsets,
+copy-on-write state copies, the sinks' pre-commit) runs in the loop; then, for an
+unaligned checkpoint or a loop's head, the channel state is recorded as records
+arrive; serializing, writing and acknowledging run on the subtask's snapshot thread
+while records keep flowing.
+
+A checkpoint's state file holds the operators' state and its **channel state**: per
+input channel the records recorded on it (consumed again first after a restore), per
+output channel the records an unaligned barrier overtook (sent again first).
 """
 
 from __future__ import annotations
@@ -36,12 +43,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutline.protocol.alignment import (
-    AbortAlignment,
-    AlignedBarrierHandler,
+    BarrierAligner,
+    BarrierTracker,
+    DeclineCheckpoint,
     ForwardBarrier,
     SnapshotState,
 )
-from cutline.runtime.channel import ChannelError, InputGate, OutputChannel
+from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
+from cutline.runtime.channel import ChannelError, InputGate, OutputChannel, PriorityBarrier
 from cutline.runtime.control import ControlClient, ControlError
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.operators import (
@@ -62,6 +71,25 @@ from cutline.runtime.wire import Barrier, EndOfInput, Records
 STATE_FORMAT = 1
 _JOIN_SECONDS = 10.0
 DEAD_LETTERS = "_dead_letters"
+CHECKPOINTING_MODES = ("aligned", "unaligned", "at_least_once")
+
+
+@dataclass
+class _Taking:
+    """A checkpoint taken at this subtask and not yet whole: its synchronous part, and the
+    channel state recorded since."""
+
+    parts: dict[str, Any]
+    alignment: float
+    sync_end: float
+    unaligned: bool = False
+    inputs: dict[str, list[Any]] = field(default_factory=dict)
+    outputs: dict[str, list[Any]] = field(default_factory=dict)
+
+    def channel_records(self) -> int:
+        """Records in the recorded channel state."""
+        recorded = (*self.inputs.values(), *self.outputs.values())
+        return sum(len(Records(batch)) for batches in recorded for batch in batches)
 
 
 @dataclass(frozen=True)
@@ -84,6 +112,10 @@ class SlotSetup:
     heartbeat_interval: float = 0.25
     run: str = "r0"
     """The id of this run of the job (one ``execute()``), in every output file's name."""
+    checkpointing: str = "aligned"
+    """``aligned``, ``unaligned`` (exactly-once both) or ``at_least_once``."""
+    alignment_timeout: float | None = None
+    """Aligned checkpoints whose alignment at a subtask lasts longer switch to unaligned."""
 
 
 class Stopped(Exception):
@@ -122,7 +154,11 @@ class SubtaskRunner:
         self._reader: Any = None
         self._dead_letters: DeadLetterOutput | None = None
         self._current = chain.operators[0].name
-        self._first_barrier_at: float | None = None
+        self._first_barrier_at: dict[int, float] = {}
+        self._taking: dict[int, _Taking] = {}
+        self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
+        self._restored_inputs: dict[str, list[Any]] = {}
+        self._restored_outputs: dict[str, list[Any]] = {}
         self._key_contexts: dict[str, OperatorContext] = {}
         self.thread: threading.Thread | None = None
 
@@ -139,6 +175,10 @@ class SubtaskRunner:
             if payload.get("format") != STATE_FORMAT:
                 raise RecordError(f"the state of {self.name} was written by another version")
             restored = payload["operators"]
+            channels = payload.get("channels") or {}
+            self._restored_inputs = channels.get("inputs", {})
+            self._restored_outputs = channels.get("outputs", {})
+            self._check_channel_state(setup.restore_id)
         if setup.dead_letter_dir is not None:
             sink = FileSink(
                 f"{setup.dead_letter_dir.rstrip('/')}/{self.chain.uid}",
@@ -154,6 +194,30 @@ class SubtaskRunner:
                 self._reader = op.logic.open(ctx, restored.get(op.uid))
             else:
                 self._operators.append((op.uid, op.logic.open(ctx, restored.get(op.uid))))
+
+    def _check_channel_state(self, checkpoint_id: int) -> None:
+        """The recorded channels of the restored checkpoint must be channels of this job."""
+        plan = self.setup.plan
+        inputs = (
+            set(plan.input_channels(self.chain, self.index)) if not self.chain.is_source else set()
+        )
+        outputs = {
+            channel
+            for out in self.chain.outputs
+            for channel, _ in plan.output_channels(out, self.index)
+        }
+        for kind, recorded, known in (
+            ("input", self._restored_inputs, inputs),
+            ("output", self._restored_outputs, outputs),
+        ):
+            unknown = sorted(c for c, batches in recorded.items() if batches and c not in known)
+            if unknown:
+                raise RecordError(
+                    f"checkpoint {checkpoint_id} holds records in flight on {kind} channel "
+                    f"{unknown[0]!r} of {self.name}, which this job does not have: a checkpoint "
+                    "with channel state (unaligned, or of a loop) restores only into the same "
+                    "job graph at the same parallelism"
+                )
 
     def _context(self, name: str, uid: str) -> OperatorContext:
         """What the operator ``uid`` (or work done on its behalf, named ``name``) knows."""
@@ -179,9 +243,12 @@ class SubtaskRunner:
                     channel,
                     token=setup.token,
                     generation=setup.generation,
+                    capacity=setup.buffer_capacity,
                 )
                 for channel, target in plan.output_channels(out, self.index)
             ]
+            for channel in channels:  # the restored channel state goes first
+                channel.preload(Records(b) for b in self._restored_outputs.get(channel.channel, ()))
             partitioner = None
             if out.partitioning == "hash":
                 assert out.key is not None
@@ -242,11 +309,25 @@ class SubtaskRunner:
 
     def _run_with_inputs(self) -> None:
         assert self.gate is not None
-        aligner: AlignedBarrierHandler[str] = AlignedBarrierHandler(
-            self.gate.channels, name=self.name
-        )
-        self._aligner = aligner
-        gate = self.gate
+        setup, gate = self.setup, self.gate
+        handler: BarrierAligner[str] | BarrierTracker[str]
+        if setup.checkpointing == "at_least_once":
+            handler = BarrierTracker(gate.channels, back_edges=gate.back_edges, name=self.name)
+        else:
+            handler = BarrierAligner(
+                gate.channels,
+                unaligned=setup.checkpointing == "unaligned",
+                back_edges=gate.back_edges,
+                name=self.name,
+            )
+        self._handler = handler
+        timeout = setup.alignment_timeout if setup.checkpointing == "aligned" else None
+        # the records in flight at the restored checkpoint come first
+        for channel in gate.channels:
+            for batch in self._restored_inputs.get(channel, ()):
+                self.records_in += len(Records(batch))
+                self._push(batch)
+        self._restored_inputs = {}
         ended = False
         while True:
             self._handle_messages(block=ended)
@@ -254,37 +335,61 @@ class SubtaskRunner:
                 if self._last_snapshot is None or self._last_complete >= self._last_snapshot:
                     return
                 continue
-            item = gate.poll(aligner.blocked_channels, timeout=0.05)
+            wait = 0.05
+            pending = handler.pending_checkpoint if isinstance(handler, BarrierAligner) else None
+            if timeout is not None and pending is not None:
+                left = self._first_barrier_at[pending] + timeout - time.monotonic()
+                if left <= 0:
+                    self._carry(handler.alignment_timed_out(pending))  # type: ignore[union-attr]
+                    continue
+                wait = min(wait, left)
+            item = gate.poll(handler.blocked_channels, timeout=wait)
             if item is None:
-                if not aligner.live_inputs:
+                if not handler.live_inputs:
                     self._emit_end()
                     ended = True
                 continue
             channel, frame = item
             if isinstance(frame, Records):
                 self.records_in += len(frame)
+                self._carry(handler.message_received(channel, frame))
                 self._push(frame.batch)
+            elif isinstance(frame, PriorityBarrier):
+                n = frame.barrier.checkpoint_id
+                self._first_barrier_at.setdefault(n, time.monotonic())
+                self._carry(
+                    handler.barrier_received(n, channel, unaligned=True, overtaken=frame.overtaken)
+                )
             elif isinstance(frame, Barrier):
-                if aligner.pending_checkpoint is None:
-                    self._first_barrier_at = time.monotonic()
-                self._align(aligner.barrier_received(frame.checkpoint_id, channel))
+                n = frame.checkpoint_id
+                self._first_barrier_at.setdefault(n, time.monotonic())
+                self._carry(handler.barrier_received(n, channel, unaligned=frame.unaligned))
             elif isinstance(frame, EndOfInput):
-                self._align(aligner.end_of_input(channel))
+                self._carry(handler.end_of_input(channel))
 
-    def _align(self, actions: Sequence[object]) -> None:
+    def _carry(self, actions: Sequence[object]) -> None:
+        """Carry out the barrier handler's actions, in order."""
         for action in actions:
-            if isinstance(action, SnapshotState):
+            if isinstance(action, RecordMessage):
+                taking = self._taking.get(action.snapshot_id)
+                if taking is not None:
+                    taking.inputs.setdefault(action.channel, []).append(action.message.batch)
+            elif isinstance(action, SnapshotState):
                 self._snapshot(action.checkpoint_id)
             elif isinstance(action, ForwardBarrier):
-                self._emit_barrier(action.checkpoint_id)
-            elif isinstance(action, AbortAlignment):
+                self._forward(action.checkpoint_id, action.unaligned)
+            elif isinstance(action, SnapshotComplete):
+                self._complete(action.snapshot_id)
+            elif isinstance(action, DeclineCheckpoint):
+                self._taking.pop(action.checkpoint_id, None)
+                self._first_barrier_at.pop(action.checkpoint_id, None)
                 self.control.send(
                     "decline",
                     subtask=self.name,
                     checkpoint=action.checkpoint_id,
                     reason=_cut(action.reason),
                 )
-            # BlockChannel / UnblockChannels: the aligner's blocked_channels says it all
+            # BlockChannel / UnblockChannels: the handler's blocked_channels says it all
 
     def _handle_messages(self, block: bool) -> None:
         """Carry out the driver's messages (waiting a moment for one when ``block``)."""
@@ -299,7 +404,8 @@ class SubtaskRunner:
             checkpoint = int(message.get("checkpoint", -1))
             if kind == "trigger" and self.chain.is_source:
                 self._snapshot(checkpoint)
-                self._emit_barrier(checkpoint)
+                self._forward(checkpoint, self.setup.checkpointing == "unaligned")
+                self._complete(checkpoint)
                 if message.get("final"):
                     self._final = checkpoint
             elif kind == "complete":
@@ -311,8 +417,8 @@ class SubtaskRunner:
             elif kind == "abort":
                 if self._final == checkpoint:
                     self._final = None  # the driver triggers another final checkpoint
-                if not self.chain.is_source:
-                    self._align(self._aligner.abort(checkpoint))
+                if self._handler is not None:
+                    self._carry(self._handler.abort(checkpoint))
             try:
                 message = self.inbox.get_nowait()
             except queue.Empty:
@@ -347,11 +453,23 @@ class SubtaskRunner:
                 if len(part):
                     channel.send(Records(part))
 
-    def _emit_barrier(self, checkpoint_id: int) -> None:
-        frame = Barrier(checkpoint_id)
+    def _forward(self, checkpoint_id: int, unaligned: bool) -> None:
+        """Emit ``Barrier(checkpoint_id)`` on every output: in line, or (unaligned) ahead of
+        the queued records, which become the output side of the checkpoint's channel state."""
+        if not unaligned:
+            frame = Barrier(checkpoint_id)
+            for _, channels, _ in self.outputs:
+                for channel in channels:
+                    channel.send(frame)
+            return
+        taking = self._taking[checkpoint_id]
+        taking.unaligned = True
+        frame = Barrier(checkpoint_id, unaligned=True)
         for _, channels, _ in self.outputs:
             for channel in channels:
-                channel.send(frame)
+                overtaken = channel.send_priority(frame)
+                if overtaken:
+                    taking.outputs[channel.channel] = [f.batch for f in overtaken]
 
     def _emit_end(self) -> None:
         frame = EndOfInput()
@@ -373,22 +491,29 @@ class SubtaskRunner:
             parts[DEAD_LETTERS] = self._dead_letters.writer.pre_commit(checkpoint_id)
         self._last_snapshot = checkpoint_id
         now = time.monotonic()
-        alignment = now - self._first_barrier_at if self._first_barrier_at is not None else 0.0
-        self._first_barrier_at = None
-        self._snapshotter.submit(self._write, checkpoint_id, parts, alignment, now)
+        first = self._first_barrier_at.pop(checkpoint_id, None)
+        for older in [n for n in self._first_barrier_at if n < checkpoint_id]:
+            del self._first_barrier_at[older]
+        alignment = now - first if first is not None else 0.0
+        self._taking[checkpoint_id] = _Taking(parts, alignment, now)
 
-    def _write(
-        self, checkpoint_id: int, parts: dict[str, Any], alignment: float, sync_end: float
-    ) -> None:
+    def _complete(self, checkpoint_id: int) -> None:
+        """The checkpoint is whole here (its channel state recorded): write it and ack."""
+        taking = self._taking.pop(checkpoint_id, None)
+        if taking is not None:
+            self._snapshotter.submit(self._write, checkpoint_id, taking)
+
+    def _write(self, checkpoint_id: int, taking: _Taking) -> None:
         """The asynchronous part: serialize, store, acknowledge (or decline)."""
         try:
             state = {
                 uid: part.serialize() if isinstance(part, StateSnapshot) else part
-                for uid, part in parts.items()
+                for uid, part in taking.parts.items()
             }
-            data = pickle.dumps(
-                {"format": STATE_FORMAT, "operators": state}, protocol=pickle.HIGHEST_PROTOCOL
-            )
+            payload: dict[str, Any] = {"format": STATE_FORMAT, "operators": state}
+            if taking.inputs or taking.outputs:
+                payload["channels"] = {"inputs": taking.inputs, "outputs": taking.outputs}
+            data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
             handle = self.storage.write_state(checkpoint_id, self.name, self.setup.generation, data)
         except Exception as exc:
             with contextlib.suppress(ControlError):
@@ -405,8 +530,10 @@ class SubtaskRunner:
                 subtask=self.name,
                 checkpoint=checkpoint_id,
                 handle=handle.to_dict(),
-                alignment=alignment,
-                asynchronous=time.monotonic() - sync_end,
+                alignment=taking.alignment,
+                asynchronous=time.monotonic() - taking.sync_end,
+                unaligned=taking.unaligned,
+                channel_records=taking.channel_records(),
             )
 
     # ---------------------------------------------------------------- failure

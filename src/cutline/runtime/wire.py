@@ -14,9 +14,15 @@ frame           payload
                 the channel id as UTF-8
 ``Records``     a batch of records: an Arrow IPC stream of one record batch
                 (columnar records), or a pickled list (any Python objects)
-``Barrier``     checkpoint id (8 bytes)
+``Barrier``     checkpoint id (8 bytes); flag ``unaligned``: it was sent ahead
+                of the records queued before it (an unaligned checkpoint)
 ``EndOfInput``  nothing: the upstream subtask has no more records
+``Credit``      (receiver to sender) how many more ``Records`` frames the
+                receiver has room for (4 bytes)
 ==============  ==========================================================
+
+The receiver answers on the same connection with :class:`Credit` frames (no
+hello: the sender knows whom it connected to); :class:`CreditDecoder` reads them.
 
 :class:`FrameDecoder` turns bytes, however they were split by the network,
 back into frames; it never reads a socket itself.
@@ -58,9 +64,12 @@ class Kind(IntEnum):
     RECORDS = 2
     BARRIER = 3
     END_OF_INPUT = 4
+    CREDIT = 5
 
 
 _ARROW = 1  # flag: the Records payload is an Arrow IPC stream
+_UNALIGNED = 1  # flag: the barrier overtook the records queued before it
+_U32 = struct.Struct(">I")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +94,19 @@ class Records:
 @dataclass(frozen=True, slots=True)
 class Barrier:
     checkpoint_id: int
+    unaligned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class EndOfInput:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """From the receiver: room for ``count`` more ``Records`` frames."""
+
+    count: int
 
 
 Frame = Hello | Records | Barrier | EndOfInput
@@ -105,7 +122,8 @@ def encode(frame: Frame) -> bytes:
             return _frame(Kind.RECORDS, sink.getvalue().to_pybytes(), _ARROW)
         return _frame(Kind.RECORDS, pickle.dumps(frame.batch, protocol=pickle.HIGHEST_PROTOCOL))
     if isinstance(frame, Barrier):
-        return _frame(Kind.BARRIER, _U64.pack(frame.checkpoint_id))
+        flags = _UNALIGNED if frame.unaligned else 0
+        return _frame(Kind.BARRIER, _U64.pack(frame.checkpoint_id), flags)
     if isinstance(frame, EndOfInput):
         return _frame(Kind.END_OF_INPUT, b"")
     if isinstance(frame, Hello):
@@ -119,6 +137,34 @@ def encode(frame: Frame) -> bytes:
         )
         return MAGIC + bytes([VERSION]) + _frame(Kind.HELLO, payload)
     raise TypeError(f"not a frame: {frame!r}")
+
+
+def encode_credit(count: int) -> bytes:
+    """The bytes of one :class:`Credit` frame."""
+    if not 0 < count <= 0xFFFFFFFF:
+        raise WireError(f"a credit must be 1 to {0xFFFFFFFF}, not {count}")
+    return _frame(Kind.CREDIT, _U32.pack(count))
+
+
+class CreditDecoder:
+    """Bytes from a receiver in, credits out (the sender's side of the flow control)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[int]:
+        self._buffer += data
+        credits: list[int] = []
+        size = _HEADER.size + _U32.size
+        while len(self._buffer) >= _HEADER.size:
+            kind, _, length = _HEADER.unpack_from(self._buffer)
+            if kind != Kind.CREDIT or length != _U32.size:
+                raise WireError(f"the receiver sent a frame of kind {kind}, not a credit")
+            if len(self._buffer) < size:
+                break
+            credits.append(_U32.unpack_from(self._buffer, _HEADER.size)[0])
+            del self._buffer[:size]
+        return credits
 
 
 def _frame(kind: Kind, payload: bytes, flags: int = 0) -> bytes:
@@ -231,7 +277,7 @@ class FrameDecoder:
         if kind == Kind.BARRIER:
             if len(payload) != _U64.size:
                 raise WireError("a barrier frame must hold exactly one checkpoint id")
-            return Barrier(_U64.unpack(payload)[0])
+            return Barrier(_U64.unpack(payload)[0], bool(flags & _UNALIGNED))
         if kind == Kind.END_OF_INPUT:
             return EndOfInput()
         if kind == Kind.HELLO:
