@@ -283,6 +283,8 @@ class BarrierAligner(_BarrierHandler[C]):
         """Channels blocked by the pending alignment, in the order their barriers came."""
         self._pending: int | None = None
         """The checkpoint being aligned (its snapshot not taken yet)."""
+        self._forced = False
+        """Whether the pending checkpoint must align (no switch to unaligned)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -313,12 +315,15 @@ class BarrierAligner(_BarrierHandler[C]):
         *,
         unaligned: bool = False,
         overtaken: Sequence[Any] = (),
+        forced_aligned: bool = False,
     ) -> Sequence[BarrierAction[C]]:
         """``Barrier(checkpoint_id)`` arrived on input ``channel``.
 
         ``unaligned``: the upstream subtask sent it unaligned; ``overtaken``: the records of
         ``channel`` queued before it in this subtask's input buffer, which it jumped over
         (they are consumed later; they belong to the checkpoint's channel state).
+        ``forced_aligned``: align this checkpoint whatever the mode, without a timeout (the
+        final checkpoint of a job, after which nothing may be left in flight).
         """
         self._check_barrier(checkpoint_id, channel)
         if (
@@ -361,7 +366,8 @@ class BarrierAligner(_BarrierHandler[C]):
                 f"checkpoint {checkpoint_id} overtook it on channel {channel!r} before it aligned"
             )
         self._pending = checkpoint_id
-        if self.unaligned or unaligned or overtaken:
+        self._forced = forced_aligned
+        if unaligned or overtaken or (self.unaligned and not forced_aligned):
             return actions + self._take(unaligned=True, arrived=channel, overtaken=overtaken)
         if self._regular_aligned((*self._blocked, channel)):
             return actions + self._take(unaligned=False, arrived=channel)
@@ -370,11 +376,21 @@ class BarrierAligner(_BarrierHandler[C]):
         return actions
 
     def alignment_timed_out(self, checkpoint_id: int) -> Sequence[BarrierAction[C]]:
-        """The alignment of ``checkpoint_id`` took too long: switch it to unaligned."""
+        """Checkpoint ``checkpoint_id`` has not aligned here in the time allowed: take it
+        unaligned now. When none of its barriers has come yet, this subtask initiates it
+        (as any process may in Chandy-Lamport) and records every input until they come."""
         self._check_id(checkpoint_id)
-        if self._pending != checkpoint_id:
-            return _NONE  # aligned, aborted or snapshotted meanwhile
-        return self._take(unaligned=True)
+        if self._pending == checkpoint_id and not self._forced:
+            return self._take(unaligned=True)
+        if (
+            self._pending is None
+            and checkpoint_id > self._settled
+            and checkpoint_id not in self._recorder.in_progress()
+        ):
+            self._pending = checkpoint_id
+            self._forced = False
+            return self._take(unaligned=True)
+        return _NONE  # aligned, aborted or snapshotted meanwhile; another aligning; or forced
 
     def end_of_input(self, channel: C) -> Sequence[BarrierAction[C]]:
         """Input ``channel`` ended: it counts as aligned and recorded for every later
@@ -499,6 +515,7 @@ class BarrierTracker(_BarrierHandler[C]):
         *,
         unaligned: bool = False,
         overtaken: Sequence[Any] = (),
+        forced_aligned: bool = False,
     ) -> Sequence[BarrierAction[C]]:
         """``Barrier(checkpoint_id)`` arrived on input ``channel`` (at-least-once barriers
         are never unaligned: the two flags are accepted for symmetry and must be unset)."""

@@ -135,6 +135,22 @@ class InputGate:
         with self._lock:
             return len(self._queues[channel])
 
+    def promote(self, checkpoint_id: int) -> list[tuple[str, tuple[Records, ...]]]:
+        """Take ``Barrier(checkpoint_id)`` out of every channel queue it waits in (behind
+        records) as if it had come unaligned: per channel, the records frames it overtakes."""
+        promoted = []
+        with self._lock:
+            for channel, queue in self._queues.items():
+                ahead: list[Records] = []
+                for frame in queue:
+                    if isinstance(frame, Barrier) and frame.checkpoint_id == checkpoint_id:
+                        queue.remove(frame)
+                        promoted.append((channel, tuple(ahead)))
+                        break
+                    if isinstance(frame, Records):
+                        ahead.append(frame)
+        return promoted
+
     def queued_records(self) -> int:
         """Records frames received on every channel and not yet polled."""
         with self._lock:
@@ -396,6 +412,27 @@ class OutputChannel:
                     self._queue.remove(old)
             self._write(barrier)
             return overtaken
+
+    def holds_barrier(self, checkpoint_id: int) -> bool:
+        """Whether ``Barrier(checkpoint_id)`` still waits in the queue (for credit ahead of it)."""
+        with self._lock:
+            return any(
+                isinstance(f, Barrier) and f.checkpoint_id == checkpoint_id for f in self._queue
+            )
+
+    def promote(self, checkpoint_id: int) -> list[Records] | None:
+        """Turn ``Barrier(checkpoint_id)``, if it still waits in the queue, into an unaligned
+        one sent now; return the records frames queued ahead of it (``None``: not queued)."""
+        with self._lock:
+            ahead: list[Records] = []
+            for frame in self._queue:
+                if isinstance(frame, Barrier) and frame.checkpoint_id == checkpoint_id:
+                    self._queue.remove(frame)
+                    self._write(Barrier(checkpoint_id, unaligned=True))
+                    return ahead
+                if isinstance(frame, Records):
+                    ahead.append(frame)
+            return None
 
     def close(self) -> None:
         """Close the channel; a ``send`` blocked by backpressure in another thread fails.

@@ -156,6 +156,13 @@ class SubtaskRunner:
         self._current = chain.operators[0].name
         self._first_barrier_at: dict[int, float] = {}
         self._taking: dict[int, _Taking] = {}
+        self._trigger_times: dict[int, float] = {}
+        """With an alignment timeout: when each checkpoint in flight was triggered."""
+        self._unflushed: dict[int, _Taking] = {}
+        """Checkpoints whole here whose barrier still waits in an output queue."""
+        self._timeout = setup.alignment_timeout if setup.checkpointing == "aligned" else None
+        self._forced: set[int] = set()
+        """Checkpoints whose barriers came forced aligned (forwarded so too)."""
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
         self._restored_inputs: dict[str, list[Any]] = {}
         self._restored_outputs: dict[str, list[Any]] = {}
@@ -293,6 +300,7 @@ class SubtaskRunner:
         batch_size = self.setup.batch_size
         while True:
             self._handle_messages(block=exhausted or self._final is not None)
+            self._check_timeouts()
             if self._final is not None and self._last_complete >= self._final:
                 self._emit_end()
                 return
@@ -321,7 +329,6 @@ class SubtaskRunner:
                 name=self.name,
             )
         self._handler = handler
-        timeout = setup.alignment_timeout if setup.checkpointing == "aligned" else None
         # the records in flight at the restored checkpoint come first
         for channel in gate.channels:
             for batch in self._restored_inputs.get(channel, ()):
@@ -335,14 +342,10 @@ class SubtaskRunner:
                 if self._last_snapshot is None or self._last_complete >= self._last_snapshot:
                     return
                 continue
+            self._check_timeouts()
             wait = 0.05
-            pending = handler.pending_checkpoint if isinstance(handler, BarrierAligner) else None
-            if timeout is not None and pending is not None:
-                left = self._first_barrier_at[pending] + timeout - time.monotonic()
-                if left <= 0:
-                    self._carry(handler.alignment_timed_out(pending))  # type: ignore[union-attr]
-                    continue
-                wait = min(wait, left)
+            if self._trigger_times or self._unflushed:
+                wait = 0.01
             item = gate.poll(handler.blocked_channels, timeout=wait)
             if item is None:
                 if not handler.live_inputs:
@@ -363,7 +366,13 @@ class SubtaskRunner:
             elif isinstance(frame, Barrier):
                 n = frame.checkpoint_id
                 self._first_barrier_at.setdefault(n, time.monotonic())
-                self._carry(handler.barrier_received(n, channel, unaligned=frame.unaligned))
+                if frame.forced_aligned:
+                    self._forced.add(n)
+                self._carry(
+                    handler.barrier_received(
+                        n, channel, unaligned=frame.unaligned, forced_aligned=frame.forced_aligned
+                    )
+                )
             elif isinstance(frame, EndOfInput):
                 self._carry(handler.end_of_input(channel))
 
@@ -377,7 +386,9 @@ class SubtaskRunner:
             elif isinstance(action, SnapshotState):
                 self._snapshot(action.checkpoint_id)
             elif isinstance(action, ForwardBarrier):
-                self._forward(action.checkpoint_id, action.unaligned)
+                forced = action.checkpoint_id in self._forced
+                self._forced.discard(action.checkpoint_id)
+                self._forward(action.checkpoint_id, action.unaligned, forced)
             elif isinstance(action, SnapshotComplete):
                 self._complete(action.snapshot_id)
             elif isinstance(action, DeclineCheckpoint):
@@ -402,19 +413,28 @@ class SubtaskRunner:
             if kind == "stop" or self.stopped.is_set():
                 raise Stopped
             checkpoint = int(message.get("checkpoint", -1))
+            if kind == "trigger" and self._timeout is not None and not message.get("final"):
+                self._trigger_times[checkpoint] = time.monotonic()
             if kind == "trigger" and self.chain.is_source:
+                final = bool(message.get("final"))
                 self._snapshot(checkpoint)
-                self._forward(checkpoint, self.setup.checkpointing == "unaligned")
+                # the final checkpoint aligns: nothing may stay in flight behind it
+                self._forward(
+                    checkpoint, self.setup.checkpointing == "unaligned" and not final, final
+                )
                 self._complete(checkpoint)
-                if message.get("final"):
+                if final:
                     self._final = checkpoint
             elif kind == "complete":
                 self._last_complete = max(self._last_complete, checkpoint)
+                for n in [n for n in self._trigger_times if n <= checkpoint]:
+                    del self._trigger_times[n]
                 for _, running in self._operators:
                     running.notify_complete(checkpoint)
                 if self._dead_letters is not None:
                     self._dead_letters.writer.notify_complete(checkpoint)
             elif kind == "abort":
+                self._trigger_times.pop(checkpoint, None)
                 if self._final == checkpoint:
                     self._final = None  # the driver triggers another final checkpoint
                 if self._handler is not None:
@@ -453,11 +473,11 @@ class SubtaskRunner:
                 if len(part):
                     channel.send(Records(part))
 
-    def _forward(self, checkpoint_id: int, unaligned: bool) -> None:
+    def _forward(self, checkpoint_id: int, unaligned: bool, forced_aligned: bool = False) -> None:
         """Emit ``Barrier(checkpoint_id)`` on every output: in line, or (unaligned) ahead of
         the queued records, which become the output side of the checkpoint's channel state."""
         if not unaligned:
-            frame = Barrier(checkpoint_id)
+            frame = Barrier(checkpoint_id, forced_aligned=forced_aligned)
             for _, channels, _ in self.outputs:
                 for channel in channels:
                     channel.send(frame)
@@ -498,10 +518,58 @@ class SubtaskRunner:
         self._taking[checkpoint_id] = _Taking(parts, alignment, now)
 
     def _complete(self, checkpoint_id: int) -> None:
-        """The checkpoint is whole here (its channel state recorded): write it and ack."""
+        """The checkpoint is whole here (its channel state recorded): write it and ack; with
+        an alignment timeout, once its barrier has left every output queue (until then, the
+        timeout can still turn it unaligned, and what it overtakes belongs to this state)."""
         taking = self._taking.pop(checkpoint_id, None)
-        if taking is not None:
-            self._snapshotter.submit(self._write, checkpoint_id, taking)
+        if taking is None:
+            return
+        if self._timeout is not None and self._barrier_queued(checkpoint_id):
+            self._unflushed[checkpoint_id] = taking
+            return
+        self._snapshotter.submit(self._write, checkpoint_id, taking)
+
+    def _barrier_queued(self, checkpoint_id: int) -> bool:
+        return any(
+            channel.holds_barrier(checkpoint_id)
+            for _, channels, _ in self.outputs
+            for channel in channels
+        )
+
+    def _check_timeouts(self) -> None:
+        """The alignment timeout: a checkpoint not aligned here, or whose barrier still waits
+        in an output queue, that long after its trigger goes unaligned."""
+        if self._timeout is None:
+            return
+        now = time.monotonic()
+        for n, taking in list(self._unflushed.items()):
+            if self._barrier_queued(n):
+                triggered = self._trigger_times.get(n)
+                if triggered is None or now < triggered + self._timeout:
+                    continue  # not yet; or forced aligned (the final checkpoint): never
+                for _, channels, _ in self.outputs:
+                    for channel in channels:
+                        overtaken = channel.promote(n)
+                        if overtaken is not None:
+                            taking.unaligned = True
+                            if overtaken:
+                                taking.outputs[channel.channel] = [f.batch for f in overtaken]
+            del self._unflushed[n]
+            self._snapshotter.submit(self._write, n, taking)
+        handler = self._handler
+        for n, triggered in list(self._trigger_times.items()):
+            if now < triggered + self._timeout:
+                continue
+            del self._trigger_times[n]
+            if not isinstance(handler, BarrierAligner):
+                continue
+            assert self.gate is not None
+            self._carry(handler.alignment_timed_out(n))
+            if n in handler.recording:
+                for input_channel, ahead in self.gate.promote(n):
+                    self._carry(
+                        handler.barrier_received(n, input_channel, unaligned=True, overtaken=ahead)
+                    )
 
     def _write(self, checkpoint_id: int, taking: _Taking) -> None:
         """The asynchronous part: serialize, store, acknowledge (or decline)."""

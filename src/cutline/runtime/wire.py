@@ -15,7 +15,8 @@ frame           payload
 ``Records``     a batch of records: an Arrow IPC stream of one record batch
                 (columnar records), or a pickled list (any Python objects)
 ``Barrier``     checkpoint id (8 bytes); flag ``unaligned``: it was sent ahead
-                of the records queued before it (an unaligned checkpoint)
+                of the records queued before it (an unaligned checkpoint);
+                flag ``forced aligned``: align it whatever the mode
 ``EndOfInput``  nothing: the upstream subtask has no more records
 ``Credit``      (receiver to sender) how many more ``Records`` frames the
                 receiver has room for (4 bytes)
@@ -69,6 +70,7 @@ class Kind(IntEnum):
 
 _ARROW = 1  # flag: the Records payload is an Arrow IPC stream
 _UNALIGNED = 1  # flag: the barrier overtook the records queued before it
+_FORCED_ALIGNED = 2  # flag: the barrier must be aligned whatever the mode
 _U32 = struct.Struct(">I")
 
 
@@ -95,6 +97,9 @@ class Records:
 class Barrier:
     checkpoint_id: int
     unaligned: bool = False
+    """It overtook the records queued before it (an unaligned checkpoint)."""
+    forced_aligned: bool = False
+    """Aligned whatever the job's mode (the final checkpoint: nothing may be left in flight)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +127,9 @@ def encode(frame: Frame) -> bytes:
             return _frame(Kind.RECORDS, sink.getvalue().to_pybytes(), _ARROW)
         return _frame(Kind.RECORDS, pickle.dumps(frame.batch, protocol=pickle.HIGHEST_PROTOCOL))
     if isinstance(frame, Barrier):
-        flags = _UNALIGNED if frame.unaligned else 0
+        flags = (_UNALIGNED if frame.unaligned else 0) | (
+            _FORCED_ALIGNED if frame.forced_aligned else 0
+        )
         return _frame(Kind.BARRIER, _U64.pack(frame.checkpoint_id), flags)
     if isinstance(frame, EndOfInput):
         return _frame(Kind.END_OF_INPUT, b"")
@@ -277,7 +284,9 @@ class FrameDecoder:
         if kind == Kind.BARRIER:
             if len(payload) != _U64.size:
                 raise WireError("a barrier frame must hold exactly one checkpoint id")
-            return Barrier(_U64.unpack(payload)[0], bool(flags & _UNALIGNED))
+            return Barrier(
+                _U64.unpack(payload)[0], bool(flags & _UNALIGNED), bool(flags & _FORCED_ALIGNED)
+            )
         if kind == Kind.END_OF_INPUT:
             return EndOfInput()
         if kind == Kind.HELLO:

@@ -1,0 +1,261 @@
+"""Every checkpointing mode through the real runtime (threads for slots, real sockets and files):
+aligned, unaligned, aligned with an alignment timeout, and at-least-once, each under
+backpressure from a slow operator, with and without an injected failure.
+
+Exactly-once modes must publish exactly the expected output; at-least-once must lose
+nothing, and the duplicates it published are counted. The end-to-end runs on local Spark
+with killed workers are in ``test_spark_jobs.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cutline import JobResult, StreamEnvironment
+from cutline.runtime.local import ThreadLauncher
+
+N = 2_000
+EXACTLY_ONCE = ["aligned", "unaligned", "aligned-timeout"]
+
+
+def environment(tmp_path: Path, mode: str, **options: Any) -> StreamEnvironment:
+    settings: dict[str, Any] = {
+        "checkpoint_interval": 0.1,
+        "checkpoint_dir": tmp_path / "checkpoints",
+        "restart_delay": 0,
+        "batch_size": 20,
+        "checkpointing": "aligned" if mode == "aligned-timeout" else mode,
+    }
+    if mode == "aligned-timeout":
+        settings["alignment_timeout"] = 0.0  # every alignment that has to wait switches
+    settings.update(options)
+    return StreamEnvironment(2, **settings)
+
+
+@dataclass(frozen=True)
+class SlowBatches:
+    """Sleeps ``pause`` seconds per batch while ``flag`` does not exist (then runs freely)."""
+
+    flag: str
+    pause: float
+
+    @property
+    def __name__(self) -> str:
+        return "slow_batches"
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if not os.path.exists(self.flag):
+            time.sleep(self.pause)
+        return batch
+
+
+@dataclass(frozen=True)
+class FailOnceAfter:
+    """Raises once, on the first batch after ``marker`` exists (a flag file remembers it)."""
+
+    marker: str
+    flag: str
+
+    @property
+    def __name__(self) -> str:
+        return "fail_once_after"
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if os.path.exists(self.marker):
+            try:
+                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return batch
+            raise RuntimeError("injected failure after a checkpoint")
+        return batch
+
+
+def touch_on(path: Path, *kinds: str) -> Callable[[str, str], None]:
+    def listener(kind: str, message: str) -> None:
+        if kind in kinds:
+            path.touch()
+
+    return listener
+
+
+def keyed_job(env: StreamEnvironment, tmp_path: Path, pause: float) -> None:
+    """Sequence -> key_by -> a slow operator -> keyed running count -> collect."""
+    (
+        env.from_sequence(0, N)
+        .map_batches(lambda b: b.append_column("key", pa.compute.bit_wise_and(b["value"], 15)))
+        .key_by("key")
+        .map_batches(SlowBatches(str(tmp_path / "fast"), pause))
+        .key_by("key")
+        .count()
+        .collect()
+    )
+
+
+def expected_counts() -> Counter[tuple[int, int]]:
+    sizes = Counter(v & 15 for v in range(N))
+    return Counter((k, i) for k, n in sizes.items() for i in range(1, n + 1))
+
+
+def counts(result: JobResult) -> Counter[tuple[int, int]]:
+    return Counter((r["key"], r["count"]) for r in result.output)
+
+
+@pytest.mark.parametrize("mode", EXACTLY_ONCE)
+def test_exactly_once_modes_give_the_exact_output_under_backpressure(
+    tmp_path: Path, mode: str
+) -> None:
+    env = environment(tmp_path, mode)
+    keyed_job(env, tmp_path, pause=0.02)
+    result = env.execute(launcher=ThreadLauncher())
+    assert result.restarts == []
+    assert counts(result) == expected_counts()
+    assert result.checkpoints[-1].final
+    if mode == "aligned":
+        assert all(not c.unaligned and c.channel_state_records == 0 for c in result.checkpoints)
+
+
+@pytest.mark.parametrize("mode", EXACTLY_ONCE)
+def test_exactly_once_modes_restore_from_a_checkpoint_taken_under_backpressure(
+    tmp_path: Path, mode: str
+) -> None:
+    marker = tmp_path / "checkpointed"
+    env = environment(tmp_path, mode)
+    (
+        env.from_sequence(0, N)
+        .map_batches(lambda b: b.append_column("key", pa.compute.bit_wise_and(b["value"], 15)))
+        .key_by("key")
+        .map_batches(SlowBatches(str(tmp_path / "never"), 0.01))
+        .map_batches(FailOnceAfter(str(marker), str(tmp_path / "failed")))
+        .key_by("key")
+        .count()
+        .collect()
+    )
+    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"))
+    assert len(result.restarts) == 1
+    assert result.restarts[0].restored_from is not None
+    assert counts(result) == expected_counts()
+
+
+def test_unaligned_checkpoints_record_the_records_in_flight_and_restore_them(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "checkpointed"
+    env = environment(tmp_path, "unaligned", checkpoint_interval=0.2)
+    (
+        env.from_sequence(0, N)
+        .map_batches(lambda b: b.append_column("key", pa.compute.bit_wise_and(b["value"], 15)))
+        .key_by("key")
+        .map_batches(SlowBatches(str(tmp_path / "never"), 0.02))
+        .map_batches(FailOnceAfter(str(marker), str(tmp_path / "failed")))
+        .key_by("key")
+        .count()
+        .collect()
+    )
+    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"))
+    assert counts(result) == expected_counts()
+    first = result.checkpoints[0]
+    assert first.unaligned
+    assert first.channel_state_records > 0  # the buffers were full: records were overtaken
+    assert result.restarts[0].restored_from == first.checkpoint_id
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_unaligned_checkpoints_complete_while_aligned_ones_wait_behind_full_buffers(
+    tmp_path: Path, mode: str
+) -> None:
+    # A slow operator (a second per batch) with full buffers on both its inputs: an aligned
+    # barrier waits behind every queued batch (many seconds), longer than the checkpoint
+    # timeout; an unaligned one overtakes them and completes after the batch in progress.
+    # The first checkpoint that ends (completes or is aborted) lets the operator go fast.
+    fast = tmp_path / "fast"
+    env = environment(
+        tmp_path,
+        mode,
+        checkpoint_interval=0.5,
+        checkpoint_timeout=6,
+        tolerable_failed_checkpoints=5,
+        batch_size=100,
+    )
+    keyed_job(env, tmp_path, pause=1.0)
+    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(fast, "checkpoint", "abort"))
+    assert counts(result) == expected_counts()
+    if mode == "unaligned":
+        assert result.aborted == []
+        assert result.checkpoints[0].checkpoint_id == 1
+        assert result.checkpoints[0].channel_state_records > 0
+    else:
+        assert result.aborted[0][0] == 1
+        assert "timed out" in result.aborted[0][1] or "expired" in result.aborted[0][1]
+
+
+def test_an_alignment_timeout_switches_a_slow_alignment_to_unaligned(tmp_path: Path) -> None:
+    env = environment(tmp_path, "aligned", alignment_timeout=0.2, batch_size=100)
+    keyed_job(env, tmp_path, pause=0.3)
+    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(tmp_path / "fast", "abort"))
+    assert counts(result) == expected_counts()
+    assert any(c.unaligned for c in result.checkpoints)
+
+
+def test_at_least_once_loses_nothing_across_a_restart_and_counts_its_duplicates(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "checkpointed"
+    env = environment(tmp_path, "at_least_once")
+    (
+        env.from_sequence(0, N)
+        .map_batches(lambda b: b.append_column("key", pa.compute.bit_wise_and(b["value"], 15)))
+        .key_by("key")
+        .map_batches(SlowBatches(str(tmp_path / "never"), 0.01))
+        .map_batches(FailOnceAfter(str(marker), str(tmp_path / "failed")))
+        .key_by("key")
+        .map(lambda r: r["value"])
+        .collect()
+    )
+    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"))
+    assert len(result.restarts) == 1
+    published = Counter(result.output)
+    assert set(published) == set(range(N))  # nothing lost
+    duplicates = sum(published.values()) - N
+    assert duplicates >= 0
+    assert all(n >= 1 for n in published.values())
+
+
+@pytest.mark.parametrize("concurrent", [1, 3])
+def test_concurrent_checkpoints_honour_the_maximum_and_the_output_is_exact(
+    tmp_path: Path, concurrent: int
+) -> None:
+    env = environment(tmp_path, "aligned", max_concurrent_checkpoints=concurrent)
+    keyed_job(env, tmp_path, pause=0.01)
+    result = env.execute(launcher=ThreadLauncher())
+    assert counts(result) == expected_counts()
+    ids = [c.checkpoint_id for c in result.checkpoints]
+    assert ids == sorted(ids)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"checkpointing": "exactly_once"}, "checkpointing must be one of"),
+        ({"checkpointing": "unaligned", "alignment_timeout": "1s"}, "aligned checkpoints only"),
+        ({"alignment_timeout": -1}, "0 or more"),
+        (
+            {"checkpointing": "unaligned", "max_concurrent_checkpoints": 2},
+            "one at a time",
+        ),
+        ({"max_concurrent_checkpoints": 0}, "max_concurrent"),
+    ],
+)
+def test_bad_checkpointing_settings_are_refused_with_a_clear_message(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        StreamEnvironment(2, **options)
