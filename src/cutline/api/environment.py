@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.driver import JobConfig, JobDriver, JobResult, Launcher, Listener
-from cutline.runtime.graph import Edge, ExecutionPlan, JobGraph, Operator, plan
+from cutline.runtime.graph import Edge, ExecutionPlan, GraphError, JobGraph, Operator, plan
 from cutline.runtime.operators import (
     KeyedProcessFunction,
     MapBatchesLogic,
@@ -416,6 +416,43 @@ class DataStream:
             raise ValueError("union of a stream with itself: every record would come twice")
         inputs = [Edge(s.operator.uid) for s in streams]
         return DataStream(self.env, self.env._add("union", PassLogic(), inputs))
+
+    def iterate(
+        self,
+        body: Callable[[DataStream], tuple[DataStream, DataStream]],
+        *,
+        name: str | None = None,
+    ) -> DataStream:
+        """A loop, for iterative algorithms (label propagation, graph search, PageRank).
+
+        ``body(loop)`` receives the stream of records entering the loop: this stream's records
+        and every record fed back. It returns ``(feedback, output)``: ``feedback`` goes round
+        to the loop's head again, ``output`` leaves the loop (the value returned here). A
+        record circulates until the body stops feeding it back. Checkpoints of every mode stay
+        consistent: records that travel the back edge while a checkpoint goes round are
+        stored with it and replayed after a restore; the final checkpoint of bounded input
+        waits until nothing circulates any more.
+        """
+        if not callable(body):
+            raise TypeError(f"iterate needs a function of the loop's stream, not {body!r}")
+        head = self.env._add("iterate", PassLogic(), [Edge(self.operator.uid)], name)
+        returned = body(DataStream(self.env, head))
+        if (
+            not isinstance(returned, tuple)
+            or len(returned) != 2
+            or not all(isinstance(s, DataStream) for s in returned)
+        ):
+            raise TypeError(
+                f"the body of iterate must return (feedback, output), two streams, not {returned!r}"
+            )
+        feedback, output = returned
+        if feedback.env is not self.env or output.env is not self.env:
+            raise ValueError("iterate: the body returned a stream of another StreamEnvironment")
+        try:
+            self.env.graph.close_loop(head.uid, feedback.operator.uid)
+        except GraphError as exc:
+            raise ValueError(f"iterate: {exc}") from None
+        return output
 
     def write_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         """Exactly-once Parquet output: part files appear in ``path`` when the checkpoint that

@@ -33,9 +33,9 @@ from cutline.runtime.net import Listener, close_socket
 
 MAX_LINE = 1024 * 1024
 TASK_MESSAGES = frozenset(
-    {"ready", "heartbeat", "exhausted", "ack", "decline", "failed", "finished"}
+    {"ready", "heartbeat", "exhausted", "ack", "decline", "failed", "finished", "census"}
 )
-DRIVER_MESSAGES = frozenset({"trigger", "complete", "abort", "stop"})
+DRIVER_MESSAGES = frozenset({"trigger", "complete", "abort", "stop", "census", "drain"})
 
 
 class ControlError(Exception):

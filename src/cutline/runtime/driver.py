@@ -373,6 +373,14 @@ class _Attempt:
         self.consequence: Failure | None = None
         """A failure caused by another (a channel whose upstream died), used if no cause comes."""
         self.consequence_at = 0.0
+        self.census_wave = 0
+        self.census: dict[str, tuple[int, int]] = {}
+        self.census_due: float | None = None
+        """When to ask the slots for their counts next (loops only, once the sources are done)."""
+        self.census_started = 0.0
+        self.census_done: int | None = None
+        """Records processed, summed over the previous wave."""
+        self.draining = False
 
     def now(self) -> float:
         return time.monotonic()
@@ -410,7 +418,13 @@ class _Attempt:
                         )
                 stop = config.stop_after
                 if stop is not None and self.final is None and now - driver_start >= stop:
-                    self._do(self.coordinator.trigger(now, final=True))
+                    if not self.driver.plan.has_loops:
+                        self._do(self.coordinator.trigger(now, final=True))
+                    elif not self.draining:  # the sources stop; the final checkpoint waits
+                        self.draining = True  # for the loops to be quiet
+                        self._broadcast("drain")
+                if self.census_due is not None and now >= self.census_due:
+                    self._census(now)
                 # as in Flink, the first periodic checkpoint comes one interval after the start
                 interval = config.checkpoints.interval
                 if interval is None or now >= self.ready_at + interval:
@@ -446,7 +460,12 @@ class _Attempt:
         elif kind == "exhausted":
             self.exhausted.add(str(body["subtask"]))
             if self.exhausted >= self.sources and self.final is None:
-                self._do(self.coordinator.trigger(now, final=True))
+                if self.driver.plan.has_loops:
+                    self.census_due = now  # the final checkpoint waits for the loops to be quiet
+                else:
+                    self._do(self.coordinator.trigger(now, final=True))
+        elif kind == "census":
+            self._on_census(event.task, body, now)
         elif kind == "ack":
             checkpoint = int(body["checkpoint"])
             self.alignment[checkpoint] = max(
@@ -503,6 +522,32 @@ class _Attempt:
                 self.finished.add(event.task)
                 if len(self.finished) == len(self.slots) and self.ready_at is not None:
                     self.driver.result.running_seconds = now - self.ready_at
+
+    def _census(self, now: float) -> None:
+        """Ask every slot how many records its subtasks sent on channels and processed."""
+        self.census_wave += 1
+        self.census = {}
+        self.census_due = None
+        self.census_started = now
+        self._broadcast("census", wave=self.census_wave)
+
+    def _on_census(self, slot: str, body: dict[str, Any], now: float) -> None:
+        """Termination detection for loops (Mattern's counting in two waves): if the records
+        processed in one wave equal the records sent in the next, asked only after the first
+        was answered, nothing was in flight or being processed between the two, and with every
+        source exhausted nothing can move again: the final checkpoint can be taken."""
+        if body.get("wave") != self.census_wave or self.final is not None:
+            return
+        self.census[slot] = (int(body["sent"]), int(body["done"]))
+        if len(self.census) < len(self.slots):
+            return
+        sent = sum(s for s, _ in self.census.values())
+        done = sum(d for _, d in self.census.values())
+        if self.census_done == sent:
+            self._do(self.coordinator.trigger(now, final=True))
+            return
+        self.census_done = done
+        self.census_due = self.census_started + 0.05
 
     # ---------------------------------------------------------------- actions
 

@@ -17,6 +17,13 @@ Flink:
 
 Every operator runs at the job's parallelism, and slot ``i`` runs subtask ``i``
 of every chain.
+
+**Loops**: :meth:`JobGraph.close_loop` adds a *back edge* from an operator of a
+loop's body to the loop's head (forward). Back edges are the only cycles a
+graph may have; chaining and channel layout ignore their direction, and the
+plan marks their channels (:meth:`ExecutionPlan.back_edge_channels`) so that
+the head never waits for a barrier on them but records what they carry until it
+comes round (SEMANTICS §3, "Cycles").
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ class Edge:
     """``forward`` or ``hash``."""
     key: KeySelector | None = None
     """For ``hash`` edges: how to get a record's key."""
+    back: bool = False
+    """A loop's back edge (from the loop's body to its head)."""
 
 
 @dataclass
@@ -90,6 +99,33 @@ class JobGraph:
         self.operators[operator.uid] = operator
         return operator
 
+    def close_loop(self, head: str, feedback: str) -> None:
+        """Add the back edge ``feedback -> head``: ``feedback`` must be downstream of ``head``
+        (inside the loop's body), and ``head`` gets one back edge only."""
+        op = self.operators[head]
+        if any(e.back for e in op.inputs):
+            raise GraphError(f"{op.name} already has a back edge")
+        if feedback == head or head not in self._upstream_of(feedback):
+            raise GraphError(
+                f"the feedback of {op.name} must come from inside its loop body (an operator "
+                f"downstream of it), not from {self.operators[feedback].name}"
+            )
+        op.inputs.append(Edge(feedback, "forward", back=True))
+
+    def _upstream_of(self, uid: str) -> set[str]:
+        seen: set[str] = set()
+        stack = [uid]
+        while stack:
+            for edge in self.operators[stack.pop()].inputs:
+                if not edge.back and edge.upstream not in seen:
+                    seen.add(edge.upstream)
+                    stack.append(edge.upstream)
+        return seen
+
+    @property
+    def has_loops(self) -> bool:
+        return any(e.back for o in self.operators.values() for e in o.inputs)
+
     def consumers(self, uid: str) -> list[str]:
         return [o.uid for o in self.operators.values() if any(e.upstream == uid for e in o.inputs)]
 
@@ -104,6 +140,8 @@ class OutputEdge:
     key: KeySelector | None
     edge_id: str
     """Names the edge in channel ids: ``UPSTREAM>DOWNSTREAM``."""
+    back: bool = False
+    """A loop's back edge."""
 
 
 @dataclass(frozen=True)
@@ -154,12 +192,20 @@ class ExecutionPlan:
             for i in range(self.parallelism)
         ]
 
-    def input_channels(self, chain: Chain, index: int) -> list[str]:
+    @property
+    def has_loops(self) -> bool:
+        return any(out.back for chain in self.chains for out in chain.outputs)
+
+    def back_edge_channels(self, chain: Chain, index: int) -> list[str]:
+        """The channel ids subtask ``index`` of ``chain`` reads that are back edges of a loop."""
+        return self.input_channels(chain, index, back_only=True)
+
+    def input_channels(self, chain: Chain, index: int, *, back_only: bool = False) -> list[str]:
         """The channel ids subtask ``index`` of ``chain`` reads."""
         channels = []
         for upstream in self.chains:
             for out in upstream.outputs:
-                if out.downstream != chain.uid:
+                if out.downstream != chain.uid or (back_only and not out.back):
                     continue
                 if out.partitioning == "forward":
                     channels.append(channel_id(out.edge_id, index, index))
@@ -214,10 +260,17 @@ def plan(graph: JobGraph, parallelism: int, max_parallelism: int) -> ExecutionPl
             for edge in graph.operators[consumer].inputs:
                 if edge.upstream == tail.uid:
                     outputs.append(
-                        OutputEdge(consumer, edge.partitioning, edge.key, f"{tail.uid}>{consumer}")
+                        OutputEdge(
+                            consumer,
+                            edge.partitioning,
+                            edge.key,
+                            f"{tail.uid}>{consumer}",
+                            edge.back,
+                        )
                     )
         inputs = tuple(
-            Edge(head_of[e.upstream], e.partitioning, e.key) for e in graph.operators[head].inputs
+            Edge(head_of[e.upstream], e.partitioning, e.key, e.back)
+            for e in graph.operators[head].inputs
         )
         chains.append(Chain(head, tuple(ops), inputs, tuple(outputs)))
     return ExecutionPlan(tuple(chains), parallelism, max_parallelism)

@@ -146,6 +146,11 @@ class SubtaskRunner:
         self.stopped = threading.Event()
         self.failure: BaseException | None = None
         self.records_in = 0
+        self.records_sent = 0
+        """Records sent on channels (counted before they are sent)."""
+        self.records_done = 0
+        """Records received on channels and processed (counted after their outputs were sent):
+        the driver's census compares the two to know that a loop is quiet."""
         self._snapshotter = ThreadPoolExecutor(1, thread_name_prefix=f"cutline-snap-{self.name}")
         self._last_snapshot: int | None = None
         self._last_complete = -1
@@ -163,6 +168,7 @@ class SubtaskRunner:
         self._timeout = setup.alignment_timeout if setup.checkpointing == "aligned" else None
         self._forced: set[int] = set()
         """Checkpoints whose barriers came forced aligned (forwarded so too)."""
+        self._draining = False
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
         self._restored_inputs: dict[str, list[Any]] = {}
         self._restored_outputs: dict[str, list[Any]] = {}
@@ -255,7 +261,9 @@ class SubtaskRunner:
                 for channel, target in plan.output_channels(out, self.index)
             ]
             for channel in channels:  # the restored channel state goes first
-                channel.preload(Records(b) for b in self._restored_outputs.get(channel.channel, ()))
+                restored = [Records(b) for b in self._restored_outputs.get(channel.channel, ())]
+                self.records_sent += sum(len(r) for r in restored)
+                channel.preload(restored)
             partitioner = None
             if out.partitioning == "hash":
                 assert out.key is not None
@@ -307,7 +315,7 @@ class SubtaskRunner:
             if exhausted or self._final is not None:
                 continue
             self._current = self.chain.operators[0].name
-            batch = self._reader.read(batch_size)
+            batch = None if self._draining else self._reader.read(batch_size)
             if batch is None:
                 exhausted = True
                 self.control.send("exhausted", subtask=self.name)
@@ -335,7 +343,7 @@ class SubtaskRunner:
                 self.records_in += len(Records(batch))
                 self._push(batch)
         self._restored_inputs = {}
-        ended = False
+        ended = sent_end = False
         while True:
             self._handle_messages(block=ended)
             if ended:
@@ -346,10 +354,21 @@ class SubtaskRunner:
             wait = 0.05
             if self._trigger_times or self._unflushed:
                 wait = 0.01
+            if (
+                gate.back_edges
+                and not sent_end
+                and all(c in gate.back_edges for c in handler.live_inputs)
+            ):
+                # Every input but the loop's back edges ended: the driver triggered the final
+                # checkpoint only once the loop was quiet, so nothing more comes round; the
+                # end goes round the loop and ends the back edges too.
+                self._emit_end()
+                sent_end = True
             item = gate.poll(handler.blocked_channels, timeout=wait)
             if item is None:
                 if not handler.live_inputs:
-                    self._emit_end()
+                    if not sent_end:
+                        self._emit_end()
                     ended = True
                 continue
             channel, frame = item
@@ -357,6 +376,7 @@ class SubtaskRunner:
                 self.records_in += len(frame)
                 self._carry(handler.message_received(channel, frame))
                 self._push(frame.batch)
+                self.records_done += len(frame)
             elif isinstance(frame, PriorityBarrier):
                 n = frame.barrier.checkpoint_id
                 self._first_barrier_at.setdefault(n, time.monotonic())
@@ -425,6 +445,8 @@ class SubtaskRunner:
                 self._complete(checkpoint)
                 if final:
                     self._final = checkpoint
+            elif kind == "drain" and self.chain.is_source:
+                self._draining = True  # stop reading: the job stops once the loops are quiet
             elif kind == "complete":
                 self._last_complete = max(self._last_complete, checkpoint)
                 for n in [n for n in self._trigger_times if n <= checkpoint]:
@@ -460,7 +482,9 @@ class SubtaskRunner:
     def _emit(self, batch: Batch) -> None:
         for downstream, channels, partitioner in self.outputs:
             if partitioner is None:
-                channels[0].send(Records(batch))
+                records = Records(batch)
+                self.records_sent += len(records)
+                channels[0].send(records)
                 continue
             context = self._key_contexts[downstream]
             self._current = context.name
@@ -471,6 +495,7 @@ class SubtaskRunner:
                 continue  # the whole batch went to the dead letters
             for channel, part in zip(channels, parts, strict=True):
                 if len(part):
+                    self.records_sent += len(part)
                     channel.send(Records(part))
 
     def _forward(self, checkpoint_id: int, unaligned: bool, forced_aligned: bool = False) -> None:
@@ -666,6 +691,7 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
                     token=setup.token,
                     generation=setup.generation,
                     capacity=setup.buffer_capacity,
+                    back_edges=plan.back_edge_channels(chain, slot),
                 )
         mine = {"slot": slot, "host": host, "ports": {u: g.port for u, g in gates.items()}}
         addresses: dict[tuple[int, str], tuple[str, int]] = {}
@@ -730,7 +756,15 @@ def _supervise(
             message = control.receive(timeout=0.1)
         except ControlError:
             raise RuntimeError("the driver closed the control connection") from None
-        if message is not None:
+        if message is not None and message.get("kind") == "census":
+            # counted here, after the request came: the driver's waves need that order
+            control.send(
+                "census",
+                wave=message.get("wave"),
+                sent=sum(r.records_sent for r in runners),
+                done=sum(r.records_done for r in runners),
+            )
+        elif message is not None:
             for runner in runners:
                 runner.inbox.put(message)
         now = time.monotonic()

@@ -1,0 +1,1 @@
+"""Example jobs: small, complete programs that show one capability each."""
