@@ -558,21 +558,21 @@ class BarrierTracker(_BarrierHandler[C]):
         return actions
 
     def _ready(self) -> list[BarrierAction[C]]:
-        """Snapshot the newest pending checkpoint whose barriers all came; older pending ones
-        are subsumed by it."""
+        """Snapshot the pending checkpoints whose barriers all came, oldest first; older
+        pending ones that are not ready can never be (their barriers were skipped)."""
         actions: list[BarrierAction[C]] = []
-        ready = [n for n, have in self._pending.items() if self._regular_aligned(have)]
+        ready = sorted(n for n, have in self._pending.items() if self._regular_aligned(have))
         if not ready:
             return actions
-        newest = max(ready)
         for old in sorted(self._pending):
-            if old < newest:
+            if old < ready[-1] and old not in ready:
                 del self._pending[old]
                 actions.append(
-                    DeclineCheckpoint(old, f"checkpoint {newest} completed its barriers first")
+                    DeclineCheckpoint(old, f"checkpoint {ready[-1]} completed its barriers first")
                 )
-        closed = self._pending.pop(newest) - self._ended
-        self._settled = newest
-        actions += self._snapshot(newest, closed, unaligned=False)
+        for n in ready:
+            closed = self._pending.pop(n) - self._ended
+            self._settled = n
+            actions += self._snapshot(n, closed, unaligned=False)
         self._forget()
         return actions

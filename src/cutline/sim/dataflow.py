@@ -40,7 +40,10 @@ end-of-input markers do not count against the bounds.
   every source is (a loop head whose inputs ended cannot take part any more);
 * an alignment timer fires (``aligned_timeout`` mode): every alignment that blocked a
   channel arms a timer that fires at a random later step and calls
-  ``alignment_timed_out(n)``, which does nothing if the alignment ended meanwhile;
+  ``alignment_timed_out(n)``, which does nothing if the alignment ended meanwhile. With
+  ``trigger_timers``, a subtask may also arm the timer of ``n`` when ``n`` is triggered
+  (as the runtime does), so that it may fire before any barrier of ``n`` came; a
+  subtask whose inputs have all ended has stopped, and its timers no longer fire;
 * the coordinator aborts an in-flight checkpoint (``abort_weight > 0``), or delivers the
   notice of an abort to one subtask (``abort(n)``). A checkpoint is aborted when some
   subtask declines it.
@@ -89,6 +92,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from cutline.protocol import (
@@ -231,14 +235,23 @@ class Topology:
         backward = _reach(heads, _adjacency(self.channels, 1))
         return frozenset(forward & backward)
 
+    @cached_property
+    def _split_outputs(self) -> dict[str, tuple[tuple[ChannelId, ...], tuple[ChannelId, ...]]]:
+        """Per subtask, its regular outputs and its back-edge outputs."""
+        return {
+            name: (
+                tuple(c for c in self.outputs(name) if c not in self.back_edges),
+                tuple(c for c in self.outputs(name) if c in self.back_edges),
+            )
+            for name in self.subtasks
+        }
+
     def route(self, name: str, record: Record) -> tuple[ChannelId, Record] | None:
         """Where subtask ``name`` sends ``record`` (after processing it), or ``None``."""
-        outputs = [c for c in self.outputs(name) if c not in self.back_edges]
-        if record.rounds > 0:
-            back = [c for c in self.outputs(name) if c in self.back_edges]
-            if back:
-                record = record._replace(rounds=record.rounds - 1)
-                return back[_key(record) % len(back)], record
+        outputs, back = self._split_outputs[name]
+        if record.rounds > 0 and back:
+            record = record._replace(rounds=record.rounds - 1)
+            return back[_key(record) % len(back)], record
         if not outputs:
             return None
         return outputs[_key(record) % len(outputs)], record
@@ -394,6 +407,9 @@ class DataflowConfig:
     """Weight of the coordinator's trigger step against 1 for a record or barrier step."""
     timeout_weight: float = 0.1
     """Weight of each armed alignment timer (``aligned_timeout`` mode)."""
+    trigger_timers: float = 0.0
+    """``aligned_timeout`` mode: the chance that an operator subtask arms the timer of a
+    checkpoint when it is triggered, rather than when its alignment blocks a channel."""
     abort_weight: float = 0.0
     """Weight of the coordinator aborting the oldest in-flight checkpoint."""
     notice_weight: float = 0.3
@@ -409,6 +425,12 @@ class DataflowConfig:
             raise ValueError(f"unknown mode {self.mode!r}; one of {MODES}")
         if self.buffer_capacity < 1 or self.input_capacity < 1:
             raise ValueError("buffer capacities must be at least 1")
+        if min(self.trigger_weight, self.timeout_weight, self.notice_weight) <= 0:
+            raise ValueError("the trigger, timeout and notice weights must be positive")
+        if self.abort_weight < 0:
+            raise ValueError("abort_weight must not be negative")
+        if not 0 <= self.trigger_timers <= 1:
+            raise ValueError("trigger_timers is a probability")
 
     @property
     def exactly_once(self) -> bool:
@@ -472,8 +494,10 @@ class DataflowRun:
 
 class _Channel:
     __slots__ = (
+        "arrive_step",
         "back_edge",
         "cid",
+        "consume_step",
         "in_buf",
         "in_capacity",
         "in_records",
@@ -481,6 +505,7 @@ class _Channel:
         "out_capacity",
         "out_records",
         "receiver",
+        "send_step",
         "sender",
         "wire",
     )
@@ -496,6 +521,9 @@ class _Channel:
         self.in_buf: deque[Item] = deque()
         self.out_records = 0
         self.in_records = 0
+        self.send_step = ("send", cid)
+        self.arrive_step = ("arrive", cid)
+        self.consume_step = ("consume", cid)
 
     def has_room(self) -> bool:
         return self.out_capacity is None or self.out_records < self.out_capacity
@@ -626,6 +654,7 @@ class DataflowModel:
         self.stats: Counter[str] = Counter()
         self.trace: list[str] = []
         self.steps = 0
+        self._routes: dict[tuple[str, Record], tuple[ChannelId, Record] | None] = {}
         if restore is not None:
             self._restore(*restore)
 
@@ -654,10 +683,9 @@ class DataflowModel:
         cfg = self.config
         try:
             while self.steps < cfg.max_steps:
-                steps, weights = self._enabled()
-                if not steps:
+                step = self._pick()
+                if step is None:
                     break
-                step = self.rng.choices(steps, weights)[0] if len(steps) > 1 else steps[0]
                 self.steps += 1
                 if cfg.trace:
                     self.trace.append(f"{self.steps}: {' '.join(map(str, step))}")
@@ -704,30 +732,27 @@ class DataflowModel:
 
     # ----------------------------------------------------------------------- steps
 
-    def _enabled(self) -> tuple[list[_Step], list[float]]:
+    def _enabled(self) -> tuple[list[_Step], list[_Step], list[float]]:
+        """The steps that can be taken now: those of weight 1 (records and barriers moving),
+        then the others with their weights."""
         cfg = self.config
         topo = self.topology
-        steps: list[_Step] = []
-        weights: list[float] = []
+        unit: list[_Step] = []
         for task in self.sources:
             if task.finished:
                 continue
             if task.offset < topo.records:
-                hop = topo.route(task.name, topo.first_record(task.index, task.offset))
+                hop = self._route(task.name, topo.first_record(task.index, task.offset))
                 if hop is None or self.channels[hop[0]].has_room():
-                    steps.append(("emit", task.name))
-                    weights.append(1.0)
+                    unit.append(("emit", task.name))
             else:
-                steps.append(("end", task.name))
-                weights.append(1.0)
+                unit.append(("end", task.name))
         tasks = self.tasks
         for ch in self.channel_list:
             if ch.out_buf:
-                steps.append(("send", ch.cid))
-                weights.append(1.0)
+                unit.append(ch.send_step)
             if ch.wire and (not isinstance(ch.wire[0], Record) or ch.in_records < ch.in_capacity):
-                steps.append(("arrive", ch.cid))
-                weights.append(1.0)
+                unit.append(ch.arrive_step)
             if ch.in_buf:
                 task = tasks[ch.receiver]
                 handler = task.handler
@@ -736,27 +761,50 @@ class DataflowModel:
                     continue
                 head = ch.in_buf[0]
                 if isinstance(head, Record):
-                    hop = topo.route(task.name, head)
+                    hop = self._route(task.name, head)
                     if hop is not None and not self.channels[hop[0]].has_room():
                         continue
-                steps.append(("consume", ch.cid))
-                weights.append(1.0)
+                unit.append(ch.consume_step)
+        if not self.loop_ended and self._loop_quiet():
+            unit.append(("loop_end",))
+        rare: list[_Step] = []
+        weights: list[float] = []
         if self.next_id <= cfg.max_checkpoints and self._may_trigger():
-            steps.append(("trigger",))
+            rare.append(("trigger",))
             weights.append(cfg.trigger_weight)
         for name, n in self.timers:
-            steps.append(("timeout", name, n))
+            rare.append(("timeout", name, n))
             weights.append(cfg.timeout_weight)
         for name, n in self.notices:
-            steps.append(("notice", name, n))
+            rare.append(("notice", name, n))
             weights.append(cfg.notice_weight)
         if cfg.abort_weight > 0 and self._in_flight():
-            steps.append(("abort",))
+            rare.append(("abort",))
             weights.append(cfg.abort_weight)
-        if not self.loop_ended and self._loop_quiet():
-            steps.append(("loop_end",))
-            weights.append(1.0)
-        return steps, weights
+        return unit, rare, weights
+
+    def _pick(self) -> _Step | None:
+        """A step chosen at random among the enabled ones, by weight; ``None`` if none is."""
+        unit, rare, weights = self._enabled()
+        if not rare:
+            return unit[int(self.rng.random() * len(unit))] if unit else None
+        x = self.rng.random() * (len(unit) + sum(weights))
+        if x < len(unit):
+            return unit[int(x)]
+        x -= len(unit)
+        for step, weight in zip(rare, weights, strict=True):
+            if x < weight:
+                return step
+            x -= weight
+        return rare[-1]
+
+    def _route(self, name: str, record: Record) -> tuple[ChannelId, Record] | None:
+        key = (name, record)
+        try:
+            return self._routes[key]
+        except KeyError:
+            hop = self._routes[key] = self.topology.route(name, record)
+            return hop
 
     def _may_trigger(self) -> bool:
         live = [not s.finished for s in self.sources]
@@ -769,6 +817,11 @@ class DataflowModel:
     def _loop_quiet(self) -> bool:
         """The heads may end: every input into the loop from outside it ended, the heads are
         neither aligning nor recording, and nothing is left on a channel inside the loop."""
+        tasks = self.tasks
+        if any(cid not in tasks[cid[1]].ended for cid in self.loop_entries):
+            return False
+        if not all(ch.empty() for ch in self.loop_channels):
+            return False
         for head in self.heads:
             handler = head.handler
             if handler is None or handler.recording:
@@ -777,10 +830,7 @@ class DataflowModel:
                 return False
             if isinstance(handler, BarrierTracker) and handler.pending_checkpoints:
                 return False
-        for cid in self.loop_entries:
-            if cid not in self.tasks[cid[1]].ended:
-                return False
-        return all(ch.empty() for ch in self.loop_channels)
+        return True
 
     def _do(self, step: _Step) -> None:
         kind = step[0]
@@ -820,7 +870,7 @@ class DataflowModel:
     # ---------------------------------------------------------------- record flow
 
     def _forward(self, task: _Task, record: Record) -> None:
-        hop = self.topology.route(task.name, record)
+        hop = self._route(task.name, record)
         if hop is None:
             return
         cid, out = hop
@@ -873,6 +923,8 @@ class DataflowModel:
                 and handler.pending_checkpoint == n
             ):
                 self.stats["alignments switched by an unaligned barrier"] += 1
+            if isinstance(handler, BarrierTracker) and len(handler.pending_checkpoints) > 1:
+                self.stats["barriers with several checkpoints pending"] += 1
             self._call(
                 task,
                 f"barrier_received({n}, {cid[0]}->{cid[1]}, unaligned={item.unaligned}, "
@@ -885,7 +937,11 @@ class DataflowModel:
             )
         else:
             task.ended.add(cid)
-            self._call(task, f"end_of_input({cid[0]}->{cid[1]})", handler.end_of_input, cid)
+            actions = self._call(
+                task, f"end_of_input({cid[0]}->{cid[1]})", handler.end_of_input, cid
+            )
+            if any(isinstance(a, SnapshotComplete) for a in actions):
+                self.stats["snapshots completed by an end of input"] += 1
             if len(task.ended) == len(task.inputs) and not task.finished and task not in self.heads:
                 self._finish(task)
 
@@ -908,6 +964,7 @@ class DataflowModel:
         self.next_id += 1
         self.triggered.append(n)
         unaligned = self.config.mode == "unaligned" and self.config.unaligned_sources
+        timers = self.config.mode == "aligned_timeout" and self.config.trigger_timers > 0
         for task in self.tasks.values():
             if task.finished:
                 task.take(n, finished=True).complete = True
@@ -917,6 +974,8 @@ class DataflowModel:
                 snap = task.take(n, finished=False)
                 self._emit_barrier(task, snap, unaligned)
                 snap.complete = True
+            elif timers and self.rng.random() < self.config.trigger_timers:
+                self.timers.append((task.name, n))
         self._check_global(n)
 
     def _emit_barrier(self, task: _Task, snap: TaskSnapshot, unaligned: bool) -> None:
@@ -936,9 +995,16 @@ class DataflowModel:
     def _timeout(self, task: _Task, n: int) -> None:
         handler = task.handler
         assert isinstance(handler, BarrierAligner)
-        if handler.pending_checkpoint == n:
+        if len(task.ended) == len(task.inputs):
+            return  # the subtask has stopped
+        pending = handler.pending_checkpoint
+        actions = self._call(task, f"alignment_timed_out({n})", handler.alignment_timed_out, n)
+        if pending == n:
             self.stats["alignment timeouts"] += 1
-        self._call(task, f"alignment_timed_out({n})", handler.alignment_timed_out, n)
+        elif actions:
+            self.stats["checkpoints initiated by a timeout"] += 1
+        else:
+            self.stats["stale timers"] += 1
 
     def _abort(self, n: int, why: str) -> None:
         if n in self.aborted or n in self.completed:
@@ -965,15 +1031,17 @@ class DataflowModel:
 
     def _call(
         self, task: _Task, event: str, method: Callable[..., Any], *args: Any, **kw: Any
-    ) -> None:
+    ) -> Sequence[Any]:
+        """Feed one event to ``task``'s handler and carry out the actions it returns."""
         try:
-            actions = method(*args, **kw)
+            actions: Sequence[Any] = method(*args, **kw)
         except ProtocolError as e:
             self._problem(f"{task.name}: {event} raised {type(e).__name__}: {e}", halt=True)
-            return
+            raise  # pragma: no cover - _problem raised _Halt
         if self.config.trace:
             self.trace.append(f"  {task.name}.{event} -> {list(actions)}")
         self._apply(task, actions)
+        return actions
 
     def _apply(self, task: _Task, actions: Iterable[Any]) -> None:
         stats = self.stats
@@ -1035,6 +1103,8 @@ class DataflowModel:
                     self._problem(f"{task.name}: bad {action!r}")
                 task.blocked.append(action.channel)
                 stats["blocked channels"] += 1
+                if action.channel in self.topology.back_edges:
+                    stats["blocked back edges"] += 1
                 handler = task.handler
                 if (
                     self.config.mode == "aligned_timeout"

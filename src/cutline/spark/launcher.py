@@ -130,10 +130,26 @@ def _spark_error(exc: BaseException, slots: int) -> str:
             "cluster has fewer: lower the parallelism or add executors/cores"
         )
     lines = [line for line in text.splitlines() if line.strip()]
-    for line in lines:  # the Python error of the task, when there is one
-        if line.startswith(("RuntimeError:", "Exception:", "org.apache.spark.api.python")):
+    for line in lines:  # the slot's own report, when it could make one
+        if line.startswith(("RuntimeError:", "Exception:")):
             return line.strip()
+    for i, line in enumerate(lines):  # a Python error before the slot ran (e.g. unpickling)
+        if "Traceback (most recent call last)" in line:
+            error = _python_error(lines[i + 1 :])
+            if error:
+                return f"a Spark task failed before its slot ran: {error}"
     return lines[0].strip() if lines else type(exc).__name__
+
+
+def _python_error(lines: list[str]) -> str | None:
+    """The exception line that ends a Python traceback (before the JVM's stack, if any)."""
+    last = None
+    for line in lines:
+        if line.startswith(("\tat ", "at ")) or line.startswith("\t"):
+            break
+        if not line.startswith((" ", "\t")):
+            last = line.strip()
+    return last
 
 
 class SparkLauncher:
