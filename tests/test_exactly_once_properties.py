@@ -1,5 +1,6 @@
 """Exactly once, whatever fails when: hypothesis draws the job's shape (parallelism, batch size,
-checkpoint interval, input size) and where user code fails (records that raise on their first
+checkpoint interval, input size, checkpointing mode: aligned, unaligned, or aligned with an
+alignment timeout; one or three checkpoints at once) and where user code fails (records that raise on their first
 attempt, so that the job restarts from whatever checkpoint is latest at that moment), runs the
 job through the real runtime (subtask threads, TCP channels, checkpoints on disk, restarts)
 and checks the published output exactly: every key's running counts 1..n, each once, both in
@@ -52,6 +53,12 @@ def _run_and_check(tmp_path_factory, parallelism, records, batch_size, interval,
     work: Path = tmp_path_factory.mktemp("job")
     failures = {f for f in failures if f < records}
     keyed_op = data.draw(st.sampled_from(["count", "sum"]))
+    mode = data.draw(st.sampled_from(["aligned", "unaligned", "aligned-timeout"]))
+    modes: dict[str, dict] = {
+        "aligned": {"max_concurrent_checkpoints": data.draw(st.sampled_from([1, 3]))},
+        "unaligned": {"checkpointing": "unaligned"},
+        "aligned-timeout": {"alignment_timeout": data.draw(st.sampled_from([0, 0.002, 0.01]))},
+    }
     env = StreamEnvironment(
         parallelism,
         checkpoint_interval=interval,
@@ -60,6 +67,7 @@ def _run_and_check(tmp_path_factory, parallelism, records, batch_size, interval,
         restart_attempts=len(failures),
         batch_size=batch_size,
         buffer_capacity=2,
+        **modes[mode],
     )
     keyed = env.from_sequence(0, records).map(FailOnce(failures)).key_by("key")
     if keyed_op == "count":
