@@ -251,7 +251,9 @@ def test_concurrent_checkpoints_honour_the_maximum_and_the_output_is_exact(
             {"checkpointing": "unaligned", "max_concurrent_checkpoints": 2},
             "one at a time",
         ),
-        ({"max_concurrent_checkpoints": 0}, "max_concurrent"),
+        ({"max_concurrent_checkpoints": 0}, "max_concurrent_checkpoints must be"),
+        ({"max_concurrent_checkpoints": True}, "max_concurrent_checkpoints must be"),
+        ({"alignment_timeout": float("nan")}, "finite"),
     ],
 )
 def test_bad_checkpointing_settings_are_refused_with_a_clear_message(

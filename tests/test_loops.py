@@ -11,6 +11,7 @@ label is the smallest vertex of its component.
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,16 +76,20 @@ def test_connected_components_in_every_mode(tmp_path: Path, mode: str) -> None:
 
 @dataclass(frozen=True)
 class FailOnceAfter:
-    """Passes records through; raises once on the first record after ``marker`` exists."""
+    """Passes records through, each taking ``pause`` seconds (so that the loop is still busy
+    when a checkpoint completes); raises once on the first record after ``marker`` exists."""
 
     marker: str
     flag: str
+    pause: float = 0.0
 
     @property
     def __name__(self) -> str:
         return "fail_once_after"
 
     def __call__(self, record: Any) -> Any:
+        if self.pause:
+            time.sleep(self.pause)
         if os.path.exists(self.marker):
             try:
                 os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -111,7 +116,9 @@ def test_a_failure_inside_the_loop_restores_the_records_on_the_back_edge(
 
     def body(loop: Any) -> tuple[Any, Any]:
         messages = loop.key_by(vertex_of).process(Propagate())
-        feedback = messages.filter(is_label).map(FailOnceAfter(str(marker), str(tmp_path / "f")))
+        feedback = messages.filter(is_label).map(
+            FailOnceAfter(str(marker), str(tmp_path / "f"), pause=0.0003)
+        )
         return feedback, messages.filter(is_output).map(as_output)
 
     (
@@ -191,3 +198,69 @@ def test_a_loop_head_takes_one_back_edge_only() -> None:
     with pytest.raises(GraphError, match="already has a back edge"):
         graph.close_loop("head", "body")
     assert graph.has_loops
+
+
+@dataclass(frozen=True)
+class SlowAfterRestart:
+    """Counts a record's rounds down; slow for a moment after a restart (``until`` holds the
+    time), so that a restored loop head is still busy replaying its back edge while the
+    driver's census runs."""
+
+    until: str
+
+    @property
+    def __name__(self) -> str:
+        return "step"
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        if os.path.exists(self.until) and time.time() < float(Path(self.until).read_text() or 0):
+            time.sleep(0.03)
+        return {**record, "left": record["left"] - 1}
+
+
+def test_a_restored_loop_is_not_declared_quiet_while_it_replays_its_back_edge(
+    tmp_path: Path,
+) -> None:
+    # Restored from a checkpoint taken after the sources were exhausted, with records on the
+    # back edge: the head replays them first. The census must count that work, or the final
+    # checkpoint comes too early and what the replay produces is never published.
+    n, rounds = 200, 300
+    marker, slow = tmp_path / "checkpointed", tmp_path / "slow"
+    env = StreamEnvironment(
+        1,
+        checkpoint_interval=0.05,
+        checkpoint_dir=tmp_path / "checkpoints",
+        restart_delay=0,
+        batch_size=20,
+        restart_attempts=2,
+    )
+
+    def body(loop: Any) -> tuple[Any, Any]:
+        stepped = loop.map(SlowAfterRestart(str(slow)))  # chained with the head
+        feedback = stepped.filter(lambda r: r["left"] > 0).map(
+            FailOnceAfter(str(marker), str(tmp_path / "failed"))
+        )
+        return feedback, stepped.filter(lambda r: r["left"] == 0)
+
+    (
+        env.from_sequence(0, n)
+        .map(lambda r: {"value": r["value"], "left": rounds})
+        .iterate(body)
+        .map(lambda r: r["value"])
+        .collect()
+    )
+    completed: list[str] = []
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "checkpoint":
+            completed.append(message)
+            if len(completed) == 2:
+                marker.touch()
+        if kind == "restart":
+            slow.write_text(str(time.time() + 1.5))
+
+    result = env.execute(launcher=ThreadLauncher(), listener=listener)
+    assert len(result.restarts) == 1
+    published = Counter(result.output)
+    assert sorted(published) == list(range(n))
+    assert all(count == 1 for count in published.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -9,8 +10,9 @@ import time
 import pyarrow as pa
 import pytest
 
-from cutline.runtime.channel import ChannelError, InputGate, OutputChannel
-from cutline.runtime.wire import Barrier, EndOfInput, Hello, Records, encode
+from cutline.protocol import BarrierAligner
+from cutline.runtime.channel import ChannelError, InputGate, OutputChannel, PriorityBarrier
+from cutline.runtime.wire import Barrier, EndOfInput, Hello, Records, encode, encode_credit
 
 TOKEN = b"job-token"
 WAIT = 30.0  # seconds: only a bound against a hang, never an expectation
@@ -229,3 +231,120 @@ def test_several_threads_may_send_on_one_channel() -> None:
         out.close()
     for name in "pq":  # every frame whole, each thread's frames in its own order
         assert [r.batch[1] for r in got if r.batch[0] == name] == list(range(200))
+
+
+# ------------------------------------------------------------ credits, priority, promotion
+
+
+def test_close_returns_while_a_send_is_stuck_in_sendall() -> None:
+    """A receiver that granted credit and then stopped reading (a frozen worker) leaves a send
+    blocked in sendall; close() must still return (the slot must be able to tear down)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    peer: list[socket.socket] = []
+
+    def frozen_receiver() -> None:
+        conn, _ = server.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.recv(4096)  # the hello
+        conn.sendall(encode_credit(1000))  # plenty of credit, then never reads again
+        peer.append(conn)
+
+    threading.Thread(target=frozen_receiver, daemon=True).start()
+    out = OutputChannel(("127.0.0.1", server.getsockname()[1]), "c", token=TOKEN, generation=0)
+    deadline = time.monotonic() + WAIT
+    while not peer and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    def sender() -> None:
+        with contextlib.suppress(ChannelError):
+            for _ in range(50):
+                out.send(Records([b"x" * 1_000_000]))  # sendall blocks soon
+
+    sending = threading.Thread(target=sender, daemon=True)
+    sending.start()
+    time.sleep(1.0)  # let the sender get stuck inside sendall (if it does not, close is easy)
+    closer = threading.Thread(target=out.close, daemon=True)
+    closer.start()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    server.close()
+
+
+def _drain_into(handler: BarrierAligner, gate: InputGate) -> list[int]:
+    seen = []
+    while (item := gate.poll(handler.blocked_channels, timeout=2.0)) is not None:
+        channel, frame = item
+        if isinstance(frame, PriorityBarrier):
+            seen.append(frame.barrier.checkpoint_id)
+            handler.barrier_received(
+                frame.barrier.checkpoint_id, channel, unaligned=True, overtaken=frame.overtaken
+            )
+        elif isinstance(frame, Barrier):
+            seen.append(frame.checkpoint_id)
+            handler.barrier_received(frame.checkpoint_id, channel)
+        elif isinstance(frame, Records):
+            handler.message_received(channel, frame)
+    return seen
+
+
+def test_promoting_a_queued_barrier_at_the_sender_drops_older_queued_barriers() -> None:
+    with InputGate(["b"], token=TOKEN, generation=0, capacity=1) as gate:
+        out = OutputChannel(address(gate), "b", token=TOKEN, generation=0, capacity=8)
+        out.send(Records(["r0"]))  # uses the only credit
+        deadline = time.monotonic() + WAIT
+        while gate.buffered("b") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out.send(Records(["r1"]))  # queued from here on
+        out.send(Barrier(1))  # checkpoint 1: aborted meanwhile
+        out.send(Records(["r2"]))
+        out.send(Barrier(2))
+        assert [f.batch for f in out.promote(2) or []] == [["r1"], ["r2"]]
+        handler: BarrierAligner[str] = BarrierAligner(["b"], name="x")
+        handler.abort(1)
+        ending = threading.Thread(target=out.send, args=(EndOfInput(),), daemon=True)
+        ending.start()  # returns once the receiver took everything
+        assert _drain_into(handler, gate) == [2]  # Barrier(1) never arrives after it
+        ending.join(WAIT)
+        out.close()
+
+
+def test_promoting_a_queued_barrier_at_the_receiver_drops_older_queued_barriers() -> None:
+    with InputGate(["a", "b"], token=TOKEN, generation=0, capacity=8) as gate:
+        b = OutputChannel(address(gate), "b", token=TOKEN, generation=0)
+        b.send(Barrier(1))
+        b.send(Records(["r"]))
+        b.send(Barrier(2))
+        deadline = time.monotonic() + WAIT
+        while gate.buffered("b") < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        handler: BarrierAligner[str] = BarrierAligner(["a", "b"], name="x")
+        handler.abort(1)
+        handler.alignment_timed_out(2)  # no barrier of 2 came yet: this subtask initiates it
+        promoted = gate.promote(2)
+        assert promoted == [("b", (Records(["r"]),))]
+        for channel, ahead in promoted:
+            handler.barrier_received(2, channel, unaligned=True, overtaken=ahead)
+        b.send(EndOfInput())
+        assert _drain_into(handler, gate) == []  # the stale Barrier(1) is gone too
+        b.close()
+
+
+def test_an_unaligned_barrier_overtakes_both_queues_and_hands_over_what_it_jumped() -> None:
+    with InputGate(["a"], token=TOKEN, generation=0, capacity=2) as gate:
+        out = OutputChannel(address(gate), "a", token=TOKEN, generation=0, capacity=4)
+        for k in range(5):
+            out.send(Records([k]))  # 2 go out on credit, 3 wait at the sender
+        deadline = time.monotonic() + WAIT
+        while gate.buffered("a") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        kept = out.send_priority(Barrier(9, unaligned=True))
+        assert [f.batch for f in kept] == [[2], [3], [4]]  # the output side of channel state
+        channel, frame = gate.poll(timeout=WAIT, priority_only=True) or ("", None)
+        assert channel == "a"
+        assert frame == PriorityBarrier(Barrier(9, unaligned=True), (Records([0]), Records([1])))
+        ending = threading.Thread(target=out.send, args=(EndOfInput(),), daemon=True)
+        ending.start()
+        rest = [f for _, f in drain(gate)]
+        ending.join(WAIT)
+        assert rest == [Records([k]) for k in range(5)] + [EndOfInput()]  # still delivered
+        out.close()

@@ -15,6 +15,7 @@ runs it on Spark and returns when bounded input is all processed and its output 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -137,7 +138,16 @@ class StreamEnvironment:
                 f"checkpointing must be one of {', '.join(map(repr, CHECKPOINTING_MODES))}, "
                 f"not {checkpointing!r}"
             )
+        if type(max_concurrent_checkpoints) is not int or max_concurrent_checkpoints < 1:
+            raise ValueError(
+                "max_concurrent_checkpoints must be a positive integer, not "
+                f"{max_concurrent_checkpoints!r}"
+            )
         self.alignment_timeout = seconds(alignment_timeout, "alignment_timeout")
+        if self.alignment_timeout is not None and not math.isfinite(self.alignment_timeout):
+            raise ValueError(
+                f"alignment_timeout must be a finite duration, not {alignment_timeout!r}"
+            )
         if self.alignment_timeout is not None:
             if checkpointing != "aligned":
                 raise ValueError(

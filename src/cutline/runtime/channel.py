@@ -22,7 +22,8 @@ together with those frames (:class:`PriorityBarrier`), which are still consumed 
 The subtask's loop calls :meth:`InputGate.poll` with the channels it must not
 consume now (those blocked by barrier alignment); their frames stay queued.
 **Back edges** (the feedback channel of a loop) get unbounded credit, so that a
-loop can never deadlock on its own backpressure, and are read first.
+loop can never deadlock on its own backpressure. Channels are read round robin
+(back edges too: reading them first would starve the loop's input, and its barriers).
 
 A connection whose hello carries another job's token or a stale generation is
 refused and closed, and the gate goes on waiting for the right one. A channel
@@ -81,7 +82,7 @@ class InputGate:
     :param capacity: records frames buffered per channel (the credit each sender gets).
     :param host: the address to listen on (``0.0.0.0``: every interface).
     :param hello_timeout: seconds a new connection has to say hello before it is dropped.
-    :param back_edges: channels that come round a loop: unbounded credit, read first.
+    :param back_edges: channels that come round a loop: unbounded credit.
     """
 
     def __init__(
@@ -95,12 +96,8 @@ class InputGate:
         hello_timeout: float = 30.0,
         back_edges: Collection[str] = (),
     ) -> None:
-        channels = tuple(channels)
+        self.channels = tuple(channels)
         self.back_edges = frozenset(back_edges)
-        # back edges first: draining a loop comes before taking in more
-        self.channels = tuple(c for c in channels if c in self.back_edges) + tuple(
-            c for c in channels if c not in self.back_edges
-        )
         self.hello_timeout = hello_timeout
         if len(set(self.channels)) != len(self.channels):
             raise ValueError(f"an input channel is listed twice: {self.channels!r}")
@@ -142,13 +139,18 @@ class InputGate:
         with self._lock:
             for channel, queue in self._queues.items():
                 ahead: list[Records] = []
+                older: list[Frame] = []
                 for frame in queue:
                     if isinstance(frame, Barrier) and frame.checkpoint_id == checkpoint_id:
                         queue.remove(frame)
+                        for old in older:  # void once this one went ahead of them
+                            queue.remove(old)
                         promoted.append((channel, tuple(ahead)))
                         break
                     if isinstance(frame, Records):
                         ahead.append(frame)
+                    elif isinstance(frame, Barrier) and frame.checkpoint_id < checkpoint_id:
+                        older.append(frame)
         return promoted
 
     def queued_records(self) -> int:
@@ -167,11 +169,16 @@ class InputGate:
             )
 
     def poll(
-        self, blocked: Collection[str] = (), timeout: float | None = None
+        self,
+        blocked: Collection[str] = (),
+        timeout: float | None = None,
+        *,
+        priority_only: bool = False,
     ) -> tuple[str, Frame | PriorityBarrier] | None:
         """The next frame of a channel not in ``blocked`` (an unaligned barrier of any
         channel first, as a :class:`PriorityBarrier`), waiting up to ``timeout`` seconds
-        (``None``: until one comes). Returns ``None`` on timeout or when nothing can come."""
+        (``None``: until one comes). Returns ``None`` on timeout or when nothing can come.
+        ``priority_only``: only an unaligned barrier (the subtask has no room to send)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while True:
@@ -179,16 +186,18 @@ class InputGate:
                     raise self._errors[0]
                 if self._priority:
                     return self._priority.popleft()
+                if priority_only:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if self._closed or (remaining is not None and remaining <= 0):
+                        return None
+                    self._lock.wait(remaining)
+                    continue
                 n = len(self.channels)
-                backs = len(self.back_edges)
                 for i in range(n):
-                    # the back edges (listed first) always first, then round robin
-                    k = i if i < backs else backs + (self._next + i - backs) % (n - backs)
-                    channel = self.channels[k]
+                    channel = self.channels[(self._next + i) % n]
                     queue = self._queues[channel]
                     if queue and channel not in blocked:
-                        if k >= backs:
-                            self._next = (k - backs + 1) % (n - backs)
+                        self._next = (self._next + i + 1) % n
                         frame = queue.popleft()
                         if isinstance(frame, Records):
                             self._records[channel] -= 1
@@ -425,14 +434,31 @@ class OutputChannel:
         one sent now; return the records frames queued ahead of it (``None``: not queued)."""
         with self._lock:
             ahead: list[Records] = []
+            older: list[Frame] = []
             for frame in self._queue:
                 if isinstance(frame, Barrier) and frame.checkpoint_id == checkpoint_id:
                     self._queue.remove(frame)
+                    for old in older:  # void: the receiver would refuse them after this one
+                        self._queue.remove(old)
                     self._write(Barrier(checkpoint_id, unaligned=True))
                     return ahead
                 if isinstance(frame, Records):
                     ahead.append(frame)
+                elif isinstance(frame, Barrier) and frame.checkpoint_id < checkpoint_id:
+                    older.append(frame)
             return None
+
+    def wait_for_room(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for :attr:`has_room`."""
+        with self._lock:
+            if self._queued_records >= self.capacity and self._error is None:
+                self._lock.wait(timeout)
+
+    @property
+    def has_room(self) -> bool:
+        """Whether a records frame sent now would not block (fewer than ``capacity`` wait)."""
+        with self._lock:
+            return self._queued_records < self.capacity or self._error is not None
 
     def close(self) -> None:
         """Close the channel; a ``send`` blocked by backpressure in another thread fails.
@@ -442,12 +468,14 @@ class OutputChannel:
         could lose what it had not read yet."""
         if self._ended:
             self._reader.join(5.0)
+        # first, without the lock: a sendall blocked under it (a receiver that stopped reading)
+        # wakes up only when the socket is shut down
+        close_socket(self._sock)
         with self._lock:
             self._closed = True
             if self._error is None:
                 self._error = ChannelError(f"channel {self.channel!r} was closed")
             self._lock.notify_all()
-        close_socket(self._sock)
 
     def __enter__(self) -> OutputChannel:
         return self

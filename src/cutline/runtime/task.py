@@ -192,6 +192,11 @@ class SubtaskRunner:
             self._restored_inputs = channels.get("inputs", {})
             self._restored_outputs = channels.get("outputs", {})
             self._check_channel_state(setup.restore_id)
+            # the records in flight at the checkpoint count as sent in this generation (and as
+            # done once replayed): the census of a loop must see them
+            self.records_sent += sum(
+                len(Records(b)) for batches in self._restored_inputs.values() for b in batches
+            )
         if setup.dead_letter_dir is not None:
             sink = FileSink(
                 f"{setup.dead_letter_dir.rstrip('/')}/{self.chain.uid}",
@@ -314,6 +319,9 @@ class SubtaskRunner:
                 return
             if exhausted or self._final is not None:
                 continue
+            if not self._has_room():
+                self._wait_for_room(0.01)  # and see the driver's messages meanwhile
+                continue
             self._current = self.chain.operators[0].name
             batch = None if self._draining else self._reader.read(batch_size)
             if batch is None:
@@ -342,6 +350,7 @@ class SubtaskRunner:
             for batch in self._restored_inputs.get(channel, ()):
                 self.records_in += len(Records(batch))
                 self._push(batch)
+                self.records_done += len(Records(batch))
         self._restored_inputs = {}
         ended = sent_end = False
         while True:
@@ -364,9 +373,14 @@ class SubtaskRunner:
                 # end goes round the loop and ends the back edges too.
                 self._emit_end()
                 sent_end = True
-            item = gate.poll(handler.blocked_channels, timeout=wait)
+            # Take in a batch only when every output has room for what it makes: a subtask
+            # never blocks in a send, so it always sees barriers, timeouts and messages.
+            room = self._has_room()
+            item = gate.poll(
+                handler.blocked_channels, timeout=wait if room else 0.005, priority_only=not room
+            )
             if item is None:
-                if not handler.live_inputs:
+                if room and not handler.live_inputs:
                     if not sent_end:
                         self._emit_end()
                     ended = True
@@ -413,6 +427,7 @@ class SubtaskRunner:
                 self._complete(action.snapshot_id)
             elif isinstance(action, DeclineCheckpoint):
                 self._taking.pop(action.checkpoint_id, None)
+                self._unflushed.pop(action.checkpoint_id, None)
                 self._first_barrier_at.pop(action.checkpoint_id, None)
                 self.control.send(
                     "decline",
@@ -457,6 +472,7 @@ class SubtaskRunner:
                     self._dead_letters.writer.notify_complete(checkpoint)
             elif kind == "abort":
                 self._trigger_times.pop(checkpoint, None)
+                self._unflushed.pop(checkpoint, None)  # not written: the driver dropped it
                 if self._final == checkpoint:
                     self._final = None  # the driver triggers another final checkpoint
                 if self._handler is not None:
@@ -554,6 +570,17 @@ class SubtaskRunner:
             return
         self._snapshotter.submit(self._write, checkpoint_id, taking)
 
+    def _has_room(self) -> bool:
+        """Whether every output channel can take a batch without blocking."""
+        return all(channel.has_room for _, channels, _ in self.outputs for channel in channels)
+
+    def _wait_for_room(self, timeout: float) -> None:
+        for _, channels, _ in self.outputs:
+            for channel in channels:
+                if not channel.has_room:
+                    channel.wait_for_room(timeout)
+                    return
+
     def _barrier_queued(self, checkpoint_id: int) -> bool:
         return any(
             channel.holds_barrier(checkpoint_id)
@@ -585,6 +612,8 @@ class SubtaskRunner:
         for n, triggered in list(self._trigger_times.items()):
             if now < triggered + self._timeout:
                 continue
+            if isinstance(handler, BarrierAligner) and handler.pending_checkpoint not in (None, n):
+                continue  # another checkpoint aligns here first; try again after it
             del self._trigger_times[n]
             if not isinstance(handler, BarrierAligner):
                 continue
