@@ -87,17 +87,25 @@ def touch_on(path: Path, *kinds: str) -> Callable[[str, str], None]:
     return listener
 
 
-def keyed_job(env: StreamEnvironment, tmp_path: Path, pause: float) -> None:
-    """Sequence -> key_by -> a slow operator -> keyed running count -> collect."""
-    (
+def keyed_job(
+    env: StreamEnvironment,
+    tmp_path: Path,
+    pause: float,
+    *,
+    fast_flag: str = "fast",
+    then: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None,
+) -> None:
+    """Sequence -> key_by -> a slow operator (fast once ``tmp_path/fast_flag`` exists) ->
+    ``then`` -> keyed running count -> collect."""
+    slow = (
         env.from_sequence(0, N)
         .map_batches(lambda b: b.append_column("key", pa.compute.bit_wise_and(b["value"], 15)))
         .key_by("key")
-        .map_batches(SlowBatches(str(tmp_path / "fast"), pause))
-        .key_by("key")
-        .count()
-        .collect()
+        .map_batches(SlowBatches(str(tmp_path / fast_flag), pause))
     )
+    if then is not None:
+        slow = slow.map_batches(then)
+    slow.key_by("key").count().collect()
 
 
 def expected_counts() -> Counter[tuple[int, int]]:
@@ -129,16 +137,8 @@ def test_exactly_once_modes_restore_from_a_checkpoint_taken_under_backpressure(
 ) -> None:
     marker = tmp_path / "checkpointed"
     env = environment(tmp_path, mode)
-    (
-        env.from_sequence(0, N)
-        .map_batches(lambda b: b.append_column("key", pa.compute.bit_wise_and(b["value"], 15)))
-        .key_by("key")
-        .map_batches(SlowBatches(str(tmp_path / "never"), 0.01))
-        .map_batches(FailOnceAfter(str(marker), str(tmp_path / "failed")))
-        .key_by("key")
-        .count()
-        .collect()
-    )
+    fail = FailOnceAfter(str(marker), str(tmp_path / "failed"))
+    keyed_job(env, tmp_path, 0.01, fast_flag="never", then=fail)
     result = env.execute(launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"))
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None
@@ -150,16 +150,8 @@ def test_unaligned_checkpoints_record_the_records_in_flight_and_restore_them(
 ) -> None:
     marker = tmp_path / "checkpointed"
     env = environment(tmp_path, "unaligned", checkpoint_interval=0.2)
-    (
-        env.from_sequence(0, N)
-        .map_batches(lambda b: b.append_column("key", pa.compute.bit_wise_and(b["value"], 15)))
-        .key_by("key")
-        .map_batches(SlowBatches(str(tmp_path / "never"), 0.02))
-        .map_batches(FailOnceAfter(str(marker), str(tmp_path / "failed")))
-        .key_by("key")
-        .count()
-        .collect()
-    )
+    fail = FailOnceAfter(str(marker), str(tmp_path / "failed"))
+    keyed_job(env, tmp_path, 0.02, fast_flag="never", then=fail)
     result = env.execute(launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"))
     assert counts(result) == expected_counts()
     first = result.checkpoints[0]

@@ -59,6 +59,16 @@ def _assert_exact(output: Path, per_key: int = 200) -> None:
     assert verdict.exact
 
 
+def _execute_killing(env: StreamEnvironment, spark, killer: WorkerKiller):
+    """Run the job with ``killer`` armed; it must have killed a worker."""
+    try:
+        result = env.execute(spark, on_ready=killer.on_ready)
+    finally:
+        killer.disarm()  # never kill a reused worker of a later test
+    assert killer.killed_at is not None
+    return result
+
+
 def slow_batches(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A deliberately slow operator: 20 ms per batch."""
     time.sleep(0.02)
@@ -176,11 +186,7 @@ def test_sigkill_of_a_random_worker_at_a_random_moment(spark, events, tmp_path, 
         .write_parquet(tmp_path / "out")
     )
     killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}").after(rng.uniform(0.2, 1.5))
-    try:
-        result = env.execute(spark, on_ready=killer.on_ready)
-    finally:
-        killer.disarm()  # never kill a reused worker of a later test
-    assert killer.killed_at is not None
+    result = _execute_killing(env, spark, killer)
     assert len(result.restarts) == 1
     assert "lost" in result.restarts[0].cause or "died" in result.restarts[0].cause
     _assert_exact(tmp_path / "out")
@@ -305,11 +311,7 @@ def test_every_exactly_once_mode_survives_a_sigkill_under_backpressure(
         .write_parquet(tmp_path / "out")
     )
     killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}").after(rng.uniform(0.5, 2.0))
-    try:
-        result = env.execute(spark, on_ready=killer.on_ready)
-    finally:
-        killer.disarm()
-    assert killer.killed_at is not None
+    result = _execute_killing(env, spark, killer)
     assert len(result.restarts) == 1
     _assert_exact(tmp_path / "out")
     if mode == "unaligned":
@@ -335,11 +337,7 @@ def test_at_least_once_survives_a_sigkill_under_backpressure_losing_nothing(spar
         .write_parquet(tmp_path / "out")
     )
     killer = WorkerKiller(slot="slot-1").after(random.Random(7).uniform(0.5, 2.0))
-    try:
-        result = env.execute(spark, on_ready=killer.on_ready)
-    finally:
-        killer.disarm()
-    assert killer.killed_at is not None
+    result = _execute_killing(env, spark, killer)
     assert len(result.restarts) == 1
     values = pa.dataset.dataset(tmp_path / "out").to_table().column("value").to_pylist()
     published = Counter(values)
@@ -357,11 +355,7 @@ def test_connected_components_in_a_loop_survive_a_sigkill(spark, tmp_path, mode)
     env = _env(tmp_path, checkpoint_interval=0.2, batch_size=200, checkpointing=mode)
     components(edge_stream(env, edges=edges, vertices=vertices)).collect()
     killer = WorkerKiller(slot="slot-0").after(random.Random(mode).uniform(0.3, 1.5))
-    try:
-        result = env.execute(spark, on_ready=killer.on_ready)
-    finally:
-        killer.disarm()
-    assert killer.killed_at is not None
+    result = _execute_killing(env, spark, killer)
     assert len(result.restarts) == 1
     pairs = Counter((r["vertex"], r["label"]) for r in result.output)
     assert all(n == 1 for n in pairs.values())

@@ -169,6 +169,11 @@ class _BarrierHandler(Generic[C]):
         return tuple(c for c in self.inputs if c not in self._ended)
 
     @property
+    def last_settled(self) -> int:
+        """The newest checkpoint id snapshotted, aborted or subsumed here (-1 before any)."""
+        return self._settled
+
+    @property
     def recording(self) -> tuple[int, ...]:
         """The checkpoints snapshotted here whose channel state is still being recorded."""
         return self._recorder.in_progress()
@@ -300,11 +305,6 @@ class BarrierAligner(_BarrierHandler[C]):
     @property
     def blocked_channels(self) -> tuple[C, ...]:
         return tuple(self._blocked)
-
-    @property
-    def last_settled(self) -> int:
-        """The newest checkpoint id whose alignment is over here (-1 before any)."""
-        return self._settled
 
     # ------------------------------------------------------------------- events
 
@@ -502,11 +502,6 @@ class BarrierTracker(_BarrierHandler[C]):
     @property
     def blocked_channels(self) -> tuple[C, ...]:
         return ()
-
-    @property
-    def last_settled(self) -> int:
-        """The newest checkpoint id snapshotted, aborted or subsumed here (-1 before any)."""
-        return self._settled
 
     def barrier_received(
         self,
