@@ -202,6 +202,7 @@ class JobConfig:
     checkpointing: str = "aligned"
     """``aligned``, ``unaligned`` or ``at_least_once`` (see :class:`SlotSetup`)."""
     alignment_timeout: float | None = None
+    """See :class:`SlotSetup`."""
 
 
 Listener = Callable[[str, str], None]

@@ -115,7 +115,8 @@ class SlotSetup:
     checkpointing: str = "aligned"
     """``aligned``, ``unaligned`` (exactly-once both) or ``at_least_once``."""
     alignment_timeout: float | None = None
-    """Aligned checkpoints whose alignment at a subtask lasts longer switch to unaligned."""
+    """With ``aligned``: seconds from a checkpoint's trigger after which it goes unaligned at a
+    subtask where it has not aligned yet (or whose barrier still waits in an output queue)."""
 
 
 class Stopped(Exception):
