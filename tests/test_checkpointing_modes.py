@@ -221,16 +221,38 @@ def test_at_least_once_loses_nothing_across_a_restart_and_counts_its_duplicates(
     assert all(n >= 1 for n in published.values())
 
 
+def most_in_flight(result: JobResult) -> int:
+    """The most periodic checkpoints of ``result`` in flight at one moment (trigger to
+    complete). The final checkpoint is triggered on demand, whatever is in flight."""
+    periodic = [c for c in result.checkpoints if not c.final]
+    events = sorted(
+        [(c.triggered_at, 1) for c in periodic]
+        + [(c.triggered_at + c.duration, -1) for c in periodic]
+    )
+    most = now = 0
+    for _, step in events:  # at equal times the completion (-1) comes first
+        now += step
+        most = max(most, now)
+    return most
+
+
 @pytest.mark.parametrize("concurrent", [1, 3])
 def test_concurrent_checkpoints_honour_the_maximum_and_the_output_is_exact(
     tmp_path: Path, concurrent: int
 ) -> None:
-    env = environment(tmp_path, "aligned", max_concurrent_checkpoints=concurrent)
-    keyed_job(env, tmp_path, pause=0.01)
+    # Checkpoints every 20 ms that take longer than that (a slow operator behind full
+    # buffers): with room for three, several are in flight at once, never more than three.
+    env = environment(
+        tmp_path, "aligned", max_concurrent_checkpoints=concurrent, checkpoint_interval=0.02
+    )
+    keyed_job(env, tmp_path, pause=0.02)
     result = env.execute(launcher=ThreadLauncher())
     assert counts(result) == expected_counts()
     ids = [c.checkpoint_id for c in result.checkpoints]
     assert ids == sorted(ids)
+    assert most_in_flight(result) <= concurrent
+    if concurrent > 1:
+        assert most_in_flight(result) > 1
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,8 @@ class CheckpointInfo:
     """Whether any subtask took it unaligned (the mode, or an alignment that timed out)."""
     channel_state_records: int = 0
     """Records in flight it recorded (input and output channel state of every subtask)."""
+    triggered_at: float = 0.0
+    """Seconds from the start of the job to its trigger (it completed ``duration`` later)."""
 
 
 @dataclass(frozen=True)
@@ -568,7 +570,7 @@ class _Attempt:
                 self._write_metadata(action)
             elif isinstance(action, NotifyCheckpointComplete):
                 self._broadcast("complete", checkpoint=action.checkpoint_id)
-                started, final = self.triggered_at.get(action.checkpoint_id, (now, False))
+                started, final = self.triggered_at.pop(action.checkpoint_id, (now, False))
                 info = CheckpointInfo(
                     action.checkpoint_id,
                     self.generation,
@@ -578,6 +580,7 @@ class _Attempt:
                     self.sizes.pop(action.checkpoint_id, 0),
                     action.checkpoint_id in self.unaligned,
                     self.channel_records.pop(action.checkpoint_id, 0),
+                    started - driver._start,
                 )
                 self.unaligned.discard(action.checkpoint_id)
                 driver.result.checkpoints.append(info)
@@ -590,6 +593,7 @@ class _Attempt:
                 self._broadcast("abort", checkpoint=action.checkpoint_id)
                 self.alignment.pop(action.checkpoint_id, None)
                 self.channel_records.pop(action.checkpoint_id, None)
+                self.triggered_at.pop(action.checkpoint_id, None)
                 self.unaligned.discard(action.checkpoint_id)
                 with contextlib.suppress(StorageError):
                     storage.discard(action.checkpoint_id)
