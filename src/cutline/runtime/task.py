@@ -86,6 +86,11 @@ class _Taking:
     inputs: dict[str, list[Any]] = field(default_factory=dict)
     outputs: dict[str, list[Any]] = field(default_factory=dict)
 
+    def keep_output(self, channel: str, overtaken: list[Records]) -> None:
+        """Keep the records an unaligned barrier overtook on output ``channel``."""
+        if overtaken:
+            self.outputs[channel] = [frame.batch for frame in overtaken]
+
     def channel_records(self) -> int:
         """Records in the recorded channel state."""
         recorded = (*self.inputs.values(), *self.outputs.values())
@@ -520,24 +525,19 @@ class SubtaskRunner:
         the queued records, which become the output side of the checkpoint's channel state."""
         if not unaligned:
             frame = Barrier(checkpoint_id, forced_aligned=forced_aligned)
-            for _, channels, _ in self.outputs:
-                for channel in channels:
-                    channel.send(frame)
+            for channel in self.output_channels():
+                channel.send(frame)
             return
         taking = self._taking[checkpoint_id]
         taking.unaligned = True
         frame = Barrier(checkpoint_id, unaligned=True)
-        for _, channels, _ in self.outputs:
-            for channel in channels:
-                overtaken = channel.send_priority(frame)
-                if overtaken:
-                    taking.outputs[channel.channel] = [f.batch for f in overtaken]
+        for channel in self.output_channels():
+            taking.keep_output(channel.channel, channel.send_priority(frame))
 
     def _emit_end(self) -> None:
         frame = EndOfInput()
-        for _, channels, _ in self.outputs:
-            for channel in channels:
-                channel.send(frame)
+        for channel in self.output_channels():
+            channel.send(frame)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -571,23 +571,22 @@ class SubtaskRunner:
             return
         self._snapshotter.submit(self._write, checkpoint_id, taking)
 
+    def output_channels(self) -> list[OutputChannel]:
+        """Every output channel of this subtask, of every output edge."""
+        return [channel for _, channels, _ in self.outputs for channel in channels]
+
     def _has_room(self) -> bool:
         """Whether every output channel can take a batch without blocking."""
-        return all(channel.has_room for _, channels, _ in self.outputs for channel in channels)
+        return all(channel.has_room for channel in self.output_channels())
 
     def _wait_for_room(self, timeout: float) -> None:
-        for _, channels, _ in self.outputs:
-            for channel in channels:
-                if not channel.has_room:
-                    channel.wait_for_room(timeout)
-                    return
+        for channel in self.output_channels():
+            if not channel.has_room:
+                channel.wait_for_room(timeout)
+                return
 
     def _barrier_queued(self, checkpoint_id: int) -> bool:
-        return any(
-            channel.holds_barrier(checkpoint_id)
-            for _, channels, _ in self.outputs
-            for channel in channels
-        )
+        return any(channel.holds_barrier(checkpoint_id) for channel in self.output_channels())
 
     def _check_timeouts(self) -> None:
         """The alignment timeout: a checkpoint not aligned here, or whose barrier still waits
@@ -600,13 +599,11 @@ class SubtaskRunner:
                 triggered = self._trigger_times.get(n)
                 if triggered is None or now < triggered + self._timeout:
                     continue  # not yet; or forced aligned (the final checkpoint): never
-                for _, channels, _ in self.outputs:
-                    for channel in channels:
-                        overtaken = channel.promote(n)
-                        if overtaken is not None:
-                            taking.unaligned = True
-                            if overtaken:
-                                taking.outputs[channel.channel] = [f.batch for f in overtaken]
+                for channel in self.output_channels():
+                    overtaken = channel.promote(n)
+                    if overtaken is not None:
+                        taking.unaligned = True
+                        taking.keep_output(channel.channel, overtaken)
             del self._unflushed[n]
             self._snapshotter.submit(self._write, n, taking)
         handler = self._handler
@@ -752,9 +749,8 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
     finally:
         for runner in runners:
             runner.stop()
-            for _, channels, _ in runner.outputs:
-                for channel in channels:
-                    channel.close()
+            for channel in runner.output_channels():
+                channel.close()
         for gate in gates.values():
             gate.close()
         if control is not None:
