@@ -30,7 +30,14 @@ def batch(n: int) -> pa.RecordBatch:
 
 frames = st.lists(
     st.one_of(
-        st.builds(Barrier, st.integers(0, 2**63)),
+        st.builds(
+            Barrier,
+            st.integers(0, 2**63),
+            st.booleans(),
+            st.booleans(),
+            st.booleans(),
+            st.none() | st.integers(0, 2**62),
+        ),
         st.lists(st.one_of(st.integers(), st.text(), st.none()), max_size=5).map(Records),
         st.integers(0, 50).map(lambda n: Records(batch(n))),
     ),
@@ -96,7 +103,7 @@ def test_another_jobs_token_is_refused_before_any_record_is_unpickled() -> None:
         (b"CUTL\x01" + encode(Barrier(1)), "first frame of a channel must be its hello"),
         (encode(Hello("c", 0)) + encode(Hello("c", 0))[5:], "a second hello"),
         (encode(Hello("c", 0)) + b"\x07\x00\x00\x00\x00\x00", "unknown frame kind 7"),
-        (encode(Hello("c", 0)) + b"\x03\x00\x00\x00\x00\x02ab", "exactly one checkpoint id"),
+        (encode(Hello("c", 0)) + b"\x03\x00\x00\x00\x00\x02ab", "a checkpoint id and its base"),
         (encode(Hello("c", 0)) + b"\x02\x00\xff\xff\xff\xff", "more than"),
         (encode(Hello("c", 0)) + b"\x02\x00\x00\x00\x00\x03abc", "cannot be read"),
         (encode(Hello("c", 0)) + b"\x02\x01\x00\x00\x00\x03abc", "cannot be read"),

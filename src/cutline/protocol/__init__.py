@@ -54,6 +54,7 @@ from cutline.protocol.errors import (
     ProtocolError,
     UnknownChannelError,
 )
+from cutline.protocol.registry import SharedStateRegistry
 
 __all__ = [
     "AbortCheckpoint",
@@ -83,6 +84,7 @@ __all__ = [
     "RecordMessage",
     "RecordState",
     "SendMarker",
+    "SharedStateRegistry",
     "SnapshotComplete",
     "SnapshotState",
     "SnapshotStatus",

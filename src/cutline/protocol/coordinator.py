@@ -12,7 +12,7 @@ event (method)                                  actions it may return
 ==============================================  ===========================================
 ``poll(now)``                                   ``TriggerCheckpoint``; ``AbortCheckpoint`` for
                                                 a checkpoint that timed out; ``FailJob``
-``trigger(now, final=...)``                     ``TriggerCheckpoint`` (on demand: the final
+``trigger(now, final=..., savepoint=...)``      ``TriggerCheckpoint`` (on demand: the final
                                                 checkpoint of bounded input, a savepoint)
 ``acknowledge(n, task, handle, now)``           ``WriteMetadata`` once every task acknowledged;
                                                 ``DiscardState`` for a late acknowledgement
@@ -25,6 +25,11 @@ event (method)                                  actions it may return
 
 A checkpoint is complete only once its metadata is written (the driver writes
 it atomically, then calls :meth:`CheckpointCoordinator.metadata_written`).
+
+A **savepoint** is a checkpoint taken on demand that the user owns: it completes
+like any other (the tasks are told, sinks publish), but it is never retained
+nor discarded here, and one that fails does not count towards the failures
+that fail the job.
 """
 
 from __future__ import annotations
@@ -123,6 +128,8 @@ class TriggerCheckpoint:
     timestamp: float
     final: bool = False
     """The last checkpoint of a job whose input is bounded and exhausted."""
+    savepoint: bool = False
+    """A savepoint: owned by the user, never retained nor discarded by the coordinator."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +204,7 @@ class PendingCheckpoint(Generic[T, H]):
     waiting_for: set[T]
     handles: dict[T, H] = field(default_factory=dict)
     status: CheckpointStatus = CheckpointStatus.PENDING
+    savepoint: bool = False
 
 
 class CheckpointCoordinator(Generic[T, H]):
@@ -236,6 +244,7 @@ class CheckpointCoordinator(Generic[T, H]):
             )
         self._final_triggered = False
         self._aborted: set[int] = set()  # one int per aborted checkpoint: aborts are rare
+        self._savepoints: set[int] = set()
         self._abandoned_writes: set[int] = set()
         """Checkpoints aborted while their metadata was being written."""
         self._last_trigger: float | None = None
@@ -267,7 +276,7 @@ class CheckpointCoordinator(Generic[T, H]):
         pending = self._pending.get(checkpoint_id)
         if pending is not None:
             return pending.status
-        if checkpoint_id in self._completed:
+        if checkpoint_id in self._completed or checkpoint_id in self._savepoints:
             return CheckpointStatus.COMPLETE
         if checkpoint_id in self._aborted:
             return CheckpointStatus.ABORTED
@@ -310,18 +319,20 @@ class CheckpointCoordinator(Generic[T, H]):
                 )
         due = self.next_trigger_time()
         if due is not None and now >= due and len(self._pending) < self.settings.max_concurrent:
-            actions += self._trigger(now, final=False)
+            actions += self._trigger(now, final=False, savepoint=False)
         return actions
 
-    def trigger(self, now: float, *, final: bool = False) -> Sequence[CoordinatorAction[T, H]]:
+    def trigger(
+        self, now: float, *, final: bool = False, savepoint: bool = False
+    ) -> Sequence[CoordinatorAction[T, H]]:
         """Trigger a checkpoint now, whatever the interval, the pause and the number in flight
-        (for the final checkpoint of bounded input, or a savepoint). Returns no action after the
-        job failed."""
+        (for the final checkpoint of bounded input, or a savepoint, or both: a job that stops
+        with a savepoint). Returns no action after the job failed."""
         if self._failed:
             return ()
         if final:
             self._final_triggered = True
-        return self._trigger(now, final=final)
+        return self._trigger(now, final=final, savepoint=savepoint)
 
     def acknowledge(
         self, checkpoint_id: int, task: T, handle: H, now: float
@@ -379,7 +390,10 @@ class CheckpointCoordinator(Generic[T, H]):
                 f"metadata of checkpoint {checkpoint_id} written, but it was not waiting for it"
             )
         del self._pending[checkpoint_id]
-        self._completed.append(checkpoint_id)
+        if not checkpoint.savepoint:
+            self._completed.append(checkpoint_id)
+        else:
+            self._savepoints.add(checkpoint_id)
         self._last_end = now
         self._consecutive_failures = 0
         actions: list[CoordinatorAction[T, H]] = [NotifyCheckpointComplete(checkpoint_id)]
@@ -399,14 +413,16 @@ class CheckpointCoordinator(Generic[T, H]):
 
     # ---------------------------------------------------------------- internals
 
-    def _trigger(self, now: float, *, final: bool) -> list[CoordinatorAction[T, H]]:
+    def _trigger(
+        self, now: float, *, final: bool, savepoint: bool
+    ) -> list[CoordinatorAction[T, H]]:
         checkpoint_id = self._next_id
         self._next_id += 1
         self._last_trigger = now
         self._pending[checkpoint_id] = PendingCheckpoint(
-            checkpoint_id, now, final, waiting_for=set(self.tasks)
+            checkpoint_id, now, final, waiting_for=set(self.tasks), savepoint=savepoint
         )
-        return [TriggerCheckpoint(checkpoint_id, now, final)]
+        return [TriggerCheckpoint(checkpoint_id, now, final, savepoint)]
 
     def _drop(self, checkpoint: PendingCheckpoint[T, H]) -> None:
         """Forget a pending checkpoint that is being aborted."""
@@ -420,10 +436,12 @@ class CheckpointCoordinator(Generic[T, H]):
     ) -> list[CoordinatorAction[T, H]]:
         self._drop(checkpoint)
         self._last_end = now
-        self._consecutive_failures += 1
         actions: list[CoordinatorAction[T, H]] = [
             AbortCheckpoint(checkpoint.checkpoint_id, reason, tuple(checkpoint.handles.items()))
         ]
+        if checkpoint.savepoint:
+            return actions  # the user asked for it and is told; the job goes on
+        self._consecutive_failures += 1
         if not self._failed and self._consecutive_failures > self.settings.tolerable_failures:
             self._failed = True
             actions.append(

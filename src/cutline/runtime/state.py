@@ -1,45 +1,104 @@
-"""Keyed state of one operator subtask: value, list and map state, in key groups.
+"""Keyed state of one operator subtask: value, list and map state, in key groups, behind one
+interface with two backends, and checkpointed in full or incrementally.
 
-Keys are spread over ``max_parallelism`` **key groups** by a stable hash (the
-same in every process and every run, unlike Python's ``hash``). A subtask owns
-a contiguous range of key groups, so state can later be redistributed when a
-job restarts at another parallelism.
+**Key groups.** Keys are spread over ``max_parallelism`` key groups by a stable hash (the same
+in every process and every run, unlike Python's ``hash``). A subtask owns a contiguous range
+of key groups, so state is redistributed by key group when a job restarts at another
+parallelism.
 
-Taking a checkpoint has two parts, as in SEMANTICS §3:
+**Backends** (:class:`StateConfig`, ``backend=``):
 
-* :meth:`KeyedStateBackend.snapshot` is the **synchronous** part: a shallow
-  copy of each state's table (a C-level dict copy) and a new *epoch*. List and
-  map values are copied on their first write after the snapshot
-  (copy-on-write), so the snapshot never changes under the writer.
-* :meth:`StateSnapshot.serialize` is the **asynchronous** part: it can run on
-  another thread while records keep flowing.
+* ``"memory"`` — :class:`MemoryStateBackend`: Python dicts. Fastest; the state must fit in the
+  worker's memory.
+* ``"disk"`` — :class:`DiskStateBackend`: an embedded RocksDB (``rocksdict``) in a local
+  directory of the worker, for state larger than memory. Only what changed since the last
+  checkpoint is held in memory.
 
-State values must be picklable; the serialized form is a pickle of plain
-dicts and lists, grouped by key group. Values are shared with snapshots, not
-copied: a value stored in state (given to :meth:`ValueState.update`,
-:meth:`ListState.add` or :meth:`MapState.put`, or read back from them) must
-not be changed in place — store a new value instead. (Flink's heap backend
-copies values through their serializer; cutline leaves Python objects alone
-for speed, and this is the rule that keeps snapshots exact.)
+Both keep what changed since the last checkpoint in a *delta* layer in front of the rest of
+the state (the *base*: a dict, or the database). Taking a checkpoint has two parts, as in
+SEMANTICS §3:
+
+* :meth:`KeyedStateBackend.snapshot` is the **synchronous** part: the delta is frozen and a
+  new, empty one takes the writes, whatever the size of the state (a pointer swap).
+* :meth:`KeyedSnapshot.write` is the **asynchronous** part, on the subtask's snapshot thread:
+  it merges the frozen delta into the base (the processing thread reads through the layers
+  meanwhile) and writes a **segment**: the entries of every key group, in full, or only the
+  changes since the checkpoint given as ``base`` (an **incremental** checkpoint: upserts and
+  deletions). A keyed state handle names a chain of segments: the last full one and the
+  incremental ones after it, at most ``full_every`` long. Restoring a chain applies its
+  segments in order: the same state as a full segment of the same checkpoint.
+
+Incremental segments only ever build on a checkpoint the coordinator declared complete (its
+id travels with the barrier as ``base``), so no segment needs the files of a checkpoint
+that may still be aborted.
+
+State values must be picklable. Values are shared with snapshots, not copied: a value stored
+in state (given to :meth:`ValueState.update`, :meth:`ListState.add` or :meth:`MapState.put`,
+or read back from them) must not be changed in place — store a new value instead. List and
+map containers are copied on their first write after a snapshot (copy-on-write).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import pickle
+import shutil
 import struct
+import tempfile
+import threading
 import zlib
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 DEFAULT_MAX_PARALLELISM = 128
 _CHECKED_KEYS = 1_000_000
-_FORMAT = 1
+SEGMENT_FORMAT = 1
+KEYED_FORMAT = 1
+BACKENDS = ("memory", "disk")
 
 
 class StateError(Exception):
     """State used wrongly: no current key, a name reused for another kind of state, a key that
-    cannot be hashed stably."""
+    cannot be hashed stably, a state file that cannot be read or does not fit."""
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """How a job keeps and checkpoints its keyed state.
+
+    :param backend: ``"memory"`` or ``"disk"`` (see the module's docstring).
+    :param incremental: checkpoints write only what changed since the last complete one.
+    :param full_every: with ``incremental``: a chain of segments is at most this long (one full
+        and ``full_every - 1`` incremental ones), so a restore never reads an endless chain
+        and old files can be deleted.
+    :param local_dir: ``"disk"``: where the working databases live on each worker (default:
+        the system's temporary directory). They are scratch space: checkpoints are what
+        survives.
+    :param memory: ``"disk"``: bytes of memory for RocksDB's write buffers and block cache,
+        per keyed operator subtask.
+    """
+
+    backend: str = "memory"
+    incremental: bool = True
+    full_every: int = 10
+    local_dir: str | None = None
+    memory: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"state backend must be one of {', '.join(map(repr, BACKENDS))}, "
+                f"not {self.backend!r}"
+            )
+        if type(self.incremental) is not bool:
+            raise ValueError(f"incremental must be True or False, not {self.incremental!r}")
+        if type(self.full_every) is not int or self.full_every < 1:
+            raise ValueError(f"full_every must be a positive integer, not {self.full_every!r}")
+        if type(self.memory) is not int or self.memory < 1024 * 1024:
+            raise ValueError(f"state memory must be at least 1 MiB (in bytes), not {self.memory!r}")
 
 
 def _encode_key(key: Hashable) -> bytes:
@@ -98,38 +157,195 @@ def subtask_for_key_group(group: int, parallelism: int, max_parallelism: int) ->
     return group * parallelism // max_parallelism
 
 
-class _Table:
-    """One named state: key -> value, with copy-on-write of mutable values after a snapshot."""
+# ------------------------------------------------------------------------------- segments
 
-    __slots__ = ("data", "epochs", "kind")
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.data: dict[Hashable, Any] = {}
-        self.epochs: dict[Hashable, int] = {}
-        """For list and map state: the epoch in which each key's container was last copied."""
+@dataclass(frozen=True)
+class SegmentRef:
+    """One segment file of a keyed state handle."""
+
+    path: str
+    """Relative to the checkpoint's folder: ``NAME.seg`` (the checkpoint's own file) or
+    ``../shared/NAME.seg`` (shared by the incremental checkpoints that build on it)."""
+    size: int
+    sha256: str
+    full: bool
+
+    @property
+    def shared(self) -> bool:
+        return self.path.startswith(SHARED_PREFIX)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "full": self.full}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SegmentRef:
+        return cls(str(data["path"]), int(data["size"]), str(data["sha256"]), bool(data["full"]))
+
+
+SHARED_PREFIX = "../shared/"
+
+
+class SegmentStore(Protocol):
+    """Where a keyed snapshot writes its segments and a restore reads them (the runtime's
+    checkpoint storage; :class:`MemorySegmentStore` in tests)."""
+
+    def write_segment(self, name: str, data: bytes, *, shared: bool) -> SegmentRef: ...
+
+    def read_segment(self, ref: SegmentRef) -> bytes: ...
+
+
+class MemorySegmentStore:
+    """Segments kept in a dict (for tests and benchmarks of the backends alone)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+
+    def write_segment(self, name: str, data: bytes, *, shared: bool) -> SegmentRef:
+        path = (SHARED_PREFIX if shared else "") + name
+        self.files[path] = data
+        return SegmentRef(path, len(data), hashlib.sha256(data).hexdigest(), False)
+
+    def read_segment(self, ref: SegmentRef) -> bytes:
+        try:
+            return self.files[ref.path]
+        except KeyError:
+            raise StateError(f"segment {ref.path} is missing") from None
+
+
+Groups = dict[int, dict[str, tuple[str, dict[Hashable, Any], list[Hashable]]]]
+"""key group -> state name -> (kind, upserts, deleted keys)."""
+
+
+def encode_segment(groups: Groups, *, full: bool, max_parallelism: int) -> bytes:
+    payload = {
+        "format": SEGMENT_FORMAT,
+        "full": full,
+        "max_parallelism": max_parallelism,
+        "groups": groups,
+    }
+    return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_segment(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        payload = pickle.loads(data)
+    except Exception as exc:
+        raise StateError(f"segment {where} is not readable: {exc}") from exc
+    if not isinstance(payload, dict) or payload.get("format") != SEGMENT_FORMAT:
+        raise StateError(f"segment {where} was not written by this version of cutline")
+    return payload
+
+
+def _group_entries(
+    layers: Iterable[tuple[str, str, Mapping[Hashable, Any]]],
+    max_parallelism: int,
+    groups_of: Callable[[Hashable], int],
+) -> Groups:
+    """Entries of ``(name, kind, {key: value or DELETED})`` layers, grouped by key group."""
+    grouped: Groups = {}
+    for name, kind, entries in layers:
+        for key, value in entries.items():
+            group = grouped.setdefault(groups_of(key), {})
+            table = group.get(name)
+            if table is None:
+                table = group[name] = (kind, {}, [])
+            if value is DELETED:
+                table[2].append(key)
+            else:
+                table[1][key] = value
+    return grouped
+
+
+class _Deleted:
+    """The mark of a key deleted in a delta layer (never stored in a segment)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DELETED"
+
+
+DELETED: Any = _Deleted()
+_ABSENT: Any = object()
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+class KeyedSnapshot:
+    """The synchronous part of a checkpoint of one keyed operator subtask; :meth:`write` is the
+    asynchronous part. Snapshots of one backend are written in the order they were taken."""
+
+    def __init__(
+        self,
+        backend: KeyedStateBackend,
+        number: int,
+        checkpoint_id: int | None,
+        base: int | None,
+        savepoint: bool,
+    ) -> None:
+        self.backend = backend
+        self.number = number
+        self.checkpoint_id = checkpoint_id
+        self.base = base
+        self.savepoint = savepoint
+        self.full: bool | None = None
+        """Whether it wrote a full segment (known once written)."""
+
+    def write(self, store: SegmentStore, name: str) -> dict[str, Any]:
+        """Write the segment (files named ``name``...) and return the keyed state handle."""
+        return self.backend._write(self, store, name)
+
+
+@dataclass
+class _Frozen:
+    """A delta layer frozen by a snapshot: merged into the base when the snapshot is written,
+    and kept until no later incremental segment can need its keys."""
+
+    number: int
+    checkpoint_id: int | None
+    tables: dict[str, tuple[str, dict[Hashable, Any]]]
+    merged: bool = False
+
+
+# ------------------------------------------------------------------------------ backends
 
 
 class KeyedStateBackend:
-    """The keyed state of one operator subtask.
+    """The keyed state of one operator subtask (the part both backends share).
 
     :param max_parallelism: the number of key groups (fixed for the life of the job).
     :param key_groups: the key groups this subtask owns.
+    :param config: backend settings (incremental checkpoints, chain length, ...).
     """
 
+    kind = "memory"
+
     def __init__(
-        self, max_parallelism: int = DEFAULT_MAX_PARALLELISM, key_groups: range | None = None
+        self,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        key_groups: range | None = None,
+        config: StateConfig | None = None,
     ) -> None:
         if max_parallelism < 1:
             raise ValueError(f"max_parallelism must be 1 or more, not {max_parallelism}")
         self.max_parallelism = max_parallelism
         self.key_groups = key_groups if key_groups is not None else range(max_parallelism)
-        self._tables: dict[str, _Table] = {}
+        self.config = config or StateConfig()
+        self._tables: dict[str, Any] = {}
         self._key: Hashable = None
         self._has_key = False
         self._checked: dict[Hashable, None] = {}
         """Keys already found to be in this subtask's key groups (hashing each is costly)."""
-        self._epoch = 0
+        self._lock = threading.Lock()
+        """Guards the frozen layers, which both threads change."""
+        self._frozen: list[_Frozen] = []
+        self._snapshots = 0
+        self._written = 0
+        self._chains: dict[int, list[SegmentRef]] = {}
+        """Checkpoint id -> the chain of segments written for it (the bases of increments)."""
+        self._group_cache: dict[Hashable, int] = {}
 
     # ------------------------------------------------------------- current key
 
@@ -169,109 +385,606 @@ class KeyedStateBackend:
     def map_state(self, name: str) -> MapState:
         return MapState(self, self._table(name, "map"))
 
-    def _table(self, name: str, kind: str) -> _Table:
+    def value_table(self, name: str) -> Any:
+        """Value state ``name`` as a table with ``get(key, default)`` and ``table[key] = value``,
+        for operators that read and write many keys at once. Only use keys of this subtask's
+        key groups (the caller routes records by key, so they are), and never change a value
+        in place."""
+        return self._table(name, "value")
+
+    def _table(self, name: str, kind: str) -> Any:
         table = self._tables.get(name)
         if table is None:
-            table = self._tables[name] = _Table(kind)
+            if not isinstance(name, str) or not name:
+                raise StateError(f"a state name must be a non-empty string, not {name!r}")
+            table = self._tables[name] = self._new_table(name, kind)
         elif table.kind != kind:
             raise StateError(f"state {name!r} is {table.kind} state, not {kind} state")
         return table
 
-    def _writable(self, table: _Table, key: Hashable, empty: Any) -> Any:
-        """The container of ``key`` in a list or map table, copied first if a snapshot shares it."""
-        container = table.data.get(key)
-        if container is None:
-            container = table.data[key] = empty
-            table.epochs[key] = self._epoch
-        elif table.epochs.get(key) != self._epoch:
-            container = table.data[key] = container.copy()
-            table.epochs[key] = self._epoch
-        return container
-
-    def _clear(self, table: _Table, key: Hashable) -> None:
-        table.data.pop(key, None)
-        table.epochs.pop(key, None)
-
-    def value_table(self, name: str) -> dict[Hashable, Any]:
-        """Value state ``name`` as a dict (key -> value), for vectorized operators that read and
-        write many keys at once. Assign values; never change one in place, and only use keys of
-        this subtask's key groups (the caller routes records by key, so they are)."""
-        return self._table(name, "value").data
+    def _new_table(self, name: str, kind: str) -> Any:
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ queries
 
     def keys(self, name: str) -> Iterator[Hashable]:
         """The keys that have a value in state ``name``."""
         table = self._tables.get(name)
-        return iter(list(table.data)) if table else iter(())
+        return iter(table.keys()) if table is not None else iter(())
 
     def state_names(self) -> list[str]:
         return sorted(self._tables)
 
     def __len__(self) -> int:
         """The number of (state, key) entries."""
-        return sum(len(t.data) for t in self._tables.values())
+        return sum(len(t.keys()) for t in self._tables.values())
 
     # ---------------------------------------------------------------- snapshot
 
-    def snapshot(self) -> StateSnapshot:
-        """The synchronous part of a checkpoint: cheap, and the result never changes after."""
-        tables = {name: (t.kind, t.data.copy()) for name, t in self._tables.items()}
-        self._epoch += 1  # list and map containers are copied on their next write
-        return StateSnapshot(self.max_parallelism, self.key_groups, tables)
+    def snapshot(
+        self,
+        checkpoint_id: int | None = None,
+        *,
+        base: int | None = None,
+        savepoint: bool = False,
+    ) -> KeyedSnapshot:
+        """The synchronous part of a checkpoint: freeze the delta layer (constant time).
 
-    def restore(self, blobs: Iterable[bytes]) -> None:
-        """Load serialized snapshots (from one or several subtasks of the previous run), keeping
-        only the key groups this subtask owns."""
-        self._tables.clear()
-        for blob in blobs:
-            data = StateSnapshot.deserialize(blob)
-            if data["max_parallelism"] != self.max_parallelism:
-                raise StateError(
-                    f"the state was written with max_parallelism {data['max_parallelism']}, "
-                    f"this job has {self.max_parallelism}: it cannot be redistributed"
-                )
-            for name, (kind, groups) in data["tables"].items():
-                table = self._table(name, kind)
-                for group, entries in groups.items():
-                    if group in self.key_groups:
-                        table.data.update(entries)
-        self._epoch += 1
+        :param base: the newest checkpoint the coordinator declared complete when it triggered
+            this one: an incremental segment may build on the chain written for it.
+        :param savepoint: write a full segment the checkpoint owns (nothing shared)."""
+        self._snapshots += 1
+        tables = {}
+        for name, table in self._tables.items():
+            tables[name] = (table.kind, table.freeze())
+        with self._lock:
+            self._frozen.append(_Frozen(self._snapshots, checkpoint_id, tables))
+            self._publish_frozen()
+        return KeyedSnapshot(self, self._snapshots, checkpoint_id, base, savepoint)
 
+    def _publish_frozen(self) -> None:
+        """Give every table the frozen layers not yet merged (newest last); under the lock."""
+        unmerged = [f for f in self._frozen if not f.merged]
+        for name, table in self._tables.items():
+            table.frozen = tuple(f.tables[name][1] for f in unmerged if name in f.tables)
 
-@dataclass(frozen=True)
-class StateSnapshot:
-    """A consistent copy of a subtask's keyed state, to serialize off the processing thread."""
-
-    max_parallelism: int
-    key_groups: range
-    tables: dict[str, tuple[str, dict[Hashable, Any]]]
-
-    def serialize(self) -> bytes:
-        """The asynchronous part: the state, grouped by key group, as bytes."""
-        grouped: dict[str, tuple[str, dict[int, dict[Hashable, Any]]]] = {}
-        for name, (kind, data) in self.tables.items():
-            groups: dict[int, dict[Hashable, Any]] = {}
-            for key, value in data.items():
-                groups.setdefault(key_group(key, self.max_parallelism), {})[key] = value
-            grouped[name] = (kind, groups)
-        payload = {
-            "format": _FORMAT,
+    def _write(self, snapshot: KeyedSnapshot, store: SegmentStore, name: str) -> dict[str, Any]:
+        if snapshot.number <= self._written:
+            raise StateError(
+                f"snapshot {snapshot.number} is written after snapshot {self._written}: "
+                "snapshots are written in the order they were taken"
+            )
+        self._written = snapshot.number
+        # 1. merge every frozen layer up to this snapshot into the base, oldest first
+        for frozen in self._frozen:
+            if frozen.number > snapshot.number:
+                break
+            if not frozen.merged:
+                self._merge(frozen)
+                with self._lock:
+                    frozen.merged = True
+                    self._publish_frozen()
+        # 2. full, or the changes since the base checkpoint's chain
+        config = self.config
+        chain = self._chains.get(snapshot.base) if snapshot.base is not None else None
+        incremental = (
+            config.incremental
+            and not snapshot.savepoint
+            and chain is not None
+            and len(chain) < config.full_every
+        )
+        if incremental:
+            assert chain is not None and snapshot.base is not None
+            layers = [
+                f
+                for f in self._frozen
+                if f.number <= snapshot.number
+                and (f.checkpoint_id is None or f.checkpoint_id > snapshot.base)
+            ]
+            union: dict[str, tuple[str, dict[Hashable, Any]]] = {}
+            for frozen in layers:
+                for table_name, (kind, entries) in frozen.tables.items():
+                    union.setdefault(table_name, (kind, {}))[1].update(entries)
+            groups = _group_entries(
+                ((n, k, self._resolve(n, e)) for n, (k, e) in union.items()),
+                self.max_parallelism,
+                self._group_of,
+            )
+            data = encode_segment(groups, full=False, max_parallelism=self.max_parallelism)
+            ref = store.write_segment(f"{name}.seg", data, shared=True)
+            new_chain = [*chain, SegmentRef(ref.path, ref.size, ref.sha256, False)]
+        else:
+            data = encode_segment(
+                self._full_groups(), full=True, max_parallelism=self.max_parallelism
+            )
+            ref = store.write_segment(
+                f"{name}.seg", data, shared=config.incremental and not snapshot.savepoint
+            )
+            new_chain = [SegmentRef(ref.path, ref.size, ref.sha256, True)]
+        snapshot.full = not incremental
+        if not snapshot.savepoint and snapshot.checkpoint_id is not None and config.incremental:
+            self._chains[snapshot.checkpoint_id] = new_chain
+        # 3. forget what no later increment can build on: chains and layers up to the base
+        if snapshot.base is not None:
+            for old in [c for c in self._chains if c < snapshot.base]:
+                del self._chains[old]
+            with self._lock:
+                self._frozen = [
+                    f
+                    for f in self._frozen
+                    if not f.merged or f.checkpoint_id is None or f.checkpoint_id > snapshot.base
+                ]
+        elif not config.incremental:
+            with self._lock:
+                self._frozen = [f for f in self._frozen if not f.merged]
+        return {
+            "keyed": KEYED_FORMAT,
+            "backend": self.kind,
             "max_parallelism": self.max_parallelism,
             "key_groups": [self.key_groups.start, self.key_groups.stop],
-            "tables": grouped,
+            "chain": [r.to_dict() for r in new_chain],
         }
-        return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
 
-    @staticmethod
-    def deserialize(blob: bytes) -> dict[str, Any]:
+    def _group_of(self, key: Hashable) -> int:
+        cache = self._group_cache
+        group = cache.get(key)
+        if group is None:
+            group = key_group(key, self.max_parallelism)
+            if len(cache) >= _CHECKED_KEYS:
+                cache.clear()
+            cache[key] = group
+        return group
+
+    def _merge(self, frozen: _Frozen) -> None:
+        raise NotImplementedError
+
+    def _resolve(self, name: str, entries: Mapping[Hashable, Any]) -> Mapping[Hashable, Any]:
+        """The entries of a union of delta layers as they go into a segment."""
+        return entries
+
+    def _full_groups(self) -> Groups:
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- restore
+
+    def restore(
+        self,
+        handles: Sequence[Mapping[str, Any]],
+        store: SegmentStore,
+        *,
+        checkpoint_id: int | None = None,
+    ) -> None:
+        """Load the keyed state handles of a checkpoint (of one or several subtasks of the
+        previous run), keeping only the key groups this subtask owns.
+
+        ``checkpoint_id``: the restored checkpoint lives in this job's checkpoint directory;
+        when exactly one handle covers exactly this subtask's key groups, later incremental
+        checkpoints may build on its chain."""
+        if self._snapshots or len(self):
+            raise StateError("state is restored into an empty backend only")
+        mine = self.key_groups
+        for handle in handles:
+            if not isinstance(handle, Mapping) or handle.get("keyed") != KEYED_FORMAT:
+                raise StateError("the keyed state was not written by this version of cutline")
+            if handle["max_parallelism"] != self.max_parallelism:
+                raise StateError(
+                    f"the state was written with max_parallelism {handle['max_parallelism']}, "
+                    f"this job has {self.max_parallelism}: it cannot be redistributed"
+                )
+            start, stop = handle["key_groups"]
+            if stop <= mine.start or start >= mine.stop:
+                continue  # none of my key groups
+            for ref_data in handle["chain"]:
+                ref = SegmentRef.from_dict(ref_data)
+                payload = decode_segment(store.read_segment(ref), ref.path)
+                groups = payload["groups"]
+                self._apply(
+                    {g: tables for g, tables in groups.items() if g in mine}, full=payload["full"]
+                )
+        if checkpoint_id is not None and len(handles) == 1:
+            start, stop = handles[0]["key_groups"]
+            if range(start, stop) == mine:
+                self._chains[checkpoint_id] = [SegmentRef.from_dict(r) for r in handles[0]["chain"]]
+
+    def _apply(self, groups: Groups, *, full: bool) -> None:
+        """Apply one segment's entries (of my key groups) to the base."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the backend holds (files of the disk backend)."""
+
+
+# -------------------------------------------------------------------------- memory backend
+
+
+class _MemoryTable:
+    """One named state of the memory backend: a base dict under frozen delta layers under the
+    delta that takes the writes."""
+
+    __slots__ = ("base", "delta", "frozen", "kind", "lock")
+
+    def __init__(self, kind: str, lock: threading.Lock) -> None:
+        self.kind = kind
+        self.base: dict[Hashable, Any] = {}
+        self.frozen: tuple[dict[Hashable, Any], ...] = ()
+        self.delta: dict[Hashable, Any] = {}
+        self.lock = lock
+        """Held while the base is changed, so that listing keys sees a whole base."""
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        value = self.delta.get(key, _ABSENT)
+        if value is _ABSENT:
+            value = self._below(key)
+        return default if value is _ABSENT or value is DELETED else value
+
+    def _below(self, key: Hashable) -> Any:
+        for layer in reversed(self.frozen):
+            value = layer.get(key, _ABSENT)
+            if value is not _ABSENT:
+                return value
+        return self.base.get(key, _ABSENT)
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        self.delta[key] = value
+
+    def delete(self, key: Hashable) -> None:
+        if self._below(key) in (_ABSENT, DELETED):
+            self.delta.pop(key, None)
+        else:
+            self.delta[key] = DELETED
+
+    def writable(self, key: Hashable, empty: Callable[[], Any]) -> Any:
+        """The container of ``key``, owned by the delta (copied there on its first write)."""
+        container = self.delta.get(key, _ABSENT)
+        if container is _ABSENT or container is DELETED:
+            below = self._below(key) if container is _ABSENT else _ABSENT
+            container = empty() if below is _ABSENT or below is DELETED else below.copy()
+            self.delta[key] = container
+        return container
+
+    def freeze(self) -> dict[Hashable, Any]:
+        frozen, self.delta = self.delta, {}
+        return frozen
+
+    def keys(self) -> list[Hashable]:
+        with self.lock:
+            present = dict.fromkeys(self.base)
+        for layer in (*self.frozen, self.delta):
+            for key, value in layer.items():
+                if value is DELETED:
+                    present.pop(key, None)
+                else:
+                    present[key] = None
+        return list(present)
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+
+class MemoryStateBackend(KeyedStateBackend):
+    """Keyed state in Python dicts (``StateConfig(backend="memory")``)."""
+
+    kind = "memory"
+
+    def __init__(
+        self,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        key_groups: range | None = None,
+        config: StateConfig | None = None,
+    ) -> None:
+        super().__init__(max_parallelism, key_groups, config)
+        self._base_lock = threading.Lock()
+
+    def _new_table(self, name: str, kind: str) -> _MemoryTable:
+        return _MemoryTable(kind, self._base_lock)
+
+    def _merge(self, frozen: _Frozen) -> None:
+        for name, (_, entries) in frozen.tables.items():
+            base = self._tables[name].base
+            with self._base_lock:
+                for key, value in entries.items():
+                    if value is DELETED:
+                        base.pop(key, None)
+                    else:
+                        base[key] = value
+
+    def _full_groups(self) -> Groups:
+        return _group_entries(
+            ((name, t.kind, t.base) for name, t in self._tables.items()),
+            self.max_parallelism,
+            self._group_of,
+        )
+
+    def _apply(self, groups: Groups, *, full: bool) -> None:
+        for tables in groups.values():
+            for name, (kind, upserts, deletes) in tables.items():
+                base = self._table(name, kind).base
+                base.update(upserts)
+                for key in deletes:
+                    base.pop(key, None)
+
+
+# ---------------------------------------------------------------------------- disk backend
+
+_DB_KEY = struct.Struct(">HH")  # key group, state id
+_SPILL_ENTRY_BYTES = 512
+"""A rough upper bound of the memory one changed entry holds, for the spill threshold."""
+
+
+class _DiskTable:
+    """One named state of the disk backend: RocksDB under frozen delta layers under the delta
+    that takes the writes."""
+
+    __slots__ = ("backend", "delta", "frozen", "kind", "number")
+
+    def __init__(self, backend: DiskStateBackend, kind: str, number: int) -> None:
+        self.backend = backend
+        self.kind = kind
+        self.number = number
+        self.frozen: tuple[dict[Hashable, Any], ...] = ()
+        self.delta: dict[Hashable, Any] = {}
+
+    def db_key(self, key: Hashable) -> bytes:
+        return _DB_KEY.pack(self.backend._group_of(key), self.number) + _encode_key(key)
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        value = self.delta.get(key, _ABSENT)
+        if value is _ABSENT:
+            value = self._below(key)
+        return default if value is _ABSENT or value is DELETED else value
+
+    def _below(self, key: Hashable) -> Any:
+        for layer in reversed(self.frozen):
+            value = layer.get(key, _ABSENT)
+            if value is not _ABSENT:
+                return value
+        raw = self.backend._db.get(self.db_key(key))
+        return _ABSENT if raw is None else pickle.loads(raw)[1]
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        self.delta[key] = value
+        if len(self.delta) > self.backend._spill_at:
+            self.backend._spill()
+
+    def delete(self, key: Hashable) -> None:
+        self.delta[key] = DELETED
+        if len(self.delta) > self.backend._spill_at:
+            self.backend._spill()
+
+    def writable(self, key: Hashable, empty: Callable[[], Any]) -> Any:
+        if len(self.delta) >= self.backend._spill_at:
+            self.backend._spill()  # before: the caller changes the container it gets
+        container = self.delta.get(key, _ABSENT)
+        if container is _ABSENT or container is DELETED:
+            below = self._below(key) if container is _ABSENT else _ABSENT
+            container = empty() if below is _ABSENT or below is DELETED else below.copy()
+            self.delta[key] = container
+        return container
+
+    def freeze(self) -> dict[Hashable, Any]:
+        frozen, self.delta = self.delta, {}
+        return frozen
+
+    def keys(self) -> list[Hashable]:
+        present: dict[Hashable, None] = {}
+        db = self.backend._db
+        for group in self.backend.key_groups:
+            prefix = _DB_KEY.pack(group, self.number)
+            for db_key, raw in db.items(from_key=prefix):
+                if not db_key.startswith(prefix):
+                    break
+                present[pickle.loads(raw)[0]] = None
+        for layer in (*self.frozen, self.delta):
+            for key, value in layer.items():
+                if value is DELETED:
+                    present.pop(key, None)
+                else:
+                    present[key] = None
+        return list(present)
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+
+def _remove_stale_databases(folder: str) -> None:
+    """Delete working databases left by processes that died (a SIGKILLed worker)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith("cutline-state-"):
+            continue
         try:
-            data = pickle.loads(blob)
+            pid = int(name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+        except OSError:
+            pass
+
+
+class DiskStateBackend(KeyedStateBackend):
+    """Keyed state in an embedded RocksDB on the worker's disk (``StateConfig(backend="disk")``).
+
+    What changed since the last checkpoint stays in memory (the delta layers) until the
+    snapshot thread writes it into the database; beyond about ``config.memory`` bytes of
+    changes, the delta is written early (spilled) when no snapshot is being written, and
+    only its keys are kept, to be read back for the next incremental segment."""
+
+    kind = "disk"
+
+    def __init__(
+        self,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        key_groups: range | None = None,
+        config: StateConfig | None = None,
+    ) -> None:
+        super().__init__(max_parallelism, key_groups, config or StateConfig(backend="disk"))
+        import rocksdict
+
+        self._rocksdict = rocksdict
+        folder = self.config.local_dir or tempfile.gettempdir()
+        try:
+            os.makedirs(folder, exist_ok=True)
+            _remove_stale_databases(folder)
+            self.path = tempfile.mkdtemp(prefix=f"cutline-state-{os.getpid()}-", dir=folder)
+        except OSError as exc:
+            raise StateError(
+                f"cannot create the state database in {folder}: {exc.strerror or exc}"
+            ) from exc
+        memory = self.config.memory
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_write_buffer_size(max(memory // 4, 1 << 20))
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(rocksdict.Cache(max(memory // 2, 1 << 20)))
+        options.set_block_based_table_factory(table)
+        try:
+            self._db = rocksdict.Rdict(f"{self.path}/db", options)
         except Exception as exc:
-            raise StateError(f"the state is not readable: {exc}") from exc
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise StateError("the state was not written by this version of cutline")
-        return data
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise StateError(f"cannot open the state database in {self.path}: {exc}") from exc
+        writes = rocksdict.WriteOptions()
+        writes.disable_wal = True  # scratch space: checkpoints are what survives
+        self._db.set_write_options(writes)
+        self._names: dict[int, str] = {}
+        self._spill_at = max(memory // _SPILL_ENTRY_BYTES, 16)
+        self._spilled: dict[str, set[Hashable]] = {}
+        """Keys written to the database early since the last snapshot (per state name)."""
+        self._db_lock = threading.RLock()
+        self.spills = 0
+
+    def _new_table(self, name: str, kind: str) -> _DiskTable:
+        number = len(self._names)
+        if number > 0xFFFF:
+            raise StateError("a keyed operator has at most 65536 named states")
+        self._names[number] = name
+        return _DiskTable(self, kind, number)
+
+    # ------------------------------------------------------------------ writes
+
+    def _batch(self) -> Any:
+        return self._rocksdict.WriteBatch(raw_mode=True)
+
+    def _put_entries(self, table: _DiskTable, entries: Mapping[Hashable, Any]) -> None:
+        """Write ``entries`` (values or DELETED) into the database, in batches that hold the
+        GIL only briefly."""
+        batch, count = self._batch(), 0
+        for key, value in entries.items():
+            db_key = table.db_key(key)
+            if value is DELETED:
+                batch.delete(db_key)
+            else:
+                batch.put(db_key, pickle.dumps((key, value), protocol=pickle.HIGHEST_PROTOCOL))
+            count += 1
+            if count == 1000:
+                self._db.write(batch)
+                batch, count = self._batch(), 0
+        if count:
+            self._db.write(batch)
+
+    def _spill(self) -> None:
+        """Too many changes in memory: write the delta into the database now, if no snapshot
+        is waiting to be written (its segment must see the database as it was)."""
+        if self._written < self._snapshots or not self._db_lock.acquire(blocking=False):
+            return
+        try:
+            for name, table in self._tables.items():
+                if table.delta:
+                    self._put_entries(table, table.delta)
+                    self._spilled.setdefault(name, set()).update(table.delta)
+                    table.delta = {}
+            self.spills += 1
+        finally:
+            self._db_lock.release()
+
+    def snapshot(
+        self,
+        checkpoint_id: int | None = None,
+        *,
+        base: int | None = None,
+        savepoint: bool = False,
+    ) -> KeyedSnapshot:
+        snapshot = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
+        if self._spilled:
+            spilled, self._spilled = self._spilled, {}
+            frozen = self._frozen[-1]
+            for name, keys in spilled.items():
+                _kind, entries = frozen.tables.setdefault(name, (self._tables[name].kind, {}))
+                # the spilled keys' values are read back from the database when written
+                for key in keys:
+                    entries.setdefault(key, _ABSENT)
+        return snapshot
+
+    def _merge(self, frozen: _Frozen) -> None:
+        with self._db_lock:
+            for name, (_, entries) in frozen.tables.items():
+                self._put_entries(
+                    self._tables[name],
+                    {k: v for k, v in entries.items() if v is not _ABSENT},
+                )
+
+    def _write(self, snapshot: KeyedSnapshot, store: SegmentStore, name: str) -> dict[str, Any]:
+        with self._db_lock:
+            return super()._write(snapshot, store, name)
+
+    def _resolve(self, name: str, entries: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        """``entries`` with the spilled keys' values read back from the database."""
+        table = self._tables[name]
+        out = {}
+        for key, value in entries.items():
+            if value is _ABSENT:
+                raw = self._db.get(table.db_key(key))
+                value = DELETED if raw is None else pickle.loads(raw)[1]
+            out[key] = value
+        return out
+
+    def _full_groups(self) -> Groups:
+        grouped: Groups = {}
+        for db_key, raw in self._db.items():
+            group, number = _DB_KEY.unpack_from(db_key)
+            name = self._names[number]
+            key, value = pickle.loads(raw)
+            tables = grouped.setdefault(group, {})
+            table = tables.get(name)
+            if table is None:
+                table = tables[name] = (self._tables[name].kind, {}, [])
+            table[1][key] = value
+        return grouped
+
+    def _apply(self, groups: Groups, *, full: bool) -> None:
+        for tables in groups.values():
+            for name, (kind, upserts, deletes) in tables.items():
+                table = self._table(name, kind)
+                entries: dict[Hashable, Any] = dict(upserts)
+                entries.update(dict.fromkeys(deletes, DELETED))
+                self._put_entries(table, entries)
+
+    def close(self) -> None:
+        with self._db_lock:
+            with contextlib.suppress(Exception):
+                self._db.close()
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def new_backend(
+    config: StateConfig | None,
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+    key_groups: range | None = None,
+) -> KeyedStateBackend:
+    """The backend ``config`` asks for."""
+    config = config or StateConfig()
+    cls = DiskStateBackend if config.backend == "disk" else MemoryStateBackend
+    return cls(max_parallelism, key_groups, config)
+
+
+# -------------------------------------------------------------------------------- states
 
 
 class _State:
@@ -279,12 +992,12 @@ class _State:
 
     __slots__ = ("_backend", "_table")
 
-    def __init__(self, backend: KeyedStateBackend, table: _Table) -> None:
+    def __init__(self, backend: KeyedStateBackend, table: Any) -> None:
         self._backend, self._table = backend, table
 
     def clear(self) -> None:
         """Remove the current key's state."""
-        self._backend._clear(self._table, self._backend.current_key)
+        self._table.delete(self._backend.current_key)
 
 
 class ValueState(_State):
@@ -293,10 +1006,10 @@ class ValueState(_State):
     __slots__ = ()
 
     def get(self, default: Any = None) -> Any:
-        return self._table.data.get(self._backend.current_key, default)
+        return self._table.get(self._backend.current_key, default)
 
     def update(self, value: Any) -> None:
-        self._table.data[self._backend.current_key] = value
+        self._table[self._backend.current_key] = value
 
 
 class ListState(_State):
@@ -306,15 +1019,13 @@ class ListState(_State):
 
     def get(self) -> list[Any]:
         """A copy of the key's list (empty when there is none)."""
-        return list(self._table.data.get(self._backend.current_key, ()))
+        return list(self._table.get(self._backend.current_key, ()))
 
     def add(self, value: Any) -> None:
-        self._backend._writable(self._table, self._backend.current_key, []).append(value)
+        self._table.writable(self._backend.current_key, list).append(value)
 
     def update(self, values: Iterable[Any]) -> None:
-        key = self._backend.current_key
-        self._table.data[key] = list(values)
-        self._table.epochs[key] = self._backend._epoch
+        self._table[self._backend.current_key] = list(values)
 
 
 class MapState(_State):
@@ -323,22 +1034,22 @@ class MapState(_State):
     __slots__ = ()
 
     def _map(self) -> dict[Any, Any]:
-        found: dict[Any, Any] = self._table.data.get(self._backend.current_key, {})
+        found: dict[Any, Any] = self._table.get(self._backend.current_key, None) or {}
         return found
 
     def get(self, user_key: Any, default: Any = None) -> Any:
         return self._map().get(user_key, default)
 
     def put(self, user_key: Any, value: Any) -> None:
-        self._backend._writable(self._table, self._backend.current_key, {})[user_key] = value
+        self._table.writable(self._backend.current_key, dict)[user_key] = value
 
     def remove(self, user_key: Any) -> None:
         key = self._backend.current_key
-        if user_key in self._table.data.get(key, {}):
-            container = self._backend._writable(self._table, key, {})
+        if user_key in self._map():
+            container = self._table.writable(key, dict)
             del container[user_key]
             if not container:
-                self._backend._clear(self._table, key)
+                self._table.delete(key)
 
     def contains(self, user_key: Any) -> bool:
         return user_key in self._map()

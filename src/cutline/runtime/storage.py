@@ -6,9 +6,19 @@ Layout (SEMANTICS §5)::
       chk-7/
         g2-source-0.state      # a subtask's state file: generation 2, subtask "source-0"
         g2-sum-1.state
+        g2-sum-1-0-c7-….seg    # keyed state in full, owned by this checkpoint
         _metadata              # written last, atomically: the checkpoint is complete
       chk-8/                   # no _metadata: incomplete, never restored from
         g2-source-0.state
+      shared/                  # keyed state of incremental checkpoints, shared by them
+        g2-sum-1-0-c5-….seg    #   (reference counted: see protocol/registry.py)
+        g2-sum-1-0-c7-….seg
+
+A keyed operator's state is a chain of **segments** (``runtime/state.py``): with
+incremental checkpoints they go to ``shared/`` and a checkpoint names the ones it
+needs as ``../shared/NAME``; otherwise, and always for a savepoint, they are the
+checkpoint's own files. A folder that names no shared file is self-contained: it
+can be moved or copied anywhere and restored from there (a savepoint is such a folder).
 
 Every state file is named after the *generation* (the restart attempt) that
 wrote it, and the metadata lists, for every subtask, its file with size and
@@ -27,6 +37,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import uuid
 from collections.abc import Mapping
@@ -35,10 +46,13 @@ from typing import Any
 
 import fsspec
 
+from cutline.runtime.state import SHARED_PREFIX, SegmentRef, StateError
+
 METADATA = "_metadata"
 FORMAT_VERSION = 1
 _CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SHARED = "shared"
 
 
 def _sync(stream: Any) -> None:
@@ -87,6 +101,16 @@ class StateHandle:
     size: int
     sha256: str
     generation: int
+    segments: tuple[SegmentRef, ...] = ()
+    """The keyed state segments the state file names (its own, and shared ones)."""
+    operators: tuple[str, ...] = ()
+    """The operators (uids) that have state in the file."""
+    channel_state: bool = False
+    """Whether it holds records in flight (an unaligned checkpoint, a loop)."""
+
+    @property
+    def shared(self) -> list[SegmentRef]:
+        return [ref for ref in self.segments if ref.shared]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +118,9 @@ class StateHandle:
             "size": self.size,
             "sha256": self.sha256,
             "generation": self.generation,
+            "segments": [ref.to_dict() for ref in self.segments],
+            "operators": list(self.operators),
+            "channel_state": self.channel_state,
         }
 
     @classmethod
@@ -103,6 +130,9 @@ class StateHandle:
             size=int(data["size"]),
             sha256=str(data["sha256"]),
             generation=int(data["generation"]),
+            segments=tuple(SegmentRef.from_dict(r) for r in data.get("segments", ())),
+            operators=tuple(str(u) for u in data.get("operators", ())),
+            channel_state=bool(data.get("channel_state", False)),
         )
         prefix = f"g{handle.generation}-"
         if not (
@@ -111,7 +141,17 @@ class StateHandle:
             and _SAFE_NAME.fullmatch(handle.path)
         ):
             raise ValueError(f"state path {handle.path!r} is not a state file of this checkpoint")
+        for ref in handle.segments:
+            check_segment_path(ref.path)
         return handle
+
+
+def check_segment_path(path: str) -> str:
+    """``path`` if it names a segment of a checkpoint (its own, or in the shared folder)."""
+    name = path[len(SHARED_PREFIX) :] if path.startswith(SHARED_PREFIX) else path
+    if not (name.endswith(".seg") and _SAFE_NAME.fullmatch(name)):
+        raise ValueError(f"segment path {path!r} is not a segment of a checkpoint")
+    return path
 
 
 @dataclass(frozen=True)
@@ -210,6 +250,54 @@ class CheckpointStorage:
                 f"{self._where(final)}: {exc.strerror or exc}"
             ) from exc
 
+    def write_segment(
+        self, checkpoint_id: int, name: str, data: bytes, *, shared: bool
+    ) -> SegmentRef:
+        """Store a keyed state segment of ``checkpoint_id``: in the checkpoint's folder, or
+        (``shared``) in the shared folder, named from it as ``../shared/NAME``."""
+        if _SAFE_NAME.fullmatch(name) is None or not name.endswith(".seg"):
+            raise ValueError(f"segment name {name!r} is not usable as a file name")
+        folder = f"{self.root}/{SHARED}" if shared else self.checkpoint_path(checkpoint_id)
+        path = f"{folder}/{name}"
+        try:
+            self.fs.makedirs(folder, exist_ok=True)
+            with self.fs.open(path, "wb") as out:
+                out.write(data)
+                _sync(out)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot write state of checkpoint {checkpoint_id} to {self._where(path)}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        relative = SHARED_PREFIX + name if shared else name
+        return SegmentRef(relative, len(data), hashlib.sha256(data).hexdigest(), False)
+
+    def segment_store(self, checkpoint_id: int) -> _SegmentWriter:
+        """What a subtask's keyed snapshots of ``checkpoint_id`` write their segments to."""
+        return _SegmentWriter(self, checkpoint_id)
+
+    def shared_files(self) -> list[str]:
+        """Every file in the shared folder, as ``../shared/NAME``."""
+        folder = f"{self.root}/{SHARED}"
+        try:
+            names = self.fs.ls(folder, detail=False) if self.fs.exists(folder) else []
+        except OSError as exc:
+            raise StorageError(f"cannot list {self._where(folder)}: {exc.strerror or exc}") from exc
+        return sorted(SHARED_PREFIX + str(n).rstrip("/").rsplit("/", 1)[-1] for n in names)
+
+    def remove_shared(self, path: str) -> None:
+        """Delete a shared file (``../shared/NAME``); quiet when it is already gone."""
+        check_segment_path(path)
+        if not path.startswith(SHARED_PREFIX):
+            raise ValueError(f"{path!r} is not a shared file")
+        full = f"{self.root}/{SHARED}/{path[len(SHARED_PREFIX) :]}"
+        try:
+            self.fs.rm(full)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StorageError(f"cannot remove {self._where(full)}: {exc.strerror or exc}") from exc
+
     # ------------------------------------------------------------------- reading
 
     def checkpoint_ids(self) -> list[int]:
@@ -235,70 +323,22 @@ class CheckpointStorage:
         """Ids of the checkpoints with metadata, in increasing order."""
         return [c for c in self.checkpoint_ids() if self.is_complete(c)]
 
+    def location(self, checkpoint_id: int) -> CheckpointLocation:
+        """The folder of checkpoint ``checkpoint_id``, to read it."""
+        return CheckpointLocation(self.fs, self.checkpoint_path(checkpoint_id), self._where)
+
     def read_metadata(self, checkpoint_id: int) -> CheckpointMetadata:
         """The metadata of a complete checkpoint; :class:`CorruptCheckpointError` if it is
         missing or unreadable."""
-        path = f"{self.checkpoint_path(checkpoint_id)}/{METADATA}"
-        where = self._where(path)
-        try:
-            with self.fs.open(path, "rb") as source:
-                raw = source.read()
-        except FileNotFoundError:
-            raise CorruptCheckpointError(
-                f"checkpoint {checkpoint_id} is incomplete: {where} does not exist"
-            ) from None
-        except _DAMAGED as exc:
-            raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
-        except OSError as exc:  # maybe passing (EIO, a throttled store): never skip on it
-            raise StorageError(f"cannot read {where}: {exc.strerror or exc}") from exc
-        try:
-            data = json.loads(raw)
-            if type(data.get("format")) is not int or data["format"] != FORMAT_VERSION:
-                raise ValueError(f"unknown format {data.get('format')!r}")
-            if type(data["checkpoint_id"]) is not int or data["checkpoint_id"] != checkpoint_id:
-                raise ValueError(f"it describes checkpoint {data['checkpoint_id']}")
-            return CheckpointMetadata(
-                checkpoint_id=checkpoint_id,
-                generation=int(data["generation"]),
-                handles={
-                    str(task): StateHandle.from_dict(h) for task, h in data["handles"].items()
-                },
-                extra=dict(data.get("extra", {})),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptCheckpointError(
-                f"{where} is not valid checkpoint metadata: {exc}"
-            ) from None
+        return self.location(checkpoint_id).read_metadata(checkpoint_id)
 
     def read_state(self, checkpoint_id: int, handle: StateHandle) -> bytes:
         """One subtask's state, checked against its handle's size and digest."""
-        path = f"{self.checkpoint_path(checkpoint_id)}/{handle.path}"
-        where = self._where(path)
-        try:
-            with self.fs.open(path, "rb") as source:
-                data: bytes = source.read()
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"state file {where} is missing") from None
-        except _DAMAGED as exc:
-            raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
-        except OSError as exc:  # maybe passing: never skip a checkpoint on it
-            raise StorageError(f"cannot read {where}: {exc.strerror or exc}") from exc
-        if len(data) != handle.size:
-            raise CorruptCheckpointError(
-                f"state file {where} has {len(data)} bytes, the metadata says {handle.size}"
-            )
-        if hashlib.sha256(data).hexdigest() != handle.sha256:
-            raise CorruptCheckpointError(
-                f"state file {where} does not match the digest in the metadata"
-            )
-        return data
+        return self.location(checkpoint_id).read_state(handle)
 
     def verify(self, checkpoint_id: int) -> CheckpointMetadata:
-        """Read the metadata and check every state file it names; raise if anything is off."""
-        metadata = self.read_metadata(checkpoint_id)
-        for handle in metadata.handles.values():
-            self.read_state(checkpoint_id, handle)
-        return metadata
+        """Read the metadata and check every file it names; raise if anything is off."""
+        return self.location(checkpoint_id).verify(checkpoint_id)
 
     def latest(
         self, *, verify: bool = True, since: int = 0
@@ -358,3 +398,156 @@ class CheckpointStorage:
                 self.fs.rm(path)
         except OSError:
             pass
+
+
+class _SegmentWriter:
+    """A :class:`~cutline.runtime.state.SegmentStore` that writes one checkpoint's segments."""
+
+    def __init__(self, storage: CheckpointStorage, checkpoint_id: int) -> None:
+        self.storage, self.checkpoint_id = storage, checkpoint_id
+
+    def write_segment(self, name: str, data: bytes, *, shared: bool) -> SegmentRef:
+        return self.storage.write_segment(self.checkpoint_id, name, data, shared=shared)
+
+    def read_segment(self, ref: SegmentRef) -> bytes:
+        return self.storage.location(self.checkpoint_id).read_segment(ref)
+
+
+class CheckpointLocation:
+    """The folder of one checkpoint or savepoint (anywhere), to read it: its metadata, its
+    subtasks' state files and its segments, each checked against what the metadata says.
+
+    It is also the :class:`~cutline.runtime.state.SegmentStore` a restore reads from."""
+
+    def __init__(self, fs: Any, folder: str, where: Any = None) -> None:
+        self.fs = fs
+        self.folder = folder.rstrip("/")
+        self._where = where or (lambda path: path)
+
+    @classmethod
+    def open(
+        cls, url: str, *, storage_options: Mapping[str, Any] | None = None
+    ) -> CheckpointLocation:
+        try:
+            fs, folder = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        except (ValueError, ImportError) as exc:
+            raise StorageError(f"checkpoint {url!r}: {exc}") from None
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+        def where(path: str) -> str:
+            return path if protocol in ("file", "local") else f"{protocol}://{path.lstrip('/')}"
+
+        return cls(fs, folder, where)
+
+    @property
+    def url(self) -> str:
+        return str(self._where(self.folder))
+
+    def _read(self, path: str, what: str) -> bytes:
+        where = self._where(path)
+        try:
+            with self.fs.open(path, "rb") as source:
+                data: bytes = source.read()
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{what} {where} is missing") from None
+        except _DAMAGED as exc:
+            raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
+        except OSError as exc:  # maybe passing (EIO, a throttled store): never skip on it
+            raise StorageError(f"cannot read {where}: {exc.strerror or exc}") from exc
+        return data
+
+    def read_metadata(self, checkpoint_id: int | None = None) -> CheckpointMetadata:
+        """The metadata; :class:`CorruptCheckpointError` if it is missing or unreadable (or,
+        given ``checkpoint_id``, describes another checkpoint)."""
+        path = f"{self.folder}/{METADATA}"
+        where = self._where(path)
+        if not self._exists(path):
+            if checkpoint_id is None:
+                raise CorruptCheckpointError(
+                    f"{self._where(self.folder)} is not a complete checkpoint or savepoint: "
+                    f"{where} does not exist"
+                ) from None
+            raise CorruptCheckpointError(
+                f"checkpoint {checkpoint_id} is incomplete: {where} does not exist"
+            )
+        raw = self._read(path, "checkpoint metadata")
+        try:
+            data = json.loads(raw)
+            if type(data.get("format")) is not int or data["format"] != FORMAT_VERSION:
+                raise ValueError(f"unknown format {data.get('format')!r}")
+            if type(data["checkpoint_id"]) is not int or (
+                checkpoint_id is not None and data["checkpoint_id"] != checkpoint_id
+            ):
+                raise ValueError(f"it describes checkpoint {data['checkpoint_id']}")
+            return CheckpointMetadata(
+                checkpoint_id=data["checkpoint_id"],
+                generation=int(data["generation"]),
+                handles={
+                    str(task): StateHandle.from_dict(h) for task, h in data["handles"].items()
+                },
+                extra=dict(data.get("extra", {})),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpointError(
+                f"{where} is not valid checkpoint metadata: {exc}"
+            ) from None
+
+    def _exists(self, path: str) -> bool:
+        try:
+            return bool(self.fs.exists(path))
+        except OSError as exc:
+            raise StorageError(f"cannot read {self._where(path)}: {exc.strerror or exc}") from exc
+
+    def read_state(self, handle: StateHandle) -> bytes:
+        """One subtask's state file, checked against its handle's size and digest."""
+        path = f"{self.folder}/{handle.path}"
+        data = self._read(path, "state file")
+        self._check(path, data, handle.size, handle.sha256)
+        return data
+
+    def read_segment(self, ref: SegmentRef) -> bytes:
+        """A keyed state segment, checked against its size and digest."""
+        path = self._segment_path(ref)
+        data = self._read(path, "state segment")
+        self._check(path, data, ref.size, ref.sha256)
+        return data
+
+    def _segment_path(self, ref: SegmentRef) -> str:
+        try:
+            check_segment_path(ref.path)
+        except ValueError as exc:
+            raise StateError(str(exc)) from None
+        return posixpath.normpath(f"{self.folder}/{ref.path}")
+
+    def _check(self, path: str, data: bytes, size: int, sha256: str) -> None:
+        where = self._where(path)
+        if len(data) != size:
+            raise CorruptCheckpointError(
+                f"state file {where} has {len(data)} bytes, the metadata says {size}"
+            )
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise CorruptCheckpointError(
+                f"state file {where} does not match the digest in the metadata"
+            )
+
+    def verify(self, checkpoint_id: int | None = None) -> CheckpointMetadata:
+        """The metadata, once every state file it names is intact (size and digest) and every
+        segment is there with its size (segments are read whole, and their digests checked,
+        when restored)."""
+        metadata = self.read_metadata(checkpoint_id)
+        for handle in metadata.handles.values():
+            self.read_state(handle)
+            for ref in handle.segments:
+                path = self._segment_path(ref)
+                where = self._where(path)
+                try:
+                    size = self.fs.size(path)
+                except FileNotFoundError:
+                    raise CorruptCheckpointError(f"state segment {where} is missing") from None
+                except OSError as exc:
+                    raise StorageError(f"cannot read {where}: {exc.strerror or exc}") from exc
+                if size != ref.size:
+                    raise CorruptCheckpointError(
+                        f"state segment {where} has {size} bytes, the metadata says {ref.size}"
+                    )
+        return metadata

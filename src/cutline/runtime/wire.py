@@ -14,9 +14,12 @@ frame           payload
                 the channel id as UTF-8
 ``Records``     a batch of records: an Arrow IPC stream of one record batch
                 (columnar records), or a pickled list (any Python objects)
-``Barrier``     checkpoint id (8 bytes); flag ``unaligned``: it was sent ahead
-                of the records queued before it (an unaligned checkpoint);
-                flag ``forced aligned``: align it whatever the mode
+``Barrier``     checkpoint id (8 bytes), then its base plus one (8 bytes; 0:
+                none): the newest complete checkpoint when it was triggered,
+                which incremental state may build on; flag ``unaligned``: it
+                was sent ahead of the records queued before it (an unaligned
+                checkpoint); flag ``forced aligned``: align it whatever the
+                mode; flag ``savepoint``: the state goes in full, owned by it
 ``EndOfInput``  nothing: the upstream subtask has no more records
 ``Credit``      (receiver to sender) how many more ``Records`` frames the
                 receiver has room for (4 bytes)
@@ -71,6 +74,7 @@ class Kind(IntEnum):
 _ARROW = 1  # flag: the Records payload is an Arrow IPC stream
 _UNALIGNED = 1  # flag: the barrier overtook the records queued before it
 _FORCED_ALIGNED = 2  # flag: the barrier must be aligned whatever the mode
+_SAVEPOINT = 4  # flag: the checkpoint is a savepoint
 _U32 = struct.Struct(">I")
 
 
@@ -99,7 +103,14 @@ class Barrier:
     unaligned: bool = False
     """It overtook the records queued before it (an unaligned checkpoint)."""
     forced_aligned: bool = False
-    """Aligned whatever the job's mode (the final checkpoint: nothing may be left in flight)."""
+    """Aligned whatever the job's mode (the final checkpoint, a savepoint: nothing may be left
+    in flight)."""
+    savepoint: bool = False
+    """The checkpoint is a savepoint: every subtask writes its state in full, in files the
+    savepoint owns."""
+    base: int | None = None
+    """The newest complete checkpoint when this one was triggered: incremental state may
+    build on the files written for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +138,13 @@ def encode(frame: Frame) -> bytes:
             return _frame(Kind.RECORDS, sink.getvalue().to_pybytes(), _ARROW)
         return _frame(Kind.RECORDS, pickle.dumps(frame.batch, protocol=pickle.HIGHEST_PROTOCOL))
     if isinstance(frame, Barrier):
-        flags = (_UNALIGNED if frame.unaligned else 0) | (
-            _FORCED_ALIGNED if frame.forced_aligned else 0
+        flags = (
+            (_UNALIGNED if frame.unaligned else 0)
+            | (_FORCED_ALIGNED if frame.forced_aligned else 0)
+            | (_SAVEPOINT if frame.savepoint else 0)
         )
-        return _frame(Kind.BARRIER, _U64.pack(frame.checkpoint_id), flags)
+        base = 0 if frame.base is None else frame.base + 1
+        return _frame(Kind.BARRIER, _U64.pack(frame.checkpoint_id) + _U64.pack(base), flags)
     if isinstance(frame, EndOfInput):
         return _frame(Kind.END_OF_INPUT, b"")
     if isinstance(frame, Hello):
@@ -282,10 +296,15 @@ class FrameDecoder:
                 raise WireError("a records frame does not hold a list of records")
             return Records(batch)
         if kind == Kind.BARRIER:
-            if len(payload) != _U64.size:
-                raise WireError("a barrier frame must hold exactly one checkpoint id")
+            if len(payload) != 2 * _U64.size:
+                raise WireError("a barrier frame must hold a checkpoint id and its base")
+            checkpoint_id, base = _U64.unpack_from(payload)[0], _U64.unpack_from(payload, 8)[0]
             return Barrier(
-                _U64.unpack(payload)[0], bool(flags & _UNALIGNED), bool(flags & _FORCED_ALIGNED)
+                checkpoint_id,
+                bool(flags & _UNALIGNED),
+                bool(flags & _FORCED_ALIGNED),
+                bool(flags & _SAVEPOINT),
+                base - 1 if base else None,
             )
         if kind == Kind.END_OF_INPUT:
             return EndOfInput()
