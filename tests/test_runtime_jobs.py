@@ -704,10 +704,11 @@ def test_an_unbounded_sequence_stops_gracefully_with_every_record_read_published
     assert result.checkpoints[-1].final
     values = sorted(r["value"] for r in result.output)
     assert len(values) == len(set(values)) > 0
-    # subtask s emits s, s + p, s + 2p, ...: what it read before the stop is a prefix of that
-    for subtask in range(parallelism):
-        mine = [v for v in values if v % parallelism == subtask]
-        assert mine == list(range(subtask, subtask + parallelism * len(mine), parallelism))
+    # split j of the 128 emits j, j + 128, j + 256, ...: what it read before the stop is a
+    # prefix of that
+    for split in range(128):
+        mine = [v for v in values if v % 128 == split]
+        assert mine == list(range(split, split + 128 * len(mine), 128))
     read = sum(n for name, n in result.records_in.items() if "sequence" in name)
     assert read == len(values)
 

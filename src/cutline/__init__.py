@@ -13,11 +13,14 @@ __version__ = "0.1.0"
 _API = (
     "CheckpointWarning",
     "DataStream",
+    "JobClient",
+    "JobClientError",
     "JobFailedError",
     "JobResult",
     "KeyedProcessFunction",
     "KeyedStream",
     "ProcessContext",
+    "RestoreError",
     "SparkSetupError",
     "StreamEnvironment",
 )

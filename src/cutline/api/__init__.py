@@ -1,18 +1,23 @@
 """The user's API: build a dataflow on a :class:`StreamEnvironment` and ``execute()`` it."""
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
+from cutline.runtime.client import JobClient, JobClientError
 from cutline.runtime.driver import CheckpointWarning, JobFailedError, JobResult
 from cutline.runtime.operators import KeyedProcessFunction, ProcessContext
+from cutline.runtime.restore import RestoreError
 from cutline.spark.launcher import SparkSetupError
 
 __all__ = [
     "CheckpointWarning",
     "DataStream",
+    "JobClient",
+    "JobClientError",
     "JobFailedError",
     "JobResult",
     "KeyedProcessFunction",
     "KeyedStream",
     "ProcessContext",
+    "RestoreError",
     "SparkSetupError",
     "StreamEnvironment",
 ]

@@ -43,7 +43,7 @@ from cutline.runtime.operators import (
 )
 from cutline.runtime.sinks import FileSink
 from cutline.runtime.sources import FileSource, SequenceSource
-from cutline.runtime.state import DEFAULT_MAX_PARALLELISM
+from cutline.runtime.state import BACKENDS, DEFAULT_MAX_PARALLELISM, StateConfig
 from cutline.runtime.task import CHECKPOINTING_MODES
 
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|min|m|h)?\s*")
@@ -94,6 +94,18 @@ class StreamEnvironment:
     :param alignment_timeout: with ``"aligned"``: a subtask whose alignment of a checkpoint
         lasts longer switches that checkpoint to unaligned (``None``: never).
     :param max_concurrent_checkpoints: checkpoints in flight at once (``"unaligned"``: 1).
+    :param state_backend: where keyed state lives: ``"memory"`` (Python dicts, fastest) or
+        ``"disk"`` (an embedded RocksDB on each worker's disk, for state larger than memory).
+    :param incremental_checkpoints: a checkpoint writes only the keyed state that changed since
+        the last complete one (plus a full one every ``full_checkpoint_every``).
+    :param full_checkpoint_every: with incremental checkpoints: at most this many checkpoints
+        in a chain (one full, the rest incremental) before the next full one.
+    :param state_dir: ``"disk"``: where each worker keeps its working databases (default: the
+        system's temporary directory).
+    :param state_memory: ``"disk"``: bytes of memory per keyed operator subtask for RocksDB's
+        buffers and cache, and for changes not yet written to it.
+    :param savepoint_dir: where savepoints go when the request names no directory (default:
+        ``CHECKPOINT_DIR/savepoints``).
     """
 
     def __init__(
@@ -117,7 +129,26 @@ class StreamEnvironment:
         checkpointing: str = "aligned",
         alignment_timeout: float | str | None = None,
         max_concurrent_checkpoints: int = 1,
+        state_backend: str = "memory",
+        incremental_checkpoints: bool = True,
+        full_checkpoint_every: int = 10,
+        state_dir: str | os.PathLike[str] | None = None,
+        state_memory: int = 64 * 1024 * 1024,
+        savepoint_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        if state_backend not in BACKENDS:
+            raise ValueError(
+                f"state_backend must be one of {', '.join(map(repr, BACKENDS))}, "
+                f"not {state_backend!r}"
+            )
+        self.state = StateConfig(
+            backend=state_backend,
+            incremental=incremental_checkpoints,
+            full_every=full_checkpoint_every,
+            local_dir=os.fspath(state_dir) if state_dir is not None else None,
+            memory=state_memory,
+        )
+        self.savepoint_dir = os.fspath(savepoint_dir) if savepoint_dir is not None else None
         if type(parallelism) is not int or parallelism < 1:
             raise ValueError(f"parallelism must be a positive integer, not {parallelism!r}")
         if type(max_parallelism) is not int or max_parallelism < parallelism:
@@ -199,7 +230,7 @@ class StreamEnvironment:
         records with one column."""
         if type(start) is not int or (end is not None and type(end) is not int):
             raise ValueError(f"from_sequence needs integers, got start={start!r}, end={end!r}")
-        return self._source(SequenceSource(start, end, column), name or "sequence")
+        return self._source(SequenceSource(start, end, column), name or "sequence", name)
 
     def read_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> DataStream:
         """The Parquet files of a directory (a local path or fsspec URL), split by file over the
@@ -215,10 +246,12 @@ class StreamEnvironment:
     def _files(self, path: str | os.PathLike[str], fmt: str, name: str | None) -> DataStream:
         source = FileSource(os.fspath(path), fmt, self.storage_options)
         source.files()  # a missing directory is an error now, not inside a Spark task
-        return self._source(source, name or f"read_{fmt}")
+        return self._source(source, name or f"read_{fmt}", name)
 
-    def _source(self, source: SequenceSource | FileSource, name: str) -> DataStream:
-        return DataStream(self, self._add(name, SourceLogic(source), []))
+    def _source(
+        self, source: SequenceSource | FileSource, name: str, uid: str | None = None
+    ) -> DataStream:
+        return DataStream(self, self._add(name, SourceLogic(source), [], uid))
 
     def _add(
         self,
@@ -255,6 +288,8 @@ class StreamEnvironment:
         launcher: Launcher | None = None,
         on_ready: Callable[[int, dict[str, int]], None] | None = None,
         stop_after: float | str | None = None,
+        restore_from: str | os.PathLike[str] | None = None,
+        allow_non_restored_state: bool = False,
     ) -> JobResult:
         """Run the job on Spark and wait for it to end.
 
@@ -266,6 +301,14 @@ class StreamEnvironment:
             sources stop reading, a final checkpoint completes, and everything read until then
             is processed and published exactly once. For unbounded sources; without it such
             a job runs until interrupted.
+        :param restore_from: start from this checkpoint or savepoint (its folder; or a
+            checkpoint directory: its newest complete checkpoint), at this job's parallelism
+            (state is redistributed when it differs). State is matched to operators by their
+            names (``name=``): name the stateful operators, and keep the names.
+        :param allow_non_restored_state: start even when the checkpoint holds state of an
+            operator this job does not have (that state is dropped); otherwise that is an
+            error naming the operator.
+        :raises RestoreError: the checkpoint does not fit the job (the message says why).
         :returns: a :class:`~cutline.runtime.driver.JobResult`; ``result.output`` is the
             records of the collect sink.
         :raises JobFailedError: the job failed and the restart strategy gave up.
@@ -305,6 +348,10 @@ class StreamEnvironment:
                 stop_after=seconds(stop_after, "stop_after"),
                 checkpointing=self.checkpointing,
                 alignment_timeout=self.alignment_timeout,
+                state=self.state,
+                restore_from=os.fspath(restore_from) if restore_from is not None else None,
+                allow_non_restored_state=allow_non_restored_state,
+                savepoint_dir=self.savepoint_dir,
             )
             if launcher is None:
                 from cutline.spark.launcher import SparkLauncher

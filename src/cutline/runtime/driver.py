@@ -23,7 +23,9 @@ from the latest complete checkpoint; otherwise :meth:`JobDriver.run` raises
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pickle
+import queue
 import secrets
 import time
 import warnings
@@ -44,11 +46,18 @@ from cutline.protocol.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
+from cutline.protocol.registry import SharedStateRegistry
+from cutline.runtime.client import JobEndpoint, SavepointRequest
 from cutline.runtime.control import ControlError, ControlServer, Event
 from cutline.runtime.graph import ExecutionPlan
+from cutline.runtime.restore import RestoreError, RestoreSpec, plan_restore
+from cutline.runtime.state import StateConfig
 from cutline.runtime.storage import (
+    METADATA,
+    CheckpointLocation,
     CheckpointMetadata,
     CheckpointStorage,
+    CorruptCheckpointError,
     StateHandle,
     StorageError,
 )
@@ -120,6 +129,8 @@ class CheckpointInfo:
     """Records in flight it recorded (input and output channel state of every subtask)."""
     triggered_at: float = 0.0
     """Seconds from the start of the job to its trigger (it completed ``duration`` later)."""
+    savepoint: str | None = None
+    """For a savepoint: its folder."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +161,10 @@ class JobResult:
     reported, at most a heartbeat before it failed)."""
     running_seconds: float = 0.0
     """The last generation's time from every slot running to every slot finished."""
+    savepoints: list[str] = field(default_factory=list)
+    """The folders of the savepoints taken (the last one is where a stopped job resumes)."""
+    restored_from: str | None = None
+    """The checkpoint or savepoint the job started from (``restore_from``)."""
 
     @property
     def output(self) -> list[Any]:
@@ -205,6 +220,14 @@ class JobConfig:
     """``aligned``, ``unaligned`` or ``at_least_once`` (see :class:`SlotSetup`)."""
     alignment_timeout: float | None = None
     """See :class:`SlotSetup`."""
+    state: StateConfig = field(default_factory=StateConfig)
+    restore_from: str | None = None
+    """A checkpoint or savepoint folder (or a checkpoint directory: its newest complete
+    checkpoint) to start from."""
+    allow_non_restored_state: bool = False
+    """Start even if the checkpoint holds state of operators the job does not have."""
+    savepoint_dir: str | None = None
+    """Where savepoints go by default (``CHECKPOINT_DIR/savepoints``)."""
 
 
 Listener = Callable[[str, str], None]
@@ -229,6 +252,11 @@ class JobDriver:
         )
         existing = self.storage.checkpoint_ids()
         self._first_id = (existing[-1] + 1) if existing else 1
+        self.registry = SharedStateRegistry(self._shared_references(existing))
+        self._savepoints: dict[int, str] = {}
+        """This run's savepoints: id -> folder (restored from after a failure when newest)."""
+        self._initial = self._resolve(config.restore_from) if config.restore_from else None
+        self.endpoint: JobEndpoint | None = None
         """The first checkpoint id of this run; checkpoints below it belong to earlier runs."""
         self._next_id = self._first_id
         self.result = JobResult()
@@ -242,8 +270,29 @@ class JobDriver:
     # ---------------------------------------------------------------- attempts
 
     def run(self) -> JobResult:
+        self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
+        try:
+            self.endpoint = JobEndpoint(
+                self.config.checkpoint_dir,
+                self.launcher.driver_host(),
+                self.run_id,
+                self.config.storage_options,
+            )
+        except (OSError, ValueError) as exc:  # the job runs; savepoints on request do not
+            self.listener("warning", f"cannot open the job's endpoint for savepoints: {exc}")
+        try:
+            return self._run()
+        finally:
+            if self.endpoint is not None:
+                self.endpoint.close()
+            with contextlib.suppress(StorageError):
+                self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
+
+    def _run(self) -> JobResult:
         generation = 0
         restore = self._choose_checkpoint()
+        if self._initial is not None:
+            self.result.restored_from = self._initial.url
         while True:
             generation += 1
             failure = self._attempt(generation, restore)
@@ -279,15 +328,102 @@ class JobDriver:
     def _elapsed(self) -> float:
         return time.monotonic() - self._start
 
-    def _choose_checkpoint(self) -> CheckpointMetadata | None:
+    def _choose_checkpoint(self) -> RestoreSpec | None:
+        """The newest intact complete checkpoint or savepoint of this run; else the one the
+        job was asked to start from; else ``None``."""
         metadata, skipped = self.storage.latest(since=self._first_id)
         for skip in skipped:
-            message = f"checkpoint {skip.checkpoint_id} is damaged and was skipped: {skip.reason}"
-            warnings.warn(message, CheckpointWarning, stacklevel=2)
-            self.listener("warning", message)
-        return metadata
+            self._warn(f"checkpoint {skip.checkpoint_id} is damaged and was skipped: {skip.reason}")
+        url = self.storage.location(metadata.checkpoint_id).url if metadata else None
+        own = True
+        for savepoint_id in sorted(self._savepoints, reverse=True):
+            if metadata is not None and savepoint_id < metadata.checkpoint_id:
+                break
+            location = CheckpointLocation.open(
+                self._savepoints[savepoint_id], storage_options=self.config.storage_options
+            )
+            try:
+                metadata, url, own = location.verify(savepoint_id), location.url, False
+                break
+            except CorruptCheckpointError as exc:
+                self._warn(f"savepoint {savepoint_id} is damaged and was skipped: {exc}")
+        if metadata is None or url is None:
+            return self._initial
+        return plan_restore(
+            metadata,
+            url,
+            self.plan,
+            own=own,
+            allow_non_restored_state=self.config.allow_non_restored_state,
+        )
 
-    def _attempt(self, generation: int, restore: CheckpointMetadata | None) -> Failure | None:
+    def _warn(self, message: str) -> None:
+        warnings.warn(message, CheckpointWarning, stacklevel=3)
+        self.listener("warning", message)
+
+    def _resolve(self, url: str) -> RestoreSpec:
+        """The checkpoint or savepoint ``url`` names (a folder with metadata, or a checkpoint
+        directory: its newest intact complete checkpoint), checked against the job."""
+        options = self.config.storage_options
+        location = CheckpointLocation.open(url, storage_options=options)
+        try:
+            has_metadata = location.fs.exists(f"{location.folder}/{METADATA}")
+        except OSError as exc:
+            raise RestoreError(f"cannot read {url}: {exc}") from None
+        if has_metadata:
+            try:
+                metadata = location.verify()
+            except CorruptCheckpointError as exc:
+                raise RestoreError(f"cannot restore {url}: {exc}") from None
+        else:
+            storage = CheckpointStorage(url, storage_options=options)
+            latest, skipped = storage.latest()
+            for skip in skipped:
+                self._warn(
+                    f"checkpoint {skip.checkpoint_id} of {url} is damaged and was skipped: "
+                    f"{skip.reason}"
+                )
+            if latest is None:
+                raise RestoreError(
+                    f"there is no complete checkpoint or savepoint at {url} (a folder with "
+                    f"{METADATA}, or a checkpoint directory with chk-N folders)"
+                )
+            metadata = latest
+            location = storage.location(latest.checkpoint_id)
+        own = (
+            not metadata.extra.get("savepoint")
+            and type(location.fs) is type(self.storage.fs)
+            and location.folder.rsplit("/", 1)[0].rstrip("/") == self.storage.root
+        )
+        return plan_restore(
+            metadata,
+            location.url,
+            self.plan,
+            own=own,
+            allow_non_restored_state=self.config.allow_non_restored_state,
+        )
+
+    def _shared_references(self, ids: list[int]) -> dict[int, list[str]]:
+        """The shared files each complete checkpoint in the directory names."""
+        references: dict[int, list[str]] = {}
+        for checkpoint_id in ids:
+            if not self.storage.is_complete(checkpoint_id):
+                continue
+            try:
+                metadata = self.storage.read_metadata(checkpoint_id)
+            except CorruptCheckpointError:
+                continue
+            references[checkpoint_id] = [
+                ref.path for h in metadata.handles.values() for ref in h.shared
+            ]
+        return references
+
+    def _delete_shared(self, paths: list[str]) -> None:
+        for path in paths:
+            with contextlib.suppress(StorageError, ValueError):
+                self.storage.remove_shared(path)
+
+    def _attempt(self, generation: int, restore: RestoreSpec | None) -> Failure | None:
         config, plan = self.config, self.plan
         token = secrets.token_hex(16).encode()
         slots = [f"slot-{i}" for i in range(plan.parallelism)]
@@ -295,7 +431,7 @@ class JobDriver:
         completed = [
             c
             for c in self.storage.completed_ids()
-            if restore is not None and self._first_id <= c <= restore.checkpoint_id
+            if restore is not None and restore.own and self._first_id <= c <= restore.checkpoint_id
         ]
         coordinator: CheckpointCoordinator[str, dict[str, Any]] = CheckpointCoordinator(
             plan.subtasks(), config.checkpoints, next_id=self._next_id, completed=completed
@@ -307,10 +443,8 @@ class JobDriver:
             driver=(self.launcher.driver_host(), server.port),
             checkpoint_dir=config.checkpoint_dir,
             storage_options=config.storage_options,
-            restore_id=restore.checkpoint_id if restore else None,
-            restore_handles=(
-                {s: h.to_dict() for s, h in restore.handles.items()} if restore else {}
-            ),
+            restore=restore,
+            state=config.state,
             batch_size=config.batch_size,
             buffer_capacity=config.buffer_capacity,
             dead_letter_dir=config.dead_letter_dir,
@@ -328,6 +462,8 @@ class JobDriver:
             server.close()
             job.cancel()
             job.wait(60.0)
+            attempt.answer_requests()
+            self._delete_shared(self.registry.restarted())
 
     def _read_collected(self) -> dict[str, list[Any]]:
         collected: dict[str, list[Any]] = {}
@@ -384,6 +520,14 @@ class _Attempt:
         self.census_done: int | None = None
         """Records processed, summed over the previous wave."""
         self.draining = False
+        self.kinds: dict[int, bool] = {}
+        """Checkpoint in flight -> whether it is a savepoint."""
+        self.requests: dict[int, SavepointRequest] = {}
+        """Savepoints in flight that someone asked for."""
+        self.stop_request: SavepointRequest | None = None
+        self.asking: SavepointRequest | None = None
+        """The request whose savepoint the next trigger starts."""
+        self.targets: dict[int, str] = {}
 
     def now(self) -> float:
         return time.monotonic()
@@ -419,10 +563,12 @@ class _Attempt:
                             f"{config.heartbeat_timeout:g} s)",
                             subtask=slot,
                         )
+                self._take_requests(now)
                 stop = config.stop_after
-                if stop is not None and self.final is None and now - driver_start >= stop:
+                stopping = stop is not None and now - driver_start >= stop
+                if (stopping or self.stop_request is not None) and self.final is None:
                     if not self.driver.plan.has_loops:
-                        self._do(self.coordinator.trigger(now, final=True))
+                        self._trigger_final(now)
                     elif not self.draining:  # the sources stop; the final checkpoint waits
                         self.draining = True  # for the loops to be quiet
                         self._broadcast("drain")
@@ -466,7 +612,7 @@ class _Attempt:
                 if self.driver.plan.has_loops:
                     self.census_due = now  # the final checkpoint waits for the loops to be quiet
                 else:
-                    self._do(self.coordinator.trigger(now, final=True))
+                    self._trigger_final(now)
         elif kind == "census":
             self._on_census(event.task, body, now)
         elif kind == "ack":
@@ -547,10 +693,67 @@ class _Attempt:
         sent = sum(s for s, _ in self.census.values())
         done = sum(d for _, d in self.census.values())
         if self.census_done == sent:
-            self._do(self.coordinator.trigger(now, final=True))
+            self._trigger_final(now)
             return
         self.census_done = done
         self.census_due = self.census_started + 0.05
+
+    # -------------------------------------------------------------- savepoints
+
+    def _take_requests(self, now: float) -> None:
+        """Start the savepoints asked for through the job's endpoint."""
+        endpoint = self.driver.endpoint
+        while endpoint is not None:
+            try:
+                request = endpoint.requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._savepoint_target(request.target, 0)
+            except ValueError as exc:
+                request.fail(str(exc))
+                continue
+            if request.stop:
+                if self.final is not None or self.stop_request is not None:
+                    request.fail("the job is already stopping")
+                else:
+                    self.stop_request = request
+                continue
+            self.asking = request
+            self._do(self.coordinator.trigger(now, savepoint=True))
+            if self.asking is not None:  # the job failed meanwhile: nothing was triggered
+                self.asking.fail("the job is failing")
+                self.asking = None
+
+    def _trigger_final(self, now: float) -> None:
+        """Trigger the final checkpoint: a savepoint when someone asked to stop with one."""
+        self.asking = self.stop_request
+        self._do(self.coordinator.trigger(now, final=True, savepoint=self.stop_request is not None))
+        self.asking = None
+
+    def _savepoint_target(self, directory: str | None, checkpoint_id: int) -> str:
+        """The folder savepoint ``checkpoint_id`` goes to (on the checkpoints' file system)."""
+        driver = self.driver
+        storage = driver.storage
+        base = directory or driver.config.savepoint_dir
+        if base is None:
+            root = f"{storage.root}/savepoints"
+        else:
+            fs, root = fsspec.core.url_to_fs(base, **dict(driver.config.storage_options or {}))
+            if type(fs) is not type(storage.fs):
+                raise ValueError(
+                    f"the savepoint directory {base} must be on the file system of the checkpoint "
+                    f"directory {driver.config.checkpoint_dir}"
+                )
+        return f"{root.rstrip('/')}/savepoint-{checkpoint_id}-{driver.run_id}"
+
+    def answer_requests(self) -> None:
+        """The attempt ended: whoever still waits for a savepoint gets an answer."""
+        reason = self.failure.describe() if self.failure is not None else "the job ended"
+        for request in [*self.requests.values(), self.stop_request, self.asking]:
+            if request is not None:
+                request.fail(f"the job stopped before the savepoint completed: {reason}")
+        self.requests.clear()
 
     # ---------------------------------------------------------------- actions
 
@@ -559,12 +762,28 @@ class _Attempt:
         for action in actions:
             now = self.now()
             if isinstance(action, TriggerCheckpoint):
-                self.next_id = max(self.next_id, action.checkpoint_id + 1)
-                self.triggered_at[action.checkpoint_id] = (now, action.final)
+                n = action.checkpoint_id
+                self.next_id = max(self.next_id, n + 1)
+                self.triggered_at[n] = (now, action.final)
+                self.kinds[n] = action.savepoint
                 if action.final:
-                    self.final = action.checkpoint_id
+                    self.final = n
+                base = None if action.savepoint else self.coordinator.latest_completed
+                driver.registry.triggered(n, base)
+                if action.savepoint:
+                    request = self.asking
+                    self.asking = None
+                    if request is not None:
+                        self.requests[n] = request
+                    self.targets[n] = self._savepoint_target(
+                        request.target if request is not None else None, n
+                    )
                 self._broadcast(
-                    "trigger", checkpoint=action.checkpoint_id, final=bool(action.final)
+                    "trigger",
+                    checkpoint=n,
+                    final=bool(action.final),
+                    savepoint=bool(action.savepoint),
+                    base=base,
                 )
             elif isinstance(action, WriteMetadata):
                 self._write_metadata(action)
@@ -583,11 +802,25 @@ class _Attempt:
                     started - driver._start,
                 )
                 self.unaligned.discard(action.checkpoint_id)
+                target = self.targets.pop(action.checkpoint_id, None)
+                self.kinds.pop(action.checkpoint_id, None)
+                if target is not None:
+                    url = storage.url_of(target)
+                    info = dataclasses.replace(info, savepoint=url)
+                    driver._savepoints[action.checkpoint_id] = url
+                    driver.result.savepoints.append(url)
+                    request = self.requests.pop(action.checkpoint_id, None)
+                    if request is not None:
+                        request.succeed(url, action.checkpoint_id)
+                        if request is self.stop_request:
+                            self.stop_request = None
                 driver.result.checkpoints.append(info)
                 driver.listener(
                     "checkpoint",
-                    f"checkpoint {action.checkpoint_id} complete in {info.duration:.2f} s"
-                    + (" (final)" if final else ""),
+                    ("savepoint" if target is not None else "checkpoint")
+                    + f" {action.checkpoint_id} complete in {info.duration:.2f} s"
+                    + (" (final)" if final else "")
+                    + (f": {info.savepoint}" if info.savepoint else ""),
                 )
             elif isinstance(action, AbortCheckpoint):
                 self._broadcast("abort", checkpoint=action.checkpoint_id)
@@ -595,8 +828,18 @@ class _Attempt:
                 self.channel_records.pop(action.checkpoint_id, None)
                 self.triggered_at.pop(action.checkpoint_id, None)
                 self.unaligned.discard(action.checkpoint_id)
+                self.kinds.pop(action.checkpoint_id, None)
+                self.targets.pop(action.checkpoint_id, None)
                 with contextlib.suppress(StorageError):
                     storage.discard(action.checkpoint_id)
+                driver._delete_shared(
+                    driver.registry.aborted(action.checkpoint_id, _shared(action.handles))
+                )
+                request = self.requests.pop(action.checkpoint_id, None)
+                if request is not None:
+                    request.fail(f"savepoint {action.checkpoint_id} aborted: {action.reason}")
+                    if request is self.stop_request:
+                        self.stop_request = None  # stop without one; the caller was told
                 if not action.subsumed:
                     driver.result.aborted.append((action.checkpoint_id, action.reason))
                     driver.listener(
@@ -604,26 +847,33 @@ class _Attempt:
                     )
                 if action.checkpoint_id == self.final and self.failure is None:
                     self.final = None  # trigger another final checkpoint
-                    self._do(self.coordinator.trigger(now, final=True))
+                    self._trigger_final(now)
             elif isinstance(action, DiscardState):
                 with contextlib.suppress(StorageError, ValueError, KeyError):
                     storage.discard_state(
                         action.checkpoint_id, StateHandle.from_dict(action.handle)
                     )
+                driver._delete_shared(driver.registry.orphaned(_shared(((None, action.handle),))))
             elif isinstance(action, DiscardCheckpoint):
                 with contextlib.suppress(StorageError):
                     storage.discard(action.checkpoint_id)
+                if action.checkpoint_id in driver.registry.retained:
+                    driver._delete_shared(driver.registry.discarded(action.checkpoint_id))
             elif isinstance(action, FailJob):
                 self.failure = Failure("checkpoint", action.reason)
 
     def _write_metadata(self, action: WriteMetadata[str, dict[str, Any]]) -> None:
         storage, now = self.driver.storage, self.now()
+        n = action.checkpoint_id
+        target = self.targets.get(n)
         try:
             metadata = CheckpointMetadata(
-                checkpoint_id=action.checkpoint_id,
+                checkpoint_id=n,
                 generation=self.generation,
                 handles={s: StateHandle.from_dict(h) for s, h in action.handles},
                 extra={
+                    "savepoint": target is not None,
+                    "run": self.driver.run_id,
                     "parallelism": self.driver.plan.parallelism,
                     "max_parallelism": self.driver.plan.max_parallelism,
                     "operators": [
@@ -632,16 +882,41 @@ class _Attempt:
                     "time": time.time(),
                 },
             )
-            storage.write_metadata(metadata)
-            self.sizes[action.checkpoint_id] = sum(h.size for h in metadata.handles.values())
+            if target is not None:
+                if any(h.shared for h in metadata.handles.values()):
+                    raise ValueError("a savepoint names shared files")
+                storage.move_checkpoint(n, target)
+                storage.write_metadata(metadata, folder=target)
+            else:
+                storage.write_metadata(metadata)
+            self.sizes[n] = sum(
+                h.size + sum(r.size for r in h.segments) for h in metadata.handles.values()
+            )
         except (StorageError, ValueError, KeyError) as exc:
             with contextlib.suppress(StorageError):
-                storage.discard(action.checkpoint_id)
-            self._do(self.coordinator.metadata_failed(action.checkpoint_id, str(exc), now))
+                storage.discard(n)
+                if target is not None:
+                    storage.remove_folder(target)
+            self._do(self.coordinator.metadata_failed(n, str(exc), now))
             return
-        self._do(self.coordinator.metadata_written(action.checkpoint_id, now))
+        registry = self.driver.registry
+        if target is not None:
+            self.driver._delete_shared(registry.settled(n))
+        else:
+            shared = [ref.path for h in metadata.handles.values() for ref in h.shared]
+            self.driver._delete_shared(registry.completed(n, shared))
+        self._do(self.coordinator.metadata_written(n, now))
 
     def _broadcast(self, kind: str, **body: Any) -> None:
         for slot in sorted(self.slots):
             with contextlib.suppress(ControlError):
                 self.server.send(slot, kind, **body)
+
+
+def _shared(handles: Any) -> list[str]:
+    """The shared files the acknowledgements ``handles`` ((task, handle dict), ...) name."""
+    paths = []
+    for _, handle in handles:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            paths += [ref.path for ref in StateHandle.from_dict(handle).shared]
+    return paths

@@ -7,8 +7,9 @@ picklable *logic* object; in every subtask, :meth:`Logic.open` makes a
 running instance of it that
 
 * ``process(batch)`` — returns the batch of records it emits (or ``None``),
-* ``snapshot(checkpoint_id)`` — the synchronous part of a checkpoint: returns
-  what goes into the checkpoint (cheap; serialized later, off the loop),
+* ``snapshot(checkpoint_id, base=..., savepoint=...)`` — the synchronous part of a
+  checkpoint: returns what goes into the checkpoint (cheap; serialized later, off the
+  loop; keyed state returns a :class:`~cutline.runtime.state.KeyedSnapshot`),
 * ``notify_complete(checkpoint_id)`` — the checkpoint is complete (sinks publish),
 * ``close()``.
 
@@ -35,10 +36,13 @@ import pyarrow.compute as pc
 from cutline.runtime.sinks import FileSink, FileSinkWriter
 from cutline.runtime.sources import FileSource, SequenceSource, SourceReader
 from cutline.runtime.state import (
+    KeyedSnapshot,
     KeyedStateBackend,
-    StateSnapshot,
+    SegmentSource,
+    StateConfig,
     key_group,
     key_group_range,
+    new_backend,
     subtask_for_key_group,
 )
 
@@ -127,6 +131,13 @@ class OperatorContext:
     dead_letters: DeadLetterOutput | None = None
     run: str = "r0"
     """The id of this run of the job (one ``execute()``): sinks name their files with it."""
+    state: StateConfig = field(default_factory=StateConfig)
+    """The keyed state backend and how it checkpoints."""
+    restore_store: SegmentSource | None = None
+    """Where the restored checkpoint's keyed state segments are read from."""
+    restore_checkpoint: int | None = None
+    """The restored checkpoint, when it is one of this job's directory (incremental
+    checkpoints may build on its files)."""
 
     def fail(self, record: Any, exc: BaseException) -> None:
         """A record could not be processed: raise, or send it to the dead-letter output."""
@@ -170,7 +181,9 @@ class Running:
     def process(self, batch: Batch) -> Batch | None:
         raise NotImplementedError
 
-    def snapshot(self, checkpoint_id: int) -> Any:
+    def snapshot(
+        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
+    ) -> Any:
         return None
 
     def notify_complete(self, checkpoint_id: int) -> None:
@@ -178,6 +191,14 @@ class Running:
 
     def close(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """The state a sink subtask takes over on a restore at another parallelism: the states
+    of the previous run's subtasks it stands in for (old subtask index -> state)."""
+
+    states: dict[int, Any]
 
 
 class Logic:
@@ -316,12 +337,20 @@ class _Keyed(Running):
         self.key = key
         self.get_key = key_getter(key)
         groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
-        self.backend = KeyedStateBackend(ctx.max_parallelism, groups)
-        if state is not None:
-            self.backend.restore([state])
+        self.backend = new_backend(ctx.state, ctx.max_parallelism, groups)
+        if state:
+            if ctx.restore_store is None:
+                raise RecordError("keyed state to restore, but nowhere to read it from")
+            handles = state if isinstance(state, list) else [state]
+            self.backend.restore(handles, ctx.restore_store, checkpoint_id=ctx.restore_checkpoint)
 
-    def snapshot(self, checkpoint_id: int) -> StateSnapshot:
-        return self.backend.snapshot()
+    def snapshot(
+        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
+    ) -> KeyedSnapshot:
+        return self.backend.snapshot(checkpoint_id, base=base, savepoint=savepoint)
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 class KeyedProcessFunction:
@@ -571,7 +600,10 @@ class SinkLogic(Logic):
     sink: FileSink
 
     def open(self, ctx: OperatorContext, state: Any) -> Running:
-        writer = self.sink.open(ctx.subtask, ctx.generation, state, ctx.run)
+        if isinstance(state, Adopted):
+            writer = self.sink.open(ctx.subtask, ctx.generation, None, ctx.run, state.states)
+        else:
+            writer = self.sink.open(ctx.subtask, ctx.generation, state, ctx.run)
         return _Sink(writer, self.sink.format, ctx)
 
 
@@ -591,7 +623,9 @@ class _Sink(Running):
             self.ctx.fail(f"a batch of {len(batch)} records", exc)
         return None
 
-    def snapshot(self, checkpoint_id: int) -> Any:
+    def snapshot(
+        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
+    ) -> Any:
         return self.writer.pre_commit(checkpoint_id)
 
     def notify_complete(self, checkpoint_id: int) -> None:

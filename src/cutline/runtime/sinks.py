@@ -70,16 +70,24 @@ class FileSink:
         generation: int,
         state: Mapping[str, Any] | None = None,
         run: str = "r0",
+        adopted: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> FileSinkWriter:
         """A writer for ``subtask`` in job attempt ``generation`` of the job's run ``run`` (an
         id of one ``execute()``: part names carry it, so two runs never share a name, and
         recovery only ever withdraws its own run's parts); ``state`` is what the sink stored in
-        the checkpoint the job restores from (``None`` on a fresh start)."""
+        the checkpoint the job restores from (``None`` on a fresh start).
+
+        ``adopted``: on a restore at another parallelism, the states of the previous run's
+        subtasks this one takes over (old subtask index -> state), instead of ``state``: their
+        pre-committed parts are published and their other pending parts removed."""
         if not re.fullmatch(r"[a-z0-9]{1,16}", run):
             raise ValueError(f"run id {run!r}: use 1 to 16 lowercase letters and digits")
         fs, root = fsspec.core.url_to_fs(self.directory, **dict(self.storage_options or {}))
         writer = FileSinkWriter(fs, root.rstrip("/"), self.format, subtask, generation, run)
-        writer._recover(state or {})
+        states = dict(adopted) if adopted is not None else {subtask: state or {}}
+        states.setdefault(subtask, {})
+        for index, old in sorted(states.items()):
+            writer._recover(old, index)
         return writer
 
 
@@ -135,13 +143,14 @@ class FileSinkWriter:
 
     # ------------------------------------------------------------------ recovery
 
-    def _recover(self, state: Mapping[str, Any]) -> None:
-        self._withdraw_newer(state.get("checkpoint"))
+    def _recover(self, state: Mapping[str, Any], subtask: int) -> None:
+        """Recover the parts of ``subtask`` (this one, or one of the previous run it adopts)."""
+        self._withdraw_newer(state.get("checkpoint"), subtask)
         committed = [dict(p) for p in state.get("pending", [])]
         for part in committed:  # pre-committed in a complete checkpoint: publish (once)
             self._publish(str(part["name"]))
         keep = {str(p["name"]) for p in committed}
-        prefix = f"part-{self._subtask:05d}-"
+        prefix = f"part-{subtask:05d}-"
         try:
             leftovers = self._fs.ls(f"{self._root}/{PENDING}", detail=False)
         except FileNotFoundError:
@@ -153,11 +162,11 @@ class FileSinkWriter:
                 with contextlib.suppress(FileNotFoundError):
                     self._fs.rm(str(path))
 
-    def _withdraw_newer(self, restored: int | None) -> None:
-        """Delete this subtask's parts that earlier attempts published for checkpoints after
-        ``restored`` (``None``: any): the job restores an older checkpoint than the newest
-        complete one (it was damaged), so their records come again."""
-        prefix = f"part-{self._subtask:05d}-"
+    def _withdraw_newer(self, restored: int | None, subtask: int) -> None:
+        """Delete ``subtask``'s parts that earlier attempts of this run published for
+        checkpoints after ``restored`` (``None``: any): the job restores an older checkpoint
+        than the newest complete one (it was damaged), so their records come again."""
+        prefix = f"part-{subtask:05d}-"
         try:
             published = self._fs.ls(self._root, detail=False)
         except FileNotFoundError:

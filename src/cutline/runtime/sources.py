@@ -6,11 +6,17 @@ there (``open(..., offset=...)``): the offset goes into each checkpoint, and a
 restore replays exactly the records after it. Records come out as
 ``pyarrow.RecordBatch`` es.
 
-* :class:`SequenceSource` — integers ``start, start+1, ...`` (bounded by ``end`` or not),
-  dealt round-robin to the subtasks; offset: how many this subtask emitted.
+Every source is made of **splits** that do not depend on the parallelism, dealt
+round-robin to the subtasks, and its offset is per split: so a checkpoint taken
+at one parallelism restores at another (:func:`merge_offsets` joins the offsets
+of the old subtasks, and each new subtask takes its splits' offsets).
+
+* :class:`SequenceSource` — integers ``start, start+1, ...`` (bounded by ``end`` or not), in
+  ``splits`` splits (split ``j`` holds ``start + j``, ``start + j + splits``, ...); offset: per
+  split, how many it emitted.
 * :class:`FileSource` — the files of a directory (a local path or any fsspec URL), sorted by
-  name and dealt round-robin to the subtasks; offset: per file, the rows already emitted.
-  Each file is read whole into memory when its turn comes (a limit for very large files).
+  name, one split per file; offset: per file, the rows already emitted. Each file is read
+  whole into memory when its turn comes (a limit for very large files).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
@@ -50,6 +57,21 @@ def _check_subtask(subtask: int, parallelism: int) -> None:
         raise ValueError(f"subtask {subtask} of parallelism {parallelism} does not exist")
 
 
+def merge_offsets(offsets: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One offset from the offsets of several subtasks (a restore at another parallelism):
+    the union of their per-split positions. Each subtask then reads its own splits' from it."""
+    merged: dict[str, dict[str, Any]] = {}
+    for offset in offsets:
+        for field_name, positions in offset.items():
+            if not isinstance(positions, Mapping):
+                raise SourceError(
+                    f"a source offset with {field_name!r} = {positions!r} is not per split: it "
+                    "was written by an older cutline and restores only at its own parallelism"
+                )
+            merged.setdefault(field_name, {}).update(positions)
+    return merged
+
+
 @dataclass(frozen=True)
 class SequenceSource:
     """The integers from ``start`` up to ``end`` (excluded; ``None``: without end), in a column
@@ -58,38 +80,84 @@ class SequenceSource:
     start: int = 0
     end: int | None = None
     column: str = "value"
+    splits: int = 128
+
+    def __post_init__(self) -> None:
+        if type(self.splits) is not int or self.splits < 1:
+            raise ValueError(f"splits must be a positive integer, not {self.splits!r}")
 
     def open(
         self, subtask: int, parallelism: int, offset: Mapping[str, Any] | None = None
     ) -> SequenceReader:
         _check_subtask(subtask, parallelism)
-        emitted = int(offset["emitted"]) if offset else 0
-        if emitted < 0:
-            raise SourceError(f"a sequence offset cannot be negative: {emitted}")
-        return SequenceReader(self, subtask, parallelism, emitted)
+        positions = dict((offset or {}).get("splits", {}))
+        if offset and "splits" not in offset:
+            merge_offsets([offset])  # says why it cannot be used
+        mine = [j for j in range(self.splits) if j % parallelism == subtask]
+        emitted = []
+        for j in mine:
+            found = positions.get(str(j), positions.get(j))  # (JSON made the keys strings)
+            count = int(found) if found is not None else 0
+            if count < 0:
+                raise SourceError(f"a sequence offset cannot be negative: split {j} at {count}")
+            emitted.append(count)
+        return SequenceReader(self, mine, emitted)
 
 
 class SequenceReader:
-    def __init__(self, source: SequenceSource, subtask: int, parallelism: int, emitted: int):
+    """Reads its splits a round at a time: ``start + j + splits * r`` for each of its splits
+    ``j``, round ``r`` after round (increasing values when the splits are at one round)."""
+
+    def __init__(self, source: SequenceSource, splits: list[int], emitted: list[int]):
         self._source = source
-        self._first = source.start + subtask
-        self._stride = parallelism
-        self._emitted = emitted
+        self._splits = np.array(splits, dtype=np.int64)
+        self._emitted = np.array(emitted, dtype=np.int64)
 
     def read(self, max_rows: int) -> pa.RecordBatch | None:
-        first = self._first + self._emitted * self._stride
-        end = self._source.end
-        count = (
-            max_rows if end is None else max(0, min(max_rows, -(-(end - first) // self._stride)))
-        )
-        if count == 0:
+        source, splits, emitted = self._source, self._splits, self._emitted
+        start, end, width = source.start, source.end, source.splits
+        chunks: list[np.ndarray] = []
+        need = max_rows
+        while need > 0 and len(splits):
+            following = start + splits + width * emitted
+            live = np.ones(len(splits), bool) if end is None else following < end
+            if not live.any():
+                break
+            lowest = emitted[live].min()
+            active = live & (emitted == lowest)
+            count = int(active.sum())
+            if count == int(live.sum()) and need >= count:
+                # every live split at one round: several rounds at once, in increasing order
+                rounds = need // count
+                values = (
+                    start
+                    + splits[active][None, :]
+                    + width * (lowest + np.arange(rounds, dtype=np.int64))[:, None]
+                ).ravel()
+                if end is not None:
+                    values = values[: int(np.searchsorted(values, end))]
+                whole, rest = divmod(len(values), count)
+                taken = np.full(count, whole, dtype=np.int64)
+                taken[:rest] += 1
+                emitted[np.flatnonzero(active)] += taken
+            else:  # splits at different rounds (after a rescaled restore): the laggards first
+                indices = np.flatnonzero(active)[:need]
+                values = start + splits[indices] + width * emitted[indices]
+                emitted[indices] += 1
+            chunks.append(values)
+            need -= len(values)
+        if not chunks or need == max_rows:
             return None
-        self._emitted += count
-        values = pa.array(range(first, first + count * self._stride, self._stride), pa.int64())
-        return pa.record_batch([values], names=[self._source.column])
+        values = np.concatenate(chunks)
+        return pa.record_batch([pa.array(values, pa.int64())], names=[source.column])
 
     def offset(self) -> dict[str, Any]:
-        return {"emitted": self._emitted}
+        return {
+            "splits": {
+                str(j): int(n)
+                for j, n in zip(self._splits.tolist(), self._emitted.tolist(), strict=True)
+            }
+        }
 
 
 @dataclass(frozen=True)
@@ -129,6 +197,8 @@ class FileSource:
         _check_subtask(subtask, parallelism)
         fs, _ = fsspec.core.url_to_fs(self.directory, **dict(self.storage_options or {}))
         mine = [f for i, f in enumerate(self.files()) if i % parallelism == subtask]
+        if offset:
+            merge_offsets([offset])  # an offset that is not per split says why
         done = {str(k): int(v) for k, v in dict(offset or {}).get("rows", {}).items()}
         return FileReader(fs, self.format, mine, done)
 

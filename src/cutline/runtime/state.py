@@ -186,13 +186,17 @@ class SegmentRef:
 SHARED_PREFIX = "../shared/"
 
 
-class SegmentStore(Protocol):
-    """Where a keyed snapshot writes its segments and a restore reads them (the runtime's
-    checkpoint storage; :class:`MemorySegmentStore` in tests)."""
-
-    def write_segment(self, name: str, data: bytes, *, shared: bool) -> SegmentRef: ...
+class SegmentSource(Protocol):
+    """Where a restore reads segments (the restored checkpoint's folder)."""
 
     def read_segment(self, ref: SegmentRef) -> bytes: ...
+
+
+class SegmentStore(SegmentSource, Protocol):
+    """Where a keyed snapshot writes its segments (the runtime's checkpoint storage;
+    :class:`MemorySegmentStore` in tests)."""
+
+    def write_segment(self, name: str, data: bytes, *, shared: bool) -> SegmentRef: ...
 
 
 class MemorySegmentStore:
@@ -550,7 +554,7 @@ class KeyedStateBackend:
     def restore(
         self,
         handles: Sequence[Mapping[str, Any]],
-        store: SegmentStore,
+        store: SegmentSource,
         *,
         checkpoint_id: int | None = None,
     ) -> None:
@@ -846,12 +850,12 @@ class DiskStateBackend(KeyedStateBackend):
         table.set_block_cache(rocksdict.Cache(max(memory // 2, 1 << 20)))
         options.set_block_based_table_factory(table)
         try:
-            self._db = rocksdict.Rdict(f"{self.path}/db", options)
+            self._db: Any = rocksdict.Rdict(f"{self.path}/db", options)
         except Exception as exc:
             shutil.rmtree(self.path, ignore_errors=True)
             raise StateError(f"cannot open the state database in {self.path}: {exc}") from exc
         writes = rocksdict.WriteOptions()
-        writes.disable_wal = True  # scratch space: checkpoints are what survives
+        writes.disable_wal = True  # type: ignore[method-assign,assignment]  # (a property)
         self._db.set_write_options(writes)
         self._names: dict[int, str] = {}
         self._spill_at = max(memory // _SPILL_ENTRY_BYTES, 16)

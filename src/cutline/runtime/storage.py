@@ -231,9 +231,38 @@ class CheckpointStorage:
             ) from exc
         return StateHandle(name, len(data), hashlib.sha256(data).hexdigest(), generation)
 
-    def write_metadata(self, metadata: CheckpointMetadata) -> None:
-        """Complete a checkpoint: write its metadata under a temporary name, then rename it."""
-        folder = self.checkpoint_path(metadata.checkpoint_id)
+    def url_of(self, path: str) -> str:
+        """``path`` (on this storage's file system) as a URL or local path."""
+        return self._where(path)
+
+    def move_checkpoint(self, checkpoint_id: int, target: str) -> None:
+        """Move the folder of ``checkpoint_id`` to ``target`` (a path on the same file system,
+        which must not exist): a savepoint leaves the checkpoint directory."""
+        source = self.checkpoint_path(checkpoint_id)
+        try:
+            if self.fs.exists(target):
+                raise StorageError(f"{self._where(target)} already exists")
+            parent = target.rstrip("/").rsplit("/", 1)[0]
+            self.fs.makedirs(parent, exist_ok=True)
+            self.fs.mv(source, target, recursive=True)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot move checkpoint {checkpoint_id} to {self._where(target)}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+
+    def remove_folder(self, path: str) -> None:
+        """Remove ``path`` and everything in it (quiet when it is not there)."""
+        try:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except OSError as exc:
+            raise StorageError(f"cannot remove {self._where(path)}: {exc.strerror or exc}") from exc
+
+    def write_metadata(self, metadata: CheckpointMetadata, *, folder: str | None = None) -> None:
+        """Complete a checkpoint: write its metadata under a temporary name, then rename it
+        (in ``folder``: a savepoint's, instead of the checkpoint's own)."""
+        folder = folder or self.checkpoint_path(metadata.checkpoint_id)
         final = f"{folder}/{METADATA}"
         temporary = f"{folder}/.{METADATA}.{uuid.uuid4().hex}.tmp"
         try:

@@ -30,10 +30,12 @@ output channel the records an unaligned barrier overtook (sent again first).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
 import queue
+import secrets
 import threading
 import time
 import traceback
@@ -63,14 +65,13 @@ from cutline.runtime.operators import (
     UserFunctionError,
     function_name,
 )
+from cutline.runtime.restore import DEAD_LETTERS, STATE_FORMAT, RestoreSpec, gather
 from cutline.runtime.sinks import FileSink
-from cutline.runtime.state import StateSnapshot
-from cutline.runtime.storage import CheckpointStorage, StateHandle
+from cutline.runtime.state import KeyedSnapshot, SegmentRef, StateConfig
+from cutline.runtime.storage import CheckpointLocation, CheckpointStorage
 from cutline.runtime.wire import Barrier, EndOfInput, Records
 
-STATE_FORMAT = 1
 _JOIN_SECONDS = 10.0
-DEAD_LETTERS = "_dead_letters"
 CHECKPOINTING_MODES = ("aligned", "unaligned", "at_least_once")
 
 
@@ -82,6 +83,7 @@ class _Taking:
     parts: dict[str, Any]
     alignment: float
     sync_end: float
+    savepoint: bool = False
     unaligned: bool = False
     inputs: dict[str, list[Any]] = field(default_factory=dict)
     outputs: dict[str, list[Any]] = field(default_factory=dict)
@@ -107,8 +109,9 @@ class SlotSetup:
     driver: tuple[str, int]
     checkpoint_dir: str
     storage_options: dict[str, Any] | None = None
-    restore_id: int | None = None
-    restore_handles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    restore: RestoreSpec | None = None
+    """The checkpoint or savepoint to restore (``None``: start from scratch)."""
+    state: StateConfig = field(default_factory=StateConfig)
     batch_size: int = 65536
     buffer_capacity: int = 4
     dead_letter_dir: str | None = None
@@ -174,6 +177,9 @@ class SubtaskRunner:
         self._timeout = setup.alignment_timeout if setup.checkpointing == "aligned" else None
         self._forced: set[int] = set()
         """Checkpoints whose barriers came forced aligned (forwarded so too)."""
+        self._kinds: dict[int, tuple[int | None, bool]] = {}
+        """Checkpoint -> (its base, whether it is a savepoint), from its trigger or barrier."""
+        self._restore_location: CheckpointLocation | None = None
         self._draining = False
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
         self._restored_inputs: dict[str, list[Any]] = {}
@@ -187,17 +193,16 @@ class SubtaskRunner:
         """Restore state (when the driver chose a checkpoint) and open every operator."""
         setup = self.setup
         restored: dict[str, Any] = {}
-        handle = setup.restore_handles.get(self.name)
-        if setup.restore_id is not None and handle is not None:
-            data = self.storage.read_state(setup.restore_id, StateHandle.from_dict(handle))
-            payload = pickle.loads(data)
-            if payload.get("format") != STATE_FORMAT:
-                raise RecordError(f"the state of {self.name} was written by another version")
-            restored = payload["operators"]
-            channels = payload.get("channels") or {}
-            self._restored_inputs = channels.get("inputs", {})
-            self._restored_outputs = channels.get("outputs", {})
-            self._check_channel_state(setup.restore_id)
+        spec = setup.restore
+        if spec is not None:
+            self._restore_location = CheckpointLocation.open(
+                spec.url, storage_options=setup.storage_options
+            )
+            gathered = gather(spec, self._restore_location, setup.plan, self.chain, self.index)
+            restored = gathered.parts
+            self._restored_inputs = gathered.inputs
+            self._restored_outputs = gathered.outputs
+            self._check_channel_state(spec.checkpoint_id)
             # the records in flight at the checkpoint count as sent in this generation (and as
             # done once replayed): the census of a loop must see them
             self.records_sent += sum(
@@ -255,6 +260,13 @@ class SubtaskRunner:
             on_error=setup.on_error.get(uid, "fail"),
             dead_letters=self._dead_letters,
             run=setup.run,
+            state=setup.state,
+            restore_store=self._restore_location,
+            restore_checkpoint=(
+                setup.restore.checkpoint_id
+                if setup.restore is not None and setup.restore.own
+                else None
+            ),
         )
 
     def connect(self, addresses: dict[tuple[int, str], tuple[str, int]]) -> None:
@@ -400,12 +412,14 @@ class SubtaskRunner:
             elif isinstance(frame, PriorityBarrier):
                 n = frame.barrier.checkpoint_id
                 self._first_barrier_at.setdefault(n, time.monotonic())
+                self._kinds.setdefault(n, (frame.barrier.base, frame.barrier.savepoint))
                 self._carry(
                     handler.barrier_received(n, channel, unaligned=True, overtaken=frame.overtaken)
                 )
             elif isinstance(frame, Barrier):
                 n = frame.checkpoint_id
                 self._first_barrier_at.setdefault(n, time.monotonic())
+                self._kinds.setdefault(n, (frame.base, frame.savepoint))
                 if frame.forced_aligned:
                     self._forced.add(n)
                 self._carry(
@@ -454,14 +468,23 @@ class SubtaskRunner:
             if kind == "stop" or self.stopped.is_set():
                 raise Stopped
             checkpoint = int(message.get("checkpoint", -1))
-            if kind == "trigger" and self._timeout is not None and not message.get("final"):
+            savepoint = bool(message.get("savepoint"))
+            if (
+                kind == "trigger"
+                and self._timeout is not None
+                and not message.get("final")
+                and not savepoint
+            ):
                 self._trigger_times[checkpoint] = time.monotonic()
             if kind == "trigger" and self.chain.is_source:
                 final = bool(message.get("final"))
+                base = message.get("base")
+                self._kinds[checkpoint] = (int(base) if base is not None else None, savepoint)
                 self._snapshot(checkpoint)
-                # the final checkpoint aligns: nothing may stay in flight behind it
+                # the final checkpoint and savepoints align: nothing may stay in flight
+                aligned = final or savepoint
                 self._forward(
-                    checkpoint, self.setup.checkpointing == "unaligned" and not final, final
+                    checkpoint, self.setup.checkpointing == "unaligned" and not aligned, aligned
                 )
                 self._complete(checkpoint)
                 if final:
@@ -523,14 +546,17 @@ class SubtaskRunner:
     def _forward(self, checkpoint_id: int, unaligned: bool, forced_aligned: bool = False) -> None:
         """Emit ``Barrier(checkpoint_id)`` on every output: in line, or (unaligned) ahead of
         the queued records, which become the output side of the checkpoint's channel state."""
+        base, savepoint = self._kinds.get(checkpoint_id, (None, False))
         if not unaligned:
-            frame = Barrier(checkpoint_id, forced_aligned=forced_aligned)
+            frame = Barrier(
+                checkpoint_id, forced_aligned=forced_aligned, savepoint=savepoint, base=base
+            )
             for channel in self.output_channels():
                 channel.send(frame)
             return
         taking = self._taking[checkpoint_id]
         taking.unaligned = True
-        frame = Barrier(checkpoint_id, unaligned=True)
+        frame = Barrier(checkpoint_id, unaligned=True, savepoint=savepoint, base=base)
         for channel in self.output_channels():
             taking.keep_output(channel.channel, channel.send_priority(frame))
 
@@ -544,11 +570,14 @@ class SubtaskRunner:
     def _snapshot(self, checkpoint_id: int) -> None:
         """The synchronous part: offsets, state copies, sinks' pre-commit."""
         parts: dict[str, Any] = {}
+        base, savepoint = self._kinds.get(checkpoint_id, (None, False))
+        for older in [n for n in self._kinds if n < checkpoint_id]:
+            del self._kinds[older]
         if self._reader is not None:
             parts[self.chain.operators[0].uid] = self._reader.offset()
         for uid, running in self._operators:
             self._current = uid
-            parts[uid] = running.snapshot(checkpoint_id)
+            parts[uid] = running.snapshot(checkpoint_id, base=base, savepoint=savepoint)
         if self._dead_letters is not None:
             parts[DEAD_LETTERS] = self._dead_letters.writer.pre_commit(checkpoint_id)
         self._last_snapshot = checkpoint_id
@@ -557,7 +586,7 @@ class SubtaskRunner:
         for older in [n for n in self._first_barrier_at if n < checkpoint_id]:
             del self._first_barrier_at[older]
         alignment = now - first if first is not None else 0.0
-        self._taking[checkpoint_id] = _Taking(parts, alignment, now)
+        self._taking[checkpoint_id] = _Taking(parts, alignment, now, savepoint)
 
     def _complete(self, checkpoint_id: int) -> None:
         """The checkpoint is whole here (its channel state recorded): write it and ack; with
@@ -625,17 +654,32 @@ class SubtaskRunner:
 
     def _write(self, checkpoint_id: int, taking: _Taking) -> None:
         """The asynchronous part: serialize, store, acknowledge (or decline)."""
+        segments: list[SegmentRef] = []
         try:
-            state = {
-                uid: part.serialize() if isinstance(part, StateSnapshot) else part
-                for uid, part in taking.parts.items()
-            }
+            state = {}
+            store = self.storage.segment_store(checkpoint_id)
+            for number, (uid, part) in enumerate(taking.parts.items()):
+                if isinstance(part, KeyedSnapshot):
+                    name = (
+                        f"g{self.setup.generation}-{self.name}-{number}-c{checkpoint_id}-"
+                        f"{secrets.token_hex(4)}"
+                    )
+                    part = part.write(store, name)
+                    segments += [SegmentRef.from_dict(r) for r in part["chain"]]
+                state[uid] = part
             payload: dict[str, Any] = {"format": STATE_FORMAT, "operators": state}
             if taking.inputs or taking.outputs:
                 payload["channels"] = {"inputs": taking.inputs, "outputs": taking.outputs}
             data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
             handle = self.storage.write_state(checkpoint_id, self.name, self.setup.generation, data)
-        except Exception as exc:
+            handle = dataclasses.replace(
+                handle,
+                segments=tuple(segments),
+                operators=tuple(uid for uid, part in state.items() if part is not None),
+                channel_state=bool(taking.inputs or taking.outputs),
+            )
+        except Exception as exc:  # (segments written meanwhile are removed with the run's
+            # unneeded files when the job ends)
             with contextlib.suppress(ControlError):
                 self.control.send(
                     "decline",
