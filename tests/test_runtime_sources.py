@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline.runtime.sources import FileSource, SequenceSource, SourceError
+from cutline.runtime.sources import FileSource, SequenceSource, SourceError, merge_offsets
 
 
 def read_all(reader: Any, max_rows: int = 7, limit: int | None = None) -> list[dict[str, Any]]:
@@ -102,9 +102,61 @@ def test_sequence_restores_exactly(cut: int, max_rows: int, parallelism: int) ->
 
 def test_an_unbounded_sequence_never_ends() -> None:
     reader = SequenceSource().open(0, 1)
+    values = []
     for _ in range(100):
-        assert reader.read(1000) is not None
-    assert reader.offset() == {"emitted": 100_000}
+        batch = reader.read(1000)
+        assert batch is not None
+        values += batch.column(0).to_pylist()
+    assert values == list(range(100_000))  # one subtask reads every split, in order
+    positions = reader.offset()["splits"]
+    assert sum(positions.values()) == 100_000
+    assert set(positions.values()) == {781, 782}  # 100,000 = 128 * 781 + 32
+
+
+@given(
+    end=st.none() | st.integers(0, 600),
+    before=st.integers(1, 4),
+    after=st.integers(1, 4),
+    reads=st.lists(st.integers(1, 70), max_size=4),
+    max_rows=st.integers(1, 50),
+)
+def test_a_sequence_restores_at_another_parallelism_exactly(
+    end: int | None, before: int, after: int, reads: list[int], max_rows: int
+) -> None:
+    """Offsets per split: the new subtasks read every value the old ones had not, once."""
+    source = SequenceSource(end=end, splits=8)
+    old = [source.open(i, before) for i in range(before)]
+    seen: list[int] = []
+    for i, rows in enumerate(reads):
+        batch = old[i % before].read(rows)
+        seen += batch.column(0).to_pylist() if batch is not None else []
+    offset = json.loads(json.dumps(merge_offsets([r.offset() for r in old])))
+    limit = 600 if end is None else end
+    rest: list[int] = []
+    for i in range(after):
+        reader = source.open(i, after, offset)
+        while (batch := reader.read(max_rows)) is not None:
+            rest += [v for v in batch.column(0).to_pylist() if v < limit]
+            if end is None and batch.column(0).to_pylist()[-1] >= limit:
+                break
+    assert sorted(seen + rest)[:limit] == list(range(limit))
+    assert len(set(seen + rest)) == len(seen + rest)
+
+
+def test_file_offsets_restore_at_another_parallelism(tmp_path: Path) -> None:
+    write_inputs(tmp_path / "in", "parquet", files=5, rows=7)
+    source = FileSource(str(tmp_path / "in"))
+    full = sorted(map(str, (r for i in range(1) for r in read_all(source.open(0, 1), 3))))
+    old = [source.open(i, 2) for i in range(2)]
+    seen = [r for reader in old for r in read_all(reader, 3, limit=4)]
+    offset = merge_offsets([r.offset() for r in old])
+    rest = [r for i in range(3) for r in read_all(source.open(i, 3, offset), 3)]
+    assert sorted(map(str, seen + rest)) == full
+
+
+def test_an_offset_that_is_not_per_split_names_the_problem() -> None:
+    with pytest.raises(SourceError, match="not per split"):
+        SequenceSource().open(0, 1, {"emitted": 5})
 
 
 def test_errors_name_the_problem(tmp_path: Path) -> None:
