@@ -135,5 +135,37 @@ def demo(workdir: Path, events: int, no_kill: bool) -> None:
     sys.exit(EXIT_OK if verdict.exact else EXIT_UNVERIFIED)
 
 
+@main.command()
+@click.argument("checkpoint_dir")
+@click.option(
+    "--target",
+    "-d",
+    help="Directory to put the savepoint in (default: CHECKPOINT_DIR/savepoints).",
+)
+@click.option(
+    "--cancel",
+    is_flag=True,
+    help="Stop the job once the savepoint is complete (everything read before it is "
+    "published; a job restored from it goes on from there).",
+)
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True
+)
+def savepoint(checkpoint_dir: str, target: str | None, cancel: bool, timeout: float) -> None:
+    """Take a savepoint of the job running with CHECKPOINT_DIR, and print its folder.
+
+    A savepoint is a checkpoint you own: it is never deleted by cutline, it holds all its
+    state (move or copy it anywhere), and any job can start from it with
+    ``execute(restore_from=FOLDER)``, at any parallelism.
+    """
+    from cutline.runtime.client import JobClient, JobClientError
+
+    try:
+        path = JobClient(checkpoint_dir).savepoint(target, stop=cancel, timeout=timeout)
+    except JobClientError as exc:
+        _fail(str(exc))
+    click.echo(path)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

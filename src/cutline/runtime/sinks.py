@@ -130,7 +130,11 @@ class FileSinkWriter:
             self._write_file(f"{self._root}/{PENDING}/{name}", self._batches)
             self._batches = []
             self._pending.append({"checkpoint": checkpoint_id, "name": name})
-        return {"checkpoint": checkpoint_id, "pending": list(self._pending)}
+        return {
+            "checkpoint": checkpoint_id,
+            "pending": list(self._pending),
+            "directory": self._root,
+        }
 
     def notify_complete(self, checkpoint_id: int) -> list[str]:
         """Checkpoint ``checkpoint_id`` is complete: publish every part pending up to it.
@@ -145,14 +149,17 @@ class FileSinkWriter:
 
     def _recover(self, state: Mapping[str, Any], subtask: int) -> None:
         """Recover the parts of ``subtask`` (this one, or one of the previous run it adopts)."""
+        # the parts belong to the directory of the sink that wrote them (a job restored from
+        # another job's savepoint may write elsewhere): they are published there
+        root = str(state.get("directory", self._root))
         self._withdraw_newer(state.get("checkpoint"), subtask)
         committed = [dict(p) for p in state.get("pending", [])]
         for part in committed:  # pre-committed in a complete checkpoint: publish (once)
-            self._publish(str(part["name"]))
+            self._publish(str(part["name"]), root)
         keep = {str(p["name"]) for p in committed}
         prefix = f"part-{subtask:05d}-"
         try:
-            leftovers = self._fs.ls(f"{self._root}/{PENDING}", detail=False)
+            leftovers = self._fs.ls(f"{root}/{PENDING}", detail=False)
         except FileNotFoundError:
             leftovers = []
         for path in leftovers:
@@ -186,16 +193,17 @@ class FileSinkWriter:
                 except OSError as exc:
                     raise SinkError(f"cannot withdraw {path}: {exc.strerror or exc}") from exc
 
-    def _publish(self, name: str) -> None:
-        source = f"{self._root}/{PENDING}/{name}"
-        target = f"{self._root}/{name}"
+    def _publish(self, name: str, root: str | None = None) -> None:
+        root = root or self._root
+        source = f"{root}/{PENDING}/{name}"
+        target = f"{root}/{name}"
         try:
             if self._fs.exists(source):
                 self._fs.mv(source, target)
             elif not self._fs.exists(target):
                 raise SinkError(
-                    f"part {name} was pre-committed but is neither pending in {self._root}/"
-                    f"{PENDING} nor published in {self._root}: the output lost it"
+                    f"part {name} was pre-committed but is neither pending in {root}/"
+                    f"{PENDING} nor published in {root}: the output lost it"
                 )
         except OSError as exc:
             raise SinkError(f"cannot publish {source}: {exc.strerror or exc}") from exc
