@@ -337,11 +337,7 @@ def test_incremental_checkpoints_restore_exactly_and_keep_only_needed_files(
     ]
     assert chains and max(chains) <= 3
     # and incremental checkpoints happened: some chain built on an earlier checkpoint's files
-    increments = [
-        info.size for info in result.checkpoints if not info.final and info.savepoint is None
-    ]
-    assert increments
-    assert max(chains) > 1 or len(storage.shared_files()) > len(chains)
+    assert max(chains) >= 2
     assert not list((tmp_path / "state").glob("cutline-state-*")), "working databases removed"
 
 

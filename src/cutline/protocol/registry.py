@@ -46,6 +46,9 @@ class SharedStateRegistry:
         """In-flight checkpoint -> its base (``None``: it builds on nothing)."""
         self._known: set[str] = set().union(*self._refs.values()) if self._refs else set()
         """Files some complete checkpoint named, not yet answered as unneeded."""
+        self._answered: set[str] = set()
+        """Files answered as unneeded (a late acknowledgement may name them again; file names
+        are never reused, so they are never needed again)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -124,6 +127,7 @@ class SharedStateRegistry:
         for checkpoint in [c for c in self._refs if c not in self._retained and c not in bases]:
             del self._refs[checkpoint]
         needed = self.needed
-        unneeded = (self._known | set(extra)) - needed
+        unneeded = (self._known | set(extra)) - needed - self._answered
         self._known -= unneeded
+        self._answered |= unneeded
         return sorted(unneeded)

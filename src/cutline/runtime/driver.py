@@ -122,7 +122,8 @@ class CheckpointInfo:
     alignment: float = 0.0
     """The longest barrier alignment of any subtask (seconds)."""
     size: int = 0
-    """Bytes of state files."""
+    """Bytes it wrote: its state files and keyed state segments (for an incremental
+    checkpoint, only the segments new with it, not those it shares with earlier ones)."""
     unaligned: bool = False
     """Whether any subtask took it unaligned (the mode, or an alignment that timed out)."""
     channel_state_records: int = 0
@@ -889,8 +890,11 @@ class _Attempt:
                 storage.write_metadata(metadata, folder=target)
             else:
                 storage.write_metadata(metadata)
+            # the bytes this checkpoint wrote: its own files, and the shared ones new with it
+            before = self.driver.registry.needed
             self.sizes[n] = sum(
-                h.size + sum(r.size for r in h.segments) for h in metadata.handles.values()
+                h.size + sum(r.size for r in h.segments if r.path not in before)
+                for h in metadata.handles.values()
             )
         except (StorageError, ValueError, KeyError) as exc:
             with contextlib.suppress(StorageError):
