@@ -34,6 +34,7 @@ soak: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/b1_b2.py
+	$(BIN)/python bench/b3_state.py
 	$(BIN)/python bench/b4_backpressure.py
 	$(BIN)/python bench/b5_sim.py
 

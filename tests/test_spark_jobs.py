@@ -437,3 +437,32 @@ def test_the_demo_job_runs_and_checks_its_output(spark, tmp_path):
     assert verdict.rows == 100_000 and verdict.keys == 10_000
     assert result.restarts == []
     assert lines[-1].startswith("exact: 100,000 records published; all 10,000 keys end at 10")
+
+
+def test_stop_with_savepoint_and_restore_at_another_parallelism_on_spark(spark, tmp_path):
+    """A job on Spark stopped with a savepoint restarts at parallelism 3 and 1 (rescaled keyed
+    state, source splits and sink output), each exactly once together with the first run."""
+    from test_savepoints import (
+        after_first_checkpoint,
+        build,
+        exactly_once,
+        published,
+        stop_with_savepoint_when,
+    )
+
+    n = 4000
+    env = build(tmp_path, 2, tmp_path / "out1", n, pace=0.0005, batch_size=32)
+    ready, listener = after_first_checkpoint()
+    answer = stop_with_savepoint_when(tmp_path / "checkpoints", ready)
+    result = env.execute(spark, listener=listener)
+    answer[0].join(60)
+    assert len(answer) == 2 and isinstance(answer[1], str), answer
+    assert result.savepoints == [answer[1]]
+    first = published(tmp_path / "out1")
+    assert 0 < len(first) < n
+    for after in (3, 1):
+        out = tmp_path / f"out-{after}"
+        env = build(tmp_path, after, out, n, checkpoint_dir=f"c{after}", pace=0, batch_size=32)
+        restored = env.execute(spark, restore_from=answer[1])
+        assert restored.restarts == []
+        exactly_once(first + published(out), n)

@@ -50,11 +50,13 @@ import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 DEFAULT_MAX_PARALLELISM = 128
 _CHECKED_KEYS = 1_000_000
+_GROUP_CACHE = 4_000_000
+"""Keys whose key group the snapshot thread remembers (computing one costs about 1.5 µs)."""
 SEGMENT_FORMAT = 1
 KEYED_FORMAT = 1
 BACKENDS = ("memory", "disk")
@@ -311,6 +313,9 @@ class _Frozen:
     checkpoint_id: int | None
     tables: dict[str, tuple[str, dict[Hashable, Any]]]
     merged: bool = False
+    spilled: dict[str, set[Hashable]] = field(default_factory=dict)
+    """Disk backend: keys changed before this snapshot but written to the database early;
+    their values are read back from it when the segment is written."""
 
 
 # ------------------------------------------------------------------------------ backends
@@ -487,6 +492,9 @@ class KeyedStateBackend:
             ]
             union: dict[str, tuple[str, dict[Hashable, Any]]] = {}
             for frozen in layers:
+                for table_name, keys in frozen.spilled.items():  # (older than its delta)
+                    spilled = union.setdefault(table_name, (self._tables[table_name].kind, {}))
+                    spilled[1].update(dict.fromkeys(keys, _ABSENT))
                 for table_name, (kind, entries) in frozen.tables.items():
                     union.setdefault(table_name, (kind, {}))[1].update(entries)
             groups = _group_entries(
@@ -534,9 +542,8 @@ class KeyedStateBackend:
         group = cache.get(key)
         if group is None:
             group = key_group(key, self.max_parallelism)
-            if len(cache) >= _CHECKED_KEYS:
-                cache.clear()
-            cache[key] = group
+            if len(cache) < _GROUP_CACHE:  # (full: the rest is computed every time)
+                cache[key] = group
         return group
 
     def _merge(self, frozen: _Frozen) -> None:
@@ -876,12 +883,15 @@ class DiskStateBackend(KeyedStateBackend):
     def _batch(self) -> Any:
         return self._rocksdict.WriteBatch(raw_mode=True)
 
-    def _put_entries(self, table: _DiskTable, entries: Mapping[Hashable, Any]) -> None:
-        """Write ``entries`` (values or DELETED) into the database, in batches that hold the
-        GIL only briefly."""
+    def _put_entries(
+        self, table: _DiskTable, entries: Mapping[Hashable, Any], group: int | None = None
+    ) -> None:
+        """Write ``entries`` (values or DELETED; all of key group ``group`` when given) into
+        the database, in batches that hold the GIL only briefly."""
         batch, count = self._batch(), 0
+        prefix = _DB_KEY.pack(group, table.number) if group is not None else None
         for key, value in entries.items():
-            db_key = table.db_key(key)
+            db_key = table.db_key(key) if prefix is None else prefix + _encode_key(key)
             if value is DELETED:
                 batch.delete(db_key)
             else:
@@ -916,23 +926,14 @@ class DiskStateBackend(KeyedStateBackend):
         savepoint: bool = False,
     ) -> KeyedSnapshot:
         snapshot = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
-        if self._spilled:
-            spilled, self._spilled = self._spilled, {}
-            frozen = self._frozen[-1]
-            for name, keys in spilled.items():
-                _kind, entries = frozen.tables.setdefault(name, (self._tables[name].kind, {}))
-                # the spilled keys' values are read back from the database when written
-                for key in keys:
-                    entries.setdefault(key, _ABSENT)
+        if self._spilled:  # constant time: the keys are looked at when the segment is written
+            self._frozen[-1].spilled, self._spilled = self._spilled, {}
         return snapshot
 
     def _merge(self, frozen: _Frozen) -> None:
         with self._db_lock:
             for name, (_, entries) in frozen.tables.items():
-                self._put_entries(
-                    self._tables[name],
-                    {k: v for k, v in entries.items() if v is not _ABSENT},
-                )
+                self._put_entries(self._tables[name], entries)
 
     def _write(self, snapshot: KeyedSnapshot, store: SegmentStore, name: str) -> dict[str, Any]:
         with self._db_lock:
@@ -963,12 +964,12 @@ class DiskStateBackend(KeyedStateBackend):
         return grouped
 
     def _apply(self, groups: Groups, *, full: bool) -> None:
-        for tables in groups.values():
+        for group, tables in groups.items():
             for name, (kind, upserts, deletes) in tables.items():
                 table = self._table(name, kind)
                 entries: dict[Hashable, Any] = dict(upserts)
                 entries.update(dict.fromkeys(deletes, DELETED))
-                self._put_entries(table, entries)
+                self._put_entries(table, entries, group)
 
     def close(self) -> None:
         with self._db_lock:
