@@ -147,7 +147,9 @@ def test_garbage_on_a_channel_fails_it_with_the_reason() -> None:
     with InputGate(["a"], token=TOKEN, generation=0) as gate:
         conn = socket.create_connection(address(gate))
         conn.sendall(encode(Hello("a", 0, TOKEN)) + b"\x03\x00\x00\x00\x00\x01!")
-        with pytest.raises(ChannelError, match="'a': a barrier frame must hold exactly one"):
+        with pytest.raises(
+            ChannelError, match="'a': a barrier frame must hold a checkpoint id and its base"
+        ):
             gate.poll(timeout=WAIT)
         conn.close()
 

@@ -1,23 +1,53 @@
-"""Keyed state: key groups, value / list / map state, snapshots that never change, restore."""
+"""Keyed state: key groups, value / list / map state, snapshots that never change, restore
+(for both backends)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cutline.runtime.state import (
+    BACKENDS,
+    KeyedSnapshot,
     KeyedStateBackend,
+    MemorySegmentStore,
+    MemoryStateBackend,
+    StateConfig,
     StateError,
     key_group,
     key_group_range,
+    new_backend,
     subtask_for_key_group,
 )
+
+MakeBackend = Callable[..., KeyedStateBackend]
+
+
+@pytest.fixture(params=BACKENDS)
+def make_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeBackend]:
+    """Makes backends of one kind (memory, then disk in tmp_path) and closes them at the end."""
+    made: list[KeyedStateBackend] = []
+
+    def make(
+        max_parallelism: int = 128, key_groups: range | None = None, **config: Any
+    ) -> KeyedStateBackend:
+        full_config = StateConfig(backend=request.param, local_dir=str(tmp_path), **config)
+        backend = new_backend(full_config, max_parallelism, key_groups)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
 
 
 @pytest.mark.parametrize("max_parallelism", [1, 7, 128, 1000])
@@ -60,15 +90,15 @@ def test_equal_keys_share_a_key_group() -> None:
     assert key_group(("a", 1), 128) == key_group(("a", 1.0), 128)
 
 
-def test_unhashable_or_unstable_keys_are_refused() -> None:
-    backend = KeyedStateBackend(8)
+def test_unhashable_or_unstable_keys_are_refused(make_backend: MakeBackend) -> None:
+    backend = make_backend(8)
     for key in ([1], {"a": 1}, object()):
         with pytest.raises(StateError, match="no stable hash"):
-            backend.set_current_key(key)  # type: ignore[arg-type]
+            backend.set_current_key(key)
 
 
-def test_state_needs_a_current_key_in_an_owned_key_group() -> None:
-    backend = KeyedStateBackend(8, key_group_range(0, 2, 8))
+def test_state_needs_a_current_key_in_an_owned_key_group(make_backend: MakeBackend) -> None:
+    backend = make_backend(8, key_group_range(0, 2, 8))
     with pytest.raises(StateError, match="no current key"):
         backend.value_state("v").get()
     foreign = next(k for k in range(100) if key_group(k, 8) not in backend.key_groups)
@@ -76,15 +106,15 @@ def test_state_needs_a_current_key_in_an_owned_key_group() -> None:
         backend.set_current_key(foreign)
 
 
-def test_a_name_keeps_its_kind() -> None:
-    backend = KeyedStateBackend()
+def test_a_name_keeps_its_kind(make_backend: MakeBackend) -> None:
+    backend = make_backend()
     backend.value_state("s")
     with pytest.raises(StateError, match="'s' is value state, not list state"):
         backend.list_state("s")
 
 
-def test_value_list_and_map_state() -> None:
-    backend = KeyedStateBackend()
+def test_value_list_and_map_state(make_backend: MakeBackend) -> None:
+    backend = make_backend()
     count, seen, last = (
         backend.value_state("count"),
         backend.list_state("seen"),
@@ -104,7 +134,7 @@ def test_value_list_and_map_state() -> None:
     assert seen.get() == [9]
     count.clear()
     assert count.get("none") == "none"
-    assert sorted(backend.keys("count")) == ["b"]
+    assert list(backend.keys("count")) == ["b"]
 
 
 # ----------------------------------------------------------- snapshot isolation
@@ -130,9 +160,11 @@ def model_state(model: dict[str, dict[Any, Any]]) -> dict[str, dict[Any, Any]]:
     }
 
 
-def snapshot_content(blob: bytes) -> dict[str, dict[Any, Any]]:
-    restored = KeyedStateBackend(16)
-    restored.restore([blob])
+def snapshot_content(
+    handle: Mapping[str, Any], store: MemorySegmentStore
+) -> dict[str, dict[Any, Any]]:
+    restored = MemoryStateBackend(16)
+    restored.restore([handle], store)
     out: dict[str, dict[Any, Any]] = {"v": {}, "l": {}, "m": {}}
     for name in ("v", "l", "m"):
         if name in restored.state_names():
@@ -152,65 +184,111 @@ def snapshot_content(blob: bytes) -> dict[str, dict[Any, Any]]:
 def test_a_snapshot_never_changes_after_it_was_taken(
     operations: list[tuple[str, int, int]],
 ) -> None:
-    backend = KeyedStateBackend(16)
-    value, lst, mp = backend.value_state("v"), backend.list_state("l"), backend.map_state("m")
-    model: dict[str, dict[Any, Any]] = {"v": {}, "l": {}, "m": {}}
-    taken = []
-    for op, key, x in operations:
-        if op == "snapshot":
-            taken.append((backend.snapshot(), model_state(model)))
-            continue
-        backend.set_current_key(key)
-        if op == "value":
-            value.update(x)
-            model["v"][key] = x
-        elif op == "add":
-            lst.add(x)
-            model["l"].setdefault(key, []).append(x)
-        elif op == "update":
-            lst.update([x, x])
-            model["l"][key] = [x, x]
-        elif op == "put":
-            mp.put(x, key)
-            model["m"].setdefault(key, {})[x] = key
-        elif op == "remove":
-            mp.remove(x)
-            model["m"].get(key, {}).pop(x, None)
-        else:
-            value.clear()
-            lst.clear()
-            mp.clear()
-            for table in model.values():
-                table.pop(key, None)
-    for snapshot, expected in taken:  # serialized only now, after every later write
-        assert snapshot_content(snapshot.serialize()) == expected
-    assert snapshot_content(backend.snapshot().serialize()) == model_state(model)
+    check_snapshots_never_change(MemoryStateBackend(16), operations)
+
+
+@settings(  # opening a database takes ~10 ms
+    max_examples=150,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(operations=ops)
+def test_a_disk_snapshot_never_changes_after_it_was_taken(
+    tmp_path: Path, operations: list[tuple[str, int, int]]
+) -> None:
+    config = StateConfig(backend="disk", local_dir=str(tmp_path))
+    check_snapshots_never_change(new_backend(config, 16), operations)
+
+
+def check_snapshots_never_change(
+    backend: KeyedStateBackend, operations: list[tuple[str, int, int]]
+) -> None:
+    try:
+        value, lst, mp = backend.value_state("v"), backend.list_state("l"), backend.map_state("m")
+        model: dict[str, dict[Any, Any]] = {"v": {}, "l": {}, "m": {}}
+        taken: list[tuple[KeyedSnapshot, dict[str, dict[Any, Any]]]] = []
+        for op, key, x in operations:
+            if op == "snapshot":
+                taken.append((backend.snapshot(len(taken) + 1), model_state(model)))
+                continue
+            backend.set_current_key(key)
+            if op == "value":
+                value.update(x)
+                model["v"][key] = x
+            elif op == "add":
+                lst.add(x)
+                model["l"].setdefault(key, []).append(x)
+            elif op == "update":
+                lst.update([x, x])
+                model["l"][key] = [x, x]
+            elif op == "put":
+                mp.put(x, key)
+                model["m"].setdefault(key, {})[x] = key
+            elif op == "remove":
+                mp.remove(x)
+                model["m"].get(key, {}).pop(x, None)
+            else:
+                value.clear()
+                lst.clear()
+                mp.clear()
+                for table in model.values():
+                    table.pop(key, None)
+        store = MemorySegmentStore()
+        taken.append((backend.snapshot(len(taken) + 1), model_state(model)))
+        for snapshot, expected in taken:  # written only now, after every later write
+            handle = snapshot.write(store, f"cp{snapshot.checkpoint_id}")
+            assert snapshot_content(handle, store) == expected
+    finally:
+        backend.close()
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (2, 3), (3, 2), (1, 4)])
-def test_restore_at_another_parallelism_redistributes_by_key_group(before: int, after: int) -> None:
+def test_restore_at_another_parallelism_redistributes_by_key_group(
+    make_backend: MakeBackend, before: int, after: int
+) -> None:
     max_p = 32
-    old = [KeyedStateBackend(max_p, key_group_range(i, before, max_p)) for i in range(before)]
+    old = [make_backend(max_p, key_group_range(i, before, max_p)) for i in range(before)]
     for key in range(200):
         owner = old[subtask_for_key_group(key_group(key, max_p), before, max_p)]
         owner.set_current_key(key)
         owner.value_state("v").update(key * 10)
-    blobs = [b.snapshot().serialize() for b in old]
-    new = [KeyedStateBackend(max_p, key_group_range(i, after, max_p)) for i in range(after)]
+    store = MemorySegmentStore()
+    handles = [b.snapshot(1).write(store, f"cp1-{i}") for i, b in enumerate(old)]
+    new = [make_backend(max_p, key_group_range(i, after, max_p)) for i in range(after)]
     seen: dict[int, int] = {}
     for backend in new:
-        backend.restore(blobs)
-        for key in backend.keys("v"):
-            assert key_group(key, max_p) in backend.key_groups
-            backend.set_current_key(key)
-            assert key not in seen
-            seen[key] = backend.value_state("v").get()  # type: ignore[index]
+        backend.restore(handles, store)
+        for restored in backend.keys("v"):
+            assert isinstance(restored, int)
+            assert key_group(restored, max_p) in backend.key_groups
+            backend.set_current_key(restored)
+            assert restored not in seen
+            seen[restored] = backend.value_state("v").get()
     assert seen == {k: k * 10 for k in range(200)}
 
 
-def test_restore_refuses_another_max_parallelism_and_garbage() -> None:
-    blob = KeyedStateBackend(16).snapshot().serialize()
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_restore_refuses_another_max_parallelism_and_garbage(make_backend: MakeBackend) -> None:
+    store = MemorySegmentStore()
+    handle = make_backend(16).snapshot(1).write(store, "cp1")
     with pytest.raises(StateError, match="max_parallelism 16, this job has 32"):
-        KeyedStateBackend(32).restore([blob])
-    with pytest.raises(StateError, match="not readable"):
-        KeyedStateBackend(16).restore([b"not a pickle"])
+        make_backend(32).restore([handle], store)
+    with pytest.raises(StateError, match="not written by this version"):
+        make_backend(16).restore([{"something": "else"}], store)
+    (path,) = store.files
+    store.files[path] = b"not a pickle"
+    with pytest.raises(StateError, match=f"segment {path} does not match its size and digest"):
+        make_backend(16).restore([handle], store)
+    # a segment that matches its handle but is not one (a handle pointing at another file)
+    store.files[path] = b"not a pickle"
+    forged = {
+        **handle,
+        "chain": [{**handle["chain"][0], "size": 12, "sha256": sha(b"not a pickle")}],
+    }
+    with pytest.raises(StateError, match=f"segment {path} is not readable"):
+        make_backend(16).restore([forged], store)
+    del store.files[path]
+    with pytest.raises(StateError, match=f"segment {path} is missing"):
+        make_backend(16).restore([handle], store)

@@ -213,10 +213,14 @@ class MemorySegmentStore:
         return SegmentRef(path, len(data), hashlib.sha256(data).hexdigest(), False)
 
     def read_segment(self, ref: SegmentRef) -> bytes:
+        """The segment, checked against its size and digest (as the checkpoint storage does)."""
         try:
-            return self.files[ref.path]
+            data = self.files[ref.path]
         except KeyError:
             raise StateError(f"segment {ref.path} is missing") from None
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise StateError(f"segment {ref.path} does not match its size and digest")
+        return data
 
 
 Groups = dict[int, dict[str, tuple[str, dict[Hashable, Any], list[Hashable]]]]
@@ -354,6 +358,8 @@ class KeyedStateBackend:
         self._written = 0
         self._chains: dict[int, list[SegmentRef]] = {}
         """Checkpoint id -> the chain of segments written for it (the bases of increments)."""
+        self._numbers: dict[int, int] = {}
+        """Checkpoint id -> the number of its snapshot (its place among the frozen layers)."""
         self._group_cache: dict[Hashable, int] = {}
 
     # ------------------------------------------------------------- current key
@@ -443,6 +449,8 @@ class KeyedStateBackend:
             this one: an incremental segment may build on the chain written for it.
         :param savepoint: write a full segment the checkpoint owns (nothing shared)."""
         self._snapshots += 1
+        if checkpoint_id is not None:
+            self._numbers[checkpoint_id] = self._snapshots
         tables = {}
         for name, table in self._tables.items():
             tables[name] = (table.kind, table.freeze())
@@ -476,20 +484,17 @@ class KeyedStateBackend:
         # 2. full, or the changes since the base checkpoint's chain
         config = self.config
         chain = self._chains.get(snapshot.base) if snapshot.base is not None else None
+        base_number = self._numbers.get(snapshot.base) if snapshot.base is not None else None
         incremental = (
             config.incremental
             and not snapshot.savepoint
             and chain is not None
+            and base_number is not None
             and len(chain) < config.full_every
         )
         if incremental:
-            assert chain is not None and snapshot.base is not None
-            layers = [
-                f
-                for f in self._frozen
-                if f.number <= snapshot.number
-                and (f.checkpoint_id is None or f.checkpoint_id > snapshot.base)
-            ]
+            assert chain is not None and base_number is not None
+            layers = [f for f in self._frozen if base_number < f.number <= snapshot.number]
             union: dict[str, tuple[str, dict[Hashable, Any]]] = {}
             for frozen in layers:
                 for table_name, keys in frozen.spilled.items():  # (older than its delta)
@@ -517,15 +522,14 @@ class KeyedStateBackend:
         if not snapshot.savepoint and snapshot.checkpoint_id is not None and config.incremental:
             self._chains[snapshot.checkpoint_id] = new_chain
         # 3. forget what no later increment can build on: chains and layers up to the base
-        if snapshot.base is not None:
+        if base_number is not None:
+            assert snapshot.base is not None
             for old in [c for c in self._chains if c < snapshot.base]:
                 del self._chains[old]
+            for old in [c for c in self._numbers if c < snapshot.base]:
+                del self._numbers[old]
             with self._lock:
-                self._frozen = [
-                    f
-                    for f in self._frozen
-                    if not f.merged or f.checkpoint_id is None or f.checkpoint_id > snapshot.base
-                ]
+                self._frozen = [f for f in self._frozen if not f.merged or f.number > base_number]
         elif not config.incremental:
             with self._lock:
                 self._frozen = [f for f in self._frozen if not f.merged]
@@ -596,6 +600,7 @@ class KeyedStateBackend:
             start, stop = handles[0]["key_groups"]
             if range(start, stop) == mine:
                 self._chains[checkpoint_id] = [SegmentRef.from_dict(r) for r in handles[0]["chain"]]
+                self._numbers[checkpoint_id] = 0  # every later layer is newer
 
     def _apply(self, groups: Groups, *, full: bool) -> None:
         """Apply one segment's entries (of my key groups) to the base."""
@@ -639,7 +644,8 @@ class _MemoryTable:
         self.delta[key] = value
 
     def delete(self, key: Hashable) -> None:
-        if self._below(key) in (_ABSENT, DELETED):
+        below = self._below(key)
+        if below is _ABSENT or below is DELETED:  # (identity: values may not compare)
             self.delta.pop(key, None)
         else:
             self.delta[key] = DELETED
