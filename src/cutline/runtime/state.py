@@ -96,11 +96,17 @@ class StateConfig:
                 f"not {self.backend!r}"
             )
         if type(self.incremental) is not bool:
-            raise ValueError(f"incremental must be True or False, not {self.incremental!r}")
+            raise ValueError(
+                f"incremental_checkpoints must be True or False, not {self.incremental!r}"
+            )
         if type(self.full_every) is not int or self.full_every < 1:
-            raise ValueError(f"full_every must be a positive integer, not {self.full_every!r}")
+            raise ValueError(
+                f"full_checkpoint_every must be a positive integer, not {self.full_every!r}"
+            )
         if type(self.memory) is not int or self.memory < 1024 * 1024:
-            raise ValueError(f"state memory must be at least 1 MiB (in bytes), not {self.memory!r}")
+            raise ValueError(
+                f"state_memory must be at least 1 MiB (1048576 bytes), not {self.memory!r}"
+            )
 
 
 def _encode_key(key: Hashable) -> bytes:
