@@ -16,7 +16,14 @@ from typing import Any
 import pyarrow.dataset as ds
 import pytest
 
-from cutline import JobClient, JobClientError, RestoreError, StreamEnvironment
+from cutline import (
+    JobClient,
+    JobClientError,
+    KeyedProcessFunction,
+    ProcessContext,
+    RestoreError,
+    StreamEnvironment,
+)
 from cutline.runtime.driver import JobResult
 from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.storage import SHARED, CheckpointLocation, CheckpointStorage
@@ -350,3 +357,82 @@ def test_full_checkpoints_only_when_incremental_is_off(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path / "checkpoints"))
     assert not (tmp_path / "checkpoints" / SHARED).exists() or not storage.shared_files()
     exactly_once(published(tmp_path / "out"), 500)
+
+
+# ---------------------------------------------------------------- state beyond memory
+
+
+class Remember(KeyedProcessFunction):
+    """Keeps a 200-byte payload per key and counts the key's records."""
+
+    def open(self, ctx: ProcessContext) -> None:
+        self.payload = ctx.value_state("payload")
+        self.count = ctx.value_state("count")
+
+    def process(self, record: dict[str, int], ctx: ProcessContext) -> list[dict[str, int]]:
+        if self.payload.get() is None:
+            self.payload.update(f"{ctx.key:0200d}")
+        assert self.payload.get() == f"{ctx.key:0200d}"
+        count = self.count.get(0) + 1
+        self.count.update(count)
+        return [{"key": ctx.key, "value": count, "index": record["index"]}]
+
+
+def spread(record: dict[str, int]) -> dict[str, int]:
+    return {"key": record["value"] % 20_000, "index": record["value"]}
+
+
+def test_the_disk_backend_keeps_more_state_than_its_memory_through_a_restart(
+    tmp_path: Path,
+) -> None:
+    """20,000 keys of 200-byte payloads (about 5 MB with the counts) through the disk backend
+    limited to 1 MiB, with a failure: exact output, and checkpoints larger than the limit."""
+    n = 40_000
+    marker, flag = tmp_path / "checkpointed", tmp_path / "failed"
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "checkpoint":
+            marker.touch()
+
+    env = StreamEnvironment(
+        2,
+        checkpoint_interval=0.2,
+        checkpoint_dir=tmp_path / "checkpoints",
+        restart_delay=0,
+        batch_size=500,
+        max_parallelism=16,
+        state_backend="disk",
+        state_memory=1 << 20,
+        state_dir=tmp_path / "state",
+        incremental_checkpoints=False,
+    )
+    (
+        env.from_sequence(0, n, name="numbers")
+        .map(spread, name="spread")
+        .key_by("key")
+        .process(Remember(), name="remember")
+        .map(FailOnceAfter(str(marker), str(flag)), name="fail")
+        .write_parquet(tmp_path / "out", name="out")
+    )
+    result = env.execute(launcher=ThreadLauncher(), listener=listener)
+    assert len(result.restarts) == 1
+    rows = published(tmp_path / "out")
+    assert sorted(r["index"] for r in rows) == list(range(n))
+    assert Counter((r["key"], r["value"]) for r in rows) == Counter(
+        (k, c) for k in range(20_000) for c in (1, 2)
+    )
+    assert result.checkpoints[-1].size > 3 * (1 << 20), "the state is larger than the memory"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"state_backend": "ram"}, "state_backend must be one of 'memory', 'disk', not 'ram'"),
+        ({"full_checkpoint_every": 0}, "full_checkpoint_every must be a positive integer"),
+        ({"state_memory": 10}, "state_memory must be at least 1 MiB"),
+        ({"incremental_checkpoints": "yes"}, "incremental_checkpoints must be True or False"),
+    ],
+)
+def test_state_settings_are_checked(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        StreamEnvironment(**options)

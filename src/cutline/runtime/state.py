@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import pickle
 import shutil
@@ -233,24 +234,42 @@ Groups = dict[int, dict[str, tuple[str, dict[Hashable, Any], list[Hashable]]]]
 """key group -> state name -> (kind, upserts, deleted keys)."""
 
 
-def encode_segment(groups: Groups, *, full: bool, max_parallelism: int) -> bytes:
-    payload = {
-        "format": SEGMENT_FORMAT,
-        "full": full,
-        "max_parallelism": max_parallelism,
-        "groups": groups,
-    }
-    return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+Group = tuple[int, dict[str, tuple[str, dict[Hashable, Any], list[Hashable]]]]
 
 
-def decode_segment(data: bytes, where: str) -> dict[str, Any]:
+def encode_segment(groups: Iterable[Group], *, full: bool, max_parallelism: int) -> bytes:
+    """A segment: a header, then one pickle per key group, so that neither writing nor
+    reading ever holds more than one key group's entries as Python objects."""
+    out = io.BytesIO()
+    header = {"format": SEGMENT_FORMAT, "full": full, "max_parallelism": max_parallelism}
+    pickle.dump(header, out, protocol=pickle.HIGHEST_PROTOCOL)
+    for group in groups:  # each its own pickle: nothing is remembered from one to the next
+        pickle.dump(group, out, protocol=pickle.HIGHEST_PROTOCOL)
+    pickle.dump(None, out)  # the end: a truncated segment is never taken for a whole one
+    return out.getvalue()
+
+
+def decode_segment(data: bytes, where: str) -> tuple[dict[str, Any], Iterator[Group]]:
+    """The header of a segment, and its key groups, read one at a time."""
+    source = io.BytesIO(data)
     try:
-        payload = pickle.loads(data)
+        header = pickle.load(source)
     except Exception as exc:
         raise StateError(f"segment {where} is not readable: {exc}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != SEGMENT_FORMAT:
+    if not isinstance(header, dict) or header.get("format") != SEGMENT_FORMAT:
         raise StateError(f"segment {where} was not written by this version of cutline")
-    return payload
+
+    def groups() -> Iterator[Group]:
+        while True:
+            try:
+                group = pickle.load(source)
+            except Exception as exc:
+                raise StateError(f"segment {where} is not readable: {exc}") from exc
+            if group is None:
+                return
+            yield group
+
+    return header, groups()
 
 
 def _group_entries(
@@ -513,7 +532,7 @@ class KeyedStateBackend:
                 self.max_parallelism,
                 self._group_of,
             )
-            data = encode_segment(groups, full=False, max_parallelism=self.max_parallelism)
+            data = encode_segment(groups.items(), full=False, max_parallelism=self.max_parallelism)
             ref = store.write_segment(f"{name}.seg", data, shared=True)
             new_chain = [*chain, SegmentRef(ref.path, ref.size, ref.sha256, False)]
         else:
@@ -563,7 +582,8 @@ class KeyedStateBackend:
         """The entries of a union of delta layers as they go into a segment."""
         return entries
 
-    def _full_groups(self) -> Groups:
+    def _full_groups(self) -> Iterable[Group]:
+        """Every entry of the base, by key group."""
         raise NotImplementedError
 
     # ----------------------------------------------------------------- restore
@@ -597,11 +617,10 @@ class KeyedStateBackend:
                 continue  # none of my key groups
             for ref_data in handle["chain"]:
                 ref = SegmentRef.from_dict(ref_data)
-                payload = decode_segment(store.read_segment(ref), ref.path)
-                groups = payload["groups"]
-                self._apply(
-                    {g: tables for g, tables in groups.items() if g in mine}, full=payload["full"]
-                )
+                header, groups = decode_segment(store.read_segment(ref), ref.path)
+                for group, tables in groups:
+                    if group in mine:
+                        self._apply({group: tables}, full=header["full"])
         if checkpoint_id is not None and len(handles) == 1:
             start, stop = handles[0]["key_groups"]
             if range(start, stop) == mine:
@@ -711,12 +730,12 @@ class MemoryStateBackend(KeyedStateBackend):
                     else:
                         base[key] = value
 
-    def _full_groups(self) -> Groups:
+    def _full_groups(self) -> Iterable[Group]:
         return _group_entries(
             ((name, t.kind, t.base) for name, t in self._tables.items()),
             self.max_parallelism,
             self._group_of,
-        )
+        ).items()
 
     def _apply(self, groups: Groups, *, full: bool) -> None:
         for tables in groups.values():
@@ -962,18 +981,24 @@ class DiskStateBackend(KeyedStateBackend):
             out[key] = value
         return out
 
-    def _full_groups(self) -> Groups:
-        grouped: Groups = {}
+    def _full_groups(self) -> Iterator[Group]:
+        """Every entry, one key group at a time (the database is in key group order)."""
+        current: int | None = None
+        tables: dict[str, tuple[str, dict[Hashable, Any], list[Hashable]]] = {}
         for db_key, raw in self._db.items():
             group, number = _DB_KEY.unpack_from(db_key)
+            if group != current:
+                if current is not None:
+                    yield current, tables
+                current, tables = group, {}
             name = self._names[number]
             key, value = pickle.loads(raw)
-            tables = grouped.setdefault(group, {})
             table = tables.get(name)
             if table is None:
                 table = tables[name] = (self._tables[name].kind, {}, [])
             table[1][key] = value
-        return grouped
+        if current is not None:
+            yield current, tables
 
     def _apply(self, groups: Groups, *, full: bool) -> None:
         for group, tables in groups.items():
