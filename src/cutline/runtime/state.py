@@ -654,9 +654,11 @@ class _MemoryTable:
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         value = self.delta.get(key, _ABSENT)
-        if value is _ABSENT:
-            value = self._below(key)
-        return default if value is _ABSENT or value is DELETED else value
+        if value is _ABSENT:  # (the common cases first: this is on every record's path)
+            value = self._below(key) if self.frozen else self.base.get(key, _ABSENT)
+            if value is _ABSENT:
+                return default
+        return default if value is DELETED else value
 
     def _below(self, key: Hashable) -> Any:
         for layer in reversed(self.frozen):
