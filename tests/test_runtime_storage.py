@@ -150,9 +150,14 @@ def metadata_json_not_an_object(storage: CheckpointStorage, checkpoint_id: int) 
     return METADATA, "is not valid checkpoint metadata"
 
 
+def metadata_old_format(storage: CheckpointStorage, checkpoint_id: int) -> tuple[str, str]:
+    _rewrite_metadata(storage, checkpoint_id, {"format": 1})
+    return METADATA, "written by an older version of cutline"
+
+
 def metadata_wrong_format(storage: CheckpointStorage, checkpoint_id: int) -> tuple[str, str]:
-    _rewrite_metadata(storage, checkpoint_id, {"format": 2})
-    return METADATA, "unknown format 2"
+    _rewrite_metadata(storage, checkpoint_id, {"format": 3})
+    return METADATA, "unknown format 3"
 
 
 def metadata_other_checkpoint(storage: CheckpointStorage, checkpoint_id: int) -> tuple[str, str]:
@@ -203,6 +208,7 @@ CORRUPTIONS: dict[str, Corruption] = {
     "metadata not JSON": metadata_not_json,
     "metadata JSON but not an object": metadata_json_not_an_object,
     "metadata wrong format version": metadata_wrong_format,
+    "metadata of an older cutline": metadata_old_format,
     "metadata describes another checkpoint": metadata_other_checkpoint,
     "metadata handle without digest": metadata_handle_without_digest,
     "state file deleted": state_deleted,
@@ -264,7 +270,7 @@ def test_on_disk_layout_and_no_temporary_file_left(tmp_path: Path) -> None:
     for task, data in STATES.items():
         assert (tmp_path / "chk-7" / state_name(task, 2)).read_bytes() == data
     on_disk = json.loads((tmp_path / "chk-7" / METADATA).read_bytes())
-    assert on_disk["format"] == 1
+    assert on_disk["format"] == 2
     assert on_disk["checkpoint_id"] == 7
     assert on_disk["generation"] == 2
     assert on_disk["handles"]["sum-1"]["path"] == state_name("sum-1", 2)

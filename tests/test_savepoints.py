@@ -3,6 +3,7 @@ end to end: real jobs (threads, and one on local Spark), real files, exact outpu
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -436,3 +437,146 @@ def test_the_disk_backend_keeps_more_state_than_its_memory_through_a_restart(
 def test_state_settings_are_checked(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         StreamEnvironment(**options)
+
+
+# -------------------------------------------------- regressions found by a review
+
+
+def test_a_job_stopped_with_a_savepoint_that_fails_after_it_publishes_nothing_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop is kept across a restart: restored from the savepoint it was stopped with, the
+    job reads nothing more, so a job resumed from that savepoint duplicates nothing."""
+    import cutline.runtime.sinks as sinks
+
+    original = sinks.FileSinkWriter.notify_complete
+    failed = threading.Event()
+
+    def dies_once(self: Any, checkpoint_id: int) -> Any:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("the worker died right after the savepoint completed")
+        return original(self, checkpoint_id)
+
+    monkeypatch.setattr(sinks.FileSinkWriter, "notify_complete", dies_once)
+    n = 3000
+    _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n)
+    assert failed.is_set()
+    first = published(tmp_path / "out1")
+    assert len(first) < n
+    env = build(tmp_path, 2, tmp_path / "out2", n, checkpoint_dir="c2", pace=0)
+    env.execute(launcher=ThreadLauncher(), restore_from=path)
+    exactly_once(first + published(tmp_path / "out2"), n)
+
+
+def test_a_stop_with_a_savepoint_that_fails_leaves_the_job_running(tmp_path: Path) -> None:
+    n = 4000
+    env = build(tmp_path, 2, tmp_path / "out", n, checkpoint_interval=None, pace=0.0005)
+    answer: list[Any] = []
+
+    def ask() -> None:
+        for _ in range(200):
+            try:
+                client = JobClient(str(tmp_path / "checkpoints"))
+                break
+            except JobClientError:
+                time.sleep(0.05)
+        (tmp_path / "sp" / f"savepoint-1-{client.run}").mkdir(parents=True)  # the move fails
+        try:
+            answer.append(client.savepoint(tmp_path / "sp", stop=True))
+        except JobClientError as exc:
+            answer.append(exc)
+
+    threading.Thread(target=ask, daemon=True).start()
+    result = env.execute(launcher=ThreadLauncher())
+    assert answer and isinstance(answer[0], JobClientError)
+    assert "already exists; the job goes on" in str(answer[0])
+    assert result.savepoints == [] and result.checkpoints[-1].final
+    exactly_once(published(tmp_path / "out"), n)  # it read on, to the end
+
+
+@dataclass(frozen=True)
+class Bad:
+    def __call__(self, record: dict[str, int]) -> dict[str, int]:
+        if record["value"] % 97 == 0:
+            raise ValueError("bad record")
+        return record
+
+
+def test_dead_letters_and_collect_restore_at_another_parallelism(tmp_path: Path) -> None:
+    def job(parallelism: int, pace: float) -> StreamEnvironment:
+        env = StreamEnvironment(
+            parallelism,
+            checkpoint_interval=0.05,
+            checkpoint_dir=tmp_path / "checkpoints",  # the same: collect's folder is reused
+            restart_delay=0,
+            batch_size=8,
+            max_parallelism=16,
+            dead_letter_dir=tmp_path / "dead",
+        )
+        (
+            env.from_sequence(0, 2000, name="numbers")
+            .map(Pace(pace), name="pace")
+            .map(Bad(), name="bad", on_error="dead_letter")
+            .collect()
+        )
+        return env
+
+    ready, listener = after_first_checkpoint()
+    answer = stop_with_savepoint_when(tmp_path / "checkpoints", ready)
+    first = job(2, 0.0005).execute(launcher=ThreadLauncher(), listener=listener)
+    answer[0].join(30)
+    second = job(3, 0).execute(launcher=ThreadLauncher(), restore_from=answer[1])
+    values = sorted(r["value"] for r in first.output + second.output)
+    assert values == [v for v in range(2000) if v % 97]
+    dead = [
+        json.loads(line)
+        for path in (tmp_path / "dead").rglob("*.jsonl")
+        if "_pending" not in path.parts
+        for line in path.read_text().splitlines()
+    ]
+    assert len(dead) == len(range(0, 2000, 97))
+
+
+def test_restoring_a_savepoint_after_a_failure_discards_older_checkpoints(
+    tmp_path: Path,
+) -> None:
+    n = 3000
+    marker, flag = tmp_path / "m", tmp_path / "f"
+    env = StreamEnvironment(
+        2,
+        checkpoint_interval=0.05,
+        checkpoint_dir=tmp_path / "ck",
+        restart_delay=0,
+        batch_size=8,
+        max_parallelism=16,
+        retained_checkpoints=1,
+    )
+    (
+        env.from_sequence(0, n, name="numbers")
+        .map(Pace(0.0005), name="pace")
+        .map(key_value, name="keyed")
+        .key_by("key")
+        .sum("value", name="sums")
+        .map(FailOnceAfter(str(marker), str(flag)), name="fail")
+        .write_parquet(tmp_path / "out", name="out")
+    )
+    ready = threading.Event()
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "checkpoint":
+            ready.set()
+            if message.startswith("savepoint"):
+                marker.touch()  # fail right after the savepoint
+
+    def ask() -> None:
+        ready.wait(60)
+        JobClient(str(tmp_path / "ck")).savepoint()
+
+    threading.Thread(target=ask, daemon=True).start()
+    result = env.execute(launcher=ThreadLauncher(), listener=listener)
+    assert len(result.restarts) == 1
+    exactly_once(published(tmp_path / "out"), n)
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    assert len(storage.completed_ids()) == 1  # retained_checkpoints=1, whatever was restored
+    assert set(storage.shared_files()) == referenced(storage)

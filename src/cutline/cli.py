@@ -8,6 +8,7 @@ option, an output that cannot be written).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -160,6 +161,8 @@ def savepoint(checkpoint_dir: str, target: str | None, cancel: bool, timeout: fl
     """
     from cutline.runtime.client import JobClient, JobClientError
 
+    if target is not None and "://" not in target:
+        target = os.path.abspath(target)  # the job's driver may run elsewhere than here
     try:
         path = JobClient(checkpoint_dir).savepoint(target, stop=cancel, timeout=timeout)
     except JobClientError as exc:

@@ -14,9 +14,10 @@ A file is **needed** while
 * it belongs to the base of a checkpoint still in flight: a subtask may be writing an
   increment on top of that base right now, even if the base itself was discarded meanwhile.
 
-Every other file the registry heard of is unneeded, and is answered exactly once. A file
-written for a checkpoint that never completed (aborted, or acknowledged too late) is unneeded
-as soon as the registry hears of it, unless a complete checkpoint names it.
+Every other file the registry heard of is unneeded, and is answered once (among the last
+100,000 answered). A file written for a checkpoint that never completed (aborted, or
+acknowledged too late) is unneeded as soon as the registry hears of it, unless a complete
+checkpoint names it.
 
 The registry never reads a clock or touches a file; the driver lists the files the checkpoint
 directory holds when it starts, so that files left by a crashed run can be removed too.
@@ -27,6 +28,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from cutline.protocol.errors import ProtocolError
+
+REMEMBERED = 100_000
+"""Files answered as unneeded that the registry remembers (see ``_answered``)."""
 
 
 class SharedStateRegistry:
@@ -46,9 +50,10 @@ class SharedStateRegistry:
         """In-flight checkpoint -> its base (``None``: it builds on nothing)."""
         self._known: set[str] = set().union(*self._refs.values()) if self._refs else set()
         """Files some complete checkpoint named, not yet answered as unneeded."""
-        self._answered: set[str] = set()
-        """Files answered as unneeded (a late acknowledgement may name them again; file names
-        are never reused, so they are never needed again)."""
+        self._answered: dict[str, None] = {}
+        """The latest files answered as unneeded, oldest first (a late acknowledgement may name
+        them again; names are never reused). Bounded: a file answered longer ago than the
+        last ``REMEMBERED`` may be answered again, which costs a deletion of nothing."""
 
     # ------------------------------------------------------------------ queries
 
@@ -127,7 +132,9 @@ class SharedStateRegistry:
         for checkpoint in [c for c in self._refs if c not in self._retained and c not in bases]:
             del self._refs[checkpoint]
         needed = self.needed
-        unneeded = (self._known | set(extra)) - needed - self._answered
+        unneeded = (self._known | set(extra)) - needed - self._answered.keys()
         self._known -= unneeded
-        self._answered |= unneeded
+        self._answered.update(dict.fromkeys(sorted(unneeded)))
+        while len(self._answered) > REMEMBERED:
+            del self._answered[next(iter(self._answered))]
         return sorted(unneeded)

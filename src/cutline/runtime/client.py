@@ -57,9 +57,10 @@ class JobEndpoint:
     def __init__(self, checkpoint_dir: str, host: str, run: str, storage_options: Any = None):
         self.requests: queue.Queue[SavepointRequest] = queue.Queue()
         self._token = secrets.token_hex(16)
-        self._listener = Listener(self._serve, host=host, backlog=8, name="cutline-endpoint")
+        self._closed = False
         self._fs, root = fsspec.core.url_to_fs(checkpoint_dir, **dict(storage_options or {}))
         self._path = f"{root.rstrip('/')}/{JOB_FILE}"
+        self._listener = Listener(self._serve, host=host, backlog=8, name="cutline-endpoint")
         info = {
             "host": host,
             "port": self._listener.port,
@@ -67,13 +68,22 @@ class JobEndpoint:
             "run": run,
             "pid": os.getpid(),
         }
-        self._fs.makedirs(root, exist_ok=True)
-        with self._fs.open(self._path, "w") as out:
-            out.write(json.dumps(info))
-        with contextlib.suppress(OSError, NotImplementedError):
-            os.chmod(self._path, 0o600)
+        try:
+            self._fs.makedirs(root, exist_ok=True)
+            text = json.dumps(info)
+            if os.path.isdir(root):  # a local disk: readable by the job's owner only, at once
+                fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(text)
+            else:
+                with self._fs.open(self._path, "w") as out:
+                    out.write(text)
+        except BaseException:
+            self._listener.close()
+            raise
 
     def close(self) -> None:
+        self._closed = True
         self._listener.close()
         with contextlib.suppress(OSError):
             self._fs.rm(self._path)
@@ -96,7 +106,15 @@ class JobEndpoint:
         target = request.get("target")
         pending = SavepointRequest(str(target) if target else None, bool(request.get("stop")))
         self.requests.put(pending)
-        _write_line(conn, pending.answers.get())
+        while True:
+            try:
+                answer = pending.answers.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self._closed:  # came as the job ended: nobody will take it
+                    answer = {"ok": False, "error": "the job ended"}
+                    break
+        _write_line(conn, answer)
 
 
 def _read_line(conn: socket.socket) -> dict[str, Any] | None:

@@ -257,7 +257,12 @@ class JobDriver:
         self._savepoints: dict[int, str] = {}
         """This run's savepoints: id -> folder (restored from after a failure when newest)."""
         self._initial = self._resolve(config.restore_from) if config.restore_from else None
+        if self._initial is not None:  # ids above the restored one: nothing is named twice
+            self._first_id = max(self._first_id, self._initial.checkpoint_id + 1)
+            self._next_id = self._first_id
         self.endpoint: JobEndpoint | None = None
+        self._stopped_with: int | None = None
+        """The savepoint the job was stopped with: restored after a failure, it only ends."""
         """The first checkpoint id of this run; checkpoints below it belong to earlier runs."""
         self._next_id = self._first_id
         self.result = JobResult()
@@ -271,6 +276,10 @@ class JobDriver:
     # ---------------------------------------------------------------- attempts
 
     def run(self) -> JobResult:
+        for checkpoint_id in self.storage.checkpoint_ids():  # left by a crashed run
+            if not self.storage.is_complete(checkpoint_id):
+                with contextlib.suppress(StorageError):
+                    self.storage.discard(checkpoint_id)
         self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
         try:
             self.endpoint = JobEndpoint(
@@ -429,10 +438,10 @@ class JobDriver:
         token = secrets.token_hex(16).encode()
         slots = [f"slot-{i}" for i in range(plan.parallelism)]
         server = ControlServer(slots, token=token, generation=generation)
-        completed = [
+        completed = [  # retained further (and discarded in time) whatever was restored
             c
             for c in self.storage.completed_ids()
-            if restore is not None and restore.own and self._first_id <= c <= restore.checkpoint_id
+            if restore is not None and self._first_id <= c <= restore.checkpoint_id
         ]
         coordinator: CheckpointCoordinator[str, dict[str, Any]] = CheckpointCoordinator(
             plan.subtasks(), config.checkpoints, next_id=self._next_id, completed=completed
@@ -446,6 +455,7 @@ class JobDriver:
             storage_options=config.storage_options,
             restore=restore,
             state=config.state,
+            drain=restore is not None and restore.checkpoint_id == self._stopped_with,
             batch_size=config.batch_size,
             buffer_capacity=config.buffer_capacity,
             dead_letter_dir=config.dead_letter_dir,
@@ -815,6 +825,7 @@ class _Attempt:
                         request.succeed(url, action.checkpoint_id)
                         if request is self.stop_request:
                             self.stop_request = None
+                            driver._stopped_with = action.checkpoint_id
                 driver.result.checkpoints.append(info)
                 driver.listener(
                     "checkpoint",
@@ -837,23 +848,40 @@ class _Attempt:
                     driver.registry.aborted(action.checkpoint_id, _shared(action.handles))
                 )
                 request = self.requests.pop(action.checkpoint_id, None)
+                stop_failed = request is not None and request is self.stop_request
                 if request is not None:
-                    request.fail(f"savepoint {action.checkpoint_id} aborted: {action.reason}")
-                    if request is self.stop_request:
-                        self.stop_request = None  # stop without one; the caller was told
+                    request.fail(
+                        f"savepoint {action.checkpoint_id} aborted: {action.reason}"
+                        + ("; the job goes on" if stop_failed else "")
+                    )
+                    if stop_failed:
+                        self.stop_request = None
                 if not action.subsumed:
                     driver.result.aborted.append((action.checkpoint_id, action.reason))
                     driver.listener(
                         "abort", f"checkpoint {action.checkpoint_id} aborted: {action.reason}"
                     )
                 if action.checkpoint_id == self.final and self.failure is None:
-                    self.final = None  # trigger another final checkpoint
-                    self._trigger_final(now)
-            elif isinstance(action, DiscardState):
-                with contextlib.suppress(StorageError, ValueError, KeyError):
-                    storage.discard_state(
-                        action.checkpoint_id, StateHandle.from_dict(action.handle)
+                    self.final = None
+                    stop = driver.config.stop_after
+                    ending = (
+                        self.exhausted >= self.sources
+                        or self.draining
+                        or (stop is not None and now - driver._start >= stop)
                     )
+                    if ending or not stop_failed:
+                        self._trigger_final(now)  # another final checkpoint
+                    # else: a stop with a savepoint that failed: the sources read on
+            elif isinstance(action, DiscardState):
+                # a late acknowledgement of an aborted checkpoint: its folder (which the late
+                # write made again) goes, segments and all; never a complete one
+                with contextlib.suppress(StorageError, ValueError, KeyError):
+                    if not storage.is_complete(action.checkpoint_id):
+                        storage.discard(action.checkpoint_id)
+                    else:
+                        storage.discard_state(
+                            action.checkpoint_id, StateHandle.from_dict(action.handle)
+                        )
                 driver._delete_shared(driver.registry.orphaned(_shared(((None, action.handle),))))
             elif isinstance(action, DiscardCheckpoint):
                 with contextlib.suppress(StorageError):

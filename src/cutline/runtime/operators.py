@@ -339,10 +339,16 @@ class _Keyed(Running):
         groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
         self.backend = new_backend(ctx.state, ctx.max_parallelism, groups)
         if state:
-            if ctx.restore_store is None:
-                raise RecordError("keyed state to restore, but nowhere to read it from")
-            handles = state if isinstance(state, list) else [state]
-            self.backend.restore(handles, ctx.restore_store, checkpoint_id=ctx.restore_checkpoint)
+            try:
+                if ctx.restore_store is None:
+                    raise RecordError("keyed state to restore, but nowhere to read it from")
+                handles = state if isinstance(state, list) else [state]
+                self.backend.restore(
+                    handles, ctx.restore_store, checkpoint_id=ctx.restore_checkpoint
+                )
+            except BaseException:
+                self.backend.close()  # (the disk backend's working database goes)
+                raise
 
     def snapshot(
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False

@@ -101,9 +101,10 @@ def plan_restore(
         if with_channels:
             raise RestoreError(
                 f"{name} holds records in flight (subtask {with_channels[0]}: an unaligned "
-                f"checkpoint, or a loop), which restore only at its parallelism "
-                f"{old_parallelism}, not {plan.parallelism}: restore a savepoint instead "
-                "(always aligned), or keep the parallelism"
+                f"checkpoint, or records going round a loop), which restore only at its "
+                f"parallelism {old_parallelism}, not {plan.parallelism}: keep the parallelism, "
+                "or take a savepoint that stops the job (`cutline savepoint DIR --cancel`: "
+                "aligned, and a loop is drained first) and restore that"
             )
     return RestoreSpec(
         url=url,
@@ -181,6 +182,11 @@ def gather(
                 ),
             )
             parts = [payload(n)["operators"][uid] for n in overlapping]
+            if any(not (isinstance(p, dict) and "keyed" in p) for p in parts):
+                raise RecordError(
+                    f"operator {op.name} is keyed in this job, but its state in the checkpoint "
+                    "is not keyed state: was another kind of operator given its name?"
+                )
             if parts:
                 gathered.parts[uid] = parts
         elif isinstance(op.logic, SinkLogic):
@@ -193,7 +199,13 @@ def gather(
                     "parallelism"
                 )
             if names:
-                gathered.parts[uid] = payload(names[0])["operators"][uid]
+                part = payload(names[0])["operators"][uid]
+                if isinstance(part, dict) and "keyed" in part:
+                    raise RecordError(
+                        f"operator {op.name} has keyed state in the checkpoint but is not keyed "
+                        "in this job: was another kind of operator given its name?"
+                    )
+                gathered.parts[uid] = part
     dead = holders(DEAD_LETTERS, lambda n: n.rsplit("-", 1)[0] == chain.uid)
     _adopt(gathered, DEAD_LETTERS, dead, payload, same, index, plan.parallelism)
     own = subtask_name(chain.uid, index)

@@ -155,7 +155,15 @@ class FileSinkWriter:
         self._withdraw_newer(state.get("checkpoint"), subtask)
         committed = [dict(p) for p in state.get("pending", [])]
         for part in committed:  # pre-committed in a complete checkpoint: publish (once)
-            self._publish(str(part["name"]), root)
+            name = str(part["name"])
+            match = _PART.fullmatch(name)
+            # A part of another run (a savepoint, or a checkpoint of an earlier execute()) that
+            # is no longer there was published by that run when the checkpoint completed (and
+            # its output cleaned or moved since): nothing to do. Our own run's parts must be.
+            theirs = root != self._root or (match is not None and match.group(4) != self._run)
+            self._publish(name, root, missing_ok=theirs)
+        if root != self._root:
+            return  # another job's directory: what else is pending there is not ours to touch
         keep = {str(p["name"]) for p in committed}
         prefix = f"part-{subtask:05d}-"
         try:
@@ -193,14 +201,14 @@ class FileSinkWriter:
                 except OSError as exc:
                     raise SinkError(f"cannot withdraw {path}: {exc.strerror or exc}") from exc
 
-    def _publish(self, name: str, root: str | None = None) -> None:
+    def _publish(self, name: str, root: str | None = None, *, missing_ok: bool = False) -> None:
         root = root or self._root
         source = f"{root}/{PENDING}/{name}"
         target = f"{root}/{name}"
         try:
             if self._fs.exists(source):
                 self._fs.mv(source, target)
-            elif not self._fs.exists(target):
+            elif not missing_ok and not self._fs.exists(target):
                 raise SinkError(
                     f"part {name} was pre-committed but is neither pending in {root}/"
                     f"{PENDING} nor published in {root}: the output lost it"

@@ -386,6 +386,7 @@ class KeyedStateBackend:
         self._numbers: dict[int, int] = {}
         """Checkpoint id -> the number of its snapshot (its place among the frozen layers)."""
         self._group_cache: dict[Hashable, int] = {}
+        self._group_cache_size = _GROUP_CACHE
 
     # ------------------------------------------------------------- current key
 
@@ -477,7 +478,7 @@ class KeyedStateBackend:
         if checkpoint_id is not None:
             self._numbers[checkpoint_id] = self._snapshots
         tables = {}
-        for name, table in self._tables.items():
+        for name, table in list(self._tables.items()):
             tables[name] = (table.kind, table.freeze())
         with self._lock:
             self._frozen.append(_Frozen(self._snapshots, checkpoint_id, tables))
@@ -487,7 +488,7 @@ class KeyedStateBackend:
     def _publish_frozen(self) -> None:
         """Give every table the frozen layers not yet merged (newest last); under the lock."""
         unmerged = [f for f in self._frozen if not f.merged]
-        for name, table in self._tables.items():
+        for name, table in list(self._tables.items()):
             table.frozen = tuple(f.tables[name][1] for f in unmerged if name in f.tables)
 
     def _write(self, snapshot: KeyedSnapshot, store: SegmentStore, name: str) -> dict[str, Any]:
@@ -549,9 +550,9 @@ class KeyedStateBackend:
         # 3. forget what no later increment can build on: chains and layers up to the base
         if base_number is not None:
             assert snapshot.base is not None
-            for old in [c for c in self._chains if c < snapshot.base]:
+            for old in [c for c in list(self._chains) if c < snapshot.base]:
                 del self._chains[old]
-            for old in [c for c in self._numbers if c < snapshot.base]:
+            for old in [c for c in list(self._numbers) if c < snapshot.base]:
                 del self._numbers[old]
             with self._lock:
                 self._frozen = [f for f in self._frozen if not f.merged or f.number > base_number]
@@ -571,7 +572,7 @@ class KeyedStateBackend:
         group = cache.get(key)
         if group is None:
             group = key_group(key, self.max_parallelism)
-            if len(cache) < _GROUP_CACHE:  # (full: the rest is computed every time)
+            if len(cache) < self._group_cache_size:  # (full: the rest computed every time)
                 cache[key] = group
         return group
 
@@ -734,7 +735,7 @@ class MemoryStateBackend(KeyedStateBackend):
 
     def _full_groups(self) -> Iterable[Group]:
         return _group_entries(
-            ((name, t.kind, t.base) for name, t in self._tables.items()),
+            ((name, t.kind, t.base) for name, t in list(self._tables.items())),
             self.max_parallelism,
             self._group_of,
         ).items()
@@ -899,6 +900,7 @@ class DiskStateBackend(KeyedStateBackend):
         self._db.set_write_options(writes)
         self._names: dict[int, str] = {}
         self._spill_at = max(memory // _SPILL_ENTRY_BYTES, 16)
+        self._group_cache_size = min(_GROUP_CACHE, memory // 128)  # (about 100 bytes a key)
         self._spilled: dict[str, set[Hashable]] = {}
         """Keys written to the database early since the last snapshot (per state name)."""
         self._db_lock = threading.RLock()
@@ -942,7 +944,7 @@ class DiskStateBackend(KeyedStateBackend):
         if self._written < self._snapshots or not self._db_lock.acquire(blocking=False):
             return
         try:
-            for name, table in self._tables.items():
+            for name, table in list(self._tables.items()):
                 if table.delta:
                     self._put_entries(table, table.delta)
                     self._spilled.setdefault(name, set()).update(table.delta)

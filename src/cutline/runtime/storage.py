@@ -49,7 +49,8 @@ import fsspec
 from cutline.runtime.state import SHARED_PREFIX, SegmentRef, StateError
 
 METADATA = "_metadata"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: handles name their segments and the operators with state (cutline 0.1 with issue 5)."""
 _CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SHARED = "shared"
@@ -502,6 +503,11 @@ class CheckpointLocation:
         raw = self._read(path, "checkpoint metadata")
         try:
             data = json.loads(raw)
+            if data.get("format") == 1:
+                raise ValueError(
+                    "it was written by an older version of cutline (format 1), whose "
+                    "checkpoints this version cannot restore"
+                )
             if type(data.get("format")) is not int or data["format"] != FORMAT_VERSION:
                 raise ValueError(f"unknown format {data.get('format')!r}")
             if type(data["checkpoint_id"]) is not int or (

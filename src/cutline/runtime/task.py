@@ -56,6 +56,7 @@ from cutline.runtime.channel import ChannelError, InputGate, OutputChannel, Prio
 from cutline.runtime.control import ControlClient, ControlError
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.operators import (
+    Adopted,
     Batch,
     DeadLetterOutput,
     OperatorContext,
@@ -125,6 +126,9 @@ class SlotSetup:
     alignment_timeout: float | None = None
     """With ``aligned``: seconds from a checkpoint's trigger after which it goes unaligned at a
     subtask where it has not aligned yet (or whose barrier still waits in an output queue)."""
+    drain: bool = False
+    """The sources read nothing: the job publishes what it restored and ends (it restores the
+    savepoint it was stopped with)."""
 
 
 class Stopped(Exception):
@@ -180,7 +184,7 @@ class SubtaskRunner:
         self._kinds: dict[int, tuple[int | None, bool]] = {}
         """Checkpoint -> (its base, whether it is a savepoint), from its trigger or barrier."""
         self._restore_location: CheckpointLocation | None = None
-        self._draining = False
+        self._draining = setup.drain
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
         self._restored_inputs: dict[str, list[Any]] = {}
         self._restored_outputs: dict[str, list[Any]] = {}
@@ -214,7 +218,11 @@ class SubtaskRunner:
                 "jsonl",
                 setup.storage_options,
             )
-            writer = sink.open(self.index, setup.generation, restored.get(DEAD_LETTERS), setup.run)
+            dead = restored.get(DEAD_LETTERS)
+            if isinstance(dead, Adopted):  # a restore at another parallelism
+                writer = sink.open(self.index, setup.generation, None, setup.run, dead.states)
+            else:
+                writer = sink.open(self.index, setup.generation, dead, setup.run)
             self._dead_letters = DeadLetterOutput(writer)
         for op in self.chain.operators:
             ctx = self._context(op.name, op.uid)
@@ -318,9 +326,13 @@ class SubtaskRunner:
             self.failure = exc  # a failure, and the driver must get the cause before that
         finally:
             self._snapshotter.shutdown(wait=False, cancel_futures=True)
-            for _, running in self._operators:
-                with contextlib.suppress(Exception):
-                    running.close()
+            self.close_operators()
+
+    def close_operators(self) -> None:
+        """Close every operator opened (keyed state backends remove their working files)."""
+        for _, running in self._operators:
+            with contextlib.suppress(Exception):
+                running.close()
 
     def stop(self) -> None:
         self.stopped.set()
@@ -595,8 +607,8 @@ class SubtaskRunner:
         taking = self._taking.pop(checkpoint_id, None)
         if taking is None:
             return
-        if self._timeout is not None and self._barrier_queued(checkpoint_id):
-            self._unflushed[checkpoint_id] = taking
+        if self._timeout is not None and (self._unflushed or self._barrier_queued(checkpoint_id)):
+            self._unflushed[checkpoint_id] = taking  # (behind an earlier one: written in order)
             return
         self._snapshotter.submit(self._write, checkpoint_id, taking)
 
@@ -623,11 +635,12 @@ class SubtaskRunner:
         if self._timeout is None:
             return
         now = time.monotonic()
-        for n, taking in list(self._unflushed.items()):
+        for n in sorted(self._unflushed):  # in order: a backend writes its snapshots so
+            taking = self._unflushed[n]
             if self._barrier_queued(n):
                 triggered = self._trigger_times.get(n)
                 if triggered is None or now < triggered + self._timeout:
-                    continue  # not yet; or forced aligned (the final checkpoint): never
+                    break  # not yet (the later ones wait); or forced aligned: never
                 for channel in self.output_channels():
                     overtaken = channel.promote(n)
                     if overtaken is not None:
@@ -806,6 +819,8 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
         for runner in runners:
             if runner.thread is not None:
                 runner.thread.join(max(0.0, deadline - time.monotonic()))
+            else:
+                runner.close_operators()  # opened (or half opened) but never ran
 
 
 def _supervise(
