@@ -237,14 +237,28 @@ Groups = dict[int, dict[str, tuple[str, dict[Hashable, Any], list[Hashable]]]]
 Group = tuple[int, dict[str, tuple[str, dict[Hashable, Any], list[Hashable]]]]
 
 
+_CHUNK_ENTRIES = 4096
+"""Entries per pickle of a segment (whole key groups: a chunk ends after the group that
+reaches it)."""
+
+
 def encode_segment(groups: Iterable[Group], *, full: bool, max_parallelism: int) -> bytes:
-    """A segment: a header, then one pickle per key group, so that neither writing nor
-    reading ever holds more than one key group's entries as Python objects."""
+    """A segment: a header, then pickles of a few thousand entries each (lists of whole key
+    groups), so that neither writing nor reading holds much more than that as Python objects,
+    and a small segment is not mostly framing."""
     out = io.BytesIO()
     header = {"format": SEGMENT_FORMAT, "full": full, "max_parallelism": max_parallelism}
     pickle.dump(header, out, protocol=pickle.HIGHEST_PROTOCOL)
-    for group in groups:  # each its own pickle: nothing is remembered from one to the next
-        pickle.dump(group, out, protocol=pickle.HIGHEST_PROTOCOL)
+    chunk: list[Group] = []
+    entries = 0
+    for group in groups:  # each chunk its own pickle: nothing remembered from one to the next
+        chunk.append(group)
+        entries += sum(len(upserts) + len(deletes) for _, upserts, deletes in group[1].values())
+        if entries >= _CHUNK_ENTRIES:
+            pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+            chunk, entries = [], 0
+    if chunk:
+        pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
     pickle.dump(None, out)  # the end: a truncated segment is never taken for a whole one
     return out.getvalue()
 
@@ -262,12 +276,14 @@ def decode_segment(data: bytes, where: str) -> tuple[dict[str, Any], Iterator[Gr
     def groups() -> Iterator[Group]:
         while True:
             try:
-                group = pickle.load(source)
+                chunk = pickle.load(source)
             except Exception as exc:
                 raise StateError(f"segment {where} is not readable: {exc}") from exc
-            if group is None:
+            if chunk is None:
                 return
-            yield group
+            if not isinstance(chunk, list):
+                raise StateError(f"segment {where} is not readable: a chunk is not a list")
+            yield from chunk
 
     return header, groups()
 
@@ -639,24 +655,30 @@ class KeyedStateBackend:
 # -------------------------------------------------------------------------- memory backend
 
 
-class _MemoryTable:
-    """One named state of the memory backend: a base dict under frozen delta layers under the
-    delta that takes the writes."""
+class _Layers:
+    """One named state: the base (a dict, or the database) under frozen delta layers under the
+    delta that takes the writes. Subclasses say how the base is read and listed."""
 
-    __slots__ = ("base", "delta", "frozen", "kind", "lock")
+    __slots__ = ("delta", "frozen", "kind")
 
-    def __init__(self, kind: str, lock: threading.Lock) -> None:
+    def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.base: dict[Hashable, Any] = {}
         self.frozen: tuple[dict[Hashable, Any], ...] = ()
         self.delta: dict[Hashable, Any] = {}
-        self.lock = lock
-        """Held while the base is changed, so that listing keys sees a whole base."""
+
+    def _from_base(self, key: Hashable) -> Any:
+        raise NotImplementedError
+
+    def _base_keys(self) -> dict[Hashable, None]:
+        raise NotImplementedError
+
+    def _written(self) -> None:
+        """After a write to the delta (the disk backend may spill)."""
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         value = self.delta.get(key, _ABSENT)
         if value is _ABSENT:  # (the common cases first: this is on every record's path)
-            value = self._below(key) if self.frozen else self.base.get(key, _ABSENT)
+            value = self._below(key) if self.frozen else self._from_base(key)
             if value is _ABSENT:
                 return default
         return default if value is DELETED else value
@@ -666,20 +688,11 @@ class _MemoryTable:
             value = layer.get(key, _ABSENT)
             if value is not _ABSENT:
                 return value
-        return self.base.get(key, _ABSENT)
-
-    def __setitem__(self, key: Hashable, value: Any) -> None:
-        self.delta[key] = value
-
-    def delete(self, key: Hashable) -> None:
-        below = self._below(key)
-        if below is _ABSENT or below is DELETED:  # (identity: values may not compare)
-            self.delta.pop(key, None)
-        else:
-            self.delta[key] = DELETED
+        return self._from_base(key)
 
     def writable(self, key: Hashable, empty: Callable[[], Any]) -> Any:
         """The container of ``key``, owned by the delta (copied there on its first write)."""
+        self._written()  # before: the caller changes the container it gets
         container = self.delta.get(key, _ABSENT)
         if container is _ABSENT or container is DELETED:
             below = self._below(key) if container is _ABSENT else _ABSENT
@@ -692,8 +705,7 @@ class _MemoryTable:
         return frozen
 
     def keys(self) -> list[Hashable]:
-        with self.lock:
-            present = dict.fromkeys(self.base)
+        present = self._base_keys()
         for layer in (*self.frozen, self.delta):
             for key, value in layer.items():
                 if value is DELETED:
@@ -704,6 +716,35 @@ class _MemoryTable:
 
     def __len__(self) -> int:
         return len(self.keys())
+
+
+class _MemoryTable(_Layers):
+    """A named state of the memory backend: the base is a dict."""
+
+    __slots__ = ("base", "lock")
+
+    def __init__(self, kind: str, lock: threading.Lock) -> None:
+        super().__init__(kind)
+        self.base: dict[Hashable, Any] = {}
+        self.lock = lock
+        """Held while the base is changed, so that listing keys sees a whole base."""
+
+    def _from_base(self, key: Hashable) -> Any:
+        return self.base.get(key, _ABSENT)
+
+    def _base_keys(self) -> dict[Hashable, None]:
+        with self.lock:
+            return dict.fromkeys(self.base)
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        self.delta[key] = value
+
+    def delete(self, key: Hashable) -> None:
+        below = self._below(key)
+        if below is _ABSENT or below is DELETED:  # (identity: values may not compare)
+            self.delta.pop(key, None)
+        else:
+            self.delta[key] = DELETED
 
 
 class MemoryStateBackend(KeyedStateBackend):
@@ -756,61 +797,24 @@ _SPILL_ENTRY_BYTES = 512
 """A rough upper bound of the memory one changed entry holds, for the spill threshold."""
 
 
-class _DiskTable:
-    """One named state of the disk backend: RocksDB under frozen delta layers under the delta
-    that takes the writes."""
+class _DiskTable(_Layers):
+    """A named state of the disk backend: the base is RocksDB."""
 
-    __slots__ = ("backend", "delta", "frozen", "kind", "number")
+    __slots__ = ("backend", "number")
 
     def __init__(self, backend: DiskStateBackend, kind: str, number: int) -> None:
+        super().__init__(kind)
         self.backend = backend
-        self.kind = kind
         self.number = number
-        self.frozen: tuple[dict[Hashable, Any], ...] = ()
-        self.delta: dict[Hashable, Any] = {}
 
     def db_key(self, key: Hashable) -> bytes:
         return _DB_KEY.pack(self.backend._group_of(key), self.number) + _encode_key(key)
 
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        value = self.delta.get(key, _ABSENT)
-        if value is _ABSENT:
-            value = self._below(key)
-        return default if value is _ABSENT or value is DELETED else value
-
-    def _below(self, key: Hashable) -> Any:
-        for layer in reversed(self.frozen):
-            value = layer.get(key, _ABSENT)
-            if value is not _ABSENT:
-                return value
+    def _from_base(self, key: Hashable) -> Any:
         raw = self.backend._db.get(self.db_key(key))
         return _ABSENT if raw is None else pickle.loads(raw)[1]
 
-    def __setitem__(self, key: Hashable, value: Any) -> None:
-        self.delta[key] = value
-        if len(self.delta) > self.backend._spill_at:
-            self.backend._spill()
-
-    def delete(self, key: Hashable) -> None:
-        self.delta[key] = DELETED
-        if len(self.delta) > self.backend._spill_at:
-            self.backend._spill()
-
-    def writable(self, key: Hashable, empty: Callable[[], Any]) -> Any:
-        if len(self.delta) >= self.backend._spill_at:
-            self.backend._spill()  # before: the caller changes the container it gets
-        container = self.delta.get(key, _ABSENT)
-        if container is _ABSENT or container is DELETED:
-            below = self._below(key) if container is _ABSENT else _ABSENT
-            container = empty() if below is _ABSENT or below is DELETED else below.copy()
-            self.delta[key] = container
-        return container
-
-    def freeze(self) -> dict[Hashable, Any]:
-        frozen, self.delta = self.delta, {}
-        return frozen
-
-    def keys(self) -> list[Hashable]:
+    def _base_keys(self) -> dict[Hashable, None]:
         present: dict[Hashable, None] = {}
         db = self.backend._db
         for group in self.backend.key_groups:
@@ -819,16 +823,19 @@ class _DiskTable:
                 if not db_key.startswith(prefix):
                     break
                 present[pickle.loads(raw)[0]] = None
-        for layer in (*self.frozen, self.delta):
-            for key, value in layer.items():
-                if value is DELETED:
-                    present.pop(key, None)
-                else:
-                    present[key] = None
-        return list(present)
+        return present
 
-    def __len__(self) -> int:
-        return len(self.keys())
+    def _written(self) -> None:
+        if len(self.delta) >= self.backend._spill_at:
+            self.backend._spill()
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        self.delta[key] = value
+        self._written()
+
+    def delete(self, key: Hashable) -> None:
+        self.delta[key] = DELETED
+        self._written()
 
 
 def _remove_stale_databases(folder: str) -> None:

@@ -219,6 +219,11 @@ class CheckpointStorage:
             raise ValueError(f"subtask name {subtask!r} is not usable as a file name")
         name = f"g{generation}-{subtask}.state"
         folder = self.checkpoint_path(checkpoint_id)
+        self._write_file(folder, name, data, f"state of {subtask} for checkpoint {checkpoint_id}")
+        return StateHandle(name, len(data), hashlib.sha256(data).hexdigest(), generation)
+
+    def _write_file(self, folder: str, name: str, data: bytes, what: str) -> None:
+        """Write ``data`` to ``folder/name``, synced to the disk; a clear error naming it."""
         path = f"{folder}/{name}"
         try:
             self.fs.makedirs(folder, exist_ok=True)
@@ -227,10 +232,8 @@ class CheckpointStorage:
                 _sync(out)
         except OSError as exc:
             raise StorageError(
-                f"cannot write state of {subtask} for checkpoint {checkpoint_id} to "
-                f"{self._where(path)}: {exc.strerror or exc}"
+                f"cannot write {what} to {self._where(path)}: {exc.strerror or exc}"
             ) from exc
-        return StateHandle(name, len(data), hashlib.sha256(data).hexdigest(), generation)
 
     def url_of(self, path: str) -> str:
         """``path`` (on this storage's file system) as a URL or local path."""
@@ -288,17 +291,7 @@ class CheckpointStorage:
         if _SAFE_NAME.fullmatch(name) is None or not name.endswith(".seg"):
             raise ValueError(f"segment name {name!r} is not usable as a file name")
         folder = f"{self.root}/{SHARED}" if shared else self.checkpoint_path(checkpoint_id)
-        path = f"{folder}/{name}"
-        try:
-            self.fs.makedirs(folder, exist_ok=True)
-            with self.fs.open(path, "wb") as out:
-                out.write(data)
-                _sync(out)
-        except OSError as exc:
-            raise StorageError(
-                f"cannot write state of checkpoint {checkpoint_id} to {self._where(path)}: "
-                f"{exc.strerror or exc}"
-            ) from exc
+        self._write_file(folder, name, data, f"state of checkpoint {checkpoint_id}")
         relative = SHARED_PREFIX + name if shared else name
         return SegmentRef(relative, len(data), hashlib.sha256(data).hexdigest(), False)
 
