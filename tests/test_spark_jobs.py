@@ -466,3 +466,9 @@ def test_stop_with_savepoint_and_restore_at_another_parallelism_on_spark(spark, 
         restored = env.execute(spark, restore_from=answer[1])
         assert restored.restarts == []
         exactly_once(first + published(out), n)
+
+
+def test_the_rescale_example_runs_and_checks_its_output(spark, tmp_path):
+    from cutline.examples.rescale import main
+
+    assert main(tmp_path)

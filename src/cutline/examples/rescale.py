@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow.dataset as ds
 
 from cutline.api import JobClient, JobClientError, StreamEnvironment
+from cutline.spark.launcher import local_session
 
 EVENTS = 200_000
 KEYS = 1_000
@@ -69,18 +70,19 @@ def stop_with_savepoint(checkpoint_dir: Path, ready: threading.Event, answer: li
 
 
 def main(workdir: Path) -> bool:
+    spark = local_session(4)  # room for the second run's 4 subtasks
     ready, answer = threading.Event(), list[str]()
     asker = threading.Thread(
         target=stop_with_savepoint, args=(workdir / "checkpoints-2", ready, answer), daemon=True
     )
     asker.start()
     first = job(2, workdir, "out-1", pace=True).execute(
-        listener=lambda kind, message: ready.set() if kind == "checkpoint" else None
+        spark, listener=lambda kind, message: ready.set() if kind == "checkpoint" else None
     )
     asker.join()
     print(f"run 1 (parallelism 2) stopped with savepoint {answer[0]}")
     print(f"  checkpoints: {len(first.checkpoints)}, savepoints: {first.savepoints}")
-    second = job(4, workdir, "out-2", pace=False).execute(restore_from=answer[0])
+    second = job(4, workdir, "out-2", pace=False).execute(spark, restore_from=answer[0])
     print(f"run 2 (parallelism 4) restored {second.restored_from} and ran to the end")
     rows = []
     for out in ("out-1", "out-2"):
