@@ -28,6 +28,7 @@ from cutline import (
 from cutline.runtime.driver import JobResult
 from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.storage import SHARED, CheckpointLocation, CheckpointStorage
+from test_runtime_jobs import FailAfterCheckpoint as FailOnceAfter  # raises once, after marker
 
 KEYS = 7
 
@@ -267,23 +268,6 @@ def test_the_cli_cancels_a_job_with_a_savepoint(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------ incremental checkpoints
-
-
-@dataclass(frozen=True)
-class FailOnceAfter:
-    """Raises once, on the first record after ``marker`` exists."""
-
-    marker: str
-    flag: str
-
-    def __call__(self, record: Any) -> Any:
-        if os.path.exists(self.marker):
-            try:
-                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return record
-            raise RuntimeError("injected failure")
-        return record
 
 
 def referenced(storage: CheckpointStorage) -> set[str]:

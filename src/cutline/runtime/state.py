@@ -394,6 +394,8 @@ class KeyedStateBackend:
         """Keys already found to be in this subtask's key groups (hashing each is costly)."""
         self._lock = threading.Lock()
         """Guards the frozen layers, which both threads change."""
+        self._base_lock = threading.Lock()
+        """Memory backend: held while the snapshot thread changes a base dict."""
         self._frozen: list[_Frozen] = []
         self._snapshots = 0
         self._written = 0
@@ -751,15 +753,6 @@ class MemoryStateBackend(KeyedStateBackend):
     """Keyed state in Python dicts (``StateConfig(backend="memory")``)."""
 
     kind = "memory"
-
-    def __init__(
-        self,
-        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-        key_groups: range | None = None,
-        config: StateConfig | None = None,
-    ) -> None:
-        super().__init__(max_parallelism, key_groups, config)
-        self._base_lock = threading.Lock()
 
     def _new_table(self, name: str, kind: str) -> _MemoryTable:
         return _MemoryTable(kind, self._base_lock)
