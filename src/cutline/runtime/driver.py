@@ -531,14 +531,13 @@ class _Attempt:
         self.census_done: int | None = None
         """Records processed, summed over the previous wave."""
         self.draining = False
-        self.kinds: dict[int, bool] = {}
-        """Checkpoint in flight -> whether it is a savepoint."""
         self.requests: dict[int, SavepointRequest] = {}
         """Savepoints in flight that someone asked for."""
         self.stop_request: SavepointRequest | None = None
         self.asking: SavepointRequest | None = None
         """The request whose savepoint the next trigger starts."""
         self.targets: dict[int, str] = {}
+        """Savepoint in flight -> the folder it goes to (a checkpoint in it is a savepoint)."""
 
     def now(self) -> float:
         return time.monotonic()
@@ -776,7 +775,6 @@ class _Attempt:
                 n = action.checkpoint_id
                 self.next_id = max(self.next_id, n + 1)
                 self.triggered_at[n] = (now, action.final)
-                self.kinds[n] = action.savepoint
                 if action.final:
                     self.final = n
                 base = None if action.savepoint else self.coordinator.latest_completed
@@ -814,7 +812,6 @@ class _Attempt:
                 )
                 self.unaligned.discard(action.checkpoint_id)
                 target = self.targets.pop(action.checkpoint_id, None)
-                self.kinds.pop(action.checkpoint_id, None)
                 if target is not None:
                     url = storage.url_of(target)
                     info = dataclasses.replace(info, savepoint=url)
@@ -840,7 +837,6 @@ class _Attempt:
                 self.channel_records.pop(action.checkpoint_id, None)
                 self.triggered_at.pop(action.checkpoint_id, None)
                 self.unaligned.discard(action.checkpoint_id)
-                self.kinds.pop(action.checkpoint_id, None)
                 self.targets.pop(action.checkpoint_id, None)
                 with contextlib.suppress(StorageError):
                     storage.discard(action.checkpoint_id)
