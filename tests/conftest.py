@@ -16,6 +16,11 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Every checkpoint a test's job takes is verified in full as soon as it is written (every file
+# read and checked, the channel state counted, the cut checked channel by channel): see
+# runtime/verify.py and the fixture below.
+os.environ["CUTLINE_VERIFY_CHECKPOINTS"] = "1"
+
 settings.register_profile(
     "ci",
     derandomize=True,
@@ -46,3 +51,24 @@ def spark():
     session = local_session(4)
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _every_checkpoint_verified():
+    """Fail the test if any checkpoint its jobs took failed verification."""
+    from cutline.runtime import driver
+
+    assert driver.VERIFY_EVERY_CHECKPOINT
+    failures = driver.VERIFICATION_FAILURES
+    failures.clear()
+    yield
+    assert not failures, "checkpoints failed verification:\n" + "\n".join(failures)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from cutline.runtime import driver
+
+    terminalreporter.write_line(
+        f"cutline: {driver.VERIFIED_CHECKPOINTS[0]} checkpoints taken by the tests' jobs were "
+        "verified (files intact, a consistent cut on every channel)"
+    )

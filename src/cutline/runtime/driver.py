@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pickle
 import queue
 import secrets
@@ -46,12 +47,21 @@ from cutline.protocol.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
+from cutline.protocol.cut import channel_cuts, check_cut
 from cutline.protocol.registry import SharedStateRegistry
 from cutline.runtime.client import JobEndpoint, SavepointRequest
 from cutline.runtime.control import ControlError, ControlServer, Event
-from cutline.runtime.graph import ExecutionPlan
+from cutline.runtime.graph import ExecutionPlan, Operator, subtask_name
+from cutline.runtime.operators import SinkLogic
 from cutline.runtime.restore import RestoreError, RestoreSpec, plan_restore
 from cutline.runtime.state import StateConfig
+from cutline.runtime.stats import (
+    STATS_HISTORY,
+    CheckpointStats,
+    RestartInfo,
+    RunInfo,
+    SubtaskStats,
+)
 from cutline.runtime.storage import (
     METADATA,
     CheckpointLocation,
@@ -62,6 +72,14 @@ from cutline.runtime.storage import (
     StorageError,
 )
 from cutline.runtime.task import SlotSetup
+from cutline.runtime.verify import verify_checkpoint
+
+VERIFY_EVERY_CHECKPOINT = bool(os.environ.get("CUTLINE_VERIFY_CHECKPOINTS"))
+"""Verify every checkpoint in full (``runtime/verify.py``: every file read, the channel state
+counted) as soon as its metadata is written. The test suite turns it on; failures are kept in
+:data:`VERIFICATION_FAILURES` (and warned about)."""
+VERIFICATION_FAILURES: list[str] = []
+VERIFIED_CHECKPOINTS = [0]
 
 
 class JobFailedError(Exception):
@@ -112,44 +130,12 @@ class Failure:
         return text
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
-    checkpoint_id: int
-    generation: int
-    duration: float
-    """Seconds from trigger to complete."""
-    final: bool
-    alignment: float = 0.0
-    """The longest barrier alignment of any subtask (seconds)."""
-    size: int = 0
-    """Bytes it wrote: its state files and keyed state segments (for an incremental
-    checkpoint, only the segments new with it, not those it shares with earlier ones)."""
-    unaligned: bool = False
-    """Whether any subtask took it unaligned (the mode, or an alignment that timed out)."""
-    channel_state_records: int = 0
-    """Records in flight it recorded (input and output channel state of every subtask)."""
-    triggered_at: float = 0.0
-    """Seconds from the start of the job to its trigger (it completed ``duration`` later)."""
-    savepoint: str | None = None
-    """For a savepoint: its folder."""
-
-
-@dataclass(frozen=True)
-class RestartInfo:
-    generation: int
-    """The generation that failed."""
-    cause: str
-    restored_from: int | None
-    """The checkpoint the next generation restored (``None``: from the start)."""
-    failed_at: float
-    """Seconds since the job started."""
-
-
 @dataclass
 class JobResult:
     """What :meth:`JobDriver.run` returns."""
 
-    checkpoints: list[CheckpointInfo] = field(default_factory=list)
+    checkpoints: list[CheckpointStats] = field(default_factory=list)
+    """The completed checkpoints and savepoints, with their statistics."""
     aborted: list[tuple[int, str]] = field(default_factory=list)
     restarts: list[RestartInfo] = field(default_factory=list)
     collected: dict[str, list[Any]] = field(default_factory=dict)
@@ -229,6 +215,8 @@ class JobConfig:
     """Start even if the checkpoint holds state of operators the job does not have."""
     savepoint_dir: str | None = None
     """Where savepoints go by default (``CHECKPOINT_DIR/savepoints``)."""
+    stats_history: int = STATS_HISTORY
+    """Checkpoint statistics files kept in ``CHECKPOINT_DIR/_stats`` (the newest)."""
 
 
 Listener = Callable[[str, str], None]
@@ -252,7 +240,8 @@ class JobDriver:
             config.checkpoint_dir, storage_options=config.storage_options
         )
         existing = self.storage.checkpoint_ids()
-        self._first_id = (existing[-1] + 1) if existing else 1
+        known = existing + self.storage.stats_checkpoint_ids()  # ids are never used twice
+        self._first_id = max(known) + 1 if known else 1
         self.registry = SharedStateRegistry(self._shared_references(existing))
         self._savepoints: dict[int, str] = {}
         """This run's savepoints: id -> folder (restored from after a failure when newest)."""
@@ -290,13 +279,60 @@ class JobDriver:
             )
         except (OSError, ValueError) as exc:  # the job runs; savepoints on request do not
             self.listener("warning", f"cannot open the job's endpoint for savepoints: {exc}")
+        self.run_info = self._run_info()
+        self._keep(self.run_info)
+        outcome = "failed"
         try:
-            return self._run()
+            result = self._run()
+            outcome = "finished"
+            return result
+        except JobFailedError as exc:
+            outcome = f"failed: {exc}"
+            raise
         finally:
+            self._keep(
+                dataclasses.replace(self.run_info, ended=time.time(), outcome=outcome[:2000])
+            )
             if self.endpoint is not None:
                 self.endpoint.close()
             with contextlib.suppress(StorageError):
                 self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
+
+    def _run_info(self) -> RunInfo:
+        plan = self.plan
+        channels: dict[str, list[str]] = {}
+        for chain in plan.chains:
+            for out in chain.outputs:
+                for index in range(plan.parallelism):
+                    for channel, target in plan.output_channels(out, index):
+                        channels[channel] = [
+                            subtask_name(chain.uid, index),
+                            subtask_name(out.downstream, target),
+                        ]
+        return RunInfo(
+            run=self.run_id,
+            started=time.time(),
+            parallelism=plan.parallelism,
+            checkpointing=self.config.checkpointing,
+            operators={op.uid: op.name for chain in plan.chains for op in chain.operators},
+            subtasks=plan.subtasks(),
+            channels=channels,
+            restored_from=self._initial.url if self._initial is not None else None,
+        )
+
+    def _keep(self, record: CheckpointStats | RestartInfo | RunInfo) -> None:
+        """Write a statistics record; a failure to is a warning, never the job's failure."""
+        try:
+            self.storage.write_stats(record)
+            if isinstance(record, CheckpointStats):
+                self.storage.prune_stats(self.config.stats_history)
+        except StorageError as exc:
+            self.listener("warning", f"cannot keep checkpoint statistics: {exc}")
+
+    def _restarted(self, info: RestartInfo) -> None:
+        info = dataclasses.replace(info, run=self.run_id, time=time.time())
+        self.result.restarts.append(info)
+        self._keep(info)
 
     def _run(self) -> JobResult:
         generation = 0
@@ -313,8 +349,10 @@ class JobDriver:
                 return self.result
             restarts = len(self.result.restarts)
             if restarts >= self.config.restart_attempts:
-                self.result.restarts.append(
-                    RestartInfo(generation, failure.describe(), None, self._elapsed())
+                self._restarted(
+                    RestartInfo(
+                        generation, failure.describe(), None, self._elapsed(), restarted=False
+                    )
                 )
                 self.listener("failure", failure.describe())
                 raise JobFailedError(
@@ -324,9 +362,7 @@ class JobDriver:
                 )
             restore = self._choose_checkpoint()  # warns about the damaged ones it skips
             restored = restore.checkpoint_id if restore is not None else None
-            self.result.restarts.append(
-                RestartInfo(generation, failure.describe(), restored, self._elapsed())
-            )
+            self._restarted(RestartInfo(generation, failure.describe(), restored, self._elapsed()))
             self.listener(
                 "restart",
                 f"generation {generation} failed: {failure.describe()}\n"
@@ -474,6 +510,7 @@ class JobDriver:
             job.cancel()
             job.wait(60.0)
             attempt.answer_requests()
+            attempt.end()
             self._delete_shared(self.registry.restarted())
 
     def _read_collected(self) -> dict[str, list[Any]]:
@@ -519,6 +556,11 @@ class _Attempt:
         self.channel_records: dict[int, int] = {}
         self.unaligned: set[int] = set()
         self.sizes: dict[int, int] = {}
+        self.full_sizes: dict[int, int] = {}
+        self.trigger_wall: dict[int, float] = {}
+        """Checkpoint -> its trigger time (seconds since the epoch)."""
+        self.subtask_stats: dict[int, dict[str, SubtaskStats]] = {}
+        """Checkpoint in flight -> the statistics of the subtasks that acknowledged it."""
         self.ready_at: float | None = None
         self.consequence: Failure | None = None
         """A failure caused by another (a channel whose upstream died), used if no cause comes."""
@@ -627,6 +669,7 @@ class _Attempt:
             self._on_census(event.task, body, now)
         elif kind == "ack":
             checkpoint = int(body["checkpoint"])
+            self._subtask_acknowledged(checkpoint, body, now)
             self.alignment[checkpoint] = max(
                 self.alignment.get(checkpoint, 0.0), float(body.get("alignment", 0.0))
             )
@@ -681,6 +724,76 @@ class _Attempt:
                 self.finished.add(event.task)
                 if len(self.finished) == len(self.slots) and self.ready_at is not None:
                     self.driver.result.running_seconds = now - self.ready_at
+
+    def _subtask_acknowledged(self, checkpoint: int, body: dict[str, Any], now: float) -> None:
+        """Keep the statistics of one subtask's acknowledgement of a checkpoint in flight."""
+        triggered = self.triggered_at.get(checkpoint)
+        wall = self.trigger_wall.get(checkpoint)
+        if triggered is None or wall is None:
+            return  # a late acknowledgement
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            stats = dict(body.get("stats") or {})
+            handle = StateHandle.from_dict(body["handle"])
+
+            def after(at: Any) -> float:
+                return float(at) - wall
+
+            forwarded = stats.get("forwarded_at")
+            self.subtask_stats.setdefault(checkpoint, {})[str(body["subtask"])] = SubtaskStats(
+                subtask=str(body["subtask"]),
+                acknowledged=now - triggered[0],
+                start_delay=max(0.0, after(stats.get("first_barrier_at", wall))),
+                alignment=float(body.get("alignment", 0.0)),
+                synchronous=float(stats.get("synchronous", 0.0)),
+                asynchronous=float(body.get("asynchronous", 0.0)),
+                state_size=handle.size,
+                segments_size=int(stats.get("segments_size", 0)),
+                full_size=handle.size + sum(ref.size for ref in handle.segments),
+                channel_state_records=int(stats.get("channel_state_records", 0)),
+                channel_state_bytes=int(stats.get("channel_state_bytes", 0)),
+                unaligned=bool(body.get("unaligned")),
+                barriers={str(c): after(t) for c, t in dict(stats.get("barriers", {})).items()},
+                snapshot_at=after(stats.get("snapshot_at", wall)),
+                forwarded_at=after(forwarded) if forwarded is not None else None,
+            )
+
+    def _checkpoint_stats(
+        self, checkpoint: int, now: float, status: str, reason: str | None = None
+    ) -> CheckpointStats:
+        """The statistics of a checkpoint that ended (forgetting what was kept of it)."""
+        started, final = self.triggered_at.pop(checkpoint, (now, False))
+        subtasks = self.subtask_stats.pop(checkpoint, {})
+        return CheckpointStats(
+            checkpoint_id=checkpoint,
+            generation=self.generation,
+            duration=now - started,
+            final=final,
+            alignment=self.alignment.pop(checkpoint, 0.0),
+            size=self.sizes.pop(checkpoint, sum(s.size for s in subtasks.values())),
+            unaligned=checkpoint in self.unaligned,
+            channel_state_records=self.channel_records.pop(checkpoint, 0),
+            triggered_at=started - self.driver._start,
+            status=status,
+            reason=reason,
+            run=self.driver.run_id,
+            trigger_time=self.trigger_wall.pop(checkpoint, 0.0),
+            full_size=self.full_sizes.pop(checkpoint, sum(s.full_size for s in subtasks.values())),
+            channel_state_bytes=sum(s.channel_state_bytes for s in subtasks.values()),
+            checkpointing=self.driver.config.checkpointing,
+            subtasks=dict(sorted(subtasks.items())),
+        )
+
+    def end(self) -> None:
+        """The attempt ended: the checkpoints still in flight were aborted by it."""
+        reason = (
+            f"generation {self.generation} ended: {self.failure.describe()}"
+            if self.failure is not None
+            else f"generation {self.generation} ended"
+        )
+        now = self.now()
+        for checkpoint in sorted(self.triggered_at):
+            stats = self._checkpoint_stats(checkpoint, now, "aborted", reason[:2000])
+            self.driver._keep(stats)
 
     def _census(self, now: float) -> None:
         """Ask every slot how many records its subtasks sent on channels and processed."""
@@ -775,6 +888,7 @@ class _Attempt:
                 n = action.checkpoint_id
                 self.next_id = max(self.next_id, n + 1)
                 self.triggered_at[n] = (now, action.final)
+                self.trigger_wall[n] = time.time()
                 if action.final:
                     self.final = n
                 base = None if action.savepoint else self.coordinator.latest_completed
@@ -798,18 +912,8 @@ class _Attempt:
                 self._write_metadata(action)
             elif isinstance(action, NotifyCheckpointComplete):
                 self._broadcast("complete", checkpoint=action.checkpoint_id)
-                started, final = self.triggered_at.pop(action.checkpoint_id, (now, False))
-                info = CheckpointInfo(
-                    action.checkpoint_id,
-                    self.generation,
-                    now - started,
-                    final,
-                    self.alignment.pop(action.checkpoint_id, 0.0),
-                    self.sizes.pop(action.checkpoint_id, 0),
-                    action.checkpoint_id in self.unaligned,
-                    self.channel_records.pop(action.checkpoint_id, 0),
-                    started - driver._start,
-                )
+                info = self._checkpoint_stats(action.checkpoint_id, now, "completed")
+                final = info.final
                 self.unaligned.discard(action.checkpoint_id)
                 target = self.targets.pop(action.checkpoint_id, None)
                 if target is not None:
@@ -824,6 +928,7 @@ class _Attempt:
                             self.stop_request = None
                             driver._stopped_with = action.checkpoint_id
                 driver.result.checkpoints.append(info)
+                driver._keep(info)
                 driver.listener(
                     "checkpoint",
                     ("savepoint" if target is not None else "checkpoint")
@@ -833,9 +938,14 @@ class _Attempt:
                 )
             elif isinstance(action, AbortCheckpoint):
                 self._broadcast("abort", checkpoint=action.checkpoint_id)
+                if action.checkpoint_id in self.triggered_at:
+                    driver._keep(
+                        self._checkpoint_stats(
+                            action.checkpoint_id, now, "aborted", action.reason[:2000]
+                        )
+                    )
                 self.alignment.pop(action.checkpoint_id, None)
                 self.channel_records.pop(action.checkpoint_id, None)
-                self.triggered_at.pop(action.checkpoint_id, None)
                 self.unaligned.discard(action.checkpoint_id)
                 self.targets.pop(action.checkpoint_id, None)
                 with contextlib.suppress(StorageError):
@@ -891,6 +1001,8 @@ class _Attempt:
         storage, now = self.driver.storage, self.now()
         n = action.checkpoint_id
         target = self.targets.get(n)
+        plan, mode = self.driver.plan, self.driver.config.checkpointing
+        operators = [op for chain in plan.chains for op in chain.operators]
         try:
             metadata = CheckpointMetadata(
                 checkpoint_id=n,
@@ -899,14 +1011,27 @@ class _Attempt:
                 extra={
                     "savepoint": target is not None,
                     "run": self.driver.run_id,
-                    "parallelism": self.driver.plan.parallelism,
-                    "max_parallelism": self.driver.plan.max_parallelism,
-                    "operators": [
-                        op.uid for chain in self.driver.plan.chains for op in chain.operators
-                    ],
+                    "parallelism": plan.parallelism,
+                    "max_parallelism": plan.max_parallelism,
+                    "operators": [op.uid for op in operators],
+                    "operator_names": {op.uid: op.name for op in operators},
+                    "operator_kinds": {op.uid: _kind(op) for op in operators},
+                    "checkpointing": mode,
                     "time": time.time(),
                 },
             )
+            # never complete a checkpoint that is not a consistent cut (protocol/cut.py)
+            violations = check_cut(
+                channel_cuts(
+                    {s: h.channels for s, h in metadata.handles.items() if h.channels is not None}
+                ),
+                at_least_once=mode == "at_least_once",
+            )
+            if violations:
+                raise ValueError(
+                    f"it is not a consistent cut: {violations[0]}"
+                    + (f" (and {len(violations) - 1} more channels)" if len(violations) > 1 else "")
+                )
             if target is not None:
                 if any(h.shared for h in metadata.handles.values()):
                     raise ValueError("a savepoint names shared files")
@@ -920,6 +1045,9 @@ class _Attempt:
                 h.size + sum(r.size for r in h.segments if r.path not in before)
                 for h in metadata.handles.values()
             )
+            self.full_sizes[n] = sum(
+                h.size + sum(r.size for r in h.segments) for h in metadata.handles.values()
+            )
         except (StorageError, ValueError, KeyError) as exc:
             with contextlib.suppress(StorageError):
                 storage.discard(n)
@@ -927,6 +1055,8 @@ class _Attempt:
                     storage.remove_folder(target)
             self._do(self.coordinator.metadata_failed(n, str(exc), now))
             return
+        if VERIFY_EVERY_CHECKPOINT:
+            self._verify(n, target)
         registry = self.driver.registry
         if target is not None:
             self.driver._delete_shared(registry.settled(n))
@@ -935,10 +1065,33 @@ class _Attempt:
             self.driver._delete_shared(registry.completed(n, shared))
         self._do(self.coordinator.metadata_written(n, now))
 
+    def _verify(self, checkpoint: int, target: str | None) -> None:
+        """Verify a checkpoint just written, in full (the test suite does, for every one)."""
+        storage = self.driver.storage
+        location = (
+            CheckpointLocation(storage.fs, target, storage.url_of)
+            if target is not None
+            else storage.location(checkpoint)
+        )
+        verification = verify_checkpoint(location, checkpoint)
+        VERIFIED_CHECKPOINTS[0] += 1
+        if not verification.ok:
+            VERIFICATION_FAILURES.append(verification.summary())
+            self.driver.listener("warning", verification.summary())
+
     def _broadcast(self, kind: str, **body: Any) -> None:
         for slot in sorted(self.slots):
             with contextlib.suppress(ControlError):
                 self.server.send(slot, kind, **body)
+
+
+def _kind(op: Operator) -> str:
+    """What kind of state operator ``op`` has (``CheckpointReader.operators`` says it)."""
+    if op.is_source:
+        return "source"
+    if isinstance(op.logic, SinkLogic):
+        return "sink"
+    return "keyed" if getattr(op.logic, "keyed", False) else "operator"
 
 
 def _shared(handles: Any) -> list[str]:

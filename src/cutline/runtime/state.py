@@ -474,6 +474,13 @@ class KeyedStateBackend:
     def state_names(self) -> list[str]:
         return sorted(self._tables)
 
+    def entries(self) -> Iterator[tuple[str, str, Hashable, Any]]:
+        """Every ``(state name, kind, key, value)``, state by state (to read a checkpoint)."""
+        for name in self.state_names():
+            table = self._tables[name]
+            for key in list(table.keys()):
+                yield name, table.kind, key, table.get(key)
+
     def __len__(self) -> int:
         """The number of (state, key) entries."""
         return sum(len(t.keys()) for t in self._tables.values())

@@ -47,6 +47,18 @@ from typing import Any
 import fsspec
 
 from cutline.runtime.state import SHARED_PREFIX, SegmentRef, StateError
+from cutline.runtime.stats import (
+    STATS_FOLDER,
+    STATS_HISTORY,
+    CheckpointStats,
+    History,
+    RestartInfo,
+    RunInfo,
+    checkpoint_ids_in,
+    encode,
+    history_of,
+    stats_file,
+)
 
 METADATA = "_metadata"
 FORMAT_VERSION = 2
@@ -108,6 +120,11 @@ class StateHandle:
     """The operators (uids) that have state in the file."""
     channel_state: bool = False
     """Whether it holds records in flight (an unaligned checkpoint, a loop)."""
+    channels: dict[str, dict[str, int]] | None = None
+    """The subtask's records per channel when it snapshotted (``runtime/verify.py``):
+    ``sent`` (per output channel, before the barrier), ``received`` (per input channel, before
+    the snapshot), ``recorded_inputs`` and ``recorded_outputs`` (records in its channel state).
+    ``None`` in checkpoints of older versions."""
 
     @property
     def shared(self) -> list[SegmentRef]:
@@ -122,6 +139,7 @@ class StateHandle:
             "segments": [ref.to_dict() for ref in self.segments],
             "operators": list(self.operators),
             "channel_state": self.channel_state,
+            **({"channels": self.channels} if self.channels is not None else {}),
         }
 
     @classmethod
@@ -134,6 +152,7 @@ class StateHandle:
             segments=tuple(SegmentRef.from_dict(r) for r in data.get("segments", ())),
             operators=tuple(str(u) for u in data.get("operators", ())),
             channel_state=bool(data.get("channel_state", False)),
+            channels=_channel_counts(data.get("channels")),
         )
         prefix = f"g{handle.generation}-"
         if not (
@@ -145,6 +164,26 @@ class StateHandle:
         for ref in handle.segments:
             check_segment_path(ref.path)
         return handle
+
+
+COUNTS = ("sent", "received", "recorded_inputs", "recorded_outputs")
+
+
+def _channel_counts(data: Any) -> dict[str, dict[str, int]] | None:
+    """The ``channels`` of a handle, checked: four maps of channel id -> record count."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping) or set(data) != set(COUNTS):
+        raise ValueError(f"channel counts {data!r} are not {', '.join(COUNTS)}")
+    counts: dict[str, dict[str, int]] = {}
+    for kind in COUNTS:
+        values = data[kind]
+        if not isinstance(values, Mapping) or not all(
+            type(n) is int and n >= 0 for n in values.values()
+        ):
+            raise ValueError(f"channel counts {kind!r} are not counts of records per channel")
+        counts[kind] = {str(c): int(n) for c, n in values.items()}
+    return counts
 
 
 def check_segment_path(path: str) -> str:
@@ -321,6 +360,52 @@ class CheckpointStorage:
         except OSError as exc:
             raise StorageError(f"cannot remove {self._where(full)}: {exc.strerror or exc}") from exc
 
+    # ---------------------------------------------------------------- statistics
+
+    def write_stats(self, record: CheckpointStats | RestartInfo | RunInfo) -> None:
+        """Keep ``record`` in the statistics folder (``_stats``; see ``runtime/stats.py``)."""
+        if isinstance(record, CheckpointStats):
+            name = stats_file(record.checkpoint_id)
+        elif isinstance(record, RestartInfo):
+            name = f"restart-{record.run}-{record.generation}.json"
+        else:
+            name = f"run-{record.run}.json"
+        self._write_file(f"{self.root}/{STATS_FOLDER}", name, encode(record), "statistics")
+
+    def _stats_names(self) -> list[str]:
+        folder = f"{self.root}/{STATS_FOLDER}"
+        try:
+            names = self.fs.ls(folder, detail=False) if self.fs.exists(folder) else []
+        except OSError as exc:
+            raise StorageError(f"cannot list {self._where(folder)}: {exc.strerror or exc}") from exc
+        return sorted(str(n).rstrip("/").rsplit("/", 1)[-1] for n in names)
+
+    def stats_checkpoint_ids(self) -> list[int]:
+        """Ids of the checkpoints with statistics (also those whose folders are gone)."""
+        return checkpoint_ids_in(self._stats_names())
+
+    def prune_stats(self, keep: int = STATS_HISTORY) -> None:
+        """Remove all but the newest ``keep`` checkpoint statistics files."""
+        ids = self.stats_checkpoint_ids()
+        for checkpoint_id in ids[: max(0, len(ids) - keep)]:
+            self._remove_quietly(f"{self.root}/{STATS_FOLDER}/{stats_file(checkpoint_id)}")
+
+    def read_history(self) -> History:
+        """Every record of the statistics folder (unreadable files are named in
+        ``History.unreadable``, not raised)."""
+        folder = f"{self.root}/{STATS_FOLDER}"
+        files: dict[str, bytes] = {}
+        for name in self._stats_names():
+            if name.endswith(".json"):
+                try:
+                    with self.fs.open(f"{folder}/{name}", "rb") as source:
+                        files[name] = source.read()
+                except OSError as exc:
+                    raise StorageError(
+                        f"cannot read {self._where(f'{folder}/{name}')}: {exc.strerror or exc}"
+                    ) from exc
+        return history_of(files)
+
     # ------------------------------------------------------------------- reading
 
     def checkpoint_ids(self) -> list[int]:
@@ -428,9 +513,13 @@ class _SegmentWriter:
 
     def __init__(self, storage: CheckpointStorage, checkpoint_id: int) -> None:
         self.storage, self.checkpoint_id = storage, checkpoint_id
+        self.written = 0
+        """Bytes of the segments written through it."""
 
     def write_segment(self, name: str, data: bytes, *, shared: bool) -> SegmentRef:
-        return self.storage.write_segment(self.checkpoint_id, name, data, shared=shared)
+        ref = self.storage.write_segment(self.checkpoint_id, name, data, shared=shared)
+        self.written += len(data)
+        return ref
 
     def read_segment(self, ref: SegmentRef) -> bytes:
         return self.storage.location(self.checkpoint_id).read_segment(ref)

@@ -88,6 +88,18 @@ class _Taking:
     unaligned: bool = False
     inputs: dict[str, list[Any]] = field(default_factory=dict)
     outputs: dict[str, list[Any]] = field(default_factory=dict)
+    synchronous: float = 0.0
+    snapshot_at: float = 0.0
+    """Wall clock of the snapshot (statistics compare it across processes)."""
+    first_barrier_at: float = 0.0
+    """Wall clock of the first barrier (a source: of the trigger)."""
+    forwarded_at: float | None = None
+    sent: dict[str, int] = field(default_factory=dict)
+    """Records sent per output channel before the barrier."""
+    received: dict[str, int] = field(default_factory=dict)
+    """Records received per input channel before the snapshot."""
+    arrivals: dict[str, float] = field(default_factory=dict)
+    """Input channel -> wall clock of its barrier."""
 
     def keep_output(self, channel: str, overtaken: list[Records]) -> None:
         """Keep the records an unaligned barrier overtook on output ``channel``."""
@@ -98,6 +110,20 @@ class _Taking:
         """Records in the recorded channel state."""
         recorded = (*self.inputs.values(), *self.outputs.values())
         return sum(len(Records(batch)) for batches in recorded for batch in batches)
+
+    def channel_counts(self) -> dict[str, dict[str, int]]:
+        """What the consistent-cut verifier checks (``runtime/verify.py``)."""
+        return {
+            "sent": self.sent,
+            "received": self.received,
+            "recorded_inputs": _recorded(self.inputs),
+            "recorded_outputs": _recorded(self.outputs),
+        }
+
+
+def _recorded(channels: dict[str, list[Any]]) -> dict[str, int]:
+    """Records per channel of recorded channel state."""
+    return {c: sum(len(Records(b)) for b in batches) for c, batches in channels.items() if batches}
 
 
 @dataclass(frozen=True)
@@ -164,6 +190,20 @@ class SubtaskRunner:
         self.records_done = 0
         """Records received on channels and processed (counted after their outputs were sent):
         the driver's census compares the two to know that a loop is quiet."""
+        self.records_out = 0
+        """Records the chain's last operator emitted (the source's: read)."""
+        self.operator_records: dict[str, list[int]] = {op.uid: [0, 0] for op in chain.operators}
+        """Operator uid -> [records in, records out] (live progress)."""
+        self.backpressured = 0.0
+        """Seconds spent unable to send (an output channel without room)."""
+        self._sent: dict[str, int] = {}
+        """Records sent per output channel in this generation (the channel state it sends
+        again after a restore included)."""
+        self._received: dict[str, int] = {c: 0 for c in (gate.channels if gate is not None else ())}
+        """Records received per input channel from the wire in this generation."""
+        self._arrivals: dict[int, dict[str, float]] = {}
+        """Checkpoint -> input channel -> wall clock of its barrier."""
+        self._trigger_seen: dict[int, float] = {}
         self._snapshotter = ThreadPoolExecutor(1, thread_name_prefix=f"cutline-snap-{self.name}")
         self._last_snapshot: int | None = None
         self._last_complete = -1
@@ -294,6 +334,7 @@ class SubtaskRunner:
             for channel in channels:  # the restored channel state goes first
                 restored = [Records(b) for b in self._restored_outputs.get(channel.channel, ())]
                 self.records_sent += sum(len(r) for r in restored)
+                self._sent[channel.channel] = sum(len(r) for r in restored)
                 channel.preload(restored)
             partitioner = None
             if out.partitioning == "hash":
@@ -350,7 +391,9 @@ class SubtaskRunner:
             if exhausted or self._final is not None:
                 continue
             if not self._has_room():
+                waited = time.monotonic()
                 self._wait_for_room(0.01)  # and see the driver's messages meanwhile
+                self.backpressured += time.monotonic() - waited
                 continue
             self._current = self.chain.operators[0].name
             batch = None if self._draining else self._reader.read(batch_size)
@@ -359,6 +402,7 @@ class SubtaskRunner:
                 self.control.send("exhausted", subtask=self.name)
                 continue
             self.records_in += batch.num_rows
+            self.operator_records[self.chain.operators[0].uid][1] += batch.num_rows
             self._push(batch)
 
     def _run_with_inputs(self) -> None:
@@ -406,9 +450,12 @@ class SubtaskRunner:
             # Take in a batch only when every output has room for what it makes: a subtask
             # never blocks in a send, so it always sees barriers, timeouts and messages.
             room = self._has_room()
+            waited = time.monotonic()
             item = gate.poll(
                 handler.blocked_channels, timeout=wait if room else 0.005, priority_only=not room
             )
+            if not room:
+                self.backpressured += time.monotonic() - waited
             if item is None:
                 if room and not handler.live_inputs:
                     if not sent_end:
@@ -418,12 +465,14 @@ class SubtaskRunner:
             channel, frame = item
             if isinstance(frame, Records):
                 self.records_in += len(frame)
+                self._received[channel] += len(frame)
                 self._carry(handler.message_received(channel, frame))
                 self._push(frame.batch)
                 self.records_done += len(frame)
             elif isinstance(frame, PriorityBarrier):
                 n = frame.barrier.checkpoint_id
                 self._first_barrier_at.setdefault(n, time.monotonic())
+                self._arrivals.setdefault(n, {}).setdefault(channel, time.time())
                 self._kinds.setdefault(n, (frame.barrier.base, frame.barrier.savepoint))
                 self._carry(
                     handler.barrier_received(n, channel, unaligned=True, overtaken=frame.overtaken)
@@ -431,6 +480,7 @@ class SubtaskRunner:
             elif isinstance(frame, Barrier):
                 n = frame.checkpoint_id
                 self._first_barrier_at.setdefault(n, time.monotonic())
+                self._arrivals.setdefault(n, {}).setdefault(channel, time.time())
                 self._kinds.setdefault(n, (frame.base, frame.savepoint))
                 if frame.forced_aligned:
                     self._forced.add(n)
@@ -492,6 +542,7 @@ class SubtaskRunner:
                 final = bool(message.get("final"))
                 base = message.get("base")
                 self._kinds[checkpoint] = (int(base) if base is not None else None, savepoint)
+                self._trigger_seen[checkpoint] = time.time()
                 self._snapshot(checkpoint)
                 # the final checkpoint and savepoints align: nothing may stay in flight
                 aligned = final or savepoint
@@ -527,13 +578,18 @@ class SubtaskRunner:
 
     def _push(self, batch: Batch) -> None:
         """Run ``batch`` through the chain's operators and send what comes out."""
-        current: Batch | None = batch
+        current: Batch = batch
+        counts = self.operator_records
         for uid, running in self._operators:
             self._current = uid
-            current = running.process(current)
-            if current is None or not len(current):
+            counted = counts[uid]
+            counted[0] += len(current)
+            out = running.process(current)
+            if out is None or not len(out):
                 return
-        assert current is not None
+            current = out
+            counted[1] += len(current)
+        self.records_out += len(current)
         self._emit(current)
 
     def _emit(self, batch: Batch) -> None:
@@ -541,6 +597,9 @@ class SubtaskRunner:
             if partitioner is None:
                 records = Records(batch)
                 self.records_sent += len(records)
+                self._sent[channels[0].channel] = self._sent.get(channels[0].channel, 0) + len(
+                    records
+                )
                 channels[0].send(records)
                 continue
             context = self._key_contexts[downstream]
@@ -553,12 +612,16 @@ class SubtaskRunner:
             for channel, part in zip(channels, parts, strict=True):
                 if len(part):
                     self.records_sent += len(part)
+                    self._sent[channel.channel] = self._sent.get(channel.channel, 0) + len(part)
                     channel.send(Records(part))
 
     def _forward(self, checkpoint_id: int, unaligned: bool, forced_aligned: bool = False) -> None:
         """Emit ``Barrier(checkpoint_id)`` on every output: in line, or (unaligned) ahead of
         the queued records, which become the output side of the checkpoint's channel state."""
         base, savepoint = self._kinds.get(checkpoint_id, (None, False))
+        forwarding = self._taking.get(checkpoint_id)
+        if forwarding is not None and self.outputs:
+            forwarding.forwarded_at = time.time()
         if not unaligned:
             frame = Barrier(
                 checkpoint_id, forced_aligned=forced_aligned, savepoint=savepoint, base=base
@@ -582,6 +645,7 @@ class SubtaskRunner:
     def _snapshot(self, checkpoint_id: int) -> None:
         """The synchronous part: offsets, state copies, sinks' pre-commit."""
         parts: dict[str, Any] = {}
+        started, wall = time.monotonic(), time.time()
         base, savepoint = self._kinds.get(checkpoint_id, (None, False))
         for older in [n for n in self._kinds if n < checkpoint_id]:
             del self._kinds[older]
@@ -598,7 +662,21 @@ class SubtaskRunner:
         for older in [n for n in self._first_barrier_at if n < checkpoint_id]:
             del self._first_barrier_at[older]
         alignment = now - first if first is not None else 0.0
-        self._taking[checkpoint_id] = _Taking(parts, alignment, now, savepoint)
+        arrivals = self._arrivals.get(checkpoint_id, {})
+        first_at = min(arrivals.values(), default=self._trigger_seen.pop(checkpoint_id, wall))
+        for older in [n for n in self._trigger_seen if n < checkpoint_id]:
+            del self._trigger_seen[older]
+        self._taking[checkpoint_id] = _Taking(
+            parts,
+            alignment,
+            now,
+            savepoint,
+            synchronous=now - started,
+            snapshot_at=wall,
+            first_barrier_at=first_at,
+            sent=dict(self._sent),
+            received=dict(self._received),
+        )
 
     def _complete(self, checkpoint_id: int) -> None:
         """The checkpoint is whole here (its channel state recorded): write it and ack; with
@@ -607,6 +685,9 @@ class SubtaskRunner:
         taking = self._taking.pop(checkpoint_id, None)
         if taking is None:
             return
+        taking.arrivals = self._arrivals.pop(checkpoint_id, {})
+        for older in [n for n in self._arrivals if n < checkpoint_id and n not in self._taking]:
+            del self._arrivals[older]
         if self._timeout is not None and (self._unflushed or self._barrier_queued(checkpoint_id)):
             self._unflushed[checkpoint_id] = taking  # (behind an earlier one: written in order)
             return
@@ -681,8 +762,12 @@ class SubtaskRunner:
                     segments += [SegmentRef.from_dict(r) for r in part["chain"]]
                 state[uid] = part
             payload: dict[str, Any] = {"format": STATE_FORMAT, "operators": state}
+            channel_bytes = 0
             if taking.inputs or taking.outputs:
                 payload["channels"] = {"inputs": taking.inputs, "outputs": taking.outputs}
+                channel_bytes = len(
+                    pickle.dumps(payload["channels"], protocol=pickle.HIGHEST_PROTOCOL)
+                )
             data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
             handle = self.storage.write_state(checkpoint_id, self.name, self.setup.generation, data)
             handle = dataclasses.replace(
@@ -690,6 +775,7 @@ class SubtaskRunner:
                 segments=tuple(segments),
                 operators=tuple(uid for uid, part in state.items() if part is not None),
                 channel_state=bool(taking.inputs or taking.outputs),
+                channels=taking.channel_counts(),
             )
         except Exception as exc:  # (segments written meanwhile are removed with the run's
             # unneeded files when the job ends)
@@ -701,6 +787,7 @@ class SubtaskRunner:
                     reason=_cut(f"{type(exc).__name__}: {exc}"),
                 )
             return
+        records = taking.channel_records()
         with contextlib.suppress(ControlError):
             self.control.send(
                 "ack",
@@ -710,7 +797,17 @@ class SubtaskRunner:
                 alignment=taking.alignment,
                 asynchronous=time.monotonic() - taking.sync_end,
                 unaligned=taking.unaligned,
-                channel_records=taking.channel_records(),
+                channel_records=records,
+                stats={
+                    "synchronous": taking.synchronous,
+                    "first_barrier_at": taking.first_barrier_at,
+                    "snapshot_at": taking.snapshot_at,
+                    "forwarded_at": taking.forwarded_at,
+                    "barriers": taking.arrivals,
+                    "segments_size": store.written,
+                    "channel_state_bytes": channel_bytes,
+                    "channel_state_records": records,
+                },
             )
 
     # ---------------------------------------------------------------- failure

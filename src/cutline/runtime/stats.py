@@ -1,0 +1,330 @@
+"""Checkpoint statistics: what each checkpoint cost, kept in the checkpoint directory.
+
+The driver writes one small JSON file per event to ``CHECKPOINT_DIR/_stats/``, as it
+happens, so the history outlives the checkpoints themselves (only the newest
+``retained_checkpoints`` stay) and the job that wrote it::
+
+    CHECKPOINT_DIR/_stats/
+      run-3f2a9c1e.json          # a run (one execute()): when, parallelism, operators, channels
+      checkpoint-12.json         # checkpoint 12: status, timings, sizes, per subtask
+      restart-3f2a9c1e-1.json    # generation 1 of run 3f2a9c1e failed: why, restored from what
+
+Times measured inside one process are monotonic differences (never negative). Times
+that compare two processes (a barrier's *start delay*, its arrival on each channel) are
+wall-clock seconds after the driver's trigger: on one machine exact, on a cluster as
+good as the hosts' clock synchronisation (a start delay is never shown below 0).
+
+The newest ``STATS_HISTORY`` checkpoint files are kept; older ones are removed as new
+ones come (like Flink's checkpoint history).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+STATS_FOLDER = "_stats"
+STATS_FORMAT = 1
+STATS_HISTORY = 1000
+"""Checkpoint statistics files kept per checkpoint directory (the newest)."""
+
+_CHECKPOINT_FILE = re.compile(r"checkpoint-(0|[1-9][0-9]*)\.json")
+_RUN_FILE = re.compile(r"run-([0-9a-f]+)\.json")
+_RESTART_FILE = re.compile(r"restart-([0-9a-f]+)-([0-9]+)\.json")
+
+
+@dataclass(frozen=True)
+class SubtaskStats:
+    """One subtask's part of one checkpoint (Flink: ``SubtaskStateStats``)."""
+
+    subtask: str
+    acknowledged: float
+    """Seconds from the trigger to its acknowledgement reaching the driver (driver's clock)."""
+    start_delay: float
+    """Seconds from the trigger to the first barrier reaching it (a source: the trigger)."""
+    alignment: float
+    """Seconds from its first barrier to its snapshot (aligned: waiting for the others)."""
+    synchronous: float
+    """Seconds of the synchronous part (offsets, state copies, sinks' pre-commit)."""
+    asynchronous: float
+    """Seconds from the end of the synchronous part to the acknowledgement (channel state
+    still recorded, serialising and writing)."""
+    state_size: int
+    """Bytes of its state file."""
+    segments_size: int = 0
+    """Bytes of keyed state segments written with this checkpoint (new ones only)."""
+    full_size: int = 0
+    """Bytes of everything its state is made of (its state file and every segment it names,
+    also those written by earlier checkpoints)."""
+    channel_state_records: int = 0
+    channel_state_bytes: int = 0
+    unaligned: bool = False
+    barriers: dict[str, float] = field(default_factory=dict)
+    """Input channel -> seconds after the trigger its barrier arrived (wall clock)."""
+    snapshot_at: float = 0.0
+    """Seconds after the trigger it took its snapshot (wall clock)."""
+    forwarded_at: float | None = None
+    """Seconds after the trigger it sent the barrier on (``None``: it has no outputs)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes it wrote for this checkpoint."""
+        return self.state_size + self.segments_size
+
+    @property
+    def last_barrier(self) -> tuple[str, float] | None:
+        """The input channel whose barrier came last, and when."""
+        if not self.barriers:
+            return None
+        channel = max(self.barriers, key=lambda c: (self.barriers[c], c))
+        return channel, self.barriers[channel]
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    """One checkpoint's statistics (Flink: ``CompletedCheckpointStats`` and
+    ``FailedCheckpointStats`` in one)."""
+
+    checkpoint_id: int
+    generation: int
+    duration: float
+    """Seconds from trigger to complete (or to abort)."""
+    final: bool = False
+    alignment: float = 0.0
+    """The longest barrier alignment of any subtask (seconds)."""
+    size: int = 0
+    """Bytes it wrote: its state files and keyed state segments (for an incremental
+    checkpoint, only the segments new with it, not those it shares with earlier ones)."""
+    unaligned: bool = False
+    """Whether any subtask took it unaligned (the mode, or an alignment that timed out)."""
+    channel_state_records: int = 0
+    """Records in flight it recorded (input and output channel state of every subtask)."""
+    triggered_at: float = 0.0
+    """Seconds from the start of the job to its trigger (it completed ``duration`` later)."""
+    savepoint: str | None = None
+    """For a savepoint: its folder."""
+    status: str = "completed"
+    """``completed`` or ``aborted``."""
+    reason: str | None = None
+    """Why it was aborted."""
+    run: str = ""
+    trigger_time: float = 0.0
+    """When it was triggered (seconds since the epoch, driver's clock)."""
+    full_size: int = 0
+    """Bytes of everything it is made of (incremental: also the segments it shares)."""
+    channel_state_bytes: int = 0
+    checkpointing: str = "aligned"
+    subtasks: dict[str, SubtaskStats] = field(default_factory=dict)
+    """Every subtask that acknowledged it."""
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+    @property
+    def slowest(self) -> SubtaskStats | None:
+        """The subtask whose acknowledgement came last."""
+        if not self.subtasks:
+            return None
+        return max(self.subtasks.values(), key=lambda s: (s.acknowledged, s.subtask))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["format"] = STATS_FORMAT
+        data["kind"] = "checkpoint"
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CheckpointStats:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        sub_names = {f.name for f in dataclasses.fields(SubtaskStats)}
+        values["subtasks"] = {
+            str(name): SubtaskStats(**{k: v for k, v in sub.items() if k in sub_names})
+            for name, sub in dict(data.get("subtasks", {})).items()
+        }
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class RestartInfo:
+    """A generation of the job failed, and whether and from where the next one started."""
+
+    generation: int
+    """The generation that failed."""
+    cause: str
+    restored_from: int | None
+    """The checkpoint the next generation restored (``None``: from the start, or none: the
+    job failed for good)."""
+    failed_at: float
+    """Seconds since the job started."""
+    run: str = ""
+    time: float = 0.0
+    """When it failed (seconds since the epoch)."""
+    restarted: bool = True
+    """Whether a next generation was started (``False``: the restart strategy gave up)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["format"] = STATS_FORMAT
+        data["kind"] = "restart"
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RestartInfo:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run of a job (one ``execute()``) on a checkpoint directory."""
+
+    run: str
+    started: float
+    """Seconds since the epoch."""
+    parallelism: int
+    checkpointing: str
+    operators: dict[str, str]
+    """Operator uid -> its name."""
+    subtasks: list[str]
+    """Every subtask, sources first in the order of the plan."""
+    channels: dict[str, list[str]]
+    """Channel id -> [sending subtask, receiving subtask]."""
+    restored_from: str | None = None
+    ended: float | None = None
+    outcome: str | None = None
+    """``finished``, or ``failed: ...`` (``None`` while it runs, or if the driver died)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["format"] = STATS_FORMAT
+        data["kind"] = "run"
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunInfo:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class History:
+    """Everything in a checkpoint directory's ``_stats`` folder."""
+
+    checkpoints: list[CheckpointStats] = field(default_factory=list)
+    """By id."""
+    restarts: list[RestartInfo] = field(default_factory=list)
+    """By time."""
+    runs: list[RunInfo] = field(default_factory=list)
+    """By start."""
+    unreadable: list[str] = field(default_factory=list)
+    """Files that could not be read (named, with the reason)."""
+
+    def checkpoint(self, checkpoint_id: int) -> CheckpointStats | None:
+        for stats in self.checkpoints:
+            if stats.checkpoint_id == checkpoint_id:
+                return stats
+        return None
+
+    def run(self, run: str) -> RunInfo | None:
+        for info in self.runs:
+            if info.run == run:
+                return info
+        return None
+
+
+def critical_path(stats: CheckpointStats, run: RunInfo | None) -> list[tuple[str, str | None]]:
+    """The chain of waits that made ``stats`` as long as it was: from the subtask whose
+    acknowledgement came last, back through the input whose barrier reached each subtask last,
+    to a source. Each step is ``(subtask, input channel whose barrier came last)``; the last
+    step (a source, or a subtask whose inputs are unknown) has ``None``."""
+    path: list[tuple[str, str | None]] = []
+    current = stats.slowest
+    seen: set[str] = set()
+    while current is not None and current.subtask not in seen:
+        seen.add(current.subtask)
+        last = current.last_barrier
+        if last is None:
+            path.append((current.subtask, None))
+            break
+        channel = last[0]
+        path.append((current.subtask, channel))
+        sender = run.channels.get(channel, [None])[0] if run is not None else None
+        current = stats.subtasks.get(sender) if sender is not None else None
+    return path
+
+
+# ------------------------------------------------------------------------------- the folder
+
+
+def stats_file(checkpoint_id: int) -> str:
+    return f"checkpoint-{checkpoint_id}.json"
+
+
+def checkpoint_ids_in(names: list[str]) -> list[int]:
+    """The ids of the checkpoint statistics files among ``names`` (base names)."""
+    ids = []
+    for name in names:
+        match = _CHECKPOINT_FILE.fullmatch(name)
+        if match:
+            ids.append(int(match.group(1)))
+    return sorted(ids)
+
+
+def encode(record: CheckpointStats | RestartInfo | RunInfo) -> bytes:
+    return json.dumps(record.to_dict(), sort_keys=True, indent=1).encode()
+
+
+def decode(name: str, data: bytes) -> CheckpointStats | RestartInfo | RunInfo | None:
+    """The record in the statistics file ``name`` (``None``: not a statistics file);
+    ``ValueError`` when it is one but cannot be read."""
+    kind = (
+        "checkpoint"
+        if _CHECKPOINT_FILE.fullmatch(name)
+        else "run"
+        if _RUN_FILE.fullmatch(name)
+        else "restart"
+        if _RESTART_FILE.fullmatch(name)
+        else None
+    )
+    if kind is None:
+        return None
+    try:
+        values = json.loads(data)
+        if not isinstance(values, dict) or values.get("kind") != kind:
+            raise ValueError(f"not a {kind} record")
+        if values.get("format") != STATS_FORMAT:
+            raise ValueError(f"unknown format {values.get('format')!r}")
+        if kind == "checkpoint":
+            return CheckpointStats.from_dict(values)
+        if kind == "run":
+            return RunInfo.from_dict(values)
+        return RestartInfo.from_dict(values)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{name} is not a valid statistics file: {exc}") from None
+
+
+def history_of(files: Mapping[str, bytes]) -> History:
+    """The history in a statistics folder's ``files`` (base name -> contents)."""
+    history = History()
+    for name in sorted(files):
+        try:
+            record = decode(name, files[name])
+        except ValueError as exc:
+            history.unreadable.append(str(exc))
+            continue
+        if isinstance(record, CheckpointStats):
+            history.checkpoints.append(record)
+        elif isinstance(record, RestartInfo):
+            history.restarts.append(record)
+        elif isinstance(record, RunInfo):
+            history.runs.append(record)
+    history.checkpoints.sort(key=lambda s: s.checkpoint_id)
+    history.restarts.sort(key=lambda r: (r.time, r.run, r.generation))
+    history.runs.sort(key=lambda r: r.started)
+    return history
