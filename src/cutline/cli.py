@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from cutline import __version__
+from cutline.cli_checkpoints import checkpoints, report
 from cutline.sim.checker import verify
 from cutline.sim.output import format_snapshots, run_to_dict
 from cutline.sim.scenario import Scenario, ScenarioError, load_scenario
@@ -168,6 +169,10 @@ def savepoint(checkpoint_dir: str, target: str | None, cancel: bool, timeout: fl
     except JobClientError as exc:
         _fail(str(exc))
     click.echo(path)
+
+
+main.add_command(checkpoints)
+main.add_command(report)
 
 
 if __name__ == "__main__":  # pragma: no cover

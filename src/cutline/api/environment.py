@@ -27,6 +27,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
+from cutline.api.progress import LiveProgress, wanted
 from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.driver import JobConfig, JobDriver, JobResult, Launcher, Listener
 from cutline.runtime.graph import Edge, ExecutionPlan, GraphError, JobGraph, Operator, plan
@@ -290,6 +291,7 @@ class StreamEnvironment:
         stop_after: float | str | None = None,
         restore_from: str | os.PathLike[str] | None = None,
         allow_non_restored_state: bool = False,
+        progress: bool | None = None,
     ) -> JobResult:
         """Run the job on Spark and wait for it to end.
 
@@ -308,6 +310,10 @@ class StreamEnvironment:
         :param allow_non_restored_state: start even when the checkpoint holds state of an
             operator this job does not have (that state is dropped); otherwise that is an
             error naming the operator.
+        :param progress: show live progress on standard error (records in and out per
+            operator, throughput, backpressure, the last checkpoints and restarts): ``None``
+            (default) when standard error is a terminal, ``True`` always, ``False`` never. The
+            same figures are in ``result.metrics`` afterwards.
         :raises RestoreError: the checkpoint does not fit the job (the message says why).
         :returns: a :class:`~cutline.runtime.driver.JobResult`; ``result.output`` is the
             records of the collect sink.
@@ -359,7 +365,14 @@ class StreamEnvironment:
                 launcher = SparkLauncher.for_session(spark, self.parallelism)
             driver = JobDriver(execution_plan, config, launcher, listener)
             driver.on_ready = on_ready
-            return driver.run()
+            if not wanted(progress):
+                return driver.run()
+            with LiveProgress() as live:
+                driver.on_progress = live.update
+                result = driver.run()
+                if result.metrics is not None:
+                    live.update(result.metrics)  # the final figures stay on the screen
+                return result
         finally:
             if temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)

@@ -52,6 +52,7 @@ from cutline.protocol.registry import SharedStateRegistry
 from cutline.runtime.client import JobEndpoint, SavepointRequest
 from cutline.runtime.control import ControlError, ControlServer, Event
 from cutline.runtime.graph import ExecutionPlan, Operator, subtask_name
+from cutline.runtime.metrics import JobMetrics, MetricsCollector
 from cutline.runtime.operators import SinkLogic
 from cutline.runtime.restore import RestoreError, RestoreSpec, plan_restore
 from cutline.runtime.state import StateConfig
@@ -152,6 +153,9 @@ class JobResult:
     """The folders of the savepoints taken (the last one is where a stopped job resumes)."""
     restored_from: str | None = None
     """The checkpoint or savepoint the job started from (``restore_from``)."""
+    metrics: JobMetrics | None = None
+    """Records in and out per operator, throughput and backpressure at the end (of the last
+    generation), the last checkpoints and the restarts: what the live progress showed."""
 
     @property
     def output(self) -> list[Any]:
@@ -258,6 +262,10 @@ class JobDriver:
         self._start = time.monotonic()
         self.run_id = secrets.token_hex(4)
         """This run's id, in the names of its output files."""
+        self.metrics = MetricsCollector(plan)
+        self.on_progress: Callable[[JobMetrics], None] | None = None
+        """Called with the job's figures about four times a second while it runs (the live
+        progress display)."""
         self.on_ready: Callable[[int, dict[str, int]], None] | None = None
         """Called with (generation, {slot: process id}) once every slot is ready (tests use it
         to kill a worker)."""
@@ -322,6 +330,10 @@ class JobDriver:
 
     def _keep(self, record: CheckpointStats | RestartInfo | RunInfo) -> None:
         """Write a statistics record; a failure to is a warning, never the job's failure."""
+        if isinstance(record, CheckpointStats):
+            self.metrics.checkpoints.append(record)
+        elif isinstance(record, RestartInfo):
+            self.metrics.restarts.append(record)
         try:
             self.storage.write_stats(record)
             if isinstance(record, CheckpointStats):
@@ -343,6 +355,7 @@ class JobDriver:
             generation += 1
             failure = self._attempt(generation, restore)
             self.result.generations = generation
+            self.result.metrics = self.metrics.snapshot(self._elapsed())
             if failure is None:
                 self.result.duration = time.monotonic() - self._start
                 self.result.collected = self._read_collected()
@@ -501,6 +514,7 @@ class JobDriver:
             alignment_timeout=config.alignment_timeout,
         )
         attempt = _Attempt(self, generation, coordinator, server)
+        self.metrics.new_generation(generation)
         job = self.launcher.launch(setup)
         try:
             return attempt.drive(job)
@@ -562,6 +576,7 @@ class _Attempt:
         self.subtask_stats: dict[int, dict[str, SubtaskStats]] = {}
         """Checkpoint in flight -> the statistics of the subtasks that acknowledged it."""
         self.ready_at: float | None = None
+        self.progress_due = 0.0
         self.consequence: Failure | None = None
         """A failure caused by another (a channel whose upstream died), used if no cause comes."""
         self.consequence_at = 0.0
@@ -630,11 +645,20 @@ class _Attempt:
                 interval = config.checkpoints.interval
                 if interval is None or now >= self.ready_at + interval:
                     self._do(self.coordinator.poll(now))
+            self._progress(now)
             event = self.server.next_event(timeout=0.02)
             while event is not None and self.failure is None:
                 self._on_event(event)
                 event = self.server.next_event(timeout=0)
         return self.failure
+
+    def _progress(self, now: float) -> None:
+        """Hand the job's figures to the progress display, four times a second."""
+        callback = self.driver.on_progress
+        if callback is None or now < self.progress_due:
+            return
+        self.progress_due = now + 0.25
+        callback(self.driver.metrics.snapshot(now - self.driver._start))
 
     def _explain(self, error: str) -> Failure:
         """The launcher failed: prefer the reason a task reported (it names the operator)."""
@@ -717,6 +741,8 @@ class _Attempt:
                 )
         elif kind in ("finished", "heartbeat"):
             self.records_in.update(body.get("records_in", {}))
+            with contextlib.suppress(TypeError, ValueError, KeyError, IndexError):
+                self.driver.metrics.heartbeat(dict(body.get("metrics") or {}), now)
             self.driver.result.source_records[self.generation] = sum(
                 n for s, n in self.records_in.items() if s in self.sources
             )

@@ -661,7 +661,7 @@ class SubtaskRunner:
         first = self._first_barrier_at.pop(checkpoint_id, None)
         for older in [n for n in self._first_barrier_at if n < checkpoint_id]:
             del self._first_barrier_at[older]
-        alignment = now - first if first is not None else 0.0
+        alignment = max(0.0, started - first) if first is not None else 0.0
         arrivals = self._arrivals.get(checkpoint_id, {})
         first_at = min(arrivals.values(), default=self._trigger_seen.pop(checkpoint_id, wall))
         for older in [n for n in self._trigger_seen if n < checkpoint_id]:
@@ -951,7 +951,11 @@ def _supervise(
                 runner.inbox.put(message)
         now = time.monotonic()
         if now >= next_beat:
-            control.send("heartbeat", records_in={r.name: r.records_in for r in runners})
+            control.send(
+                "heartbeat",
+                records_in={r.name: r.records_in for r in runners},
+                metrics=_metrics(runners),
+            )
             next_beat = now + setup.heartbeat_interval
     failed = [r for r in runners if r.failure is not None]
     if failed:
@@ -959,5 +963,13 @@ def _supervise(
     if any(r.stopped.is_set() for r in runners):
         return {"stopped": True}
     summary = {"records_in": {r.name: r.records_in for r in runners}}
-    control.send("finished", **summary)
+    control.send("finished", **summary, metrics=_metrics(runners))
     return summary
+
+
+def _metrics(runners: list[SubtaskRunner]) -> dict[str, Any]:
+    """The live figures of a heartbeat (``runtime/metrics.py``)."""
+    return {
+        r.name: {"ops": r.operator_records, "backpressured": round(r.backpressured, 4)}
+        for r in runners
+    }

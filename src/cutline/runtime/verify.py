@@ -55,15 +55,8 @@ class Verification:
                 f"{what}: OK — {self.files} files intact; {cut} on all "
                 f"{len(self.channels)} channels ({in_flight} records in flight recorded)"
             )
-        return (
-            f"{what}: FAILED — "
-            + "; ".join([*self.problems, *(str(v) for v in self.violations)][:3])
-            + (
-                f" (and {len(self.problems) + len(self.violations) - 3} more)"
-                if len(self.problems) + len(self.violations) > 3
-                else ""
-            )
-        )
+        found = [*self.problems, *(str(v) for v in self.violations)]
+        return f"{what}: FAILED — {len(found)} problem(s); the first: {found[0]}"
 
 
 def verify_checkpoint(

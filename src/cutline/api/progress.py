@@ -1,0 +1,141 @@
+"""The live progress display of ``execute()`` in a terminal (rich).
+
+While a job runs, standard error shows one table of its operators (records in and out,
+throughput, backpressure) under a line with the elapsed time and generation, and the last
+checkpoints and restarts below it, redrawn four times a second. It shows only when
+standard error is a terminal (``execute(progress=None)``, the default) or when asked
+(``progress=True``); ``progress=False`` keeps it quiet. The same figures are in
+``JobResult.metrics`` after the run.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from cutline.runtime.metrics import JobMetrics
+
+_LEVEL_STYLE = {"high": "bold red", "low": "yellow", "ok": "green"}
+
+
+def _count(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def render(metrics: JobMetrics, title: str = "cutline") -> Group:
+    """The display of ``metrics`` (a rich renderable)."""
+    header = Text.assemble(
+        (f"{title} ", "bold"),
+        f"running {metrics.elapsed:.1f} s · generation {metrics.generation}",
+        (f" · backpressured: {', '.join(metrics.backpressured)}" if metrics.backpressured else ""),
+    )
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column, justify in (
+        ("operator", "left"),
+        ("records in", "right"),
+        ("records out", "right"),
+        ("in/s", "right"),
+        ("out/s", "right"),
+        ("backpressured", "right"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for op in metrics.operators:
+        level = op.backpressure
+        table.add_row(
+            op.name,
+            _count(op.records_in),
+            _count(op.records_out),
+            _count(op.rate_in),
+            _count(op.rate_out),
+            Text(f"{op.backpressured:.0%} {level}", style=_LEVEL_STYLE[level]),
+        )
+    lines: list[Text | Table] = [header, table]
+    for stats in metrics.checkpoints[-3:]:
+        what = "savepoint" if stats.savepoint else "checkpoint"
+        if stats.completed:
+            lines.append(
+                Text(
+                    f"{what} {stats.checkpoint_id}: {stats.duration:.2f} s, "
+                    f"{_bytes(stats.size)}"
+                    + (
+                        f", {stats.channel_state_records} records in flight"
+                        if stats.unaligned
+                        else ""
+                    )
+                    + (f", alignment {stats.alignment:.2f} s" if stats.alignment >= 0.005 else ""),
+                    style="dim",
+                )
+            )
+        else:
+            lines.append(
+                Text(f"{what} {stats.checkpoint_id} aborted: {stats.reason}", style="yellow")
+            )
+    for restart in metrics.restarts[-2:]:
+        cause = restart.cause.splitlines()[0] if restart.cause else ""
+        lines.append(
+            Text(
+                f"restart after generation {restart.generation} ({restart.failed_at:.1f} s): "
+                f"{cause[:120]}",
+                style="red",
+            )
+        )
+    return Group(*lines)
+
+
+class LiveProgress:
+    """A context manager showing the figures handed to :meth:`update` (rich ``Live``)."""
+
+    def __init__(self, console: Console | None = None, title: str = "cutline") -> None:
+        self.console = console or Console(stderr=True)
+        self.title = title
+        self._live: Live | None = None
+        self.last: JobMetrics | None = None
+
+    def __enter__(self) -> LiveProgress:
+        self._live = Live(
+            Text(f"{self.title}: starting"),
+            console=self.console,
+            refresh_per_second=4,
+            transient=False,
+        )
+        self._live.__enter__()
+        return self
+
+    def update(self, metrics: JobMetrics) -> None:
+        self.last = metrics
+        if self._live is not None:
+            self._live.update(render(metrics, self.title))
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._live is not None:
+            self._live.__exit__(kind, error, trace)
+            self._live = None
+            self.console.line()
+
+
+def wanted(progress: bool | None, console: Console | None = None) -> bool:
+    """Whether to show the display: asked for, or (``None``) standard error is a terminal."""
+    if progress is not None:
+        return bool(progress)
+    return (console or Console(stderr=True)).is_terminal

@@ -1,0 +1,152 @@
+"""Live figures of a running job: records in and out per operator, throughput, backpressure.
+
+Every slot's heartbeat (four a second) carries, per subtask, the records each of its chain's
+operators took in and gave out, and the seconds the subtask spent unable to send (an output
+channel without room: its downstream is slower). :class:`MetricsCollector` in the driver
+turns them into :class:`JobMetrics`: totals of the current generation, rates over the last
+few seconds, and the share of that time each operator was **backpressured** (Flink's
+``backPressuredTimeMsPerSecond``: above 50% it is *high*, above 10% *low*).
+
+The figures count records of the current generation: after a restart they start again from
+the restored checkpoint (records replayed count again).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cutline.runtime.graph import ExecutionPlan, subtask_name
+from cutline.runtime.stats import CheckpointStats, RestartInfo
+
+WINDOW = 3.0
+"""Seconds over which rates and backpressure are measured."""
+HIGH, LOW = 0.5, 0.1
+"""Backpressure levels (share of the time unable to send)."""
+
+
+@dataclass(frozen=True)
+class OperatorMetrics:
+    """One operator, summed over its subtasks."""
+
+    uid: str
+    name: str
+    records_in: int
+    records_out: int
+    rate_in: float
+    """Records per second taken in, over the last :data:`WINDOW` seconds."""
+    rate_out: float
+    backpressured: float
+    """Share (0..1) of the last seconds its subtasks spent unable to send (the chain's:
+    operators chained together share it)."""
+
+    @property
+    def backpressure(self) -> str:
+        """``high``, ``low`` or ``ok``."""
+        return "high" if self.backpressured > HIGH else "low" if self.backpressured > LOW else "ok"
+
+
+@dataclass(frozen=True)
+class JobMetrics:
+    """The job's figures at one moment (``JobResult.metrics``: at its end)."""
+
+    elapsed: float
+    """Seconds since the job started."""
+    generation: int
+    operators: list[OperatorMetrics] = field(default_factory=list)
+    """In the order of the job graph (sources first)."""
+    checkpoints: list[CheckpointStats] = field(default_factory=list)
+    """The last few checkpoints that ended (completed or aborted), newest last."""
+    restarts: list[RestartInfo] = field(default_factory=list)
+
+    @property
+    def backpressured(self) -> list[str]:
+        """Names of the operators whose backpressure is high."""
+        return [o.name for o in self.operators if o.backpressure == "high"]
+
+    def operator(self, name: str) -> OperatorMetrics:
+        """The figures of operator ``name`` (its name or uid)."""
+        for found in self.operators:
+            if name in (found.name, found.uid):
+                return found
+        raise KeyError(f"no operator {name!r} (operators: {[o.name for o in self.operators]})")
+
+
+class MetricsCollector:
+    """Keeps the latest heartbeat figures of every subtask and computes :class:`JobMetrics`."""
+
+    def __init__(self, plan: ExecutionPlan) -> None:
+        self.plan = plan
+        self.generation = 0
+        self._subtasks: dict[str, dict[str, Any]] = {}
+        self._samples: deque[tuple[float, dict[str, tuple[int, int]], dict[str, float]]] = deque()
+        self.checkpoints: deque[CheckpointStats] = deque(maxlen=5)
+        self.restarts: list[RestartInfo] = []
+        self._chain_of = {op.uid: chain.uid for chain in plan.chains for op in chain.operators}
+
+    def new_generation(self, generation: int) -> None:
+        self.generation = generation
+        self._subtasks.clear()
+        self._samples.clear()
+
+    def heartbeat(self, figures: Mapping[str, Any], now: float) -> None:
+        """The figures of a slot's heartbeat: subtask -> ``ops`` (uid -> [in, out]) and
+        ``backpressured`` (seconds)."""
+        for subtask, values in figures.items():
+            if isinstance(values, Mapping):
+                self._subtasks[str(subtask)] = dict(values)
+        totals = self._totals()
+        pressure = self._pressure()
+        self._samples.append((now, totals, pressure))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= WINDOW:
+            self._samples.popleft()
+
+    def _totals(self) -> dict[str, tuple[int, int]]:
+        totals: dict[str, tuple[int, int]] = {}
+        for values in self._subtasks.values():
+            for uid, counted in dict(values.get("ops", {})).items():
+                taken, given = totals.get(uid, (0, 0))
+                totals[uid] = (taken + int(counted[0]), given + int(counted[1]))
+        return totals
+
+    def _pressure(self) -> dict[str, float]:
+        """Chain uid -> seconds its subtasks were unable to send, summed."""
+        pressure: dict[str, float] = {}
+        for chain in self.plan.chains:
+            pressure[chain.uid] = sum(
+                float(self._subtasks.get(subtask_name(chain.uid, i), {}).get("backpressured", 0))
+                for i in range(self.plan.parallelism)
+            )
+        return pressure
+
+    def snapshot(self, elapsed: float) -> JobMetrics:
+        """The figures now."""
+        totals = self._totals()
+        first = self._samples[0] if self._samples else None
+        last = self._samples[-1] if self._samples else None
+        span = (last[0] - first[0]) if first is not None and last is not None else 0.0
+        operators = []
+        for chain in self.plan.chains:
+            for op in chain.operators:
+                taken, given = totals.get(op.uid, (0, 0))
+                rate_in = rate_out = pressure = 0.0
+                if first is not None and last is not None and span > 0:
+                    then_in, then_out = first[1].get(op.uid, (0, 0))
+                    now_in, now_out = last[1].get(op.uid, (0, 0))
+                    rate_in = max(0.0, (now_in - then_in) / span)
+                    rate_out = max(0.0, (now_out - then_out) / span)
+                    chain_uid = self._chain_of[op.uid]
+                    blocked = last[2].get(chain_uid, 0.0) - first[2].get(chain_uid, 0.0)
+                    pressure = min(1.0, max(0.0, blocked / (span * self.plan.parallelism)))
+                operators.append(
+                    OperatorMetrics(op.uid, op.name, taken, given, rate_in, rate_out, pressure)
+                )
+        return JobMetrics(
+            elapsed=elapsed,
+            generation=self.generation,
+            operators=operators,
+            checkpoints=list(self.checkpoints),
+            restarts=list(self.restarts),
+        )
