@@ -1,0 +1,216 @@
+"""``cutline checkpoints list | show | diff | verify`` and ``cutline report`` on real checkpoint
+directories written by real jobs (thread launcher), through click's CliRunner.
+
+Exit status: 0 when all is well, 1 when a checkpoint fails verification, 2 on bad input (a
+missing or foreign directory, an unknown checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from cutline import StreamEnvironment
+from cutline.cli import main
+from cutline.runtime.inspect import open_checkpoint
+from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.storage import CheckpointStorage
+
+KEYS = 50
+RECORDS = 60_000
+
+
+class FailOnce:
+    """Key each record by ``value % KEYS``; raise once, at record ``at``, if ``marker`` does
+    not exist yet (so the job restarts once)."""
+
+    __name__ = "to_key"
+
+    def __init__(self, marker: Path, at: int) -> None:
+        self.marker, self.at = marker, at
+
+    def __call__(self, record: dict[str, int]) -> dict[str, int]:
+        if record["value"] == self.at and not self.marker.exists():
+            self.marker.write_text("failed once")
+            raise ValueError(f"injected failure at record {self.at}")
+        return {"key": record["value"] % KEYS, "value": 1}
+
+
+def run_job(directory: Path, *, retained: int = 100, fail: bool = True) -> Any:
+    env = StreamEnvironment(
+        2,
+        checkpoint_interval="0.1s",
+        checkpoint_dir=str(directory / "ck"),
+        retained_checkpoints=retained,
+        batch_size=500,
+        buffer_capacity=2,
+        restart_delay=0.1,
+    )
+    function = FailOnce(directory / "marker", RECORDS // 2 if fail else -1)
+    (
+        env.from_sequence(0, RECORDS)
+        .map(function, name="to_key")
+        .key_by("key")
+        .sum("value", name="sum")
+        .collect()
+    )
+    return env.execute(launcher=ThreadLauncher(), progress=False)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    directory = tmp_path_factory.mktemp("cli-job")
+    result = run_job(directory)
+    assert len(result.restarts) == 1
+    return directory / "ck", result
+
+
+def cli(*args: str | Path) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_list_names_every_checkpoint_and_the_restart(job: tuple[Path, Any]) -> None:
+    ck, result = job
+    out = cli("checkpoints", "list", ck)
+    assert out.exit_code == 0, out.output
+    data = json.loads(cli("checkpoints", "list", ck, "--json").output)
+    completed = [c["checkpoint_id"] for c in data["checkpoints"] if c["status"] == "completed"]
+    assert completed == [c.checkpoint_id for c in result.checkpoints]
+    on_disk = {c["checkpoint_id"] for c in data["checkpoints"] if c["on_disk"]}
+    assert on_disk == set(CheckpointStorage(str(ck)).completed_ids())
+    assert [r["generation"] for r in data["restarts"]] == [1]
+    assert "injected failure" in data["restarts"][0]["cause"]
+    assert data["runs"][0]["outcome"] == "finished"
+    for checkpoint_id in completed:
+        assert f"│ {checkpoint_id:>2} │" in out.output or f"│ {checkpoint_id} │" in out.output
+    assert "restart: generation 1" in out.output and "injected failure" in out.output
+
+
+def test_show_gives_subtasks_critical_path_operators_and_channels(job: tuple[Path, Any]) -> None:
+    ck, result = job
+    latest = result.checkpoints[-1].checkpoint_id
+    out = cli("checkpoints", "show", ck, "latest")
+    assert out.exit_code == 0, out.output
+    assert f"checkpoint {latest}: completed" in out.output
+    for subtask in ("sequence-0", "sequence-1", "sum-0", "sum-1"):
+        assert subtask in out.output
+    assert "critical path: sum-" in out.output and "<- 1-sequence-" in out.output
+    assert "operators with state" in out.output
+    assert "keyed" in out.output and "source" in out.output and "sink" in out.output
+
+
+def test_show_of_a_discarded_checkpoint_gives_its_statistics_only(tmp_path: Path) -> None:
+    result = run_job(tmp_path, retained=1, fail=False)
+    ck = tmp_path / "ck"
+    first = result.checkpoints[0].checkpoint_id
+    assert not (ck / f"chk-{first}").exists()
+    out = cli("checkpoints", "show", ck, first)
+    assert out.exit_code == 0, out.output
+    assert f"checkpoint {first}: completed" in out.output
+    assert "not on disk any more" in out.output
+    out = cli("checkpoints", "diff", ck, first, "latest")
+    assert out.exit_code == 2 and "is not on disk any more" in out.output
+
+
+def test_diff_gives_exactly_the_keys_whose_counts_changed(job: tuple[Path, Any]) -> None:
+    ck, _ = job
+    completed = CheckpointStorage(str(ck)).completed_ids()
+    a, b = completed[0], completed[-1]
+    before = {e.key: e.value for e in open_checkpoint(str(ck), a).keyed_entries("sum")}
+    out = cli("checkpoints", "diff", ck, a, b, "--json")
+    assert out.exit_code == 0, out.output
+    changes = [json.loads(line) for line in out.output.splitlines()]
+    final = RECORDS // KEYS  # every key ends at its count: the last checkpoint is the final one
+    expected_changed = {k for k, v in before.items() if v != final}
+    expected_added = set(range(KEYS)) - set(before)
+    assert {int(c["key"]) for c in changes if c["change"] == "changed"} == expected_changed
+    assert {int(c["key"]) for c in changes if c["change"] == "added"} == expected_added
+    assert not [c for c in changes if c["change"] == "removed"]
+    assert all(c["b"] == repr(final) for c in changes)
+    assert all(c["a"] == repr(before[int(c["key"])]) for c in changes if c["change"] == "changed")
+    text = cli("checkpoints", "diff", ck, a, b, "--limit", "3")
+    assert f"checkpoint {a} → {b}: {len(expected_changed)} changed" in text.output
+    if len(changes) > 3:
+        assert f"... and {len(changes) - 3} more" in text.output
+
+
+def test_diff_of_a_checkpoint_with_itself_finds_nothing(job: tuple[Path, Any]) -> None:
+    ck, _ = job
+    out = cli("checkpoints", "diff", ck, "latest", "latest", "--operator", "sum")
+    assert out.exit_code == 0, out.output
+    assert "0 changed, 0 added, 0 removed" in out.output
+    out = cli("checkpoints", "diff", ck, "latest", "latest", "--operator", "nope")
+    assert out.exit_code == 2 and "no keyed state of operator 'nope'" in out.output
+
+
+def test_verify_passes_on_every_checkpoint_and_on_one_folder(job: tuple[Path, Any]) -> None:
+    ck, _ = job
+    out = cli("checkpoints", "verify", ck)
+    assert out.exit_code == 0, out.output
+    completed = CheckpointStorage(str(ck)).completed_ids()
+    assert out.output.count(": OK — ") == len(completed)
+    assert "a consistent cut on all 4 channels" in out.output
+    single = cli("checkpoints", "verify", ck / f"chk-{completed[0]}")
+    assert single.exit_code == 0 and ": OK — " in single.output
+
+
+def test_verify_fails_on_a_tampered_count_and_names_the_channel(tmp_path: Path) -> None:
+    run_job(tmp_path, fail=False)
+    ck = tmp_path / "ck"
+    n = CheckpointStorage(str(ck)).completed_ids()[-2]
+    metadata_path = ck / f"chk-{n}" / "_metadata"
+    metadata = json.loads(metadata_path.read_text())
+    handle = metadata["handles"]["sum-0"]
+    channel = sorted(handle["channels"]["received"])[0]
+    handle["channels"]["received"][channel] -= 1
+    metadata_path.write_text(json.dumps(metadata))
+    out = cli("checkpoints", "verify", ck)
+    assert out.exit_code == 1
+    assert f"checkpoint {n}: FAILED" in out.output
+    assert f"channel {channel}:" in out.output and "(1 lost)" in out.output
+    assert "1 of " in out.output
+
+
+def test_errors_on_a_missing_a_foreign_or_a_wrong_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "nothing-here"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not a checkpoint")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for command in (["list"], ["show", "1"], ["diff", "1", "2"], ["verify"]):
+        out = cli("checkpoints", command[0], missing, *command[1:])
+        assert out.exit_code == 2 and f"{missing} does not exist" in out.output, out.output
+        out = cli("checkpoints", command[0], foreign, *command[1:])
+        assert out.exit_code == 2, out.output
+        assert f"{foreign} is not a cutline checkpoint directory" in out.output
+    out = cli("checkpoints", "list", a_file)
+    assert out.exit_code == 2 and "is not a directory" in out.output
+    out = cli("report", missing, "-o", tmp_path / "r.html")
+    assert out.exit_code == 2 and "does not exist" in out.output
+
+
+def test_errors_on_a_bad_or_unknown_checkpoint_id(job: tuple[Path, Any]) -> None:
+    ck, _ = job
+    out = cli("checkpoints", "show", ck, "abc")
+    assert out.exit_code == 2 and "'abc' is not a checkpoint id" in out.output
+    out = cli("checkpoints", "show", ck, "9999")
+    assert out.exit_code == 2 and "has no checkpoint 9999" in out.output
+    out = cli("checkpoints", "list", ck / "chk-1")
+    if (ck / "chk-1" / "_metadata").exists():
+        assert out.exit_code == 2 and "is one checkpoint or savepoint folder" in out.output
+
+
+def test_the_collect_sink_agrees_with_the_final_state(job: tuple[Path, Any]) -> None:
+    """The last checkpoint's keyed state is the last running sum the sink got for each key."""
+    ck, result = job
+    last: Counter[int] = Counter()
+    for record in result.output:
+        last[record["key"]] = max(last[record["key"]], record["value"])
+    state = {e.key: e.value for e in open_checkpoint(str(ck)).keyed_entries("sum")}
+    assert state == dict(last)
