@@ -13,6 +13,9 @@ DEMO_OUT ?= demo-output
 demo: $(STAMP)
 	@mkdir -p $(DEMO_OUT)
 	$(BIN)/cutline demo --workdir $(DEMO_OUT)/b1
+	$(BIN)/cutline checkpoints list $(DEMO_OUT)/b1/ck
+	$(BIN)/cutline checkpoints verify $(DEMO_OUT)/b1/ck
+	$(BIN)/cutline report $(DEMO_OUT)/b1/ck -o $(DEMO_OUT)/report.html
 	$(BIN)/cutline sim --demo --seed 7 --diagram $(DEMO_OUT)/bank.png
 	$(BIN)/cutline sim --demo --seed 7 --diagram $(DEMO_OUT)/bank.svg > /dev/null
 	@echo "diagram written to $(DEMO_OUT)/bank.png and $(DEMO_OUT)/bank.svg"

@@ -155,6 +155,7 @@ def run_demo(
         checkpoint_dir=str(checkpoints),
         restart_delay=0.5,
         batch_size=8192,
+        retained_checkpoints=3,  # for `cutline checkpoints show / diff` afterwards
     )
     b1_job(env, input_dir, output_dir)
     killer = WorkerKiller()

@@ -49,7 +49,7 @@ from matplotlib.patches import FancyArrowPatch
 from cutline.sim.log import Kind, LogEvent, SimRun
 from cutline.sim.scenario import Channel
 
-__all__ = ["FORMATS", "diagram_figure", "draw_diagram"]
+__all__ = ["FORMATS", "colour", "diagram_figure", "draw_diagram", "style"]
 
 FORMATS: dict[str, str] = {".png": "png", ".svg": "svg"}
 """Supported file suffixes and the matplotlib format each one is written in."""
@@ -95,6 +95,21 @@ def _colour(snapshot: int) -> tuple[float, float, float, float]:
     cmap = mpl.colormaps["tab10"]
     rgba = cmap(snapshot % cmap.N)
     return (float(rgba[0]), float(rgba[1]), float(rgba[2]), float(rgba[3]))
+
+
+@contextmanager
+def style() -> Iterator[None]:
+    """The diagrams' matplotlib settings, for other figures drawn (and saved) in their style.
+
+    rcParams are global: the settings hold a lock, so figures are built one at a time.
+    """
+    with _style():
+        yield
+
+
+def colour(snapshot: int) -> tuple[float, float, float, float]:
+    """The colour of snapshot (or checkpoint) ``snapshot`` in every diagram: tab10, cycled."""
+    return _colour(snapshot)
 
 
 @dataclass
