@@ -4,6 +4,9 @@ The API lives in :mod:`cutline.api`; its names are also here (imported on first 
 ``import cutline.protocol`` stays light)::
 
     from cutline import StreamEnvironment, KeyedProcessFunction
+
+and the tools that look into checkpoints: ``cutline.read_state``, ``cutline.read_channel_state``
+(Spark DataFrames), ``cutline.open_checkpoint``, ``cutline.verify_checkpoint``.
 """
 
 from typing import Any
@@ -24,7 +27,16 @@ _API = (
     "SparkSetupError",
     "StreamEnvironment",
 )
-__all__ = [*_API, "__version__"]
+_ELSEWHERE = {
+    "read_state": "cutline.spark.datasource",
+    "read_channel_state": "cutline.spark.datasource",
+    "open_checkpoint": "cutline.runtime.inspect",
+    "verify_checkpoint": "cutline.runtime.verify",
+    "CheckpointStats": "cutline.runtime.stats",
+    "JobMetrics": "cutline.runtime.metrics",
+}
+"""Names of other modules, imported on first use (``read_state`` imports PySpark)."""
+__all__ = [*_API, *_ELSEWHERE, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -32,4 +44,8 @@ def __getattr__(name: str) -> Any:
         import cutline.api
 
         return getattr(cutline.api, name)
+    if name in _ELSEWHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
     raise AttributeError(f"module 'cutline' has no attribute {name!r}")

@@ -144,12 +144,7 @@ class CheckpointReader:
     def payload(self, subtask: str) -> dict[str, Any]:
         """The decoded state file of ``subtask`` (the last one read is kept)."""
         if subtask not in self._payloads:
-            handle = self.handles.get(subtask)
-            if handle is None:
-                raise InspectError(
-                    f"checkpoint {self.checkpoint_id} has no subtask {subtask!r} (it has "
-                    f"{', '.join(sorted(self.handles))})"
-                )
+            handle = self._handle(subtask)
             data = self.location.read_state(handle)
             try:
                 payload = pickle.loads(data)
@@ -212,8 +207,16 @@ class CheckpointReader:
                 f"name one of {', '.join(repr(o.name) for o in keyed)}"
             )
         for found in keyed:
-            if operator in (found.uid, found.name):
+            if operator == found.uid:
                 return found.uid
+        named = [found for found in keyed if found.name == operator]
+        if len(named) == 1:
+            return named[0].uid
+        if named:
+            raise InspectError(
+                f"checkpoint {self.checkpoint_id} has several keyed operators named "
+                f"{operator!r}: name one by its uid ({', '.join(repr(o.uid) for o in named)})"
+            )
         raise InspectError(
             f"checkpoint {self.checkpoint_id} holds no keyed state of operator {operator!r} "
             f"(keyed operators: {', '.join(repr(o.name) for o in keyed) or 'none'})"
@@ -242,8 +245,19 @@ class CheckpointReader:
         for state, kind, key, value in backend.entries():
             yield KeyedEntry(subtask, key_group(key, max_parallelism), state, kind, key, value)
 
+    def _handle(self, subtask: str) -> StateHandle:
+        handle = self.handles.get(subtask)
+        if handle is None:
+            raise InspectError(
+                f"checkpoint {self.checkpoint_id} has no subtask {subtask!r} (it has "
+                f"{', '.join(sorted(self.handles))})"
+            )
+        return handle
+
     def channel_state(self, subtask: str | None = None) -> Iterator[ChannelRecord]:
         """Every record of the recorded channel state (of one subtask, or of all)."""
+        if subtask is not None:
+            self._handle(subtask)
         names = [subtask] if subtask is not None else sorted(self.handles)
         for name in names:
             if not self.handles[name].channel_state:
@@ -260,7 +274,7 @@ class CheckpointReader:
     def recorded_counts(self, subtask: str) -> tuple[dict[str, int], dict[str, int]]:
         """Records per channel in ``subtask``'s channel state: (inputs, outputs), read from its
         state file."""
-        if not self.handles[subtask].channel_state:
+        if not self._handle(subtask).channel_state:
             return {}, {}
         channels = self.payload(subtask).get("channels") or {}
         counted = []
