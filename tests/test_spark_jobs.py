@@ -472,3 +472,33 @@ def test_the_rescale_example_runs_and_checks_its_output(spark, tmp_path):
     from cutline.examples.rescale import main
 
     assert main(tmp_path)
+
+
+def test_the_observe_example_sees_inside_its_checkpoints_on_spark(spark, tmp_path):
+    """On Spark, with unaligned checkpoints under backpressure and a restart: every retained
+    checkpoint verifies, the newest one's keyed state read as a DataFrame is exactly the last
+    count per key the sink published, the statistics name every checkpoint and the restart,
+    and the report builds."""
+    from cutline.examples.observe import published_counts, run
+    from cutline.report import build_report
+    from cutline.runtime.storage import CheckpointStorage
+    from cutline.runtime.verify import verify_checkpoint
+    from cutline.spark.datasource import read_state
+
+    result = run(tmp_path, spark, records=200_000)
+    assert len(result.restarts) == 1 and "injected failure" in result.restarts[0].cause
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    for n in storage.completed_ids():
+        verification = verify_checkpoint(storage.location(n), n)
+        assert verification.ok, verification.summary()
+        assert len(verification.channels) == 8
+    state = read_state(spark, str(tmp_path / "ck"), "counts").collect()
+    assert {row.key: row.value for row in state} == published_counts(tmp_path / "output")
+    assert sum(row.value for row in state) == 200_000
+    history = storage.read_history()
+    assert [s.checkpoint_id for s in history.checkpoints if s.completed] == [
+        c.checkpoint_id for c in result.checkpoints
+    ]
+    assert len(history.restarts) == 1
+    page = build_report(str(tmp_path / "ck"))
+    assert "injected failure" in page and "<svg" in page
