@@ -71,6 +71,12 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
 
 
+def _first_line(text: str | None, most: int) -> str:
+    """The first line of ``text``, cut to ``most`` characters (with an ellipsis)."""
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= most else line[: most - 1] + "…"
+
+
 def _when(epoch: float) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "-"
 
@@ -234,7 +240,7 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
         elif stats.final:
             status = f"{status} (final)"
         if not stats.completed and stats.reason:
-            status += f": {stats.reason.splitlines()[0][:60]}"
+            status += f": {_first_line(stats.reason, 60)}"
         table.add_row(
             str(checkpoint_id),
             status,
@@ -249,7 +255,6 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
         )
     console.print(table)
     for restart in folder.history.restarts:
-        cause = restart.cause.splitlines()[0] if restart.cause else ""
         then = (
             f"restarted from checkpoint {restart.restored_from}"
             if restart.restored_from is not None
@@ -257,7 +262,7 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
         )
         console.print(
             f"restart: generation {restart.generation} of run {restart.run} failed at "
-            f"{_when(restart.time)} ({cause[:100]}); {then}"
+            f"{_when(restart.time)} ({_first_line(restart.cause, 120)}); {then}"
         )
     for problem in folder.history.unreadable:
         console.print(f"unreadable: {problem}", style="yellow")
@@ -344,9 +349,14 @@ def _show_stats(console: Console, folder: Directory, stats: CheckpointStats) -> 
             sub = stats.subtasks[subtask]
             if channel is None:
                 hops.append(f"{subtask} (snapshot at {_seconds(sub.snapshot_at)})")
+            elif not hops:
+                hops.append(
+                    f"{subtask} (acknowledged {_seconds(sub.acknowledged)}, its last barrier on "
+                    f"{channel} at {_seconds(sub.barriers[channel])})"
+                )
             else:
                 hops.append(
-                    f"{subtask} (acknowledged {_seconds(sub.acknowledged)}, last barrier on "
+                    f"{subtask} (snapshot at {_seconds(sub.snapshot_at)}, after the barrier on "
                     f"{channel} at {_seconds(sub.barriers[channel])})"
                 )
         console.print("critical path: " + "\n  <- ".join(hops))

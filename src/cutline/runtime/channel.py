@@ -34,6 +34,7 @@ subtask failed, and :meth:`InputGate.poll` raises :class:`ChannelError`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
@@ -440,7 +441,8 @@ class OutputChannel:
                     self._queue.remove(frame)
                     for old in older:  # void: the receiver would refuse them after this one
                         self._queue.remove(old)
-                    self._write(Barrier(checkpoint_id, unaligned=True))
+                    # the same barrier, unaligned: its base and savepoint flag go with it
+                    self._write(dataclasses.replace(frame, unaligned=True, forced_aligned=False))
                     return ahead
                 if isinstance(frame, Records):
                     ahead.append(frame)

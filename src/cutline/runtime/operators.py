@@ -632,7 +632,7 @@ class _Sink(Running):
     def snapshot(
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
     ) -> Any:
-        return self.writer.pre_commit(checkpoint_id)
+        return self.writer.pre_commit_later(checkpoint_id)
 
     def notify_complete(self, checkpoint_id: int) -> None:
         self.writer.notify_complete(checkpoint_id)

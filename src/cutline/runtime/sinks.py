@@ -4,9 +4,11 @@ Records go to a part file under ``OUTPUT/_pending/``, where readers of the
 output directory (Spark, ``pyarrow.dataset``, pandas) do not look: they skip
 names that start with ``_`` or ``.``. Then, per checkpoint (SEMANTICS §4):
 
-1. **pre-commit** (:meth:`FileSinkWriter.pre_commit`, when the subtask
-   snapshots for checkpoint ``n``): the open part file is closed and recorded,
-   in the sink's state for ``n``, as pending;
+1. **pre-commit** (:meth:`FileSinkWriter.pre_commit_later`, when the subtask
+   snapshots for checkpoint ``n``): the records since the last checkpoint become
+   a part, recorded in the sink's state for ``n`` as pending; the part file is
+   written by :meth:`PreCommit.complete` on the subtask's snapshot thread (the
+   asynchronous part of the checkpoint), so the subtask goes on meanwhile;
 2. **commit** (:meth:`FileSinkWriter.notify_complete`, once checkpoint ``n`` is
    complete): every part pending up to ``n`` is renamed into ``OUTPUT/`` —
    published.
@@ -32,6 +34,7 @@ import io
 import json
 import pickle
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +108,13 @@ class FileSinkWriter:
         self._part = 0
         self._pending: list[dict[str, Any]] = []
         """Parts pre-committed and not yet published: {"checkpoint": n, "name": file name}."""
+        self._unwritten: dict[str, list[Any]] = {}
+        """Parts pre-committed whose files are not written yet (name -> records), in order."""
+        self._unwritten_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        """Held while writing part files (by the snapshot thread, or at a commit)."""
+        self._failed: SinkError | None = None
+        """A part file could not be written: every later call raises it (the subtask fails)."""
         try:
             self._fs.makedirs(f"{root}/{PENDING}", exist_ok=True)
         except OSError as exc:
@@ -115,30 +125,60 @@ class FileSinkWriter:
     def write(self, batch: pa.RecordBatch | list[Any]) -> None:
         """Buffer records for the part file of the current checkpoint (a list of records for
         the ``pickle`` format)."""
+        if self._failed is not None:
+            raise self._failed
         if len(batch):
             self._batches.append(batch)
 
-    def pre_commit(self, checkpoint_id: int) -> dict[str, Any]:
-        """Close the records since the last checkpoint into a pending part; return the sink's
-        state for ``checkpoint_id`` (store it in the checkpoint)."""
+    def pre_commit_later(self, checkpoint_id: int) -> PreCommit:
+        """The synchronous part of the pre-commit: the records since the last checkpoint
+        become a pending part (its file is written by :meth:`PreCommit.complete`, on the
+        snapshot thread); the returned object holds the sink's state for ``checkpoint_id``."""
+        if self._failed is not None:
+            raise self._failed
         if self._batches:
             name = (
                 f"part-{self._subtask:05d}-{checkpoint_id:010d}-g{self._generation}-"
                 f"{self._run}-{self._part}{_SUFFIX[self._format]}"
             )
             self._part += 1
-            self._write_file(f"{self._root}/{PENDING}/{name}", self._batches)
+            with self._unwritten_lock:
+                self._unwritten[name] = self._batches
             self._batches = []
             self._pending.append({"checkpoint": checkpoint_id, "name": name})
-        return {
-            "checkpoint": checkpoint_id,
-            "pending": list(self._pending),
-            "directory": self._root,
-        }
+        return PreCommit(
+            self,
+            {"checkpoint": checkpoint_id, "pending": list(self._pending), "directory": self._root},
+        )
+
+    def pre_commit(self, checkpoint_id: int) -> dict[str, Any]:
+        """Close the records since the last checkpoint into a pending part, written now; return
+        the sink's state for ``checkpoint_id`` (store it in the checkpoint)."""
+        return self.pre_commit_later(checkpoint_id).complete()
+
+    def flush(self) -> None:
+        """Write every pre-committed part whose file is not written yet, in order. A part that
+        cannot be written fails this writer for good (:class:`SinkError`, naming the file)."""
+        with self._flush_lock:
+            if self._failed is not None:
+                raise self._failed
+            while True:
+                with self._unwritten_lock:
+                    if not self._unwritten:
+                        return
+                    name, batches = next(iter(self._unwritten.items()))
+                try:
+                    self._write_file(f"{self._root}/{PENDING}/{name}", batches)
+                except SinkError as exc:
+                    self._failed = exc
+                    raise
+                with self._unwritten_lock:
+                    del self._unwritten[name]
 
     def notify_complete(self, checkpoint_id: int) -> list[str]:
         """Checkpoint ``checkpoint_id`` is complete: publish every part pending up to it.
         Returns the names published."""
+        self.flush()  # (written already, unless the subtask dropped a checkpoint unwritten)
         ready = [p for p in self._pending if p["checkpoint"] <= checkpoint_id]
         for part in ready:
             self._publish(part["name"])
@@ -231,6 +271,19 @@ class FileSinkWriter:
                 out.write(buffer.getvalue())
         except OSError as exc:
             raise SinkError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+class PreCommit:
+    """A sink's pre-commit for one checkpoint whose part file is still to be written: the
+    subtask's snapshot thread calls :meth:`complete` (the asynchronous part)."""
+
+    def __init__(self, writer: FileSinkWriter, state: dict[str, Any]) -> None:
+        self.writer, self.state = writer, state
+
+    def complete(self) -> dict[str, Any]:
+        """Write the part files pre-committed so far; the sink's state for the checkpoint."""
+        self.writer.flush()
+        return self.state
 
 
 def _table(batches: list[pa.RecordBatch]) -> pa.Table:

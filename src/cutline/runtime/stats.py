@@ -77,11 +77,23 @@ class SubtaskStats:
 
     @property
     def last_barrier(self) -> tuple[str, float] | None:
-        """The input channel whose barrier came last, and when."""
-        if not self.barriers:
-            return None
-        channel = max(self.barriers, key=lambda c: (self.barriers[c], c))
-        return channel, self.barriers[channel]
+        """The input channel whose barrier came last, and when (what its acknowledgement
+        waited for: an unaligned subtask records its channel state until then)."""
+        return _latest(self.barriers)
+
+    @property
+    def snapshot_barrier(self) -> tuple[str, float] | None:
+        """The input channel whose barrier came last before the snapshot (what the snapshot,
+        and so the barriers it sent on, waited for: aligned, the last input to align;
+        unaligned, the first barrier; a loop's head, never its back edge)."""
+        return _latest({c: t for c, t in self.barriers.items() if t <= self.snapshot_at})
+
+
+def _latest(barriers: Mapping[str, float]) -> tuple[str, float] | None:
+    if not barriers:
+        return None
+    channel = max(barriers, key=lambda c: (barriers[c], c))
+    return channel, barriers[channel]
 
 
 @dataclass(frozen=True)
@@ -240,15 +252,19 @@ class History:
 
 def critical_path(stats: CheckpointStats, run: RunInfo | None) -> list[tuple[str, str | None]]:
     """The chain of waits that made ``stats`` as long as it was: from the subtask whose
-    acknowledgement came last, back through the input whose barrier reached each subtask last,
-    to a source. Each step is ``(subtask, input channel whose barrier came last)``; the last
-    step (a source, or a subtask whose inputs are unknown) has ``None``."""
+    acknowledgement came last and the input whose barrier it waited for last, back through
+    the sender of that barrier, which sent it once it snapshotted, so through the input whose
+    barrier its snapshot waited for last, and so on, to a source. Each step is
+    ``(subtask, input channel)``; the last step (a source, a subtask that snapshotted before
+    any barrier came, or one whose inputs are unknown) has ``None``. A loop's head may come
+    twice: first for its acknowledgement (which waited for the barrier round the loop), then
+    for its snapshot."""
     path: list[tuple[str, str | None]] = []
     current = stats.slowest
-    seen: set[str] = set()
-    while current is not None and current.subtask not in seen:
-        seen.add(current.subtask)
-        last = current.last_barrier
+    seen: set[tuple[str, bool]] = set()  # (subtask, by its snapshot): a loop's head comes twice
+    while current is not None and (current.subtask, bool(path)) not in seen:
+        seen.add((current.subtask, bool(path)))
+        last = current.last_barrier if not path else current.snapshot_barrier
         if last is None:
             path.append((current.subtask, None))
             break

@@ -626,7 +626,7 @@ class CheckpointLocation:
         """A keyed state segment, checked against its size and digest."""
         path = self._segment_path(ref)
         data = self._read(path, "state segment")
-        self._check(path, data, ref.size, ref.sha256)
+        self._check(path, data, ref.size, ref.sha256, "state segment")
         return data
 
     def _segment_path(self, ref: SegmentRef) -> str:
@@ -636,15 +636,17 @@ class CheckpointLocation:
             raise StateError(str(exc)) from None
         return posixpath.normpath(f"{self.folder}/{ref.path}")
 
-    def _check(self, path: str, data: bytes, size: int, sha256: str) -> None:
+    def _check(
+        self, path: str, data: bytes, size: int, sha256: str, what: str = "state file"
+    ) -> None:
         where = self._where(path)
         if len(data) != size:
             raise CorruptCheckpointError(
-                f"state file {where} has {len(data)} bytes, the metadata says {size}"
+                f"{what} {where} has {len(data)} bytes, the metadata says {size}"
             )
         if hashlib.sha256(data).hexdigest() != sha256:
             raise CorruptCheckpointError(
-                f"state file {where} does not match the digest in the metadata"
+                f"{what} {where} does not match the digest in the metadata"
             )
 
     def verify(self, checkpoint_id: int | None = None) -> CheckpointMetadata:

@@ -67,7 +67,7 @@ from cutline.runtime.operators import (
     function_name,
 )
 from cutline.runtime.restore import DEAD_LETTERS, STATE_FORMAT, RestoreSpec, gather
-from cutline.runtime.sinks import FileSink
+from cutline.runtime.sinks import FileSink, PreCommit
 from cutline.runtime.state import KeyedSnapshot, SegmentRef, StateConfig
 from cutline.runtime.storage import CheckpointLocation, CheckpointStorage
 from cutline.runtime.wire import Barrier, EndOfInput, Records
@@ -531,6 +531,13 @@ class SubtaskRunner:
                 raise Stopped
             checkpoint = int(message.get("checkpoint", -1))
             savepoint = bool(message.get("savepoint"))
+            if kind == "trigger" and not self.chain.is_source:
+                # what the barrier will say too: a barrier the alignment timeout takes out of
+                # an input queue is never seen as a frame here
+                base = message.get("base")
+                self._kinds.setdefault(
+                    checkpoint, (int(base) if base is not None else None, savepoint)
+                )
             if (
                 kind == "trigger"
                 and self._timeout is not None
@@ -655,7 +662,7 @@ class SubtaskRunner:
             self._current = uid
             parts[uid] = running.snapshot(checkpoint_id, base=base, savepoint=savepoint)
         if self._dead_letters is not None:
-            parts[DEAD_LETTERS] = self._dead_letters.writer.pre_commit(checkpoint_id)
+            parts[DEAD_LETTERS] = self._dead_letters.writer.pre_commit_later(checkpoint_id)
         self._last_snapshot = checkpoint_id
         now = time.monotonic()
         first = self._first_barrier_at.pop(checkpoint_id, None)
@@ -742,6 +749,7 @@ class SubtaskRunner:
             self._carry(handler.alignment_timed_out(n))
             if n in handler.recording:
                 for input_channel, ahead in self.gate.promote(n):
+                    self._arrivals.setdefault(n, {}).setdefault(input_channel, time.time())
                     self._carry(
                         handler.barrier_received(n, input_channel, unaligned=True, overtaken=ahead)
                     )
@@ -760,6 +768,8 @@ class SubtaskRunner:
                     )
                     part = part.write(store, name)
                     segments += [SegmentRef.from_dict(r) for r in part["chain"]]
+                elif isinstance(part, PreCommit):  # a sink's part file, written now
+                    part = part.complete()
                 state[uid] = part
             payload: dict[str, Any] = {"format": STATE_FORMAT, "operators": state}
             channel_bytes = 0
