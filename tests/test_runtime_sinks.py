@@ -123,3 +123,50 @@ def test_a_full_disk_is_an_error_naming_the_file(tmp_path: Path) -> None:
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown output format 'xml'"):
         FileSink("/tmp/x", "xml")
+
+
+def test_the_part_file_is_written_in_the_asynchronous_part(tmp_path: Path) -> None:
+    """``pre_commit_later`` only closes the records into a part (the synchronous part of a
+    checkpoint); the file is written when the snapshot thread completes it."""
+    out = tmp_path / "out"
+    writer = FileSink(str(out)).open(0, 0)
+    writer.write(batch(range(0, 10)))
+    later = writer.pre_commit_later(1)
+    (name,) = [p["name"] for p in later.state["pending"]]
+    assert not (out / PENDING / name).exists()
+    writer.write(batch(range(10, 12)))  # the subtask goes on meanwhile
+    assert later.complete() == later.state
+    assert (out / PENDING / name).exists()
+    writer.notify_complete(1)
+    assert published(out) == list(range(10))
+
+
+def test_a_dropped_pre_commit_is_written_before_a_later_one_is_published(tmp_path: Path) -> None:
+    """A checkpoint dropped before its asynchronous part (aborted, declined) never wrote its
+    part; the next checkpoint's state names it, so it is written before anything is published."""
+    out = tmp_path / "out"
+    writer = FileSink(str(out)).open(0, 0)
+    writer.write(batch(range(0, 5)))
+    writer.pre_commit_later(1)  # dropped: never completed
+    writer.write(batch(range(5, 9)))
+    second = writer.pre_commit_later(2)
+    assert len(second.state["pending"]) == 2
+    writer.notify_complete(2)
+    assert published(out) == list(range(9))
+
+
+def test_a_part_that_cannot_be_written_later_fails_the_writer(tmp_path: Path) -> None:
+    """The write fails on the snapshot thread (the checkpoint is declined); the writer stays
+    failed, so the subtask fails at its next record and the job restarts."""
+    out = tmp_path / "out"
+    writer = FileSink(str(out)).open(0, 0)
+    writer.write(batch(range(0, 5)))
+    later = writer.pre_commit_later(1)
+    (out / PENDING).rmdir()
+    (out / PENDING).write_text("not a folder")  # the part file cannot be created
+    with pytest.raises(SinkError, match=r"cannot write .*_pending/part-00000-0000000001"):
+        later.complete()
+    with pytest.raises(SinkError, match="cannot write"):
+        writer.write(batch(range(5, 6)))
+    with pytest.raises(SinkError, match="cannot write"):
+        writer.pre_commit_later(2)
