@@ -49,7 +49,7 @@ class SubtaskStats:
     alignment: float
     """Seconds from its first barrier to its snapshot (aligned: waiting for the others)."""
     synchronous: float
-    """Seconds of the synchronous part (offsets, state copies, sinks' pre-commit)."""
+    """Seconds of the synchronous part (offsets, state copies, the sinks' pending parts)."""
     asynchronous: float
     """Seconds from the end of the synchronous part to the acknowledgement (channel state
     still recorded, serialising and writing)."""

@@ -17,10 +17,10 @@ batches from its reader and takes a checkpoint when the driver triggers one
 its barrier handler (:class:`~cutline.protocol.BarrierAligner` for exactly-once,
 :class:`~cutline.protocol.BarrierTracker` for at-least-once) has not blocked, and
 carries out the handler's actions. A checkpoint's synchronous part (offsets,
-copy-on-write state copies, the sinks' pre-commit) runs in the loop; then, for an
+copy-on-write state copies, the sinks' pending parts) runs in the loop; then, for an
 unaligned checkpoint or a loop's head, the channel state is recorded as records
-arrive; serializing, writing and acknowledging run on the subtask's snapshot thread
-while records keep flowing.
+arrive; serializing, writing (keyed state segments, the sinks' part files) and
+acknowledging run on the subtask's snapshot thread while records keep flowing.
 
 A checkpoint's state file holds the operators' state and its **channel state**: per
 input channel the records recorded on it (consumed again first after a restore), per
@@ -650,7 +650,7 @@ class SubtaskRunner:
     # ------------------------------------------------------------ checkpoints
 
     def _snapshot(self, checkpoint_id: int) -> None:
-        """The synchronous part: offsets, state copies, sinks' pre-commit."""
+        """The synchronous part: offsets, state copies, the sinks' pending parts."""
         parts: dict[str, Any] = {}
         started, wall = time.monotonic(), time.time()
         base, savepoint = self._kinds.get(checkpoint_id, (None, False))
