@@ -25,7 +25,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
 
 STATS_FOLDER = "_stats"
 STATS_FORMAT = 1
@@ -35,6 +35,28 @@ STATS_HISTORY = 1000
 _CHECKPOINT_FILE = re.compile(r"checkpoint-(0|[1-9][0-9]*)\.json")
 _RUN_FILE = re.compile(r"run-([0-9a-f]+)\.json")
 _RESTART_FILE = re.compile(r"restart-([0-9a-f]+)-([0-9]+)\.json")
+
+
+class _Record:
+    """A statistics record: a dataclass kept as JSON with its ``kind`` and the format."""
+
+    KIND: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = dataclasses.asdict(self)  # type: ignore[call-overload]
+        data["format"] = STATS_FORMAT
+        data["kind"] = self.KIND
+        return data
+
+    @classmethod
+    def _values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of ``cls`` in ``data`` (others, e.g. of a newer version, are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return {k: v for k, v in data.items() if k in names}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        return cls(**cls._values(data))
 
 
 @dataclass(frozen=True)
@@ -97,7 +119,7 @@ def _latest(barriers: Mapping[str, float]) -> tuple[str, float] | None:
 
 
 @dataclass(frozen=True)
-class CheckpointStats:
+class CheckpointStats(_Record):
     """One checkpoint's statistics (Flink: ``CompletedCheckpointStats`` and
     ``FailedCheckpointStats`` in one)."""
 
@@ -144,16 +166,11 @@ class CheckpointStats:
             return None
         return max(self.subtasks.values(), key=lambda s: (s.acknowledged, s.subtask))
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["format"] = STATS_FORMAT
-        data["kind"] = "checkpoint"
-        return data
+    KIND: ClassVar[str] = "checkpoint"
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CheckpointStats:
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in names}
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        values = cls._values(data)
         sub_names = {f.name for f in dataclasses.fields(SubtaskStats)}
         values["subtasks"] = {
             str(name): SubtaskStats(**{k: v for k, v in sub.items() if k in sub_names})
@@ -163,7 +180,7 @@ class CheckpointStats:
 
 
 @dataclass(frozen=True)
-class RestartInfo:
+class RestartInfo(_Record):
     """A generation of the job failed, and whether and from where the next one started."""
 
     generation: int
@@ -180,20 +197,11 @@ class RestartInfo:
     restarted: bool = True
     """Whether a next generation was started (``False``: the restart strategy gave up)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["format"] = STATS_FORMAT
-        data["kind"] = "restart"
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RestartInfo:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    KIND: ClassVar[str] = "restart"
 
 
 @dataclass(frozen=True)
-class RunInfo:
+class RunInfo(_Record):
     """One run of a job (one ``execute()``) on a checkpoint directory."""
 
     run: str
@@ -212,16 +220,7 @@ class RunInfo:
     outcome: str | None = None
     """``finished``, or ``failed: ...`` (``None`` while it runs, or if the driver died)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["format"] = STATS_FORMAT
-        data["kind"] = "run"
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunInfo:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    KIND: ClassVar[str] = "run"
 
 
 @dataclass
