@@ -13,7 +13,6 @@ statistics of a savepoint.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -41,6 +40,8 @@ from cutline.runtime.stats import (
 from cutline.runtime.storage import METADATA, SHARED, CheckpointLocation, CheckpointStorage
 from cutline.runtime.verify import verify_checkpoint
 from cutline.runtime.wire import Barrier, Records
+from test_checkpointing_modes import FailOnceAfter
+from test_loops import touch_on_checkpoint
 
 N = 2_000
 KEYS = 16
@@ -68,38 +69,6 @@ class Slow:
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         time.sleep(self.pause)
         return batch
-
-
-@dataclass(frozen=True)
-class FailOnceAfter:
-    """Raises once, on the first batch after ``marker`` exists (``flag`` remembers it, also
-    across the processes of a Spark job)."""
-
-    marker: str
-    flag: str
-
-    @property
-    def __name__(self) -> str:
-        return "fail_once_after"
-
-    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        if os.path.exists(self.marker):
-            try:
-                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return batch
-            raise RuntimeError("injected failure after a checkpoint")
-        return batch
-
-
-def touch_on_checkpoint(path: Path) -> Any:
-    """A listener that creates ``path`` when a checkpoint completes."""
-
-    def listener(kind: str, message: str) -> None:
-        if kind == "checkpoint":
-            path.touch()
-
-    return listener
 
 
 def environment(directory: Path, mode: str, **options: Any) -> StreamEnvironment:
