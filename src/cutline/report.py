@@ -89,7 +89,7 @@ from cutline.runtime.stats import (
     critical_path,
 )
 from cutline.runtime.storage import CheckpointStorage, StorageError
-from cutline.sim.diagram import colour, style
+from cutline.sim.diagram import colour, star, style
 
 __all__ = [
     "TABLE_ROWS",
@@ -796,20 +796,7 @@ def checkpoint_figure(stats: CheckpointStats, run: RunInfo | None) -> Figure:
     )
     for name in sources:
         if name in subs:
-            ax.add_line(
-                Line2D(
-                    [subs[name].snapshot_at * scale],
-                    [ys[name]],
-                    color=ink,
-                    marker="*",
-                    markersize=15,
-                    markeredgecolor="black",
-                    markeredgewidth=0.6,
-                    linestyle="none",
-                    zorder=6,
-                    gid=f"source-{name}",
-                )
-            )
+            ax.add_line(star(subs[name].snapshot_at * scale, ys[name], ink, f"source-{name}"))
     slowest = stats.slowest
     for name in order:
         sub = subs[name]

@@ -49,7 +49,7 @@ from matplotlib.patches import FancyArrowPatch
 from cutline.sim.log import Kind, LogEvent, SimRun
 from cutline.sim.scenario import Channel
 
-__all__ = ["FORMATS", "colour", "diagram_figure", "draw_diagram", "style"]
+__all__ = ["FORMATS", "colour", "diagram_figure", "draw_diagram", "star", "style"]
 
 FORMATS: dict[str, str] = {".png": "png", ".svg": "svg"}
 """Supported file suffixes and the matplotlib format each one is written in."""
@@ -89,6 +89,22 @@ _LABEL_STATES_UP_TO = 60
 def _style() -> Iterator[None]:
     with _LOCK, mpl_style.context(["default", _STYLE]):
         yield
+
+
+def star(x: float, y: float, colour: Any, gid: str) -> Line2D:
+    """The star that marks where a snapshot was initiated (a process, a source subtask)."""
+    return Line2D(
+        [x],
+        [y],
+        color=colour,
+        marker="*",
+        markersize=15,
+        markeredgecolor="black",
+        markeredgewidth=0.6,
+        linestyle="none",
+        zorder=6,
+        gid=gid,
+    )
 
 
 def _colour(snapshot: int) -> tuple[float, float, float, float]:
@@ -448,20 +464,7 @@ def _build(run: SimRun, title: str | None) -> Figure:
             )
         )
         for p in lay.initiators.get(s, []):
-            ax.add_line(
-                Line2D(
-                    [lay.x[records[p]]],
-                    [lay.y[p]],
-                    color=colour,
-                    marker="*",
-                    markersize=15,
-                    markeredgecolor="black",
-                    markeredgewidth=0.6,
-                    linestyle="none",
-                    zorder=6,
-                    gid=f"initiator-{s}-{p}",
-                )
-            )
+            ax.add_line(star(lay.x[records[p]], lay.y[p], colour, f"initiator-{s}-{p}"))
 
     # text labels, placed so that they avoid each other and the recorded states' dots
     placer = _Placer(
