@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -859,3 +860,76 @@ def test_a_flat_map_failing_halfway_emits_nothing_for_that_record(tmp_path: Path
     assert sorted((r["v"], r["part"]) for r in result.output) == [
         (v, p) for v in (0, 1, 2, 4, 5) for p in (1, 2)
     ]
+
+
+LOCK = threading.Lock()
+
+
+def with_a_lock_at_50(record: dict[str, int]) -> dict[str, Any]:
+    return {"v": record["value"], "lock": LOCK} if record["value"] == 50 else record
+
+
+def test_a_record_the_sink_cannot_write_fails_the_job_naming_the_sink(tmp_path: Path) -> None:
+    """The sink writes its part file on the snapshot thread; a record it cannot encode still
+    fails the subtask (naming the sink and the file), not only that checkpoint."""
+    env = environment(tmp_path, 1, batch_size=10, restart_attempts=1)
+    env.from_sequence(0, 200).map(with_a_lock_at_50, name="bad").collect()
+    with pytest.raises(JobFailedError) as failed:
+        env.execute(launcher=ThreadLauncher(), progress=False)
+    assert failed.value.operator == "collect(collect)"
+    assert "SinkError: cannot write " in str(failed.value)
+    assert "TypeError: cannot pickle '_thread.lock' object" in str(failed.value)
+
+
+class FailWhileTheSinkWrites:
+    """Fails once, on the first record after ``flag`` exists (a sink's part file is being
+    written then, slowly)."""
+
+    __name__ = "fail_while_writing"
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __call__(self, record: dict[str, int]) -> dict[str, int]:
+        if self.flag.exists() and not (self.flag.parent / "failed").exists():
+            (self.flag.parent / "failed").touch()
+            raise RuntimeError("injected failure while the sink's part is being written")
+        time.sleep(0.001)
+        return {"v": record["value"]}
+
+
+def test_a_slow_part_file_write_ends_with_its_generation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part file still being written when its generation fails is written before the next
+    generation recovers the sink (which removes what was not pre-committed in the restored
+    checkpoint): no stray file stays in _pending, and no incomplete checkpoint folder."""
+    from cutline.runtime import sinks
+
+    flag = tmp_path / "writing"
+    original = sinks.FileSinkWriter._write_file
+    calls = [0]
+
+    def slow_write(self: Any, path: str, batches: list[Any]) -> None:
+        calls[0] += 1
+        if calls[0] == 3 and not flag.exists():  # a part after the first complete checkpoint
+            flag.touch()
+            time.sleep(1.5)
+        original(self, path, batches)
+
+    monkeypatch.setattr(sinks.FileSinkWriter, "_write_file", slow_write)
+    env = environment(tmp_path, 1, batch_size=10)
+    out = tmp_path / "out"
+    (
+        env.from_sequence(0, 2000)
+        .key_by("value")
+        .map(FailWhileTheSinkWrites(flag), name="m")
+        .write_jsonl(str(out))
+    )
+    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    assert len(result.restarts) == 1
+    assert sorted(os.listdir(out / PENDING)) == []
+    values = [json.loads(line)["v"] for part in out.glob("part-*") for line in part.open()]
+    assert sorted(values) == list(range(2000))
+    checkpoints = tmp_path / "checkpoints"
+    assert all((p / "_metadata").exists() for p in checkpoints.glob("chk-*"))

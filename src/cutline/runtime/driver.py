@@ -80,6 +80,8 @@ VERIFY_EVERY_CHECKPOINT = bool(os.environ.get("CUTLINE_VERIFY_CHECKPOINTS"))
 counted) as soon as its metadata is written. The test suite turns it on; failures are kept in
 :data:`VERIFICATION_FAILURES` (and warned about)."""
 VERIFICATION_FAILURES: list[str] = []
+SUBTASK_DETAILS = 100
+"""Completed checkpoints whose per-subtask statistics ``JobResult.checkpoints`` keeps."""
 VERIFIED_CHECKPOINTS = [0]
 
 
@@ -136,7 +138,9 @@ class JobResult:
     """What :meth:`JobDriver.run` returns."""
 
     checkpoints: list[CheckpointStats] = field(default_factory=list)
-    """The completed checkpoints and savepoints, with their statistics."""
+    """The completed checkpoints and savepoints, with their statistics (per subtask for the
+    newest :data:`SUBTASK_DETAILS` only, so a long run's result stays small: every
+    checkpoint's are in ``CHECKPOINT_DIR/_stats``)."""
     aborted: list[tuple[int, str]] = field(default_factory=list)
     restarts: list[RestartInfo] = field(default_factory=list)
     collected: dict[str, list[Any]] = field(default_factory=dict)
@@ -272,11 +276,16 @@ class JobDriver:
 
     # ---------------------------------------------------------------- attempts
 
-    def run(self) -> JobResult:
-        for checkpoint_id in self.storage.checkpoint_ids():  # left by a crashed run
+    def _discard_incomplete(self) -> None:
+        """Remove the folders of checkpoints that never completed (a crashed run's, or written
+        late by a failed generation)."""
+        for checkpoint_id in self.storage.checkpoint_ids():
             if not self.storage.is_complete(checkpoint_id):
                 with contextlib.suppress(StorageError):
                     self.storage.discard(checkpoint_id)
+
+    def run(self) -> JobResult:
+        self._discard_incomplete()
         self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
         try:
             self.endpoint = JobEndpoint(
@@ -304,6 +313,7 @@ class JobDriver:
             if self.endpoint is not None:
                 self.endpoint.close()
             with contextlib.suppress(StorageError):
+                self._discard_incomplete()
                 self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
 
     def _run_info(self) -> RunInfo:
@@ -658,7 +668,11 @@ class _Attempt:
         if callback is None or now < self.progress_due:
             return
         self.progress_due = now + 0.25
-        callback(self.driver.metrics.snapshot(now - self.driver._start))
+        try:
+            callback(self.driver.metrics.snapshot(now - self.driver._start))
+        except Exception as exc:  # a display that fails must not fail the job
+            self.driver.on_progress = None
+            self.driver.listener("warning", f"the progress display failed and stopped: {exc}")
 
     def _explain(self, error: str) -> Failure:
         """The launcher failed: prefer the reason a task reported (it names the operator)."""
@@ -820,6 +834,9 @@ class _Attempt:
         for checkpoint in sorted(self.triggered_at):
             stats = self._checkpoint_stats(checkpoint, now, "aborted", reason[:2000])
             self.driver._keep(stats)
+            with contextlib.suppress(StorageError):  # what its subtasks wrote of it
+                if not self.driver.storage.is_complete(checkpoint):
+                    self.driver.storage.discard(checkpoint)
 
     def _census(self, now: float) -> None:
         """Ask every slot how many records its subtasks sent on channels and processed."""
@@ -955,6 +972,10 @@ class _Attempt:
                             driver._stopped_with = action.checkpoint_id
                 driver.result.checkpoints.append(info)
                 driver._keep(info)
+                kept = driver.result.checkpoints
+                if len(kept) > SUBTASK_DETAILS:  # the older ones' details are in the files
+                    older = len(kept) - SUBTASK_DETAILS - 1
+                    kept[older] = dataclasses.replace(kept[older], subtasks={})
                 driver.listener(
                     "checkpoint",
                     ("savepoint" if target is not None else "checkpoint")
@@ -1099,7 +1120,11 @@ class _Attempt:
             if target is not None
             else storage.location(checkpoint)
         )
-        verification = verify_checkpoint(location, checkpoint)
+        try:
+            verification = verify_checkpoint(location, checkpoint)
+        except StorageError as exc:
+            VERIFICATION_FAILURES.append(f"checkpoint {checkpoint} could not be read: {exc}")
+            return
         VERIFIED_CHECKPOINTS[0] += 1
         if not verification.ok:
             VERIFICATION_FAILURES.append(verification.summary())

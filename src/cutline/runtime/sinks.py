@@ -108,8 +108,9 @@ class FileSinkWriter:
         self._part = 0
         self._pending: list[dict[str, Any]] = []
         """Parts pre-committed and not yet published: {"checkpoint": n, "name": file name}."""
-        self._unwritten: dict[str, list[Any]] = {}
-        """Parts pre-committed whose files are not written yet (name -> records), in order."""
+        self._unwritten: dict[str, tuple[int, list[Any]]] = {}
+        """Parts pre-committed whose files are not written yet (name -> (checkpoint, records)),
+        in order."""
         self._unwritten_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         """Held while writing part files (by the snapshot thread, or at a commit)."""
@@ -143,7 +144,7 @@ class FileSinkWriter:
             )
             self._part += 1
             with self._unwritten_lock:
-                self._unwritten[name] = self._batches
+                self._unwritten[name] = (checkpoint_id, self._batches)
             self._batches = []
             self._pending.append({"checkpoint": checkpoint_id, "name": name})
         return PreCommit(
@@ -156,9 +157,12 @@ class FileSinkWriter:
         the sink's state for ``checkpoint_id`` (store it in the checkpoint)."""
         return self.pre_commit_later(checkpoint_id).complete()
 
-    def flush(self) -> None:
-        """Write every pre-committed part whose file is not written yet, in order. A part that
-        cannot be written fails this writer for good (:class:`SinkError`, naming the file)."""
+    def flush(self, up_to: int | None = None) -> None:
+        """Write the pre-committed parts whose files are not written yet (of checkpoints up to
+        ``up_to``; ``None``: all), in order. A part that cannot be written, for whatever
+        reason, fails this writer for good (:class:`SinkError`, naming the file)."""
+        if up_to is not None and not self._waiting(up_to):
+            return  # (without waiting for the snapshot thread writing a later part)
         with self._flush_lock:
             if self._failed is not None:
                 raise self._failed
@@ -166,19 +170,31 @@ class FileSinkWriter:
                 with self._unwritten_lock:
                     if not self._unwritten:
                         return
-                    name, batches = next(iter(self._unwritten.items()))
+                    name, (checkpoint_id, batches) = next(iter(self._unwritten.items()))
+                if up_to is not None and checkpoint_id > up_to:
+                    return
+                path = f"{self._root}/{PENDING}/{name}"
                 try:
-                    self._write_file(f"{self._root}/{PENDING}/{name}", batches)
+                    self._write_file(path, batches)
                 except SinkError as exc:
                     self._failed = exc
                     raise
+                except Exception as exc:  # a record that cannot be encoded, ...
+                    self._failed = SinkError(f"cannot write {path}: {type(exc).__name__}: {exc}")
+                    raise self._failed from exc
                 with self._unwritten_lock:
                     del self._unwritten[name]
+
+    def _waiting(self, up_to: int) -> bool:
+        """Whether a part of a checkpoint up to ``up_to`` is still to be written."""
+        with self._unwritten_lock:
+            return any(checkpoint <= up_to for checkpoint, _ in self._unwritten.values())
 
     def notify_complete(self, checkpoint_id: int) -> list[str]:
         """Checkpoint ``checkpoint_id`` is complete: publish every part pending up to it.
         Returns the names published."""
-        self.flush()  # (written already, unless the subtask dropped a checkpoint unwritten)
+        # written already, unless the subtask dropped a checkpoint before writing it
+        self.flush(up_to=checkpoint_id)
         ready = [p for p in self._pending if p["checkpoint"] <= checkpoint_id]
         for part in ready:
             self._publish(part["name"])

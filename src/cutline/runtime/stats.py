@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
@@ -35,6 +37,26 @@ STATS_HISTORY = 1000
 _CHECKPOINT_FILE = re.compile(r"checkpoint-(0|[1-9][0-9]*)\.json")
 _RUN_FILE = re.compile(r"run-([0-9a-f]+)\.json")
 _RESTART_FILE = re.compile(r"restart-([0-9a-f]+)-([0-9]+)\.json")
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether JSON ``value`` is of the type ``hint`` (of a statistics record's field)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_conforms(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return type(value) in (int, float)
+    if hint in (int, str, bool):
+        return type(value) is hint
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+        )
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    return True
 
 
 class _Record:
@@ -50,9 +72,18 @@ class _Record:
 
     @classmethod
     def _values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        """The fields of ``cls`` in ``data`` (others, e.g. of a newer version, are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        return {k: v for k, v in data.items() if k in names}
+        """The fields of ``cls`` in ``data`` (others, e.g. of a newer version, are ignored),
+        each checked to be of its type (``ValueError`` naming the field if not)."""
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.name != "subtasks" and not _conforms(value, hints[f.name]):
+                raise ValueError(f"{f.name} is {value!r}, not of type {hints[f.name]}")
+            values[f.name] = value
+        return values
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
@@ -60,7 +91,7 @@ class _Record:
 
 
 @dataclass(frozen=True)
-class SubtaskStats:
+class SubtaskStats(_Record):
     """One subtask's part of one checkpoint (Flink: ``SubtaskStateStats``)."""
 
     subtask: str
@@ -91,6 +122,8 @@ class SubtaskStats:
     """Seconds after the trigger it took its snapshot (wall clock)."""
     forwarded_at: float | None = None
     """Seconds after the trigger it sent the barrier on (``None``: it has no outputs)."""
+
+    KIND: ClassVar[str] = "subtask"
 
     @property
     def size(self) -> int:
@@ -171,10 +204,13 @@ class CheckpointStats(_Record):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
         values = cls._values(data)
-        sub_names = {f.name for f in dataclasses.fields(SubtaskStats)}
+        subtasks = data.get("subtasks", {})
+        if not isinstance(subtasks, dict) or not all(
+            isinstance(v, dict) for v in subtasks.values()
+        ):
+            raise ValueError(f"subtasks is {subtasks!r}, not a map of subtask statistics")
         values["subtasks"] = {
-            str(name): SubtaskStats(**{k: v for k, v in sub.items() if k in sub_names})
-            for name, sub in dict(data.get("subtasks", {})).items()
+            str(name): SubtaskStats.from_dict(sub) for name, sub in subtasks.items()
         }
         return cls(**values)
 

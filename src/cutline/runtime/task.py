@@ -40,6 +40,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,6 +206,7 @@ class SubtaskRunner:
         """Checkpoint -> input channel -> wall clock of its barrier."""
         self._trigger_seen: dict[int, float] = {}
         self._snapshotter = ThreadPoolExecutor(1, thread_name_prefix=f"cutline-snap-{self.name}")
+        self._writes: list[futures.Future[None]] = []
         self._last_snapshot: int | None = None
         self._last_complete = -1
         self._final: int | None = None
@@ -698,7 +700,18 @@ class SubtaskRunner:
         if self._timeout is not None and (self._unflushed or self._barrier_queued(checkpoint_id)):
             self._unflushed[checkpoint_id] = taking  # (behind an earlier one: written in order)
             return
-        self._snapshotter.submit(self._write, checkpoint_id, taking)
+        self._submit(checkpoint_id, taking)
+
+    def _submit(self, checkpoint_id: int, taking: _Taking) -> None:
+        """Write checkpoint ``checkpoint_id`` on the snapshot thread (in order)."""
+        self._writes = [w for w in self._writes if not w.done()]
+        self._writes.append(self._snapshotter.submit(self._write, checkpoint_id, taking))
+
+    def wait_for_snapshots(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) for the snapshot thread's write in progress: once a slot
+        ends, nothing of its generation may still write (a sink's part file landing after the
+        next generation cleaned up would stay forever)."""
+        futures.wait(self._writes, timeout=max(0.0, timeout))
 
     def output_channels(self) -> list[OutputChannel]:
         """Every output channel of this subtask, of every output edge."""
@@ -735,7 +748,7 @@ class SubtaskRunner:
                         taking.unaligned = True
                         taking.keep_output(channel.channel, overtaken)
             del self._unflushed[n]
-            self._snapshotter.submit(self._write, n, taking)
+            self._submit(n, taking)
         handler = self._handler
         for n, triggered in list(self._trigger_times.items()):
             if now < triggered + self._timeout:
@@ -769,7 +782,11 @@ class SubtaskRunner:
                     part = part.write(store, name)
                     segments += [SegmentRef.from_dict(r) for r in part["chain"]]
                 elif isinstance(part, PreCommit):  # a sink's part file, written now
-                    part = part.complete()
+                    try:
+                        part = part.complete()
+                    except Exception as exc:  # the sink is broken: the subtask fails
+                        self._fail_from_snapshot_thread(uid, exc)
+                        return
                 state[uid] = part
             payload: dict[str, Any] = {"format": STATE_FORMAT, "operators": state}
             channel_bytes = 0
@@ -821,6 +838,17 @@ class SubtaskRunner:
             )
 
     # ---------------------------------------------------------------- failure
+
+    def _fail_from_snapshot_thread(self, uid: str, exc: BaseException) -> None:
+        """A sink could not write its part: report the failure naming the sink (not a declined
+        checkpoint: the sink cannot go on), and let the slot end the subtask."""
+        name = "dead letters" if uid == DEAD_LETTERS else uid
+        for op in self.chain.operators:
+            if op.uid == uid:
+                name = op.name
+        with contextlib.suppress(ControlError):
+            self.control.send("failed", subtask=self.name, **failure_report(exc, name))
+        self.failure = exc
 
     def _report(self, exc: BaseException) -> None:
         operator = self._current
@@ -928,6 +956,8 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
                 runner.thread.join(max(0.0, deadline - time.monotonic()))
             else:
                 runner.close_operators()  # opened (or half opened) but never ran
+        for runner in runners:  # (queued writes were cancelled: one at most is in progress)
+            runner.wait_for_snapshots(deadline - time.monotonic())
 
 
 def _supervise(

@@ -37,6 +37,9 @@ class Verification:
     """Damaged or missing files, channel state that disagrees with its counts."""
     violations: list[CutViolation] = field(default_factory=list)
     """Channels on which the cut is not consistent."""
+    cut_checked: bool = True
+    """``False`` for a checkpoint written by a version of cutline without channel counts: its
+    files were checked, its cut cannot be."""
 
     @property
     def ok(self) -> bool:
@@ -44,6 +47,11 @@ class Verification:
 
     def summary(self) -> str:
         what = f"checkpoint {self.checkpoint_id}" if self.checkpoint_id is not None else self.url
+        if self.ok and not self.cut_checked:
+            return (
+                f"{what}: OK — {self.files} files intact; the cut was not checked (written by an "
+                "older version of cutline, without channel counts)"
+            )
         if self.ok:
             in_flight = sum(c.in_flight for c in self.channels)
             cut = (
@@ -75,6 +83,7 @@ def verify_checkpoint(
     result.checkpoint_id = metadata.checkpoint_id
     result.checkpointing = str(metadata.extra.get("checkpointing", "aligned"))
     counts = {}
+    result.cut_checked = any(h.channels is not None for h in metadata.handles.values())
     for subtask, handle in sorted(metadata.handles.items()):
         try:
             location.read_state(handle)
@@ -91,6 +100,8 @@ def verify_checkpoint(
             except ValueError as exc:  # a path that is not a segment's
                 result.problems.append(f"{subtask}: {exc}")
         if handle.channels is None:
+            if not result.cut_checked:
+                continue  # an older version's checkpoint: no subtask counted
             result.problems.append(
                 f"{subtask}: no channel counts (written by an older version of cutline): the "
                 "cut cannot be verified"
@@ -118,7 +129,7 @@ def verify_checkpoint(
             "recorded_inputs": inputs,
             "recorded_outputs": outputs,
         }
-    if len(counts) == len(metadata.handles):
+    if result.cut_checked and len(counts) == len(metadata.handles):
         result.channels = channel_cuts(counts)
         result.violations = check_cut(
             result.channels, at_least_once=result.checkpointing == "at_least_once"

@@ -1,0 +1,68 @@
+"""Statistics records round-trip through their JSON files, and a file with a field of the
+wrong type is named as unreadable (never a traceback in ``cutline checkpoints`` or the report)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cutline.runtime.stats import (
+    CheckpointStats,
+    RestartInfo,
+    RunInfo,
+    SubtaskStats,
+    decode,
+    encode,
+    history_of,
+)
+
+
+def good(n: int) -> bytes:
+    return encode(CheckpointStats(checkpoint_id=n, generation=1, duration=0.1))
+
+
+def test_records_round_trip_through_their_files() -> None:
+    sub = SubtaskStats("sum-0", 0.2, 0.01, 0.0, 0.001, 0.1, 100, barriers={"a>b:0>0": 0.01})
+    stats = CheckpointStats(3, 1, 0.25, subtasks={"sum-0": sub}, savepoint="/x", reason=None)
+    assert decode("checkpoint-3.json", encode(stats)) == stats
+    run = RunInfo("ab", 1.0, 2, "aligned", {"u": "name"}, ["u-0"], {"c": ["u-0", "v-0"]})
+    assert decode("run-ab.json", encode(run)) == run
+    restart = RestartInfo(1, "boom", None, 1.5, run="ab", time=5.0, restarted=False)
+    assert decode("restart-ab-1.json", encode(restart)) == restart
+    assert decode("notes.json", b"{}") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "field"),
+    [
+        ("checkpoint-2.json", {"checkpoint_id": "2"}, "checkpoint_id"),
+        ("checkpoint-2.json", {"duration": None}, "duration"),
+        ("checkpoint-2.json", {"subtasks": {"s": {"subtask": "s", "acknowledged": "x"}}}, ""),
+        ("checkpoint-2.json", {"subtasks": [1]}, "subtasks"),
+        ("checkpoint-2.json", {"status": 3}, "status"),
+    ],
+)
+def test_a_checkpoint_file_with_a_wrongly_typed_field_is_unreadable(
+    name: str, change: dict[str, object], field: str
+) -> None:
+    bad = dict(json.loads(good(2)), **change)
+    history = history_of({"checkpoint-1.json": good(1), name: json.dumps(bad).encode()})
+    assert [s.checkpoint_id for s in history.checkpoints] == [1]
+    (problem,) = history.unreadable
+    assert problem.startswith(f"{name} is not a valid statistics file: {field}")
+
+
+def test_run_and_restart_files_with_a_null_time_are_unreadable() -> None:
+    run = RunInfo("ab", 1.0, 2, "aligned", {}, [], {})
+    restart = RestartInfo(1, "x", None, 1.0, run="ab", time=5.0)
+    files = {
+        "run-ab.json": encode(run),
+        "run-cd.json": json.dumps(dict(run.to_dict(), run="cd", started=None)).encode(),
+        "restart-ab-1.json": encode(restart),
+        "restart-ab-2.json": json.dumps(dict(restart.to_dict(), generation=2, time=None)).encode(),
+    }
+    history = history_of(files)
+    assert [r.run for r in history.runs] == ["ab"]
+    assert [r.generation for r in history.restarts] == [1]
+    assert len(history.unreadable) == 2
