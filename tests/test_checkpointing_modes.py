@@ -265,6 +265,11 @@ def test_concurrent_checkpoints_honour_the_maximum_and_the_output_is_exact(
             {"checkpointing": "unaligned", "max_concurrent_checkpoints": 2},
             "one at a time",
         ),
+        (
+            {"alignment_timeout": "10ms", "max_concurrent_checkpoints": 3},
+            "with an alignment_timeout checkpoints may go unaligned, and those are taken one at "
+            "a time: max_concurrent_checkpoints must be 1, not 3",
+        ),
         ({"max_concurrent_checkpoints": 0}, "max_concurrent_checkpoints must be"),
         ({"max_concurrent_checkpoints": True}, "max_concurrent_checkpoints must be"),
         ({"alignment_timeout": float("nan")}, "finite"),

@@ -94,7 +94,8 @@ class StreamEnvironment:
         or ``"at_least_once"`` (inputs never wait; replay after a failure may repeat records).
     :param alignment_timeout: with ``"aligned"``: a subtask whose alignment of a checkpoint
         lasts longer switches that checkpoint to unaligned (``None``: never).
-    :param max_concurrent_checkpoints: checkpoints in flight at once (``"unaligned"``: 1).
+    :param max_concurrent_checkpoints: checkpoints in flight at once (``"unaligned"``, or with an
+        ``alignment_timeout``: 1).
     :param state_backend: where keyed state lives: ``"memory"`` (Python dicts, fastest) or
         ``"disk"`` (an embedded RocksDB on each worker's disk, for state larger than memory).
     :param incremental_checkpoints: a checkpoint writes only the keyed state that changed since
@@ -191,6 +192,14 @@ class StreamEnvironment:
             raise ValueError(
                 "unaligned checkpoints are taken one at a time: max_concurrent_checkpoints must "
                 f"be 1, not {max_concurrent_checkpoints!r}"
+            )
+        if self.alignment_timeout is not None and max_concurrent_checkpoints != 1:
+            # (as in Flink: a barrier that goes unaligned overtakes the barriers of the
+            # checkpoints queued before it, which could then never complete)
+            raise ValueError(
+                "with an alignment_timeout checkpoints may go unaligned, and those are taken one "
+                f"at a time: max_concurrent_checkpoints must be 1, not "
+                f"{max_concurrent_checkpoints!r}"
             )
         self.checkpointing = checkpointing
         self.parallelism = parallelism
