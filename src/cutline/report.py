@@ -89,7 +89,7 @@ from cutline.runtime.stats import (
     critical_path,
 )
 from cutline.runtime.storage import CheckpointStorage, StorageError
-from cutline.sim.diagram import colour, star, style
+from cutline.sim.diagram import colour, cut_line, star, style
 
 __all__ = [
     "TABLE_ROWS",
@@ -780,18 +780,12 @@ def checkpoint_figure(stats: CheckpointStats, run: RunInfo | None) -> Figure:
     # the cut through the snapshots, stars at the sources, the acknowledgements
     order = [name for name in names if name in subs]
     ax.add_line(
-        Line2D(
+        cut_line(
             [subs[name].snapshot_at * scale for name in order],
             [ys[name] for name in order],
-            color=ink,
-            linewidth=2.0,
-            marker="o",
-            markersize=7,
-            markeredgecolor="white",
-            markeredgewidth=0.8,
-            zorder=5,
-            label=f"cut of checkpoint {stats.checkpoint_id}",
-            gid=f"cut-{stats.checkpoint_id}",
+            ink,
+            f"cut of checkpoint {stats.checkpoint_id}",
+            f"cut-{stats.checkpoint_id}",
         )
     )
     for name in sources:

@@ -49,7 +49,7 @@ from matplotlib.patches import FancyArrowPatch
 from cutline.sim.log import Kind, LogEvent, SimRun
 from cutline.sim.scenario import Channel
 
-__all__ = ["FORMATS", "colour", "diagram_figure", "draw_diagram", "star", "style"]
+__all__ = ["FORMATS", "colour", "cut_line", "diagram_figure", "draw_diagram", "star", "style"]
 
 FORMATS: dict[str, str] = {".png": "png", ".svg": "svg"}
 """Supported file suffixes and the matplotlib format each one is written in."""
@@ -89,6 +89,23 @@ _LABEL_STATES_UP_TO = 60
 def _style() -> Iterator[None]:
     with _LOCK, mpl_style.context(["default", _STYLE]):
         yield
+
+
+def cut_line(xs: list[float], ys: list[float], colour: Any, label: str, gid: str) -> Line2D:
+    """The cut of a snapshot: a line through the points where the processes recorded."""
+    return Line2D(
+        xs,
+        ys,
+        color=colour,
+        linewidth=2.0,
+        marker="o",
+        markersize=7,
+        markeredgecolor="white",
+        markeredgewidth=0.8,
+        zorder=5,
+        label=label,
+        gid=gid,
+    )
 
 
 def star(x: float, y: float, colour: Any, gid: str) -> Line2D:
@@ -449,18 +466,12 @@ def _build(run: SimRun, title: str | None) -> Figure:
         if snap is not None and not snap.complete:
             label += " (incomplete)"
         ax.add_line(
-            Line2D(
+            cut_line(
                 [lay.x[records[p]] for p in order],
                 [lay.y[p] for p in order],
-                color=colour,
-                linewidth=2.0,
-                marker="o",
-                markersize=7,
-                markeredgecolor="white",
-                markeredgewidth=0.8,
-                zorder=5,
-                label=label,
-                gid=f"cut-{s}",
+                colour,
+                label,
+                f"cut-{s}",
             )
         )
         for p in lay.initiators.get(s, []):
