@@ -485,7 +485,7 @@ def test_the_observe_example_sees_inside_its_checkpoints_on_spark(spark, tmp_pat
     from cutline.runtime.verify import verify_checkpoint
     from cutline.spark.datasource import read_state
 
-    result = run(tmp_path, spark, records=200_000)
+    result = run(tmp_path, spark, records=100_000)
     assert len(result.restarts) == 1 and "injected failure" in result.restarts[0].cause
     storage = CheckpointStorage(str(tmp_path / "ck"))
     for n in storage.completed_ids():
@@ -494,7 +494,7 @@ def test_the_observe_example_sees_inside_its_checkpoints_on_spark(spark, tmp_pat
         assert len(verification.channels) == 8
     state = read_state(spark, str(tmp_path / "ck"), "counts").collect()
     assert {row.key: row.value for row in state} == published_counts(tmp_path / "output")
-    assert sum(row.value for row in state) == 200_000
+    assert sum(row.value for row in state) == 100_000
     history = storage.read_history()
     assert [s.checkpoint_id for s in history.checkpoints if s.completed] == [
         c.checkpoint_id for c in result.checkpoints
