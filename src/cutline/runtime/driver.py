@@ -576,9 +576,6 @@ class _Attempt:
         self.final: int | None = None
         self.failure: Failure | None = None
         self.records_in: dict[str, int] = {}
-        self.alignment: dict[int, float] = {}
-        self.channel_records: dict[int, int] = {}
-        self.unaligned: set[int] = set()
         self.sizes: dict[int, int] = {}
         self.full_sizes: dict[int, int] = {}
         self.trigger_wall: dict[int, float] = {}
@@ -708,14 +705,6 @@ class _Attempt:
         elif kind == "ack":
             checkpoint = int(body["checkpoint"])
             self._subtask_acknowledged(checkpoint, body, now)
-            self.alignment[checkpoint] = max(
-                self.alignment.get(checkpoint, 0.0), float(body.get("alignment", 0.0))
-            )
-            self.channel_records[checkpoint] = self.channel_records.get(checkpoint, 0) + int(
-                body.get("channel_records", 0)
-            )
-            if body.get("unaligned"):
-                self.unaligned.add(checkpoint)
             self._do(
                 self.coordinator.acknowledge(
                     int(body["checkpoint"]), str(body["subtask"]), dict(body["handle"]), now
@@ -808,10 +797,10 @@ class _Attempt:
             generation=self.generation,
             duration=now - started,
             final=final,
-            alignment=self.alignment.pop(checkpoint, 0.0),
+            alignment=max((s.alignment for s in subtasks.values()), default=0.0),
             size=self.sizes.pop(checkpoint, sum(s.size for s in subtasks.values())),
-            unaligned=checkpoint in self.unaligned,
-            channel_state_records=self.channel_records.pop(checkpoint, 0),
+            unaligned=any(s.unaligned for s in subtasks.values()),
+            channel_state_records=sum(s.channel_state_records for s in subtasks.values()),
             triggered_at=started - self.driver._start,
             status=status,
             reason=reason,
@@ -957,7 +946,6 @@ class _Attempt:
                 self._broadcast("complete", checkpoint=action.checkpoint_id)
                 info = self._checkpoint_stats(action.checkpoint_id, now, "completed")
                 final = info.final
-                self.unaligned.discard(action.checkpoint_id)
                 target = self.targets.pop(action.checkpoint_id, None)
                 if target is not None:
                     url = storage.url_of(target)
@@ -991,9 +979,6 @@ class _Attempt:
                             action.checkpoint_id, now, "aborted", action.reason[:2000]
                         )
                     )
-                self.alignment.pop(action.checkpoint_id, None)
-                self.channel_records.pop(action.checkpoint_id, None)
-                self.unaligned.discard(action.checkpoint_id)
                 self.targets.pop(action.checkpoint_id, None)
                 with contextlib.suppress(StorageError):
                     storage.discard(action.checkpoint_id)

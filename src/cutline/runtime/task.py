@@ -107,11 +107,6 @@ class _Taking:
         if overtaken:
             self.outputs[channel] = [frame.batch for frame in overtaken]
 
-    def channel_records(self) -> int:
-        """Records in the recorded channel state."""
-        recorded = (*self.inputs.values(), *self.outputs.values())
-        return sum(len(Records(batch)) for batches in recorded for batch in batches)
-
     def channel_counts(self) -> dict[str, dict[str, int]]:
         """What the consistent-cut verifier checks (``runtime/verify.py``)."""
         return {
@@ -796,13 +791,14 @@ class SubtaskRunner:
                     pickle.dumps(payload["channels"], protocol=pickle.HIGHEST_PROTOCOL)
                 )
             data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+            counts = taking.channel_counts()
             handle = self.storage.write_state(checkpoint_id, self.name, self.setup.generation, data)
             handle = dataclasses.replace(
                 handle,
                 segments=tuple(segments),
                 operators=tuple(uid for uid, part in state.items() if part is not None),
                 channel_state=bool(taking.inputs or taking.outputs),
-                channels=taking.channel_counts(),
+                channels=counts,
             )
         except Exception as exc:  # (segments written meanwhile are removed with the run's
             # unneeded files when the job ends)
@@ -814,7 +810,7 @@ class SubtaskRunner:
                     reason=_cut(f"{type(exc).__name__}: {exc}"),
                 )
             return
-        records = taking.channel_records()
+        records = sum(counts["recorded_inputs"].values()) + sum(counts["recorded_outputs"].values())
         with contextlib.suppress(ControlError):
             self.control.send(
                 "ack",
@@ -824,7 +820,6 @@ class SubtaskRunner:
                 alignment=taking.alignment,
                 asynchronous=time.monotonic() - taking.sync_end,
                 unaligned=taking.unaligned,
-                channel_records=records,
                 stats={
                     "synchronous": taking.synchronous,
                     "first_barrier_at": taking.first_barrier_at,
