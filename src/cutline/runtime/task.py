@@ -186,8 +186,6 @@ class SubtaskRunner:
         self.records_done = 0
         """Records received on channels and processed (counted after their outputs were sent):
         the driver's census compares the two to know that a loop is quiet."""
-        self.records_out = 0
-        """Records the chain's last operator emitted (the source's: read)."""
         self.operator_records: dict[str, list[int]] = {op.uid: [0, 0] for op in chain.operators}
         """Operator uid -> [records in, records out] (live progress)."""
         self.backpressured = 0.0
@@ -593,7 +591,6 @@ class SubtaskRunner:
                 return
             current = out
             counted[1] += len(current)
-        self.records_out += len(current)
         self._emit(current)
 
     def _emit(self, batch: Batch) -> None:
