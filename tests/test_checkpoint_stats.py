@@ -13,7 +13,6 @@ statistics of a savepoint.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from cutline import JobClient, JobClientError, JobResult, StreamEnvironment
+from cutline import JobResult, StreamEnvironment
 from cutline.runtime import driver
 from cutline.runtime.channel import InputGate, OutputChannel, PriorityBarrier
 from cutline.runtime.graph import ExecutionPlan, subtask_name
@@ -42,6 +41,7 @@ from cutline.runtime.verify import verify_checkpoint
 from cutline.runtime.wire import Barrier, Records
 from test_checkpointing_modes import FailOnceAfter
 from test_loops import touch_on_checkpoint
+from test_savepoints import after_first_checkpoint, savepoint_when
 
 N = 2_000
 KEYS = 16
@@ -405,26 +405,12 @@ def test_the_critical_path_of_each_checkpoint_ends_at_a_source(run: Run) -> None
 def test_a_savepoint_s_statistics_name_it_and_count_its_files(tmp_path: Path) -> None:
     env = environment(tmp_path, "aligned", retained_checkpoints=1, batch_size=10)
     keyed_job(env, 0.01, None)
-    first = threading.Event()
-    answer: list[Any] = []
-
-    def listener(kind: str, message: str) -> None:
-        if kind == "checkpoint":
-            first.set()
-
-    def ask() -> None:
-        first.wait(30)
-        try:
-            answer.append(JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "sp"))
-        except JobClientError as exc:
-            answer.append(exc)
-
-    asking = threading.Thread(target=ask, daemon=True)
-    asking.start()
+    ready, listener = after_first_checkpoint()
+    answer = savepoint_when(tmp_path / "checkpoints", ready, stop=False, target=tmp_path / "sp")
     result = env.execute(launcher=ThreadLauncher(), listener=listener)
-    asking.join(30)
-    assert len(answer) == 1 and isinstance(answer[0], str), answer
-    path = answer[0]
+    answer[0].join(30)
+    assert len(answer) == 2 and isinstance(answer[1], str), answer
+    path = answer[1]
     assert result.savepoints == [path]
     history = CheckpointStorage(str(tmp_path / "checkpoints")).read_history()
     (stats,) = [s for s in history.checkpoints if s.savepoint is not None]

@@ -94,16 +94,18 @@ def exactly_once(rows: list[dict[str, Any]], n: int) -> None:
     assert sorted(r["index"] for r in rows) == list(range(n))
 
 
-def stop_with_savepoint_when(checkpoint_dir: Path, ready: threading.Event, **kwargs: Any) -> Any:
-    """In a thread: once ``ready`` is set, stop the job with a savepoint; the answer (its path
-    or the error) goes into the returned list."""
+def savepoint_when(checkpoint_dir: Path, ready: threading.Event, **kwargs: Any) -> Any:
+    """In a thread: once ``ready`` is set, take a savepoint (``JobClient.savepoint(**kwargs)``;
+    by default one that stops the job); the thread, then the answer (its path or the error),
+    go into the returned list."""
     answer: list[Any] = []
+    kwargs.setdefault("stop", True)
 
     def ask() -> None:
         ready.wait(60)
         for _ in range(200):  # the job's endpoint comes up with the job
             try:
-                answer.append(JobClient(str(checkpoint_dir)).savepoint(stop=True, **kwargs))
+                answer.append(JobClient(str(checkpoint_dir)).savepoint(**kwargs))
                 return
             except JobClientError as exc:
                 if "no job is running" not in str(exc):
@@ -132,9 +134,7 @@ def run_until_savepoint(
 ) -> tuple[JobResult, str]:
     env = build(tmp_path, parallelism, out, n, **options)
     ready, listener = after_first_checkpoint()
-    answer = stop_with_savepoint_when(
-        tmp_path / options.get("checkpoint_dir", "checkpoints"), ready
-    )
+    answer = savepoint_when(tmp_path / options.get("checkpoint_dir", "checkpoints"), ready)
     result = env.execute(launcher=ThreadLauncher(), listener=listener)
     answer[0].join(30)
     assert len(answer) == 2, "the savepoint request was answered"
@@ -507,7 +507,7 @@ def test_dead_letters_and_collect_restore_at_another_parallelism(tmp_path: Path)
         return env
 
     ready, listener = after_first_checkpoint()
-    answer = stop_with_savepoint_when(tmp_path / "checkpoints", ready)
+    answer = savepoint_when(tmp_path / "checkpoints", ready)
     first = job(2, 0.0005).execute(launcher=ThreadLauncher(), listener=listener)
     answer[0].join(30)
     second = job(3, 0).execute(launcher=ThreadLauncher(), restore_from=answer[1])

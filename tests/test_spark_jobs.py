@@ -447,13 +447,13 @@ def test_stop_with_savepoint_and_restore_at_another_parallelism_on_spark(spark, 
         build,
         exactly_once,
         published,
-        stop_with_savepoint_when,
+        savepoint_when,
     )
 
     n = 4000
     env = build(tmp_path, 2, tmp_path / "out1", n, pace=0.0005, batch_size=32)
     ready, listener = after_first_checkpoint()
-    answer = stop_with_savepoint_when(tmp_path / "checkpoints", ready)
+    answer = savepoint_when(tmp_path / "checkpoints", ready)
     result = env.execute(spark, listener=listener)
     answer[0].join(60)
     assert len(answer) == 2 and isinstance(answer[1], str), answer

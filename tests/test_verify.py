@@ -14,7 +14,6 @@ import hashlib
 import json
 import pickle
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cutline import JobClient, JobClientError, StreamEnvironment
+from cutline import StreamEnvironment
 from cutline.api.environment import DataStream
 from cutline.examples.connected_components import (
     Propagate,
@@ -41,6 +40,7 @@ from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.storage import METADATA, SHARED, CheckpointLocation, CheckpointStorage
 from cutline.runtime.verify import Verification, verify_checkpoint
 from test_checkpoint_stats import environment, keyed_job
+from test_savepoints import after_first_checkpoint, savepoint_when
 
 JOBS = [
     "aligned",
@@ -178,27 +178,14 @@ def test_every_real_checkpoint_verifies(directories: Directories, job: str) -> N
 def test_a_savepoint_folder_verifies(tmp_path: Path) -> None:
     env = environment(tmp_path, "unaligned", batch_size=10)
     keyed_job(env, 0.01, None)
-    first = threading.Event()
-    answer: list[Any] = []
-
-    def ask() -> None:
-        first.wait(30)
-        try:
-            answer.append(JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "sp"))
-        except JobClientError as exc:
-            answer.append(exc)
-
-    asking = threading.Thread(target=ask, daemon=True)
-    asking.start()
-    env.execute(
-        launcher=ThreadLauncher(),
-        listener=lambda kind, message: first.set() if kind == "checkpoint" else None,
-    )
-    asking.join(30)
-    assert len(answer) == 1 and isinstance(answer[0], str), answer
+    ready, listener = after_first_checkpoint()
+    answer = savepoint_when(tmp_path / "checkpoints", ready, stop=False, target=tmp_path / "sp")
+    env.execute(launcher=ThreadLauncher(), listener=listener)
+    answer[0].join(30)
+    assert len(answer) == 2 and isinstance(answer[1], str), answer
     # moved elsewhere: a savepoint is self-contained
     moved = tmp_path / "elsewhere"
-    shutil.move(answer[0], moved)
+    shutil.move(answer[1], moved)
     verification = verify_checkpoint(CheckpointLocation.open(str(moved)))
     assert verification.ok, verification.summary()
     assert verification.checkpoint_id is not None
