@@ -66,3 +66,17 @@ def test_run_and_restart_files_with_a_null_time_are_unreadable() -> None:
     assert [r.run for r in history.runs] == ["ab"]
     assert [r.generation for r in history.restarts] == [1]
     assert len(history.unreadable) == 2
+
+
+def test_sizes_and_ids_for_people() -> None:
+    from cutline.runtime.stats import human_bytes, id_ranges
+
+    assert [human_bytes(n) for n in (0, 512, 1536, 3 * 2**20, 5 * 2**40)] == [
+        "0 B",
+        "512 B",
+        "1.5 KiB",
+        "3.0 MiB",
+        "5.0 TiB",
+    ]
+    assert id_ranges([10, 1, 2, 3, 5, 6, 3]) == "1-3, 5-6, 10"
+    assert id_ranges([]) == "none"

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cutline.runtime.inspect import CheckpointReader, InspectError
-from cutline.runtime.stats import CheckpointStats, History, critical_path
+from cutline.runtime.stats import CheckpointStats, History, critical_path, human_bytes, id_ranges
 from cutline.runtime.storage import (
     METADATA,
     CheckpointLocation,
@@ -55,14 +55,7 @@ def _console() -> Console:
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+    return "-" if n is None else human_bytes(n)
 
 
 def _seconds(value: float | None) -> str:
@@ -133,8 +126,8 @@ class Directory:
         if value not in self.ids and self.history.checkpoint(value) is None:
             _fail(
                 f"{self.url} has no checkpoint {value} (ids with statistics: "
-                f"{_ranges([s.checkpoint_id for s in self.history.checkpoints]) or 'none'}; "
-                f"folders: {_ranges(self.ids) or 'none'})"
+                f"{id_ranges([s.checkpoint_id for s in self.history.checkpoints])}; "
+                f"folders: {id_ranges(self.ids)})"
             )
         return value
 
@@ -156,27 +149,13 @@ class Directory:
             _fail(
                 f"checkpoint {checkpoint_id} is not on disk any more (only the newest "
                 f"retained_checkpoints stay; complete ones now: "
-                f"{_ranges(self.completed()) or 'none'}); its statistics remain: "
+                f"{id_ranges(self.completed())}); its statistics remain: "
                 f"`cutline checkpoints show {self.url} {checkpoint_id}`"
             )
         try:
             return CheckpointReader(location, None)
         except InspectError as exc:
             _fail(str(exc))
-
-
-def _ranges(ids: list[int]) -> str:
-    """``1-4, 7, 9-10``."""
-    parts: list[str] = []
-    ids = sorted(set(ids))
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ", ".join(parts)
 
 
 @click.group()

@@ -87,6 +87,8 @@ from cutline.runtime.stats import (
     RestartInfo,
     RunInfo,
     critical_path,
+    human_bytes,
+    id_ranges,
 )
 from cutline.runtime.storage import CheckpointStorage, StorageError
 from cutline.sim.diagram import colour, cut_line, star, style
@@ -132,38 +134,12 @@ def _seconds(value: float) -> str:
     return f"{value / 60:.1f} min"
 
 
-def _bytes(count: int | float) -> str:
-    """A size for people, in powers of 1024 (like the progress display)."""
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{count} B"  # pragma: no cover (the loop always returns)
-
-
 def _utc(epoch: float) -> str:
     """A recorded wall-clock time (seconds since the epoch), in UTC to the millisecond."""
     if epoch <= 0:
         return "unknown"
     moment = datetime.fromtimestamp(epoch, UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
-
-
-def _ranges(ids: Iterable[int]) -> str:
-    """``1-8, 10, 12-20``: sorted ids with consecutive runs folded (a history may hold
-    a thousand of them)."""
-    parts: list[str] = []
-    values = sorted(set(ids))
-    start = previous = None
-    for value in [*values, None]:
-        if start is not None and previous is not None and value == previous + 1:
-            previous = value
-            continue
-        if start is not None and previous is not None:
-            parts.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = value
-    return ", ".join(parts) if parts else "none"
 
 
 def _e(text: object) -> str:
@@ -211,7 +187,7 @@ def _read(checkpoint_dir: str, storage_options: dict[str, Any] | None) -> _Direc
             )
         if not has_stats:
             raise ReportError(
-                f"{name!r} has checkpoint folders (chk-N for N = {_ranges(folders)}) but no "
+                f"{name!r} has checkpoint folders (chk-N for N = {id_ranges(folders)}) but no "
                 f"statistics: it was written by an older cutline, from before checkpoint "
                 f"statistics were kept in {STATS_FOLDER}/ (run the job again with this version "
                 "to get them)"
@@ -819,7 +795,7 @@ def checkpoint_figure(stats: CheckpointStats, run: RunInfo | None) -> Figure:
         dy = 7.0 if annotated % 2 == 0 else -7.0
         annotated += 1
         ax.annotate(
-            f"{sub.channel_state_records} in flight ({_bytes(sub.channel_state_bytes)})",
+            f"{sub.channel_state_records} in flight ({human_bytes(sub.channel_state_bytes)})",
             (sub.snapshot_at * scale, ys[name]),
             xytext=(5.0, dy),
             textcoords="offset points",
@@ -952,7 +928,7 @@ def _choose(history: History, checkpoint: int | None, name: str) -> CheckpointSt
             ids = [c.checkpoint_id for c in history.checkpoints]
             raise ReportError(
                 f"checkpoint {checkpoint} has no statistics in {name!r}; the checkpoints "
-                f"with statistics are {_ranges(ids)}"
+                f"with statistics are {id_ranges(ids)}"
                 + (
                     f" (only the newest {STATS_HISTORY} are kept)"
                     if ids and checkpoint < min(ids)
@@ -987,9 +963,9 @@ def _header(directory: _Directory, timeline: _Timeline) -> str:
     ]
     if gave_up:
         totals.append(("failures not restarted", f"{len(gave_up)} (the job failed)"))
-    totals.append(("complete checkpoint folders on disk", _ranges(directory.completed)))
+    totals.append(("complete checkpoint folders on disk", id_ranges(directory.completed)))
     if incomplete:
-        totals.append(("incomplete folders", _ranges(incomplete)))
+        totals.append(("incomplete folders", id_ranges(incomplete)))
     totals_html = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in totals)
 
     rows = []
@@ -1054,7 +1030,7 @@ def _checkpoint_table(history: History, timeline: _Timeline, drawn: int | None) 
         status = stats.status + (" (final)" if stats.final else "")
         mode = _mode(stats)
         channel_state = (
-            f"{stats.channel_state_records} records, {_bytes(stats.channel_state_bytes)}"
+            f"{stats.channel_state_records} records, {human_bytes(stats.channel_state_bytes)}"
             if stats.channel_state_records or stats.channel_state_bytes
             else ""
         )
@@ -1074,8 +1050,8 @@ def _checkpoint_table(history: History, timeline: _Timeline, drawn: int | None) 
                     f"<td><code>{_e(stats.run or '?')}</code> g{_e(stats.generation)}</td>",
                     _td(f"{timeline.triggered(stats):.2f} s", number=True),
                     _td(_seconds(stats.duration), number=True),
-                    _td(_bytes(stats.size), number=True),
-                    _td(_bytes(stats.full_size), number=True),
+                    _td(human_bytes(stats.size), number=True),
+                    _td(human_bytes(stats.full_size), number=True),
                     _td(mode),
                     _td(channel_state, number=True),
                     _td(_seconds(stats.alignment), number=True),
@@ -1093,7 +1069,7 @@ def _checkpoint_table(history: History, timeline: _Timeline, drawn: int | None) 
     if len(checkpoints) > TABLE_ROWS:
         note = (
             f'<p class="note">The newest {TABLE_ROWS} of {len(checkpoints)} checkpoints '
-            f"(ids {_e(_ranges(c.checkpoint_id for c in shown))}); the plots above show "
+            f"(ids {_e(id_ranges(c.checkpoint_id for c in shown))}); the plots above show "
             "all of them.</p>"
         )
     table = _table(

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cutline.runtime.metrics import JobMetrics
+from cutline.runtime.stats import human_bytes
 
 _LEVEL_STYLE = {"high": "bold red", "low": "yellow", "ok": "green"}
 
@@ -27,15 +28,6 @@ def _count(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f}{unit}"
     return f"{n:.0f}"
-
-
-def _bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def render(metrics: JobMetrics, title: str = "cutline") -> Group:
@@ -72,7 +64,7 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
             lines.append(
                 Text(
                     f"{what} {stats.checkpoint_id}: {stats.duration:.2f} s, "
-                    f"{_bytes(stats.size)}"
+                    f"{human_bytes(stats.size)}"
                     + (
                         f", {stats.channel_state_records} records in flight"
                         if stats.unaligned

@@ -25,7 +25,7 @@ import json
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -308,6 +308,33 @@ def critical_path(stats: CheckpointStats, run: RunInfo | None) -> list[tuple[str
         sender = run.channels.get(channel, [None])[0] if run is not None else None
         current = stats.subtasks.get(sender) if sender is not None else None
     return path
+
+
+# ------------------------------------------------------------------------------ for people
+
+
+def human_bytes(count: float) -> str:
+    """A size for people, in powers of 1024: ``512 B``, ``1.5 KiB``, ``2.0 MiB``."""
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def id_ranges(ids: Iterable[int]) -> str:
+    """``1-8, 10, 12-20``: sorted ids with consecutive runs folded (``none`` for none)."""
+    parts: list[str] = []
+    values = sorted(set(ids))
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(parts) or "none"
 
 
 # ------------------------------------------------------------------------------- the folder
