@@ -127,13 +127,92 @@ def sim(
 )
 @click.option("--events", type=click.IntRange(min=10_000), default=2_000_000, show_default=True)
 @click.option("--no-kill", is_flag=True, help="Do not kill a worker.")
-def demo(workdir: Path, events: int, no_kill: bool) -> None:
-    """Run B1 (keyed running count) on local Spark, kill a worker, recover, check the output."""
+@click.option(
+    "--master",
+    help="Run on this Spark master (spark://HOST:7077, yarn, k8s://...) instead of local "
+    "Spark; --workdir must then be a path every host sees.",
+)
+@click.option(
+    "--conf",
+    "confs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A Spark setting for the session --master makes (repeatable), e.g. "
+    "spark.driver.host=10.0.0.1.",
+)
+@click.option(
+    "--parallelism", type=click.IntRange(min=1), default=2, show_default=True, help="Subtasks."
+)
+@click.option(
+    "--kill-command",
+    metavar="COMMAND",
+    help="Instead of killing a local Python worker: run COMMAND once the first checkpoint is "
+    "complete, {host} replaced by the host of the last slot, e.g. "
+    "'scripts/cluster.sh kill-worker {host}'.",
+)
+@click.option(
+    "--on-host-loss",
+    type=click.Choice(["restart", "wait"]),
+    default="restart",
+    show_default=True,
+    help="After a lost host: restart at once on the others, or wait for it to come back.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Start from the newest checkpoint in --workdir (after the driver died), keeping what "
+    "was published.",
+)
+def demo(
+    workdir: Path,
+    events: int,
+    no_kill: bool,
+    master: str | None,
+    confs: tuple[str, ...],
+    parallelism: int,
+    kill_command: str | None,
+    on_host_loss: str,
+    resume: bool,
+) -> None:
+    """Run B1 (keyed running count) on Spark, kill a worker, recover, check the output.
+
+    By default on local Spark, killing one Python worker; with --master on a cluster, losing
+    a worker host through --kill-command.
+    """
     if events % 10_000:
         _fail("--events must be a multiple of 10,000 (the number of keys)")
+    settings = {}
+    for conf in confs:
+        key, sep, value = conf.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--conf takes KEY=VALUE, not {conf!r}")
+        settings[key.strip()] = value
+    if settings and master is None:
+        _fail("--conf applies to the session --master makes; give --master too")
     from cutline.demo import run_demo
+    from cutline.runtime.restore import RestoreError
 
-    _, verdict = run_demo(workdir, events=events, kill=not no_kill)
+    spark = None
+    if master is not None:
+        from cutline.spark.launcher import SparkSetupError, cluster_session
+
+        try:
+            spark = cluster_session(master, settings)
+        except SparkSetupError as exc:
+            _fail(str(exc))
+    try:
+        _, verdict = run_demo(
+            workdir,
+            events=events,
+            kill=not no_kill,
+            spark=spark,
+            parallelism=parallelism,
+            kill_command=kill_command,
+            resume=resume,
+            on_host_loss=on_host_loss,
+        )
+    except (RestoreError, FileNotFoundError) as exc:
+        _fail(str(exc))
     sys.exit(EXIT_OK if verdict.exact else EXIT_UNVERIFIED)
 
 

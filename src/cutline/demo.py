@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from cutline.api.environment import StreamEnvironment
-from cutline.runtime.driver import JobResult
+from cutline.runtime.driver import JobResult, parse_running
 
 
 def write_b1_input(
@@ -130,6 +131,27 @@ class WorkerKiller:
         return self.ready_at[2] - self.killed_at
 
 
+class HostKiller(WorkerKiller):
+    """On a cluster: runs ``command`` (a shell command; ``{host}`` stands for the host of
+    ``slot``, e.g. ``scripts/cluster.sh kill-worker {host}``) to lose that slot's host."""
+
+    def __init__(self, command: str, hosts: Callable[[], dict[str, str]], slot: str) -> None:
+        super().__init__(slot)
+        self.command = command
+        self.hosts = hosts
+        self.host: str | None = None
+
+    def kill(self) -> bool:
+        with self._lock:
+            host = self.hosts().get(self.slot)
+            if self.killed_at is not None or not host:
+                return False
+            self.host = host
+            self.killed_at = time.monotonic()
+            subprocess.run(self.command.replace("{host}", host), shell=True, check=False)
+            return True
+
+
 def run_demo(
     workdir: str | Path,
     *,
@@ -137,51 +159,93 @@ def run_demo(
     kill: bool = True,
     echo: Callable[[str], None] = print,
     spark: Any = None,
+    parallelism: int = 2,
+    kill_command: str | None = None,
+    resume: bool = False,
+    on_host_loss: str = "restart",
 ) -> tuple[JobResult, Verdict]:
-    workdir = Path(workdir)
+    """Run B1 and check its output. On a cluster (``spark`` not local) ``workdir`` must be a
+    path every host sees, and a worker host is lost only through ``kill_command``. With
+    ``resume`` the job starts from the newest checkpoint in ``workdir`` (a driver that died
+    part-way), keeping what was published."""
+    from cutline.spark.launcher import SparkLauncher, is_local
+
+    workdir = Path(workdir).absolute()
     input_dir, output_dir, checkpoints = workdir / "input", workdir / "output", workdir / "ck"
-    for folder in (output_dir, checkpoints):
-        shutil.rmtree(folder, ignore_errors=True)
+    if not resume:
+        for folder in (output_dir, checkpoints):
+            shutil.rmtree(folder, ignore_errors=True)
     keys, per_key = 10_000, events // 10_000
     if not (input_dir / "events-19.parquet").exists() or _rows(input_dir) != events:
+        if resume:
+            raise FileNotFoundError(
+                f"{input_dir} does not hold the {events:,} events of an earlier run to resume"
+            )
         shutil.rmtree(input_dir, ignore_errors=True)
         echo(f"writing {events:,} events over {keys:,} keys to {input_dir} (20 Parquet files)")
         write_b1_input(input_dir, events, keys)
     # smaller batches than the default: the job then lasts a few seconds here, long enough for
     # a checkpoint to complete before the kill (with the default it is over in about one)
     env = StreamEnvironment(
-        parallelism=2,
+        parallelism=parallelism,
         checkpoint_interval="1s",
         checkpoint_dir=str(checkpoints),
         restart_delay=0.5,
         batch_size=8192,
         retained_checkpoints=3,  # for `cutline checkpoints show / diff` afterwards
+        on_host_loss=on_host_loss,
     )
     b1_job(env, input_dir, output_dir)
-    killer = WorkerKiller()
+    launcher = SparkLauncher.for_session(spark, parallelism)
+    local = is_local(launcher.spark)
+    hosts: dict[int, dict[str, str]] = {}
+    last_slot = f"slot-{parallelism - 1}"
+    killer: WorkerKiller = (
+        HostKiller(kill_command, lambda: hosts.get(1, {}), last_slot)
+        if kill_command is not None
+        else WorkerKiller(last_slot)
+    )
+    kill = kill and (local or kill_command is not None)
     start = time.monotonic()
 
     def listener(kind: str, message: str) -> None:
         echo(f"[{time.monotonic() - start:6.2f} s] {kind:<10} {message}")
+        if kind == "running":
+            generation, running_on = parse_running(message)
+            hosts[generation] = running_on
         if kill and kind == "checkpoint" and "(final)" not in message and killer.kill():
-            echo(
-                f"[{time.monotonic() - start:6.2f} s] {'kill':<10} SIGKILL to the Python worker "
-                f"of {killer.slot} (pid {killer.pids[killer.slot]})"
-            )
+            if isinstance(killer, HostKiller):
+                what = f"ran `{killer.command}` for host {killer.host} (of {killer.slot})"
+            else:
+                what = f"SIGKILL to the Python worker of {killer.slot} (pid {killer.pids[killer.slot]})"
+            echo(f"[{time.monotonic() - start:6.2f} s] {'kill':<10} {what}")
 
-    echo("running read_parquet -> key_by(key) -> sum(value) -> write_parquet at parallelism 2")
-    result = env.execute(spark, listener=listener, on_ready=killer.on_ready)
+    where = "local Spark" if local else f"Spark at {launcher.spark.sparkContext.master}"
+    echo(
+        "running read_parquet -> key_by(key) -> sum(value) -> write_parquet at parallelism "
+        f"{parallelism} on {where}" + (", from the newest checkpoint" if resume else "")
+    )
+    result = env.execute(
+        launcher=launcher,
+        listener=listener,
+        on_ready=killer.on_ready,
+        restore_from="latest" if resume else None,
+    )
     verdict = check_b1_output(output_dir, keys, per_key)
     echo(
         f"done in {result.duration:.1f} s: {len(result.checkpoints)} checkpoints complete, "
         f"{len(result.restarts)} restart(s)"
     )
+    for generation, slots in sorted(result.hosts.items()):
+        echo(f"generation {generation} ran on {', '.join(sorted(set(slots.values())))}")
     recovery = killer.recovery_seconds()
     if kill and killer.killed_at is None:
         echo(
             "note: the input was read before the first periodic checkpoint completed, so no "
             "worker was killed; run with more --events to see a recovery"
         )
+    elif not local and kill_command is None and not resume:
+        echo("note: on a cluster no worker is killed unless --kill-command says how")
     if recovery is not None:
         echo(f"recovery: {recovery:.1f} s from the kill to every slot running again")
     for restart in result.restarts:

@@ -29,7 +29,15 @@ import pyarrow as pa
 
 from cutline.api.progress import LiveProgress, wanted
 from cutline.protocol.coordinator import CheckpointSettings
-from cutline.runtime.driver import JobConfig, JobDriver, JobResult, Launcher, Listener
+from cutline.runtime.driver import (
+    HOST_LOSS_POLICIES,
+    LATEST,
+    JobConfig,
+    JobDriver,
+    JobResult,
+    Launcher,
+    Listener,
+)
 from cutline.runtime.graph import Edge, ExecutionPlan, GraphError, JobGraph, Operator, plan
 from cutline.runtime.operators import (
     KeyedProcessFunction,
@@ -68,6 +76,23 @@ def seconds(value: float | int | str | None, what: str) -> float | None:
     )
 
 
+def location(path: str | os.PathLike[str]) -> str:
+    """A URL as it is; a local path made absolute, so that it names the same place in every
+    process (a Spark executor's working directory is not the driver's)."""
+    text = os.fspath(path)
+    if "://" in text:
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _restore_url(restore_from: str | os.PathLike[str] | None) -> str | None:
+    if restore_from is None:
+        return None
+    if os.fspath(restore_from) == LATEST:
+        return LATEST
+    return location(restore_from)
+
+
 class StreamEnvironment:
     """A streaming job being built, and how it runs.
 
@@ -86,7 +111,15 @@ class StreamEnvironment:
         ``on_error="dead_letter"`` could not process go, with their error (JSON lines).
     :param batch_size: records per batch read from a source.
     :param buffer_capacity: batches buffered per input channel before backpressure.
-    :param heartbeat_timeout: a slot silent this long is declared lost.
+    :param heartbeat_timeout: a slot silent this long is declared lost (a host cut off from
+        the network; a killed one is noticed at once).
+    :param slot_timeout: how long each (re)start waits for its task slots (one per subtask
+        index, all at once: executors register after the session starts, and come back
+        after a lost host) before it fails.
+    :param on_host_loss: after a failure, ``"restart"`` at once on the task slots there are
+        (on a cluster: the hosts that remain, when they have enough), or ``"wait"`` up to
+        ``slot_timeout`` for every host the failed attempt ran on to have an executor again,
+        then start on what there is.
     :param checkpointing: how barriers are handled (README, "Checkpointing modes"):
         ``"aligned"`` (exactly-once; a subtask waits for a checkpoint's barrier on every
         input before it snapshots), ``"unaligned"`` (exactly-once; it snapshots on the first
@@ -127,6 +160,8 @@ class StreamEnvironment:
         batch_size: int = 65536,
         buffer_capacity: int = 4,
         heartbeat_timeout: float | str = "30s",
+        slot_timeout: float | str = "2min",
+        on_host_loss: str = "restart",
         storage_options: dict[str, Any] | None = None,
         checkpointing: str = "aligned",
         alignment_timeout: float | str | None = None,
@@ -150,7 +185,7 @@ class StreamEnvironment:
             local_dir=os.fspath(state_dir) if state_dir is not None else None,
             memory=state_memory,
         )
-        self.savepoint_dir = os.fspath(savepoint_dir) if savepoint_dir is not None else None
+        self.savepoint_dir = location(savepoint_dir) if savepoint_dir is not None else None
         if type(parallelism) is not int or parallelism < 1:
             raise ValueError(f"parallelism must be a positive integer, not {parallelism!r}")
         if type(max_parallelism) is not int or max_parallelism < parallelism:
@@ -212,11 +247,21 @@ class StreamEnvironment:
             retained=retained_checkpoints,
             max_concurrent=max_concurrent_checkpoints,
         )
-        self.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_dir = location(checkpoint_dir) if checkpoint_dir is not None else None
         self.restart_attempts = restart_attempts
         self.restart_delay = seconds(restart_delay, "restart_delay") or 0.0
         self.heartbeat_timeout = seconds(heartbeat_timeout, "heartbeat_timeout") or 30.0
-        self.dead_letter_dir = os.fspath(dead_letter_dir) if dead_letter_dir is not None else None
+        slots_for = seconds(slot_timeout, "slot_timeout")
+        if slots_for is None or not 0 <= slots_for < math.inf:
+            raise ValueError(f"slot_timeout must be a finite duration, not {slot_timeout!r}")
+        self.slot_timeout = slots_for
+        if on_host_loss not in HOST_LOSS_POLICIES:
+            raise ValueError(
+                f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
+                f"not {on_host_loss!r}"
+            )
+        self.on_host_loss = on_host_loss
+        self.dead_letter_dir = location(dead_letter_dir) if dead_letter_dir is not None else None
         self.batch_size = batch_size
         self.buffer_capacity = buffer_capacity
         self.storage_options = storage_options
@@ -254,7 +299,7 @@ class StreamEnvironment:
         return self._files(path, "jsonl", name)
 
     def _files(self, path: str | os.PathLike[str], fmt: str, name: str | None) -> DataStream:
-        source = FileSource(os.fspath(path), fmt, self.storage_options)
+        source = FileSource(location(path), fmt, self.storage_options)
         source.files()  # a missing directory is an error now, not inside a Spark task
         return self._source(source, name or f"read_{fmt}", name)
 
@@ -313,7 +358,9 @@ class StreamEnvironment:
             is processed and published exactly once. For unbounded sources; without it such
             a job runs until interrupted.
         :param restore_from: start from this checkpoint or savepoint (its folder; or a
-            checkpoint directory: its newest complete checkpoint), at this job's parallelism
+            checkpoint directory: its newest complete checkpoint; or ``"latest"``: this job's
+            own ``checkpoint_dir``'s, how a job whose driver died resumes), at this job's
+            parallelism
             (state is redistributed when it differs). State is matched to operators by their
             names (``name=``): name the stateful operators, and keep the names.
         :param allow_non_restored_state: start even when the checkpoint holds state of an
@@ -332,6 +379,16 @@ class StreamEnvironment:
         self._check_outputs()
         if not self._outputs and not self._collect:
             warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
+        if launcher is None:
+            from cutline.spark.launcher import SparkLauncher, is_local
+
+            launcher = SparkLauncher.for_session(spark, self.parallelism)
+            if self.checkpoint_dir is None and not is_local(launcher.spark):
+                raise ValueError(
+                    "on a Spark cluster the job needs a checkpoint_dir that every host can "
+                    "read and write (a shared path, or a URL: hdfs://..., s3://...); the "
+                    "default temporary directory is on the driver's machine only"
+                )
         temporary = None
         checkpoint_dir = self.checkpoint_dir
         if checkpoint_dir is None:
@@ -359,19 +416,17 @@ class StreamEnvironment:
                 dead_letter_dir=self.dead_letter_dir,
                 on_error=dict(self._on_error),
                 heartbeat_timeout=self.heartbeat_timeout,
+                slot_timeout=self.slot_timeout,
+                on_host_loss=self.on_host_loss,
                 collect=collect_dirs,
                 stop_after=seconds(stop_after, "stop_after"),
                 checkpointing=self.checkpointing,
                 alignment_timeout=self.alignment_timeout,
                 state=self.state,
-                restore_from=os.fspath(restore_from) if restore_from is not None else None,
+                restore_from=_restore_url(restore_from),
                 allow_non_restored_state=allow_non_restored_state,
                 savepoint_dir=self.savepoint_dir,
             )
-            if launcher is None:
-                from cutline.spark.launcher import SparkLauncher
-
-                launcher = SparkLauncher.for_session(spark, self.parallelism)
             driver = JobDriver(execution_plan, config, launcher, listener)
             driver.on_ready = on_ready
             if not wanted(progress):
@@ -536,11 +591,11 @@ class DataStream:
     def write_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         """Exactly-once Parquet output: part files appear in ``path`` when the checkpoint that
         covers them completes (pending ones wait in ``path/_pending``, which readers skip)."""
-        self._file_sink(os.fspath(path), "parquet", name)
+        self._file_sink(location(path), "parquet", name)
 
     def write_jsonl(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         """Exactly-once JSON-lines output (as :meth:`write_parquet`)."""
-        self._file_sink(os.fspath(path), "jsonl", name)
+        self._file_sink(location(path), "jsonl", name)
 
     def _file_sink(self, path: str, fmt: str, name: str | None) -> None:
         what = f"write_{fmt}({path})"

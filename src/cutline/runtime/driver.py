@@ -75,6 +75,10 @@ from cutline.runtime.storage import (
 from cutline.runtime.task import SlotSetup
 from cutline.runtime.verify import verify_checkpoint
 
+LATEST = "latest"
+"""``restore_from=LATEST``: the newest complete checkpoint (or savepoint taken as the final
+one) in the job's own checkpoint directory: how a job whose driver died resumes."""
+
 VERIFY_EVERY_CHECKPOINT = bool(os.environ.get("CUTLINE_VERIFY_CHECKPOINTS"))
 """Verify every checkpoint in full (``runtime/verify.py``: every file read, the channel state
 counted) as soon as its metadata is written. The test suite turns it on; failures are kept in
@@ -157,6 +161,9 @@ class JobResult:
     """The folders of the savepoints taken (the last one is where a stopped job resumes)."""
     restored_from: str | None = None
     """The checkpoint or savepoint the job started from (``restore_from``)."""
+    hosts: dict[int, dict[str, str]] = field(default_factory=dict)
+    """Per generation, the host (address) each slot ran on: ``{1: {"slot-0": "10.0.0.11",
+    ...}}``."""
     metrics: JobMetrics | None = None
     """Records in and out per operator, throughput and backpressure at the end (of the last
     generation), the last checkpoints and the restarts: what the live progress showed."""
@@ -189,6 +196,21 @@ class Launcher(Protocol):
     def driver_host(self) -> str:
         """The address the slots reach the driver at."""
         ...
+
+    def wait_for_slots(
+        self, needed: int, hosts: frozenset[str], timeout: float, say: Callable[[str], None]
+    ) -> str | None:
+        """Wait, up to ``timeout`` seconds, until ``needed`` task slots are free at once and
+        every one of ``hosts`` runs an executor again (hosts a failed generation ran on: the
+        ``on_host_loss="wait"`` policy). ``None`` when the job can start (a host that did not
+        come back is then only said, through ``say``); otherwise why it cannot."""
+        ...
+
+
+HOST_LOSS_POLICIES = ("restart", "wait")
+"""After a generation failed: ``restart`` at once on the slots there are (the hosts that remain,
+when they have enough), or ``wait`` (up to ``slot_timeout``) for every host it ran on to be
+back."""
 
 
 @dataclass(frozen=True)
@@ -225,11 +247,17 @@ class JobConfig:
     """Where savepoints go by default (``CHECKPOINT_DIR/savepoints``)."""
     stats_history: int = STATS_HISTORY
     """Checkpoint statistics files kept in ``CHECKPOINT_DIR/_stats`` (the newest)."""
+    slot_timeout: float = 120.0
+    """Seconds each generation waits for its task slots (one per subtask index, all at once)
+    before it fails as a launcher failure (counted as a restart)."""
+    on_host_loss: str = "restart"
+    """One of :data:`HOST_LOSS_POLICIES`."""
 
 
 Listener = Callable[[str, str], None]
 """Called with (kind, message) for what a user may want to see: ``checkpoint``, ``abort``,
-``restart``, ``warning``, ``failure``."""
+``restart``, ``slots`` (waiting for task slots or lost hosts), ``running`` (every slot of a
+generation ready, and where), ``warning``, ``failure``."""
 
 
 class JobDriver:
@@ -253,7 +281,15 @@ class JobDriver:
         self.registry = SharedStateRegistry(self._shared_references(existing))
         self._savepoints: dict[int, str] = {}
         """This run's savepoints: id -> folder (restored from after a failure when newest)."""
-        self._initial = self._resolve(config.restore_from) if config.restore_from else None
+        if config.on_host_loss not in HOST_LOSS_POLICIES:
+            raise ValueError(
+                f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
+                f"not {config.on_host_loss!r}"
+            )
+        restore_from = config.restore_from
+        if restore_from == LATEST:
+            restore_from = config.checkpoint_dir
+        self._initial = self._resolve(restore_from) if restore_from else None
         if self._initial is not None:  # ids above the restored one: nothing is named twice
             self._first_id = max(self._first_id, self._initial.checkpoint_id + 1)
             self._next_id = self._first_id
@@ -307,8 +343,11 @@ class JobDriver:
             outcome = f"failed: {exc}"
             raise
         finally:
+            last = self.result.hosts.get(max(self.result.hosts), {}) if self.result.hosts else {}
             self._keep(
-                dataclasses.replace(self.run_info, ended=time.time(), outcome=outcome[:2000])
+                dataclasses.replace(
+                    self.run_info, ended=time.time(), outcome=outcome[:2000], hosts=dict(last)
+                )
             )
             if self.endpoint is not None:
                 self.endpoint.close()
@@ -352,7 +391,8 @@ class JobDriver:
             self.listener("warning", f"cannot keep checkpoint statistics: {exc}")
 
     def _restarted(self, info: RestartInfo) -> None:
-        info = dataclasses.replace(info, run=self.run_id, time=time.time())
+        hosts = dict(self.result.hosts.get(info.generation, {}))
+        info = dataclasses.replace(info, run=self.run_id, time=time.time(), hosts=hosts)
         self.result.restarts.append(info)
         self._keep(info)
 
@@ -492,8 +532,25 @@ class JobDriver:
             with contextlib.suppress(StorageError, ValueError):
                 self.storage.remove_shared(path)
 
+    def _slots(self, generation: int) -> Failure | None:
+        """Wait for the generation's task slots (and, after a lost host with
+        ``on_host_loss="wait"``, for the hosts the failed generation ran on)."""
+        hosts: frozenset[str] = frozenset()
+        if self.config.on_host_loss == "wait":
+            hosts = frozenset(h for h in self.result.hosts.get(generation - 1, {}).values() if h)
+        error = self.launcher.wait_for_slots(
+            self.plan.parallelism,
+            hosts,
+            self.config.slot_timeout,
+            lambda message: self.listener("slots", message),
+        )
+        return None if error is None else Failure("launcher", error)
+
     def _attempt(self, generation: int, restore: RestoreSpec | None) -> Failure | None:
         config, plan = self.config, self.plan
+        waited = self._slots(generation)
+        if waited is not None:
+            return waited
         token = secrets.token_hex(16).encode()
         slots = [f"slot-{i}" for i in range(plan.parallelism)]
         server = ControlServer(slots, token=token, generation=generation)
@@ -549,6 +606,22 @@ class JobDriver:
                             records.extend(pickle.load(source))
             collected[name] = records
         return collected
+
+
+def running_message(generation: int, hosts: dict[str, str]) -> str:
+    """The ``running`` listener message: ``generation 2: slot-0 on 10.0.0.11, ...``."""
+    where = ", ".join(f"{slot} on {hosts[slot] or '?'}" for slot in sorted(hosts))
+    return f"generation {generation}: {where}"
+
+
+def parse_running(message: str) -> tuple[int, dict[str, str]]:
+    """The generation and the slots' hosts in a ``running`` message."""
+    head, _, rest = message.partition(": ")
+    hosts = {}
+    for part in rest.split(", "):
+        slot, _, host = part.partition(" on ")
+        hosts[slot] = host
+    return int(head.rsplit(" ", 1)[-1]), hosts
 
 
 class _Attempt:
@@ -633,7 +706,7 @@ class _Attempt:
                     if now - self.last_beat.get(slot, now) > config.heartbeat_timeout:
                         return Failure(
                             "lost",
-                            f"{slot} stopped answering (no heartbeat for "
+                            f"stopped answering{self._on_host(slot)} (no heartbeat for "
                             f"{config.heartbeat_timeout:g} s)",
                             subtask=slot,
                         )
@@ -658,6 +731,10 @@ class _Attempt:
                 self._on_event(event)
                 event = self.server.next_event(timeout=0)
         return self.failure
+
+    def _on_host(self, slot: str) -> str:
+        host = self.driver.result.hosts.get(self.generation, {}).get(slot)
+        return f" (on {host})" if host else ""
 
     def _progress(self, now: float) -> None:
         """Hand the job's figures to the progress display, four times a second."""
@@ -689,8 +766,13 @@ class _Attempt:
         self.last_beat[event.task] = now
         if kind == "ready":
             self.ready[event.task] = int(body.get("pid", 0))
+            self.driver.result.hosts.setdefault(self.generation, {})[event.task] = str(
+                body.get("host", "")
+            )
             if len(self.ready) == len(self.slots):
                 self.ready_at = now
+                hosts = self.driver.result.hosts.get(self.generation, {})
+                self.driver.listener("running", running_message(self.generation, hosts))
                 if self.driver.on_ready is not None:
                     self.driver.on_ready(self.generation, dict(self.ready))
         elif kind == "exhausted":
@@ -738,8 +820,8 @@ class _Attempt:
             if event.task not in self.finished and self.failure is None:
                 self.failure = Failure(
                     "lost",
-                    f"{event.task} was lost: {body.get('reason')} (the worker process died or "
-                    "its connection broke)",
+                    f"lost{self._on_host(event.task)}: {body.get('reason')} (the worker "
+                    "process or its host died, or its connection broke)",
                     subtask=event.task,
                 )
         elif kind in ("finished", "heartbeat"):

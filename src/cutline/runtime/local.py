@@ -5,6 +5,7 @@ same contract, with a ``threading.Barrier`` for the rendezvous."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from cutline.runtime.task import SlotSetup, run_slot
@@ -58,3 +59,8 @@ class ThreadLauncher:
 
     def driver_host(self) -> str:
         return "127.0.0.1"
+
+    def wait_for_slots(
+        self, needed: int, hosts: frozenset[str], timeout: float, say: Callable[[str], None]
+    ) -> str | None:
+        return None  # a thread per slot, on this one host

@@ -232,6 +232,9 @@ class RestartInfo(_Record):
     """When it failed (seconds since the epoch)."""
     restarted: bool = True
     """Whether a next generation was started (``False``: the restart strategy gave up)."""
+    hosts: dict[str, str] = field(default_factory=dict)
+    """Slot -> the host (address) it ran on in the failed generation (empty: it never got all
+    its slots running)."""
 
     KIND: ClassVar[str] = "restart"
 
@@ -255,6 +258,8 @@ class RunInfo(_Record):
     ended: float | None = None
     outcome: str | None = None
     """``finished``, or ``failed: ...`` (``None`` while it runs, or if the driver died)."""
+    hosts: dict[str, str] = field(default_factory=dict)
+    """At the end: slot -> the host (address) it ran on in the last generation."""
 
     KIND: ClassVar[str] = "run"
 

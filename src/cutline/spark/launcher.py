@@ -17,8 +17,9 @@ import json
 import os
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cutline.runtime.task import SlotSetup, run_slot
@@ -36,6 +37,51 @@ class SparkSetupError(RuntimeError):
 
 
 _session_lock = threading.Lock()
+
+
+def default_session(parallelism: int) -> Any:
+    """The session a job runs on when ``execute()`` is given none: the active one; else, in a
+    program started by ``spark-submit``, one on the master it was submitted to; else a local
+    one (:func:`local_session`)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # started by spark-submit: its master and conf
+        builder = SparkSession.builder.appName("cutline")
+        for key, value in SLOTS_CHECK_CONF.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+    return local_session(parallelism)
+
+
+def cluster_session(master: str, conf: dict[str, str] | None = None) -> Any:
+    """A session on ``master`` (``spark://HOST:7077``, ``yarn``, ``k8s://...``) with
+    cutline's settings and ``conf``; executors run the Python in ``PYSPARK_PYTHON`` (by
+    default this one: right when every host has it at the same path)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("cutline")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    for key, value in {**SLOTS_CHECK_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:
+        raise SparkSetupError(f"cannot start a Spark session on {master}: {exc}") from exc
+    spark.sparkContext.setLogLevel("OFF")  # cutline reports failures itself
+    return spark
+
+
+def is_local(spark: Any) -> bool:
+    """Whether ``spark`` runs in Spark's local mode (every task in the driver's JVM)."""
+    return str(spark.sparkContext.master).startswith("local")
 
 
 def local_session(parallelism: int) -> Any:
@@ -153,22 +199,95 @@ def _python_error(lines: list[str]) -> str | None:
 
 
 class SparkLauncher:
+    """Launches each generation as a barrier stage on ``spark``: in local mode, or on a cluster
+    (standalone, YARN, Kubernetes), whose executors may come, go and come back."""
+
+    poll_interval = 0.5
+
     def __init__(self, spark: Any) -> None:
         self.spark = spark
 
     @classmethod
     def for_session(cls, spark: Any, parallelism: int) -> SparkLauncher:
-        """On ``spark`` (``None``: a local session), after checking it has enough slots."""
+        """On ``spark`` (``None``: :func:`default_session`). In local mode the slots are
+        checked at once (there are never more); on a cluster each generation waits for them
+        (executors register after the session starts, and come back after a lost host)."""
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        session = spark if spark is not None else local_session(parallelism)
-        slots = session.sparkContext.defaultParallelism
-        if parallelism > slots:
-            raise SparkSetupError(
-                f"the job needs {parallelism} task slots at once (parallelism {parallelism}), "
-                f"and this Spark session has {slots}: lower the parallelism, or start Spark "
-                f"with more (e.g. master local[{parallelism}])"
-            )
+        session = spark if spark is not None else default_session(parallelism)
+        if is_local(session):
+            slots = session.sparkContext.defaultParallelism
+            if parallelism > slots:
+                raise SparkSetupError(
+                    f"the job needs {parallelism} task slots at once (parallelism "
+                    f"{parallelism}), and this Spark session has {slots}: lower the "
+                    f"parallelism, or start Spark with more (e.g. master local[{parallelism}])"
+                )
         return cls(session)
+
+    # ------------------------------------------------------------- the cluster's slots
+
+    def slots(self) -> tuple[int, int]:
+        """(task slots free now, task slots in all) over the executors Spark has."""
+        sc = self.spark.sparkContext
+        try:
+            jsc = sc._jsc.sc()
+            profile = jsc.resourceProfileManager().defaultResourceProfile()
+            total = int(jsc.maxNumConcurrentTasks(profile))
+            running = sum(int(e.numRunningTasks()) for e in jsc.statusTracker().getExecutorInfos())
+        except Exception:  # another Spark's internals: the plain figure
+            total, running = int(sc.defaultParallelism), 0
+        return max(0, total - running), total
+
+    def executor_hosts(self) -> frozenset[str] | None:
+        """The hosts with an executor now (``None``: this Spark does not say)."""
+        sc = self.spark.sparkContext
+        try:
+            jsc = sc._jsc.sc()
+            infos = list(jsc.statusTracker().getExecutorInfos())
+            if is_local(self.spark):
+                return frozenset(str(e.host()) for e in infos)
+            driver = jsc.env().blockManager().blockManagerId()
+            own = (str(driver.host()), int(driver.port()))
+            return frozenset(str(e.host()) for e in infos if (str(e.host()), int(e.port())) != own)
+        except Exception:
+            return None
+
+    def wait_for_slots(
+        self, needed: int, hosts: frozenset[str], timeout: float, say: Callable[[str], None]
+    ) -> str | None:
+        deadline = time.monotonic() + timeout
+        said = False
+        missing: frozenset[str] = frozenset()
+        while True:
+            free, total = self.slots()
+            present = self.executor_hosts() if hosts else frozenset()
+            missing = hosts - present if present is not None else frozenset()
+            if free >= needed and not missing:
+                if said:
+                    say(f"{free} task slots free{' and every host back' if hosts else ''}")
+                return None
+            if time.monotonic() >= deadline:
+                break
+            if not said:
+                said = True
+                waiting = []
+                if free < needed:
+                    waiting.append(f"{needed} task slots (the cluster has {free} free)")
+                if missing:
+                    waiting.append(f"host(s) {', '.join(sorted(missing))} to come back")
+                say(f"waiting up to {timeout:g} s for " + " and ".join(waiting))
+            time.sleep(self.poll_interval)
+        if free >= needed:  # the lost hosts did not come back: go on with the others
+            say(
+                f"host(s) {', '.join(sorted(missing))} did not come back within {timeout:g} s; "
+                f"starting on the {free} free task slots of the others"
+            )
+            return None
+        return (
+            f"the job needs {needed} task slots at once (one per subtask index) and the Spark "
+            f"cluster had {free} free ({total} in all) after waiting {timeout:g} s "
+            "(slot_timeout): add executors or cores, or lower the parallelism"
+        )
 
     def launch(self, setup: SlotSetup) -> SparkJob:
         return SparkJob(self.spark, setup)
