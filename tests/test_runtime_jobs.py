@@ -374,18 +374,18 @@ def test_two_sinks_of_one_job_each_get_every_record(tmp_path: Path) -> None:
     assert sorted(r["value"] for r in fives) == list(range(0, N, 5))
 
 
-def test_an_output_directory_that_already_holds_files_is_refused_when_the_job_is_built(
+def test_an_output_directory_that_already_holds_files_is_refused_when_the_job_runs(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "part-old.parquet").write_bytes(b"x")
-    env = environment(tmp_path)
-    stream = env.from_sequence(0, 10)
-    with pytest.raises(ValueError, match=r"already holds 1 file\(s\)"):
-        stream.write_parquet(out)
-    with pytest.raises(ValueError, match="already holds"):
-        stream.write_jsonl(str(out))
+    for write in ("write_parquet", "write_jsonl"):
+        env = environment(tmp_path)
+        getattr(env.from_sequence(0, 10), write)(out)
+        with pytest.raises(ValueError, match=r"already holds 1 file\(s\).*restore_from"):
+            env.execute(launcher=ThreadLauncher())
+    assert sorted(p.name for p in out.iterdir()) == ["part-old.parquet"]
 
 
 def test_an_output_directory_with_only_pending_and_hidden_files_is_accepted(

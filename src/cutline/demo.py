@@ -236,6 +236,8 @@ def run_demo(
         f"done in {result.duration:.1f} s: {len(result.checkpoints)} checkpoints complete, "
         f"{len(result.restarts)} restart(s)"
     )
+    if result.restored_from is not None:
+        echo(f"resumed from {result.restored_from}")
     for generation, slots in sorted(result.hosts.items()):
         echo(f"generation {generation} ran on {', '.join(sorted(set(slots.values())))}")
     recovery = killer.recovery_seconds()

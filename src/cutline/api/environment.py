@@ -376,7 +376,7 @@ class StreamEnvironment:
         :raises JobFailedError: the job failed and the restart strategy gave up.
         """
         execution_plan = self.plan()
-        self._check_outputs()
+        self._check_outputs(restoring=restore_from is not None)
         if not self._outputs and not self._collect:
             warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
         if launcher is None:
@@ -447,8 +447,9 @@ class StreamEnvironment:
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         return protocol, root.rstrip("/") or "/"
 
-    def _check_outputs(self) -> None:
-        """At ``execute()``: every output directory apart from the others and empty."""
+    def _check_outputs(self, restoring: bool) -> None:
+        """At ``execute()``: every output directory apart from the others, and empty unless the
+        job restores (a job resumed after its driver died goes on writing where it was)."""
         places = [(self._location(d), f"output directory {d}") for d in self._outputs.values()]
         if self.dead_letter_dir is not None:
             places.append((self._location(self.dead_letter_dir), "dead_letter_dir"))
@@ -460,6 +461,8 @@ class StreamEnvironment:
                     raise ValueError(
                         f"{what_a} and {what_b} overlap: give each sink its own directory"
                     )
+        if restoring:
+            return
         for uid, directory in self._outputs.items():
             self._check_empty(directory, self.graph.operators[uid].name)
 
@@ -467,7 +470,6 @@ class StreamEnvironment:
         location = self._location(directory)
         if any(self._location(d) == location for d in self._outputs.values()):
             raise ValueError(f"{what}: two sinks write to {directory}; give each its own directory")
-        self._check_empty(directory, what)
 
     def _check_empty(self, directory: str, what: str) -> None:
         fs, root = fsspec.core.url_to_fs(directory, **dict(self.storage_options or {}))
@@ -481,7 +483,8 @@ class StreamEnvironment:
                 raise ValueError(
                     f"{what}: output directory {directory} already holds {len(published)} "
                     "file(s); write to a new directory, or remove them first (the exactly-once "
-                    "sink never overwrites output)"
+                    "sink never overwrites output), or resume the job that wrote them "
+                    "(restore_from=...)"
                 )
 
 

@@ -226,31 +226,36 @@ class SparkLauncher:
 
     # ------------------------------------------------------------- the cluster's slots
 
-    def slots(self) -> tuple[int, int]:
-        """(task slots free now, task slots in all) over the executors Spark has."""
-        sc = self.spark.sparkContext
+    def executors(self) -> list[tuple[str, int, int]] | None:
+        """(host, cores, tasks running) of each executor Spark has now (in local mode: the
+        driver, which runs the tasks); ``None`` if this Spark does not say."""
         try:
-            jsc = sc._jsc.sc()
-            profile = jsc.resourceProfileManager().defaultResourceProfile()
-            total = int(jsc.maxNumConcurrentTasks(profile))
-            running = sum(int(e.numRunningTasks()) for e in jsc.statusTracker().getExecutorInfos())
-        except Exception:  # another Spark's internals: the plain figure
-            total, running = int(sc.defaultParallelism), 0
-        return max(0, total - running), total
-
-    def executor_hosts(self) -> frozenset[str] | None:
-        """The hosts with an executor now (``None``: this Spark does not say)."""
-        sc = self.spark.sparkContext
-        try:
-            jsc = sc._jsc.sc()
-            infos = list(jsc.statusTracker().getExecutorInfos())
-            if is_local(self.spark):
-                return frozenset(str(e.host()) for e in infos)
-            driver = jsc.env().blockManager().blockManagerId()
-            own = (str(driver.host()), int(driver.port()))
-            return frozenset(str(e.host()) for e in infos if (str(e.host()), int(e.port())) != own)
-        except Exception:
+            jsc = self.spark.sparkContext._jsc.sc()
+            summaries = jsc.statusStore().executorList(True)  # active ones
+            local = is_local(self.spark)
+            found = []
+            for i in range(int(summaries.size())):
+                summary = summaries.apply(i)
+                if (str(summary.id()) == "driver") != local:
+                    continue
+                host = str(summary.hostPort()).rsplit(":", 1)[0]
+                found.append((host, int(summary.totalCores()), int(summary.activeTasks())))
+            return found
+        except Exception:  # another Spark's internals
             return None
+
+    def slots(self) -> tuple[int, int, frozenset[str] | None]:
+        """(task slots free now, task slots in all, the hosts with an executor)."""
+        sc = self.spark.sparkContext
+        executors = self.executors()
+        if executors is None:
+            return int(sc.defaultParallelism), int(sc.defaultParallelism), None
+        per_task = max(1, int(sc.getConf().get("spark.task.cpus", "1")))
+        free = sum(
+            max(0, cores - running * per_task) // per_task for _, cores, running in executors
+        )
+        total = sum(cores // per_task for _, cores, _ in executors)
+        return free, total, frozenset(host for host, _, _ in executors)
 
     def wait_for_slots(
         self, needed: int, hosts: frozenset[str], timeout: float, say: Callable[[str], None]
@@ -259,8 +264,7 @@ class SparkLauncher:
         said = False
         missing: frozenset[str] = frozenset()
         while True:
-            free, total = self.slots()
-            present = self.executor_hosts() if hosts else frozenset()
+            free, total, present = self.slots()
             missing = hosts - present if present is not None else frozenset()
             if free >= needed and not missing:
                 if said:
