@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
+import random
 import socket
 import threading
 from collections.abc import Callable
@@ -19,6 +22,55 @@ def close_socket(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()
+
+
+PORTS_VARIABLE = "CUTLINE_PORTS"
+"""``LOW-HIGH``: the TCP ports cutline listens on (data channels on the executors, the
+control server and the savepoint endpoint on the driver); unset: any free port the system
+gives. Set it in the driver's environment and in the executors' (``spark.executorEnv``) where a
+firewall only lets a range through."""
+
+
+class PortsError(ValueError):
+    """``CUTLINE_PORTS`` is malformed, or every port in it is taken."""
+
+
+def port_range(text: str | None = None) -> range | None:
+    """The range ``CUTLINE_PORTS`` (or ``text``) names; ``None`` when it is unset."""
+    text = os.environ.get(PORTS_VARIABLE) if text is None else text
+    if text is None or not text.strip():
+        return None
+    low, sep, high = text.strip().partition("-")
+    try:
+        first, last = int(low), int(high if sep else low)
+    except ValueError:
+        first, last = -1, -1
+    if not 1 <= first <= last <= 65535:
+        raise PortsError(
+            f"{PORTS_VARIABLE}={text!r} is not a port range: use LOW-HIGH, e.g. 40000-40999"
+        )
+    return range(first, last + 1)
+
+
+def listen(host: str, backlog: int) -> socket.socket:
+    """A listening TCP socket on ``host``: on a free port of ``CUTLINE_PORTS`` when it is set,
+    else on any free port."""
+    ports = port_range()
+    if ports is None:
+        return socket.create_server((host, 0), backlog=backlog)
+    start = random.randrange(len(ports))  # many listeners start at once: spread them
+    for i in range(len(ports)):
+        port = ports[(start + i) % len(ports)]
+        try:
+            return socket.create_server((host, port), backlog=backlog)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise PortsError(
+        f"every port of {PORTS_VARIABLE}={ports.start}-{ports.stop - 1} is in use on {host}: "
+        "widen the range (each slot listens on one port per operator chain with inputs, the "
+        "driver on two)"
+    )
 
 
 class Listener:
@@ -39,7 +91,7 @@ class Listener:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._closed = False
-        self._server = socket.create_server((host, 0), backlog=backlog)
+        self._server = listen(host, backlog)
         threading.Thread(target=self._accept, name=f"{name}-accept", daemon=True).start()
 
     @property
