@@ -53,6 +53,7 @@ from cutline.runtime.operators import (
 from cutline.runtime.sinks import FileSink
 from cutline.runtime.sources import FileSource, SequenceSource
 from cutline.runtime.state import BACKENDS, DEFAULT_MAX_PARALLELISM, StateConfig
+from cutline.runtime.storage import CheckpointStorage
 from cutline.runtime.task import CHECKPOINTING_MODES
 
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|min|m|h)?\s*")
@@ -359,8 +360,8 @@ class StreamEnvironment:
             a job runs until interrupted.
         :param restore_from: start from this checkpoint or savepoint (its folder; or a
             checkpoint directory: its newest complete checkpoint; or ``"latest"``: this job's
-            own ``checkpoint_dir``'s, how a job whose driver died resumes), at this job's
-            parallelism
+            own ``checkpoint_dir``'s, how a job whose driver died resumes, and from the
+            beginning while there is none), at this job's parallelism
             (state is redistributed when it differs). State is matched to operators by their
             names (``name=``): name the stateful operators, and keep the names.
         :param allow_non_restored_state: start even when the checkpoint holds state of an
@@ -376,7 +377,18 @@ class StreamEnvironment:
         :raises JobFailedError: the job failed and the restart strategy gave up.
         """
         execution_plan = self.plan()
-        self._check_outputs(restoring=restore_from is not None)
+        restore = _restore_url(restore_from)
+        if restore == LATEST and not self._has_checkpoint():
+            # nothing completed, so nothing was published: a fresh start is the resumption
+            # (and an output directory that holds files then says this is not the same job)
+            if listener is not None:
+                listener(
+                    "warning",
+                    f"no complete checkpoint in {self.checkpoint_dir} yet: "
+                    "starting from the beginning",
+                )
+            restore = None
+        self._check_outputs(restoring=restore is not None)
         if not self._outputs and not self._collect:
             warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
         if launcher is None:
@@ -423,7 +435,7 @@ class StreamEnvironment:
                 checkpointing=self.checkpointing,
                 alignment_timeout=self.alignment_timeout,
                 state=self.state,
-                restore_from=_restore_url(restore_from),
+                restore_from=restore,
                 allow_non_restored_state=allow_non_restored_state,
                 savepoint_dir=self.savepoint_dir,
             )
@@ -440,6 +452,14 @@ class StreamEnvironment:
         finally:
             if temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)
+
+    def _has_checkpoint(self) -> bool:
+        """Whether ``checkpoint_dir`` holds a complete checkpoint (intact or not: a damaged
+        one is the driver's to report)."""
+        if self.checkpoint_dir is None:
+            raise ValueError('restore_from="latest" needs the job\'s checkpoint_dir')
+        storage = CheckpointStorage(self.checkpoint_dir, storage_options=self.storage_options)
+        return bool(storage.completed_ids())
 
     def _location(self, directory: str) -> tuple[str, str]:
         """(protocol, path) of ``directory``: equal for two spellings of one place."""
