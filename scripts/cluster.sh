@@ -29,7 +29,7 @@
 #
 # Needs Linux, iproute2 and root (CAP_NET_ADMIN and CAP_SYS_ADMIN): `up` refuses with a
 # message, exit code 3, where network namespaces cannot be made.
-set -euo pipefail
+set -Eeuo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 name="${CUTLINE_CLUSTER_NAME:-cutline}"
@@ -42,6 +42,7 @@ python="${PYTHON:-$here/.venv/bin/python}"
 [[ -x "$python" ]] || python="$(command -v python3 || true)"
 
 bridge="${name}-br"
+marker=".cutline-cluster"
 master_ip="$subnet.1"
 master_port=7077
 master_ui=8080
@@ -88,8 +89,10 @@ preflight() {
         die "network namespaces are not available here: 'ip netns add' failed: ${out}. The test cluster needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN), e.g. sudo scripts/cluster.sh up" 3
     fi
     ip netns del "$probe"
-    local version
-    version="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1)"
+    local version=""
+    command -v java >/dev/null \
+        || die "Spark needs Java 17 or newer, and there is no java here; see the README" 3
+    version="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1 || true)"
     [[ -n "$version" && "$version" -ge 17 ]] \
         || die "Spark needs Java 17 or newer (found: ${version:-none}); see the README" 3
     [[ -n "$python" ]] || die "no Python found: run 'make test' or 'make demo' first (they create .venv)" 3
@@ -119,6 +122,22 @@ wait_for_port() {  # host port seconds
     done
 }
 
+# Workers that registered with the master since it started (from its log).
+registered_workers() {
+    local n=0
+    n="$(grep -c "Registering worker" "$dir/master/master.log" 2>/dev/null)" || true
+    echo "${n:-0}"
+}
+
+# The files of the cluster, and only if they are ours (the marker file says so).
+remove_dir() {
+    if [[ -e "$dir/$marker" ]]; then
+        rm -rf "$dir"
+    elif [[ -d "$dir" ]]; then
+        rmdir "$dir" 2>/dev/null || true
+    fi
+}
+
 alive_workers() {
     "$python" - "$master_ip" "$master_ui" <<'PY' 2>/dev/null || echo 0
 import json, sys, urllib.request
@@ -143,9 +162,14 @@ cmd_up() {
     if ip link show "$bridge" >/dev/null 2>&1; then
         die "cluster '$name' is already up (scripts/cluster.sh down first)" 2
     fi
+    if [[ -e "$dir" && ! -e "$dir/$marker" && -n "$(ls -A "$dir" 2>/dev/null)" ]]; then
+        die "$dir holds files that are not a test cluster's: set CUTLINE_CLUSTER_DIR to an empty or new directory" 2
+    fi
     trap 'say "setting up failed; tearing down"; cmd_down >/dev/null 2>&1 || true' ERR
-    rm -rf "$dir"
+    trap 'say "interrupted; tearing down"; cmd_down >/dev/null 2>&1 || true; exit 130' INT TERM
+    remove_dir
     mkdir -p "$dir/conf" "$dir/master"
+    touch "$dir/$marker"
     # Spark's log lines go to each daemon's log file, at WARN
     cat >"$dir/conf/log4j2.properties" <<'CONF'
 rootLogger.level = warn
@@ -190,7 +214,7 @@ CONF
         start_worker "$i"
     done
     local deadline=$((SECONDS + 120)) alive=0
-    while alive="$(alive_workers)"; ((alive < workers)); do
+    while alive="$(registered_workers)"; ((alive < workers)); do
         if ((SECONDS >= deadline)); then
             say "only $alive of $workers workers registered within 120 s; their logs:"
             for ((i = 1; i <= workers; i++)); do tail -n 10 "$dir/w$i/worker.log" >&2; done
@@ -198,7 +222,7 @@ CONF
         fi
         sleep 0.5
     done
-    trap - ERR
+    trap - ERR INT TERM
     cmd_env | tee "$dir/cluster.env"
     say "up: master spark://$master_ip:$master_port, $workers workers with $cores slot(s) each"
 }
@@ -224,7 +248,10 @@ cmd_down() {
     for ((i = 1; i <= 9; i++)); do kill_namespace "$(ns_of "$i")"; done
     if [[ -f "$dir/master/pid" ]]; then
         pid="$(cat "$dir/master/pid")"
-        kill -9 "$pid" 2>/dev/null || true
+        # (only if it still is our master: a pid may have been reused since)
+        if grep -qa "deploy.master.Master" "/proc/$pid/cmdline" 2>/dev/null; then
+            kill -9 "$pid" 2>/dev/null || true
+        fi
     fi
     for ((i = 1; i <= 9; i++)); do
         ns="$(ns_of "$i")"
@@ -241,7 +268,7 @@ cmd_down() {
     done
     for ((i = 1; i <= 9; i++)); do rm -rf "/etc/netns/$(ns_of "$i")"; done
     ip link del "$bridge" 2>/dev/null || true
-    rm -rf "$dir"
+    remove_dir
     say "down: cluster '$name' removed"
 }
 
@@ -257,7 +284,7 @@ cmd_status() {
         ns="$(ns_of "$i")"
         ip netns list | grep -qw "^$ns" || continue
         n="$(ip netns pids "$ns" | wc -l)"
-        link="$(ip -br link show "$(veth_of "$i")" | awk '{print $2}')"
+        link="$(ip -br link show "$(veth_of "$i")" 2>/dev/null | awk '{print $2}' || true)"
         echo "worker $i  $(ip_of "$i")  namespace $ns  link $link  processes $n"
     done
     echo "alive workers registered with the master: $(alive_workers)"

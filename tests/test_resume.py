@@ -25,7 +25,7 @@ from cutline.runtime.storage import CheckpointStorage
 RECORDS = 3000
 
 
-def build(workdir: Path) -> StreamEnvironment:
+def build(workdir: Path, retained: int = 1) -> StreamEnvironment:
     """The job: a sequence, a slow map (so that it is still running when the driver dies),
     JSON lines out."""
 
@@ -39,6 +39,7 @@ def build(workdir: Path) -> StreamEnvironment:
         checkpoint_interval=0.2,
         batch_size=50,
         restart_delay=0.1,
+        retained_checkpoints=retained,
     )
     env.from_sequence(0, RECORDS).map(slow, name="slow").write_jsonl(workdir / "out")
     return env
@@ -50,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_resume import build
 from cutline.runtime.local import ThreadLauncher
-build(Path({workdir!r})).execute(launcher=ThreadLauncher())
+build(Path({workdir!r}), {retained}).execute(launcher=ThreadLauncher())
 """
 
 
@@ -62,22 +63,40 @@ def published(out: Path) -> list[int]:
     )
 
 
-def test_a_job_whose_driver_was_killed_resumes_exactly(tmp_path: Path) -> None:
-    script = DRIVER.format(tests=str(Path(__file__).parent), workdir=str(tmp_path))
+def checkpoints_published(out: Path) -> set[int]:
+    """The checkpoints whose part files are published in ``out``."""
+    return {int(p.name.split("-")[2]) for p in out.glob("part-*")}
+
+
+def kill_driver_after(workdir: Path, checkpoints: int, retained: int = 1) -> list[int]:
+    """Run the job's driver in a process of its own and SIGKILL it once ``checkpoints``
+    checkpoints completed and the newest published its parts; the complete ones then on
+    disk."""
+    script = DRIVER.format(
+        tests=str(Path(__file__).parent), workdir=str(workdir), retained=retained
+    )
     driver = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    storage = CheckpointStorage(str(tmp_path / "ck"))
+    storage = CheckpointStorage(str(workdir / "ck"))
     try:
-        while not (tmp_path / "ck").exists() or not storage.completed_ids():
+        while (
+            not (workdir / "ck").exists()
+            or len(storage.completed_ids()) < checkpoints
+            or max(storage.completed_ids()) not in checkpoints_published(workdir / "out")
+        ):
             assert driver.poll() is None, driver.stderr.read() if driver.stderr else ""
-            assert time.monotonic() < deadline, "no checkpoint completed within 60 s"
-            time.sleep(0.02)
+            assert time.monotonic() < deadline, "the checkpoints did not complete within 60 s"
+            time.sleep(0.01)
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait(30)
-    latest = max(storage.completed_ids())
-    before = published(tmp_path / "out")
-    assert len(before) < RECORDS  # it died part-way
+    assert 0 < len(published(workdir / "out")) < RECORDS  # it died part-way
+    return storage.completed_ids()
+
+
+def test_a_job_whose_driver_was_killed_resumes_exactly(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    latest = max(kill_driver_after(tmp_path, 1))
     messages: list[tuple[str, str]] = []
     result = build(tmp_path).execute(
         launcher=ThreadLauncher(),
@@ -87,6 +106,23 @@ def test_a_job_whose_driver_was_killed_resumes_exactly(tmp_path: Path) -> None:
     assert published(tmp_path / "out") == list(range(RECORDS))
     assert result.restored_from == storage.location(latest).url
     assert not [m for kind, m in messages if kind == "warning"]
+
+
+def test_resuming_from_an_older_checkpoint_withdraws_what_the_dead_run_published_after_it(
+    tmp_path: Path,
+) -> None:
+    """The newest checkpoint the dead driver completed (and published) is damaged: the job
+    resumes from the one before, and the dead run's parts of the newer one must go."""
+    *older, newest = kill_driver_after(tmp_path, 2, retained=2)
+    for state in (tmp_path / "ck" / f"chk-{newest}").glob("*.state"):
+        state.write_bytes(b"damaged")
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    with pytest.warns(CheckpointWarning, match=f"checkpoint {newest} .* is damaged"):
+        result = build(tmp_path, retained=2).execute(
+            launcher=ThreadLauncher(), restore_from="latest"
+        )
+    assert result.restored_from == storage.location(older[-1]).url
+    assert published(tmp_path / "out") == list(range(RECORDS))
 
 
 def test_resuming_a_finished_job_publishes_nothing_twice(tmp_path: Path) -> None:
@@ -117,7 +153,10 @@ def test_latest_with_no_checkpoint_refuses_an_output_directory_that_holds_files(
     """No checkpoint there, yet published output: not this job's directory (a typo?)."""
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "part-other.jsonl").write_text("{}\n")
-    with pytest.raises(ValueError, match=r"already holds 1 file\(s\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"already holds 1 file\(s\), and .* has no complete checkpoint to resume from: the files are not this job's",
+    ):
         build(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
 
 

@@ -190,12 +190,12 @@ def demo(
     if settings and master is None:
         _fail("--conf applies to the session --master makes; give --master too")
     from cutline.demo import run_demo
+    from cutline.runtime.driver import JobFailedError
     from cutline.runtime.restore import RestoreError
+    from cutline.spark.launcher import SparkSetupError, cluster_session
 
     spark = None
     if master is not None:
-        from cutline.spark.launcher import SparkSetupError, cluster_session
-
         try:
             spark = cluster_session(master, settings)
         except SparkSetupError as exc:
@@ -211,8 +211,10 @@ def demo(
             resume=resume,
             on_host_loss=on_host_loss,
         )
-    except (RestoreError, FileNotFoundError) as exc:
+    except (RestoreError, FileNotFoundError, ValueError, SparkSetupError) as exc:
         _fail(str(exc))
+    except JobFailedError as exc:
+        _fail(f"the demo's job failed: {exc}")
     sys.exit(EXIT_OK if verdict.exact else EXIT_UNVERIFIED)
 
 

@@ -144,7 +144,7 @@ class HostKiller(WorkerKiller):
     def kill(self) -> bool:
         with self._lock:
             host = self.hosts().get(self.slot)
-            if self.killed_at is not None or not host:
+            if self.killed_at is not None or not host or host == "?":
                 return False
             self.host = host
             self.killed_at = time.monotonic()

@@ -39,6 +39,7 @@ from cutline.runtime.driver import (
     Listener,
 )
 from cutline.runtime.graph import Edge, ExecutionPlan, GraphError, JobGraph, Operator, plan
+from cutline.runtime.net import port_range
 from cutline.runtime.operators import (
     KeyedProcessFunction,
     MapBatchesLogic,
@@ -89,8 +90,8 @@ def location(path: str | os.PathLike[str]) -> str:
 def _restore_url(restore_from: str | os.PathLike[str] | None) -> str | None:
     if restore_from is None:
         return None
-    if os.fspath(restore_from) == LATEST:
-        return LATEST
+    if isinstance(restore_from, str) and restore_from == LATEST:
+        return LATEST  # (a folder named so: Path("latest") or "./latest")
     return location(restore_from)
 
 
@@ -377,6 +378,7 @@ class StreamEnvironment:
         :raises JobFailedError: the job failed and the restart strategy gave up.
         """
         execution_plan = self.plan()
+        port_range()  # a malformed CUTLINE_PORTS: said now, not when the first socket opens
         restore = _restore_url(restore_from)
         if restore == LATEST and not self._has_checkpoint():
             # nothing completed, so nothing was published: a fresh start is the resumption
@@ -388,7 +390,10 @@ class StreamEnvironment:
                     "starting from the beginning",
                 )
             restore = None
-        self._check_outputs(restoring=restore is not None)
+            fresh = "no complete checkpoint to resume from"
+        else:
+            fresh = None
+        self._check_outputs(restoring=restore is not None, why=fresh)
         if not self._outputs and not self._collect:
             warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
         if launcher is None:
@@ -467,7 +472,7 @@ class StreamEnvironment:
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         return protocol, root.rstrip("/") or "/"
 
-    def _check_outputs(self, restoring: bool) -> None:
+    def _check_outputs(self, restoring: bool, why: str | None = None) -> None:
         """At ``execute()``: every output directory apart from the others, and empty unless the
         job restores (a job resumed after its driver died goes on writing where it was)."""
         places = [(self._location(d), f"output directory {d}") for d in self._outputs.values()]
@@ -484,14 +489,14 @@ class StreamEnvironment:
         if restoring:
             return
         for uid, directory in self._outputs.items():
-            self._check_empty(directory, self.graph.operators[uid].name)
+            self._check_empty(directory, self.graph.operators[uid].name, why)
 
     def _check_output(self, directory: str, what: str) -> None:
         location = self._location(directory)
         if any(self._location(d) == location for d in self._outputs.values()):
             raise ValueError(f"{what}: two sinks write to {directory}; give each its own directory")
 
-    def _check_empty(self, directory: str, what: str) -> None:
+    def _check_empty(self, directory: str, what: str, why: str | None = None) -> None:
         fs, root = fsspec.core.url_to_fs(directory, **dict(self.storage_options or {}))
         if fs.exists(root):
             published = [
@@ -499,6 +504,12 @@ class StreamEnvironment:
                 for p in fs.ls(root, detail=False)
                 if not str(p).rstrip("/").rsplit("/", 1)[-1].startswith(("_", "."))
             ]
+            if published and why is not None:  # restore_from="latest" found nothing
+                raise ValueError(
+                    f"{what}: output directory {directory} already holds {len(published)} "
+                    f"file(s), and {self.checkpoint_dir} has {why}: the files are not this "
+                    "job's (another checkpoint_dir?); write to a new directory, or remove them"
+                )
             if published:
                 raise ValueError(
                     f"{what}: output directory {directory} already holds {len(published)} "

@@ -706,8 +706,8 @@ class _Attempt:
                     if now - self.last_beat.get(slot, now) > config.heartbeat_timeout:
                         return Failure(
                             "lost",
-                            f"stopped answering{self._on_host(slot)} (no heartbeat for "
-                            f"{config.heartbeat_timeout:g} s)",
+                            f"stopped answering (no heartbeat for "
+                            f"{config.heartbeat_timeout:g} s){self._on_host(slot)}",
                             subtask=slot,
                         )
                 self._take_requests(now)

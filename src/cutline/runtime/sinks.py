@@ -19,12 +19,15 @@ one already published stays as it is) and deletes this subtask's other
 pending parts, written after the checkpoint by the attempt that failed. Every
 record is therefore published exactly once.
 
-One more case keeps that true when the newest complete checkpoint is damaged
-and the job restores an older one: parts that an earlier attempt of the same
-run published for a checkpoint newer than the restored one are **withdrawn**
-(deleted), since the replay writes their records again. Part names carry the
-checkpoint id, the generation and the run (one ``execute()``), so recovery
-knows them and never touches another run's output.
+One more case keeps that true when the job restores an older checkpoint than
+the newest one that published (the newest is damaged; or a job whose driver
+died resumes from its directory's newest checkpoint while a savepoint taken
+since had published more): parts published for a checkpoint newer than the
+restored one, by an earlier attempt of the same run or by an earlier run, are
+**withdrawn** (deleted), since the replay writes their records again. Part
+names carry the checkpoint id, the generation and the run (one ``execute()``),
+so recovery knows them; checkpoint ids are never reused in a checkpoint
+directory, and a fresh start never touches another run's output.
 """
 
 from __future__ import annotations
@@ -234,9 +237,9 @@ class FileSinkWriter:
                     self._fs.rm(str(path))
 
     def _withdraw_newer(self, restored: int | None, subtask: int) -> None:
-        """Delete ``subtask``'s parts that earlier attempts of this run published for
-        checkpoints after ``restored`` (``None``: any): the job restores an older checkpoint
-        than the newest complete one (it was damaged), so their records come again."""
+        """Delete ``subtask``'s parts published for checkpoints after ``restored`` by earlier
+        attempts of this run (``restored`` ``None``: any) or by earlier runs: the job restores
+        an older checkpoint than the newest that published, so their records come again."""
         prefix = f"part-{subtask:05d}-"
         try:
             published = self._fs.ls(self._root, detail=False)
@@ -248,8 +251,15 @@ class FileSinkWriter:
                 continue
             checkpoint, generation = int(match.group(2)), int(match.group(3))
             if match.group(4) != self._run:
-                continue  # another run's output: never touched
-            if generation < self._generation and (restored is None or checkpoint > restored):
+                # another run's part: published for a checkpoint after the one restored (by a
+                # driver that died after it, or with a savepoint taken since), its records come
+                # again. Checkpoint ids are never reused in a checkpoint directory.
+                newer = restored is not None and checkpoint > restored
+            else:
+                newer = generation < self._generation and (
+                    restored is None or checkpoint > restored
+                )
+            if newer:
                 try:
                     self._fs.rm(str(path))
                 except FileNotFoundError:

@@ -81,7 +81,8 @@ def cluster_session(master: str, conf: dict[str, str] | None = None) -> Any:
 
 def is_local(spark: Any) -> bool:
     """Whether ``spark`` runs in Spark's local mode (every task in the driver's JVM)."""
-    return str(spark.sparkContext.master).startswith("local")
+    master = str(spark.sparkContext.master)
+    return master == "local" or master.startswith("local[")
 
 
 def local_session(parallelism: int) -> Any:
@@ -260,6 +261,9 @@ class SparkLauncher:
     def wait_for_slots(
         self, needed: int, hosts: frozenset[str], timeout: float, say: Callable[[str], None]
     ) -> str | None:
+        if is_local(self.spark):
+            return None  # its slots never change (checked in for_session); Spark queues the
+            # stage while a cancelled generation's tasks end
         deadline = time.monotonic() + timeout
         said = False
         missing: frozenset[str] = frozenset()
@@ -286,6 +290,9 @@ class SparkLauncher:
                 f"host(s) {', '.join(sorted(missing))} did not come back within {timeout:g} s; "
                 f"starting on the {free} free task slots of the others"
             )
+            return None
+        if total >= needed:  # busy (a cancelled generation's tasks still ending): Spark queues
+            say(f"{free} of {total} task slots free after {timeout:g} s; starting anyway")
             return None
         return (
             f"the job needs {needed} task slots at once (one per subtask index) and the Spark "
