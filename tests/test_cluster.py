@@ -213,6 +213,26 @@ def test_the_job_runs_across_hosts_and_survives_losing_one(cluster: Cluster, wor
     assert cluster.script("start-worker", lost).returncode == 0
 
 
+@pytest.mark.slow  # (a minute: in `make soak`)
+def test_a_host_cut_off_the_network_is_declared_lost_and_the_job_goes_on_without_it(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """Its processes live on, unreachable: no connection closes, the heartbeats stop."""
+    cut = f"{SCRIPT} cut-link {{host}}"
+    try:
+        stdout = cluster.run_demo(workdir, "--heartbeat-timeout", "5", "--kill-command", cut)
+    finally:
+        for worker in cluster.workers:
+            cluster.script("heal-link", worker)
+    exact(workdir)
+    lost = killed_host(stdout)
+    history = CheckpointStorage(str(workdir / "ck")).read_history()
+    [restart] = history.restarts
+    assert restart.cause == f"slot-1: stopped answering (no heartbeat for 5 s) (on {lost})"
+    assert lost not in history.runs[-1].hosts.values()
+    verified(workdir / "ck")
+
+
 @pytest.mark.slow  # (a minute each: in `make soak`; the policy and the resume are
 # also tested without a cluster, in test_slots.py and test_resume.py)
 def test_with_on_host_loss_wait_the_job_waits_for_the_lost_host(

@@ -158,6 +158,13 @@ def sim(
     help="After a lost host: restart at once on the others, or wait for it to come back.",
 )
 @click.option(
+    "--heartbeat-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds without a heartbeat before a slot is declared lost (a host cut off).",
+)
+@click.option(
     "--resume",
     is_flag=True,
     help="Start from the newest checkpoint in --workdir (after the driver died), keeping what "
@@ -172,6 +179,7 @@ def demo(
     parallelism: int,
     kill_command: str | None,
     on_host_loss: str,
+    heartbeat_timeout: float,
     resume: bool,
 ) -> None:
     """Run B1 (keyed running count) on Spark, kill a worker, recover, check the output.
@@ -210,6 +218,7 @@ def demo(
             kill_command=kill_command,
             resume=resume,
             on_host_loss=on_host_loss,
+            heartbeat_timeout=heartbeat_timeout,
         )
     except (RestoreError, FileNotFoundError, ValueError, SparkSetupError) as exc:
         _fail(str(exc))

@@ -163,6 +163,7 @@ def run_demo(
     kill_command: str | None = None,
     resume: bool = False,
     on_host_loss: str = "restart",
+    heartbeat_timeout: float = 30.0,
 ) -> tuple[JobResult, Verdict]:
     """Run B1 and check its output. On a cluster (``spark`` not local) ``workdir`` must be a
     path every host sees, and a worker host is lost only through ``kill_command``. With
@@ -194,6 +195,7 @@ def run_demo(
         batch_size=8192,
         retained_checkpoints=3,  # for `cutline checkpoints show / diff` afterwards
         on_host_loss=on_host_loss,
+        heartbeat_timeout=heartbeat_timeout,
     )
     b1_job(env, input_dir, output_dir)
     launcher = SparkLauncher.for_session(spark, parallelism)
