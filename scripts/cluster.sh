@@ -48,7 +48,7 @@ master_port=7077
 master_ui=8080
 
 say() { echo "cluster: $*" >&2; }
-die() { say "$*"; exit "${2:-1}"; }
+die() { say "$1"; exit "${2:-1}"; }
 
 check_names() {
     [[ "$name" =~ ^[a-z][a-z0-9]{0,7}$ ]] \
