@@ -133,3 +133,17 @@ def test_local_mode_never_waits() -> None:
 )
 def test_which_masters_are_local(master: str, local: bool) -> None:
     assert is_local(SimpleNamespace(sparkContext=SimpleNamespace(master=master))) is local
+
+
+def test_the_settings_are_checked_when_the_job_is_built() -> None:
+    from cutline import StreamEnvironment
+
+    with pytest.raises(
+        ValueError, match="on_host_loss must be one of 'restart', 'wait', not 'later'"
+    ):
+        StreamEnvironment(on_host_loss="later")
+    for bad in (-1, "forever", float("inf")):
+        with pytest.raises(ValueError, match="slot_timeout"):
+            StreamEnvironment(slot_timeout=bad)
+    env = StreamEnvironment(slot_timeout="30s", on_host_loss="wait")
+    assert (env.slot_timeout, env.on_host_loss) == (30.0, "wait")

@@ -30,13 +30,13 @@ import pyarrow as pa
 from cutline.api.progress import LiveProgress, wanted
 from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.driver import (
-    HOST_LOSS_POLICIES,
     LATEST,
     JobConfig,
     JobDriver,
     JobResult,
     Launcher,
     Listener,
+    check_host_loss,
 )
 from cutline.runtime.graph import Edge, ExecutionPlan, GraphError, JobGraph, Operator, plan
 from cutline.runtime.net import port_range
@@ -257,12 +257,7 @@ class StreamEnvironment:
         if slots_for is None or not 0 <= slots_for < math.inf:
             raise ValueError(f"slot_timeout must be a finite duration, not {slot_timeout!r}")
         self.slot_timeout = slots_for
-        if on_host_loss not in HOST_LOSS_POLICIES:
-            raise ValueError(
-                f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
-                f"not {on_host_loss!r}"
-            )
-        self.on_host_loss = on_host_loss
+        self.on_host_loss = check_host_loss(on_host_loss)
         self.dead_letter_dir = location(dead_letter_dir) if dead_letter_dir is not None else None
         self.batch_size = batch_size
         self.buffer_capacity = buffer_capacity
@@ -504,18 +499,18 @@ class StreamEnvironment:
                 for p in fs.ls(root, detail=False)
                 if not str(p).rstrip("/").rsplit("/", 1)[-1].startswith(("_", "."))
             ]
-            if published and why is not None:  # restore_from="latest" found nothing
-                raise ValueError(
-                    f"{what}: output directory {directory} already holds {len(published)} "
-                    f"file(s), and {self.checkpoint_dir} has {why}: the files are not this "
-                    "job's (another checkpoint_dir?); write to a new directory, or remove them"
-                )
             if published:
-                raise ValueError(
-                    f"{what}: output directory {directory} already holds {len(published)} "
-                    "file(s); write to a new directory, or remove them first (the exactly-once "
+                advice = (
+                    f", and {self.checkpoint_dir} has {why}: the files are not this job's "
+                    "(another checkpoint_dir?); write to a new directory, or remove them"
+                    if why is not None  # restore_from="latest" found nothing to resume
+                    else "; write to a new directory, or remove them first (the exactly-once "
                     "sink never overwrites output), or resume the job that wrote them "
                     "(restore_from=...)"
+                )
+                raise ValueError(
+                    f"{what}: output directory {directory} already holds {len(published)} "
+                    f"file(s){advice}"
                 )
 
 

@@ -76,8 +76,8 @@ from cutline.runtime.task import SlotSetup
 from cutline.runtime.verify import verify_checkpoint
 
 LATEST = "latest"
-"""``restore_from=LATEST``: the newest complete checkpoint (or savepoint taken as the final
-one) in the job's own checkpoint directory: how a job whose driver died resumes."""
+"""``restore_from=LATEST``: the newest intact complete checkpoint in the job's own checkpoint
+directory: how a job whose driver died resumes."""
 
 VERIFY_EVERY_CHECKPOINT = bool(os.environ.get("CUTLINE_VERIFY_CHECKPOINTS"))
 """Verify every checkpoint in full (``runtime/verify.py``: every file read, the channel state
@@ -213,6 +213,15 @@ when they have enough), or ``wait`` (up to ``slot_timeout``) for every host it r
 back."""
 
 
+def check_host_loss(policy: str) -> str:
+    if policy not in HOST_LOSS_POLICIES:
+        raise ValueError(
+            f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
+            f"not {policy!r}"
+        )
+    return policy
+
+
 @dataclass(frozen=True)
 class JobConfig:
     parallelism: int
@@ -281,11 +290,7 @@ class JobDriver:
         self.registry = SharedStateRegistry(self._shared_references(existing))
         self._savepoints: dict[int, str] = {}
         """This run's savepoints: id -> folder (restored from after a failure when newest)."""
-        if config.on_host_loss not in HOST_LOSS_POLICIES:
-            raise ValueError(
-                f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
-                f"not {config.on_host_loss!r}"
-            )
+        check_host_loss(config.on_host_loss)
         restore_from = config.restore_from
         if restore_from == LATEST:
             restore_from = config.checkpoint_dir
