@@ -228,16 +228,15 @@ class SparkLauncher:
     # ------------------------------------------------------------- the cluster's slots
 
     def executors(self) -> list[tuple[str, int, int]] | None:
-        """(host, cores, tasks running) of each executor Spark has now (in local mode: the
-        driver, which runs the tasks); ``None`` if this Spark does not say."""
+        """(host, cores, tasks running) of each executor a cluster has now (not the driver);
+        ``None`` if this Spark does not say."""
         try:
             jsc = self.spark.sparkContext._jsc.sc()
             summaries = jsc.statusStore().executorList(True)  # active ones
-            local = is_local(self.spark)
             found = []
             for i in range(int(summaries.size())):
                 summary = summaries.apply(i)
-                if (str(summary.id()) == "driver") != local:
+                if str(summary.id()) == "driver":
                     continue
                 host = str(summary.hostPort()).rsplit(":", 1)[0]
                 found.append((host, int(summary.totalCores()), int(summary.activeTasks())))
