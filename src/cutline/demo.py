@@ -124,6 +124,10 @@ class WorkerKiller:
             self.killed_at = time.monotonic()
             return True
 
+    def describe(self) -> str:
+        """What :meth:`kill` did."""
+        return f"SIGKILL to the Python worker of {self.slot} (pid {self.pids[self.slot]})"
+
     def recovery_seconds(self) -> float | None:
         """From the kill to the next generation's slots all running again."""
         if self.killed_at is None or 2 not in self.ready_at:
@@ -150,6 +154,9 @@ class HostKiller(WorkerKiller):
             self.killed_at = time.monotonic()
             subprocess.run(self.command.replace("{host}", host), shell=True, check=False)
             return True
+
+    def describe(self) -> str:
+        return f"ran `{self.command}` for host {self.host} (of {self.slot})"
 
 
 def run_demo(
@@ -216,11 +223,7 @@ def run_demo(
             generation, running_on = parse_running(message)
             hosts[generation] = running_on
         if kill and kind == "checkpoint" and "(final)" not in message and killer.kill():
-            if isinstance(killer, HostKiller):
-                what = f"ran `{killer.command}` for host {killer.host} (of {killer.slot})"
-            else:
-                what = f"SIGKILL to the Python worker of {killer.slot} (pid {killer.pids[killer.slot]})"
-            echo(f"[{time.monotonic() - start:6.2f} s] {'kill':<10} {what}")
+            echo(f"[{time.monotonic() - start:6.2f} s] {'kill':<10} {killer.describe()}")
 
     where = "local Spark" if local else f"Spark at {launcher.spark.sparkContext.master}"
     echo(
