@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.cutline-installed
 DEMO_OUT ?= demo-output
 
-.PHONY: demo test lint typecheck pytest soak bench clean check-python check-java
+.PHONY: demo test lint typecheck pytest bare-install soak bench clean check-python check-java
 
 demo: $(STAMP)
 	@mkdir -p $(DEMO_OUT)
@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/cutline sim --demo --seed 7 --diagram $(DEMO_OUT)/bank.svg > /dev/null
 	@echo "diagram written to $(DEMO_OUT)/bank.png and $(DEMO_OUT)/bank.svg"
 
-test: lint typecheck pytest
+test: lint typecheck pytest bare-install
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -31,6 +31,10 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest -m "not slow"
+
+# `pip install .` (no extras) into an empty venv: every module imports, the CLI and a small job run
+bare-install: | check-python check-java
+	scripts/check_bare_install.sh $(PYTHON)
 
 soak: $(STAMP)
 	$(BIN)/pytest -m slow
