@@ -1,15 +1,17 @@
-"""Tests of checkpoint storage on a real directory and on fsspec's ``memory://`` (SEMANTICS.md §5).
+"""Tests of checkpoint storage on a real directory and on fsspec's ``memory://``.
 
 Everything is written for real: local checkpoints go to pytest's ``tmp_path`` and
 are corrupted on disk, URL checkpoints go to fsspec's in-memory filesystem (a
 fresh path per test, since it is process-global). A full disk is ``/dev/full``
-(writes to it fail with ENOSPC), not a mock.
-
+(writes to it fail with ENOSPC), not a mock; only a disk that fills up in the middle of
+a write, or fails to sync or rename, is the real file system with a failing ``open``,
+``fsync`` or ``mv`` put in (``fail_writes``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -26,6 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutline.runtime.stats import CheckpointStats, RunInfo, encode, stats_file
 from cutline.runtime.storage import (
     METADATA,
     CheckpointMetadata,
@@ -718,3 +721,227 @@ def test_a_handle_may_not_point_outside_its_checkpoint(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(CorruptCheckpointError, match="not a state file of this checkpoint"):
         storage.read_metadata(1)
+
+
+# ------------------------------------------- a completed checkpoint that lost its metadata
+
+
+def checkpoint_stats(checkpoint_id: int, **changes: Any) -> CheckpointStats:
+    """Statistics of ``checkpoint_id`` as the driver writes them (completed unless changed)."""
+    return CheckpointStats(checkpoint_id=checkpoint_id, generation=1, duration=0.1, **changes)
+
+
+def lose_metadata(storage: CheckpointStorage, checkpoint_id: int) -> None:
+    storage.fs.rm(file_path(storage, checkpoint_id, METADATA))
+
+
+def test_a_completed_checkpoint_whose_metadata_was_deleted_is_skipped_and_named(url: str) -> None:
+    storage = CheckpointStorage(url)
+    for checkpoint_id in (1, 2, 3):
+        write_checkpoint(storage, checkpoint_id)
+        storage.write_stats(checkpoint_stats(checkpoint_id))
+    lose_metadata(storage, 3)
+
+    assert storage.completed_ids() == [1, 2]
+    assert storage.completed_without_metadata() == [3]
+    reason = (
+        "checkpoint 3 is incomplete: its _metadata is missing, though its statistics say it "
+        f"completed ({where(url, 3, METADATA)} does not exist)"
+    )
+    assert storage.missing_metadata_reason(3) == reason
+    for verify in (True, False):
+        metadata, skipped = storage.latest(verify=verify)
+        assert metadata is not None and metadata.checkpoint_id == 2
+        assert skipped == [Skipped(3, reason)]
+
+
+def test_a_lost_metadata_is_named_with_the_damaged_checkpoints_in_order(url: str) -> None:
+    storage = CheckpointStorage(url)
+    for checkpoint_id in (1, 2, 3, 4):
+        write_checkpoint(storage, checkpoint_id)
+        storage.write_stats(checkpoint_stats(checkpoint_id))
+    lose_metadata(storage, 4)
+    state_deleted(storage, 3)
+    lose_metadata(storage, 2)
+    metadata, skipped = storage.latest()
+    assert metadata is not None and metadata.checkpoint_id == 1
+    assert [s.checkpoint_id for s in skipped] == [4, 3, 2]
+    assert "its _metadata is missing" in skipped[0].reason
+    assert "is missing" in skipped[1].reason and state_name("sum-1") in skipped[1].reason
+    assert "its _metadata is missing" in skipped[2].reason
+    assert storage.completed_without_metadata() == [2, 4]
+    # none of this run's (since=): nothing to skip; the newest one of this run only
+    assert storage.latest(since=5) == (None, [])
+    metadata, skipped = storage.latest(since=4)
+    assert metadata is None and [s.checkpoint_id for s in skipped] == [4]
+
+
+def test_a_lost_metadata_older_than_the_restored_checkpoint_is_not_skipped(url: str) -> None:
+    """Nothing was passed over for it: restoring the newest checkpoint is right."""
+    storage = CheckpointStorage(url)
+    for checkpoint_id in (1, 2):
+        write_checkpoint(storage, checkpoint_id)
+        storage.write_stats(checkpoint_stats(checkpoint_id))
+    lose_metadata(storage, 1)
+    metadata, skipped = storage.latest()
+    assert metadata is not None and metadata.checkpoint_id == 2
+    assert skipped == []
+    assert storage.completed_without_metadata() == [1]
+
+
+@pytest.mark.parametrize(
+    "statistics",
+    ["none", "aborted", "savepoint", "damaged", "of another checkpoint", "a folder"],
+)
+def test_a_folder_without_metadata_and_without_completed_statistics_is_as_before(
+    url: str, statistics: str
+) -> None:
+    """In progress, aborted, or nothing known: not reported (the driver removes it)."""
+    storage = CheckpointStorage(url)
+    write_checkpoint(storage, 1)
+    storage.write_stats(checkpoint_stats(1))
+    write_checkpoint(storage, 2, complete=False)
+    stats_path = f"{storage.root}/_stats/{stats_file(2)}"
+    if statistics == "aborted":
+        storage.write_stats(checkpoint_stats(2, status="aborted", reason="expired"))
+    elif statistics == "savepoint":
+        storage.write_stats(checkpoint_stats(2, savepoint=f"{url}/savepoints/sp-2"))
+    elif statistics == "damaged":
+        storage.fs.pipe_file(stats_path, b'{"kind": "checkpoint", <not json')
+    elif statistics == "of another checkpoint":
+        storage.fs.pipe_file(stats_path, encode(checkpoint_stats(7)))
+    elif statistics == "a folder":
+        storage.fs.makedirs(stats_path, exist_ok=True)
+    assert storage.completed_without_metadata() == []
+    metadata, skipped = storage.latest()
+    assert metadata is not None and metadata.checkpoint_id == 1
+    assert skipped == []
+
+
+def test_statistics_without_a_folder_are_a_discarded_checkpoint_not_a_lost_one(url: str) -> None:
+    storage = CheckpointStorage(url)
+    write_checkpoint(storage, 2)
+    for checkpoint_id in (1, 2):
+        storage.write_stats(checkpoint_stats(checkpoint_id))
+    assert storage.completed_without_metadata() == []
+    assert storage.latest()[1] == []
+
+
+def test_a_passing_read_error_on_the_statistics_is_raised(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path))
+    write_checkpoint(storage, 1, complete=False)
+    (tmp_path / "_stats").mkdir()
+    (tmp_path / "_stats" / stats_file(1)).symlink_to("/proc/self/mem")
+    with raises_naming(StorageError, "cannot read", str(tmp_path / "_stats" / stats_file(1))):
+        storage.completed_without_metadata()
+
+
+# ------------------------------------------------- statistics are written atomically
+
+
+class TornWriter:
+    """A file being written that takes half of the first write, then fails with ENOSPC (a
+    disk that fills up mid-write)."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+
+    def write(self, data: bytes) -> int:
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
+
+    def __enter__(self) -> TornWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+
+def fail_writes(monkeypatch: pytest.MonkeyPatch, storage: CheckpointStorage, how: str) -> list[str]:
+    """Make every file written through ``storage.fs`` fail ``how``; return the paths opened
+    for writing."""
+    opened: list[str] = []
+    real_open = storage.fs.open
+
+    def open_(path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+        file = real_open(path, mode, *args, **kwargs)
+        if "w" not in mode:
+            return file
+        opened.append(path)
+        return TornWriter(file) if how == "write" else file
+
+    def fsync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def mv(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(storage.fs, "open", open_)
+    if how == "fsync":
+        monkeypatch.setattr(os, "fsync", fsync)
+    if how == "rename":
+        monkeypatch.setattr(storage.fs, "mv", mv)
+    return opened
+
+
+def stats_names(storage: CheckpointStorage) -> list[str]:
+    folder = f"{storage.root}/_stats"
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in storage.fs.ls(folder, detail=False))
+
+
+@pytest.mark.parametrize("how", ["write", "fsync", "rename"])
+def test_a_failed_statistics_write_leaves_no_file_and_the_old_one_intact(
+    url: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if how == "fsync" and url.startswith("memory://"):
+        pytest.skip("an in-memory file has nothing to sync")
+    storage = CheckpointStorage(url)
+    run = RunInfo("0a1b", 1.0, 2, "aligned", {}, [], {})
+    storage.write_stats(run)
+    storage.write_stats(checkpoint_stats(1))
+    before = {
+        name: storage.fs.cat_file(f"{storage.root}/_stats/{name}") for name in stats_names(storage)
+    }
+    opened = fail_writes(monkeypatch, storage, how)
+
+    ended = dataclasses.replace(run, ended=9.0, outcome="finished")
+    for record in (checkpoint_stats(2), ended):  # a new file, and one written again
+        with pytest.raises(StorageError, match="cannot write statistics to") as info:
+            storage.write_stats(record)
+        assert isinstance(info.value.__cause__, OSError)
+    assert f"{url}/_stats/run-0a1b.json" in str(info.value)
+    assert len(opened) == 2 and all(p.endswith(".tmp") for p in opened)
+    monkeypatch.undo()
+
+    assert stats_names(storage) == sorted(before)  # no partial, empty or temporary file
+    for name, data in before.items():
+        assert storage.fs.cat_file(f"{storage.root}/_stats/{name}") == data
+    history = storage.read_history()
+    assert history.unreadable == []
+    assert [c.checkpoint_id for c in history.checkpoints] == [1]
+    assert history.runs == [run]
+
+
+def test_a_failed_metadata_write_leaves_the_old_metadata(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = CheckpointStorage(url)
+    first = write_checkpoint(storage, 1, extra={"n": 1})
+    fail_writes(monkeypatch, storage, "write")
+    with raises_naming(StorageError, where(url, 1, METADATA), "No space left on device"):
+        storage.write_metadata(CheckpointMetadata(1, 1, first.handles, {"n": 2}))
+    monkeypatch.undo()
+    assert storage.read_metadata(1) == first
+    names = [p.rsplit("/", 1)[-1] for p in storage.fs.ls(storage.checkpoint_path(1), False)]
+    assert sorted(names) == sorted([METADATA, *(state_name(task) for task in STATES)])
+
+
+def test_statistics_are_written_whole_under_their_name(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path))
+    storage.write_stats(checkpoint_stats(4))
+    assert sorted(p.name for p in (tmp_path / "_stats").iterdir()) == [stats_file(4)]
+    assert (tmp_path / "_stats" / stats_file(4)).read_bytes() == encode(checkpoint_stats(4))

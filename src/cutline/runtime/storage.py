@@ -1,6 +1,6 @@
 """Checkpoint storage: one folder per checkpoint in a local directory or any fsspec URL.
 
-Layout (SEMANTICS §5)::
+Layout::
 
     CHECKPOINT_DIR/
       chk-7/
@@ -10,6 +10,8 @@ Layout (SEMANTICS §5)::
         _metadata              # written last, atomically: the checkpoint is complete
       chk-8/                   # no _metadata: incomplete, never restored from
         g2-source-0.state
+      _stats/                  # statistics of every checkpoint, restart and run (stats.py)
+        checkpoint-7.json
       shared/                  # keyed state of incremental checkpoints, shared by them
         g2-sum-1-0-c5-….seg    #   (reference counted: see protocol/registry.py)
         g2-sum-1-0-c7-….seg
@@ -27,12 +29,19 @@ and digest, so a file left by a stale attempt, a torn write or a flipped bit
 is refused with an error that names the file. :meth:`CheckpointStorage.latest`
 falls back to the previous complete checkpoint, and says why.
 
-The metadata is written to a temporary name and then renamed: on a local disk
-the rename is atomic; on object stores a single object write is.
+The metadata and the statistics files are written to a temporary name and then
+renamed: on a local disk the rename is atomic; on object stores a single object
+write is. A torn write leaves no such file behind, and never spoils an older one.
+
+A ``chk-N`` folder without ``_metadata`` is a checkpoint in progress or one that was
+aborted, unless its statistics say it **completed**: then its metadata was lost (deleted
+by hand, a damaged file system) and :meth:`CheckpointStorage.latest` names it among the
+checkpoints it skipped (:meth:`CheckpointStorage.completed_without_metadata` lists such ids).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -55,6 +64,7 @@ from cutline.runtime.stats import (
     RestartInfo,
     RunInfo,
     checkpoint_ids_in,
+    decode,
     encode,
     history_of,
     stats_file,
@@ -68,13 +78,23 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SHARED = "shared"
 
 
+_UNSYNCABLE = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS)
+"""``fsync`` errors of files that cannot be synced (a device, a pipe): not a failed write."""
+
+
 def _sync(stream: Any) -> None:
-    """Flush ``stream`` to the disk when it is a local file (object stores have no such step)."""
+    """Flush ``stream``, and sync it to the disk when it is a local file (object stores have
+    no such step). A failed flush or sync (a full disk, EIO) raises its ``OSError``."""
+    stream.flush()
     try:
-        stream.flush()
-        os.fsync(stream.fileno())
+        fileno = stream.fileno()
     except (AttributeError, OSError, io.UnsupportedOperation, ValueError):
-        pass
+        return  # not a local file
+    try:
+        os.fsync(fileno)
+    except OSError as exc:
+        if exc.errno not in _UNSYNCABLE:
+            raise
 
 
 def _sync_directory(fs: Any, folder: str) -> None:
@@ -302,25 +322,35 @@ class CheckpointStorage:
         except OSError as exc:
             raise StorageError(f"cannot remove {self._where(path)}: {exc.strerror or exc}") from exc
 
-    def write_metadata(self, metadata: CheckpointMetadata, *, folder: str | None = None) -> None:
-        """Complete a checkpoint: write its metadata under a temporary name, then rename it
-        (in ``folder``: a savepoint's, instead of the checkpoint's own)."""
-        folder = folder or self.checkpoint_path(metadata.checkpoint_id)
-        final = f"{folder}/{METADATA}"
-        temporary = f"{folder}/.{METADATA}.{uuid.uuid4().hex}.tmp"
+    def _replace_file(self, folder: str, name: str, data: bytes, what: str) -> None:
+        """Write ``data`` to ``folder/name`` atomically: under a temporary name in the same
+        folder (synced to the disk), then renamed to ``name``. If anything fails, the
+        temporary file is removed and a file ``name`` that was there stays as it was; the
+        :class:`StorageError` names ``folder/name`` and ``what`` it is."""
+        final = f"{folder}/{name}"
+        temporary = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
         try:
             self.fs.makedirs(folder, exist_ok=True)
             with self.fs.open(temporary, "wb") as out:
-                out.write(metadata.to_json())
+                out.write(data)
                 _sync(out)  # on a local disk: the bytes are there before the name is
             self.fs.mv(temporary, final)
             _sync_directory(self.fs, folder)  # on a local disk: the new name survives a crash
         except OSError as exc:
             self._remove_quietly(temporary)
             raise StorageError(
-                f"cannot write the metadata of checkpoint {metadata.checkpoint_id} to "
-                f"{self._where(final)}: {exc.strerror or exc}"
+                f"cannot write {what} to {self._where(final)}: {exc.strerror or exc}"
             ) from exc
+        except BaseException:
+            self._remove_quietly(temporary)
+            raise
+
+    def write_metadata(self, metadata: CheckpointMetadata, *, folder: str | None = None) -> None:
+        """Complete a checkpoint: write its metadata under a temporary name, then rename it
+        (in ``folder``: a savepoint's, instead of the checkpoint's own)."""
+        folder = folder or self.checkpoint_path(metadata.checkpoint_id)
+        what = f"the metadata of checkpoint {metadata.checkpoint_id}"
+        self._replace_file(folder, METADATA, metadata.to_json(), what)
 
     def write_segment(
         self, checkpoint_id: int, name: str, data: bytes, *, shared: bool
@@ -370,7 +400,9 @@ class CheckpointStorage:
             name = f"restart-{record.run}-{record.generation}.json"
         else:
             name = f"run-{record.run}.json"
-        self._write_file(f"{self.root}/{STATS_FOLDER}", name, encode(record), "statistics")
+        # atomically: a full disk must not leave an empty or partial file (nor spoil an older
+        # one: a run's record is written again when it ends)
+        self._replace_file(f"{self.root}/{STATS_FOLDER}", name, encode(record), "statistics")
 
     def _stats_names(self) -> list[str]:
         folder = f"{self.root}/{STATS_FOLDER}"
@@ -431,6 +463,51 @@ class CheckpointStorage:
         """Ids of the checkpoints with metadata, in increasing order."""
         return [c for c in self.checkpoint_ids() if self.is_complete(c)]
 
+    def completed_without_metadata(self) -> list[int]:
+        """Ids of the ``chk-N`` folders without metadata whose statistics say the checkpoint
+        completed, in increasing order: their ``_metadata`` was lost after the fact (deleted,
+        a damaged file system). They are never restored from, but they are not a checkpoint in
+        progress or an aborted one either: keep them, and say so
+        (:meth:`missing_metadata_reason`). A folder whose statistics are missing, unreadable,
+        or say it was aborted or is a savepoint, is not one of them."""
+        return self._lost([c for c in self.checkpoint_ids() if not self.is_complete(c)])
+
+    def _lost(self, incomplete: list[int]) -> list[int]:
+        """Those of the ``incomplete`` ids (folders without metadata) whose statistics say
+        they completed."""
+        return [c for c in incomplete if self._stats_say_completed(c)]
+
+    def _stats_say_completed(self, checkpoint_id: int) -> bool:
+        """Whether the statistics file of ``checkpoint_id`` says it completed (a savepoint's
+        does not count: its metadata is in its own folder)."""
+        name = stats_file(checkpoint_id)
+        path = f"{self.root}/{STATS_FOLDER}/{name}"
+        try:
+            with self.fs.open(path, "rb") as source:
+                data = source.read()
+        except (FileNotFoundError, *_DAMAGED):
+            return False
+        except OSError as exc:
+            raise StorageError(f"cannot read {self._where(path)}: {exc.strerror or exc}") from exc
+        try:
+            record = decode(name, data)
+        except ValueError:  # damaged: `cutline checkpoints list` names it
+            return False
+        return (
+            isinstance(record, CheckpointStats)
+            and record.checkpoint_id == checkpoint_id
+            and record.completed
+            and not record.savepoint
+        )
+
+    def missing_metadata_reason(self, checkpoint_id: int) -> str:
+        """What is wrong with a checkpoint of :meth:`completed_without_metadata`."""
+        where = self._where(f"{self.checkpoint_path(checkpoint_id)}/{METADATA}")
+        return (
+            f"checkpoint {checkpoint_id} is incomplete: its {METADATA} is missing, though its "
+            f"statistics say it completed ({where} does not exist)"
+        )
+
     def location(self, checkpoint_id: int) -> CheckpointLocation:
         """The folder of checkpoint ``checkpoint_id``, to read it."""
         return CheckpointLocation(self.fs, self.checkpoint_path(checkpoint_id), self._where)
@@ -455,14 +532,22 @@ class CheckpointStorage:
         the reason each was skipped, to warn about).
 
         Only a checkpoint that is damaged (missing or altered files, invalid metadata) is
-        skipped. An I/O error that may pass raises :class:`StorageError` instead: restoring an
-        older checkpoint than the newest complete one would replay output the sinks may
-        already have published.
+        skipped; so is, newer than the one returned, a folder that lost its metadata though
+        its statistics say it completed (:meth:`completed_without_metadata`). An I/O error
+        that may pass raises :class:`StorageError` instead: restoring an older checkpoint
+        than the newest complete one would replay output the sinks may already have
+        published.
 
         ``since``: only checkpoints with an id of at least this (those of one run of a job).
         """
         skipped: list[Skipped] = []
-        for checkpoint_id in reversed([c for c in self.completed_ids() if c >= since]):
+        ids = [c for c in self.checkpoint_ids() if c >= since]
+        complete = {c for c in ids if self.is_complete(c)}
+        lost = set(self._lost([c for c in ids if c not in complete]))
+        for checkpoint_id in sorted(complete | lost, reverse=True):
+            if checkpoint_id in lost:
+                skipped.append(Skipped(checkpoint_id, self.missing_metadata_reason(checkpoint_id)))
+                continue
             try:
                 metadata = (
                     self.verify(checkpoint_id) if verify else self.read_metadata(checkpoint_id)
