@@ -7,18 +7,24 @@ missing or foreign directory, an unknown checkpoint).
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from rich.console import Console
 
 from cutline import StreamEnvironment
 from cutline.cli import main
+from cutline.cli_checkpoints import _print_indented
 from cutline.runtime.inspect import open_checkpoint
 from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.stats import RestartInfo
 from cutline.runtime.storage import CheckpointStorage
 
 KEYS = 50
@@ -214,3 +220,111 @@ def test_the_collect_sink_agrees_with_the_final_state(job: tuple[Path, Any]) -> 
         last[record["key"]] = max(last[record["key"]], record["value"])
     state = {e.key: e.value for e in open_checkpoint(str(ck)).keyed_entries("sum")}
     assert state == dict(last)
+
+
+# --------------------------------------------------- a completed checkpoint without metadata
+
+
+def test_a_completed_checkpoint_whose_metadata_was_deleted_is_named_and_fails_verify(
+    job: tuple[Path, Any], tmp_path: Path
+) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(job[0], ck)
+    storage = CheckpointStorage(str(ck))
+    completed = storage.completed_ids()
+    n = completed[-1]
+    missing = ck / f"chk-{n}" / "_metadata"
+    missing.unlink()
+    reason = (
+        f"checkpoint {n} is incomplete: its _metadata is missing, though its statistics say "
+        f"it completed ({missing} does not exist)"
+    )
+
+    out = cli("checkpoints", "list", ck)
+    assert out.exit_code == 0, out.output
+    (row,) = [line for line in out.output.splitlines() if re.match(rf"│ *{n} │", line)]
+    assert "incomplete (_metadata missing)" in row and "no _metadata" in row
+    assert f"incomplete: {reason}; it is never restored from" in out.output
+    data = json.loads(cli("checkpoints", "list", ck, "--json").output)
+    assert data["metadata_missing"] == [n]
+    (entry,) = [c for c in data["checkpoints"] if c["checkpoint_id"] == n]
+    assert entry["metadata_missing"] and not entry["on_disk"]
+
+    every = cli("checkpoints", "verify", ck)
+    assert every.exit_code == 1
+    assert f"checkpoint {n}: FAILED — 1 problem(s); the first: {reason}" in every.output
+    assert every.output.count(": OK — ") == len(completed) - 1
+    assert f"1 of {len(completed)} checkpoints failed verification" in every.output
+    one = cli("checkpoints", "verify", ck, n)
+    assert one.exit_code == 1 and f"checkpoint {n}: FAILED" in one.output and reason in one.output
+
+    show = cli("checkpoints", "show", ck, n)
+    assert show.exit_code == 0 and f"its state cannot be read: {reason}" in show.output
+    diff = cli("checkpoints", "diff", ck, completed[0], n)
+    assert diff.exit_code == 2 and reason in diff.output
+    if len(completed) > 1:
+        latest = cli("checkpoints", "show", ck, "latest")  # the newest one with metadata
+        assert f"checkpoint {completed[-2]}: completed" in latest.output
+
+    _, skipped = storage.latest()
+    assert [(s.checkpoint_id, s.reason) for s in skipped] == [(n, reason)]
+
+
+def test_a_folder_without_metadata_or_statistics_is_still_in_progress(
+    job: tuple[Path, Any], tmp_path: Path
+) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(job[0], ck)
+    (ck / "chk-9999").mkdir()
+    (ck / "chk-9999" / "g1-sum-0.state").write_bytes(b"partial")
+    out = cli("checkpoints", "verify", ck, "9999")
+    assert out.exit_code == 2 and "checkpoint 9999 is incomplete (no _metadata)" in out.output
+    every = cli("checkpoints", "verify", ck)
+    assert every.exit_code == 0, every.output
+    listed = cli("checkpoints", "list", ck)
+    assert "9999" not in listed.output and "_metadata missing" not in listed.output
+
+
+# ------------------------------------------------------------------ restart causes whole
+
+
+def test_list_shows_a_restart_cause_whole(job: tuple[Path, Any]) -> None:
+    ck, result = job
+    out = cli("checkpoints", "list", ck)
+    cause = result.restarts[0].cause
+    assert len(cause.splitlines()) > 1  # the operator's line, the record, the traceback
+    assert cause.splitlines()[0] in out.output
+    words = out.output.split()
+    for word in cause.split():
+        assert word in words, f"{word!r} of the cause is missing or cut"
+    assert "…" not in out.output
+
+
+def test_a_long_restart_cause_is_wrapped_at_words_not_cut(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    first = "map(parse) (subtask 1) failed on record {'line': 7}: " + " ".join(
+        f"word{i}" for i in range(80)
+    )
+    cause = f"{first}\n  record: [/not markup]\nValueError: the end [bold]"
+    storage.write_stats(RestartInfo(1, cause, None, 0.5, run="0a1b", time=1.7e9))
+    out = cli("checkpoints", "list", tmp_path / "ck")
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("restart: generation 1"))
+    shown = lines[start + 1 :]
+    assert all(line.startswith("    ") and len(line) <= 160 for line in shown)
+    assert " ".join(shown).split() == cause.split()
+    assert "    ValueError: the end [bold]" in shown and "      record: [/not markup]" in shown
+
+
+def test_a_cause_is_wrapped_to_the_width_keeping_the_indent() -> None:
+    console = Console(file=io.StringIO(), width=40, highlight=False)
+    text = "first line " + "long " * 20 + "\n  indented line " + "more " * 12 + "\n"
+    _print_indented(console, text)
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert all(len(line) <= 40 for line in lines)
+    assert lines[0].startswith("    first line ")
+    second = next(i for i, line in enumerate(lines) if "indented" in line)
+    assert lines[second].startswith("      indented")
+    assert all(line.startswith("      more") for line in lines[second + 1 :])
+    assert " ".join(lines).split() == text.split()

@@ -9,7 +9,8 @@ checkpoint directory.
   its channel state.
 * ``diff DIR A B`` — the keyed state that differs between checkpoints A and B, key by key.
 * ``verify DIR [ID]`` — every file intact and a consistent cut on every channel
-  (``runtime/verify.py``); exit status 1 if one is not.
+  (``runtime/verify.py``); exit status 1 if one is not, or if a checkpoint's folder lost its
+  ``_metadata`` though its statistics say it completed.
 * ``report DIR -o report.html`` — the page with plots, the critical paths and a space-time
   diagram of one checkpoint's barriers.
 
@@ -18,8 +19,10 @@ checkpoint directory.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+import textwrap
 import time
 from collections.abc import Hashable
 from pathlib import Path
@@ -28,6 +31,7 @@ from typing import Any, NoReturn
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from cutline.runtime.inspect import CheckpointReader, InspectError
 from cutline.runtime.stats import CheckpointStats, History, critical_path, human_bytes, id_ranges
@@ -65,9 +69,26 @@ def _seconds(value: float | None) -> str:
 
 
 def _first_line(text: str | None, most: int) -> str:
-    """The first line of ``text``, cut to ``most`` characters (with an ellipsis)."""
+    """The first line of ``text``, cut to ``most`` characters at the end of a word (with an
+    ellipsis; mid-word only when its first word is longer than that)."""
     line = text.splitlines()[0] if text else ""
-    return line if len(line) <= most else line[: most - 1] + "…"
+    if len(line) <= most:
+        return line
+    cut = line[: most - 1]
+    space = cut.rstrip().rfind(" ")
+    return (cut[:space].rstrip() if space > 0 else cut) + "…"
+
+
+def _print_indented(console: Console, text: str, indent: int = 4) -> None:
+    """Print ``text`` whole, as it is (no markup), every line indented and wrapped at word
+    boundaries to the console's width (a wrapped line keeps its line's own indent)."""
+    width = max(20, console.width - indent)
+    for line in text.rstrip("\n").splitlines() or [""]:
+        line = line.expandtabs(4).rstrip()
+        own = " " * (len(line) - len(line.lstrip(" ")))
+        wrapped = textwrap.wrap(line, width, subsequent_indent=own, break_on_hyphens=False) or [""]
+        for part in wrapped:
+            console.print(Text(" " * indent + part), soft_wrap=True)
 
 
 def _when(epoch: float) -> str:
@@ -110,6 +131,15 @@ class Directory:
         except StorageError as exc:
             _fail(str(exc))
 
+    @functools.cached_property
+    def lost(self) -> list[int]:
+        """The checkpoints whose folder lost its metadata though their statistics say they
+        completed (``CheckpointStorage.completed_without_metadata``)."""
+        try:
+            return self.storage.completed_without_metadata()
+        except StorageError as exc:
+            _fail(str(exc))
+
     def checkpoint_id(self, text: str) -> int:
         """The id ``text`` names (a number, or ``latest``)."""
         if text == "latest":
@@ -145,6 +175,8 @@ class Directory:
 
     def reader(self, checkpoint_id: int) -> CheckpointReader:
         location = self.location(checkpoint_id)
+        if location is None and checkpoint_id in self.lost:
+            _fail(self.storage.missing_metadata_reason(checkpoint_id))
         if location is None:
             _fail(
                 f"checkpoint {checkpoint_id} is not on disk any more (only the newest "
@@ -174,16 +206,22 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
     restarts."""
     folder = Directory(directory)
     completed = set(folder.completed())
+    lost = set(folder.lost)
     known = {s.checkpoint_id: s for s in folder.history.checkpoints}
     if as_json:
         click.echo(
             json.dumps(
                 {
                     "checkpoints": [
-                        {**s.to_dict(), "on_disk": folder.location(s.checkpoint_id) is not None}
+                        {
+                            **s.to_dict(),
+                            "on_disk": folder.location(s.checkpoint_id) is not None,
+                            "metadata_missing": s.checkpoint_id in lost,
+                        }
                         for s in folder.history.checkpoints
                     ],
                     "without_statistics": sorted(completed - set(known)),
+                    "metadata_missing": sorted(lost),
                     "restarts": [r.to_dict() for r in folder.history.restarts],
                     "runs": [r.to_dict() for r in folder.history.runs],
                     "unreadable": folder.history.unreadable,
@@ -214,6 +252,8 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
             table.add_row(str(checkpoint_id), "complete (no statistics)", *["-"] * 6, "yes", "-")
             continue
         status = stats.status
+        if checkpoint_id in lost:
+            status = f"incomplete ({METADATA} missing)"
         if stats.savepoint:
             status = f"{status} (savepoint)"
         elif stats.final:
@@ -222,17 +262,23 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
             status += f": {_first_line(stats.reason, 60)}"
         table.add_row(
             str(checkpoint_id),
-            status,
+            Text(status),
             _when(stats.trigger_time),
             _seconds(stats.duration),
             _size(stats.size),
             _size(stats.full_size),
             str(stats.channel_state_records) if stats.unaligned else "-",
             _seconds(stats.alignment),
-            "yes" if on_disk else "no",
+            f"no {METADATA}" if checkpoint_id in lost else "yes" if on_disk else "no",
             str(stats.generation),
         )
     console.print(table)
+    for checkpoint_id in sorted(lost):
+        reason = folder.storage.missing_metadata_reason(checkpoint_id)
+        console.print(
+            Text(f"incomplete: {reason}; it is never restored from", style="yellow"),
+            soft_wrap=True,  # the path whole: the terminal wraps it
+        )
     for restart in folder.history.restarts:
         then = (
             f"restarted from checkpoint {restart.restored_from}"
@@ -240,11 +286,14 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
             else ("restarted from the start" if restart.restarted else "gave up")
         )
         console.print(
-            f"restart: generation {restart.generation} of run {restart.run} failed at "
-            f"{_when(restart.time)} ({_first_line(restart.cause, 120)}); {then}"
+            Text(
+                f"restart: generation {restart.generation} of run {restart.run} failed at "
+                f"{_when(restart.time)}; {then}; the cause:"
+            )
         )
+        _print_indented(console, restart.cause or "(none recorded)")
     for problem in folder.history.unreadable:
-        console.print(f"unreadable: {problem}", style="yellow")
+        console.print(Text(f"unreadable: {problem}", style="yellow"))
 
 
 # -------------------------------------------------------------------------------- show
@@ -265,6 +314,10 @@ def show(directory: str, checkpoint_id: str) -> None:
     else:
         console.print(f"checkpoint {n}: no statistics (written by an older version of cutline)")
     location = folder.location(n)
+    if location is None and n in folder.lost:
+        reason = folder.storage.missing_metadata_reason(n)
+        console.print(Text(f"its state cannot be read: {reason}"), soft_wrap=True)
+        return
     if location is None:
         console.print(
             "its state is not on disk any more (discarded: only the newest "
@@ -514,9 +567,10 @@ def verify(directory: str, checkpoint_id: str | None) -> None:
     """Verify checkpoint ID of DIRECTORY (default: every complete checkpoint in it, and its
     savepoints still on disk): every file intact (size and SHA-256), the channel state as
     acknowledged, and for every channel: records sent before the barrier = records received
-    before the snapshot + records recorded in flight. DIRECTORY may also be one checkpoint or
-    savepoint folder. Exit status 1 if one is not right."""
-    from cutline.runtime.verify import verify_checkpoint
+    before the snapshot + records recorded in flight. A checkpoint folder whose _metadata is
+    missing though its statistics say it completed fails too. DIRECTORY may also be one
+    checkpoint or savepoint folder. Exit status 1 if one is not right."""
+    from cutline.runtime.verify import Verification, verify_checkpoint
 
     try:
         single = CheckpointLocation.open(directory)
@@ -526,21 +580,31 @@ def verify(directory: str, checkpoint_id: str | None) -> None:
     if is_folder:
         if checkpoint_id is not None:
             _fail(f"{directory} is one checkpoint or savepoint folder: give no ID")
-        targets: list[tuple[int | None, CheckpointLocation]] = [(None, single)]
+        targets: list[tuple[int | None, CheckpointLocation | Verification]] = [(None, single)]
     else:
         folder = Directory(directory)
+
+        def lost(n: int) -> Verification:
+            """The verdict on checkpoint ``n``, whose metadata is lost: nothing to read."""
+            where = folder.storage.url_of(folder.storage.checkpoint_path(n))
+            return Verification(n, where, problems=[folder.storage.missing_metadata_reason(n)])
+
         if checkpoint_id is not None:
             n = folder.checkpoint_id(checkpoint_id)
             location = folder.location(n)
-            if location is None:
+            if location is None and n in folder.lost:
+                targets = [(n, lost(n))]
+            elif location is None:
                 if n in folder.ids:
                     _fail(f"checkpoint {n} is incomplete (no {METADATA}): it was never completed")
                 folder.reader(n)  # fails, saying it was discarded
-            assert location is not None
-            targets = [(n, location)]
+                raise AssertionError("unreachable")
+            else:
+                targets = [(n, location)]
         else:
             ids = sorted(
                 set(folder.completed())
+                | set(folder.lost)
                 | {s.checkpoint_id for s in folder.history.checkpoints if s.savepoint}
             )
             targets = []
@@ -548,14 +612,19 @@ def verify(directory: str, checkpoint_id: str | None) -> None:
                 location = folder.location(n)
                 if location is not None:
                     targets.append((n, location))
+                elif n in folder.lost:
+                    targets.append((n, lost(n)))
             if not targets:
                 _fail(f"{directory} has no complete checkpoint to verify")
     failed = 0
     for target_id, target in targets:
-        try:
-            result = verify_checkpoint(target, target_id)
-        except StorageError as exc:
-            _fail(str(exc))
+        if isinstance(target, Verification):
+            result = target
+        else:
+            try:
+                result = verify_checkpoint(target, target_id)
+            except StorageError as exc:
+                _fail(str(exc))
         click.echo(result.summary())
         if not result.ok:
             failed += 1
