@@ -7,6 +7,7 @@ checked through the ``gid`` s in the page's inline SVG, never by their pixels.""
 from __future__ import annotations
 
 import html
+import math
 import os
 import re
 import shutil
@@ -18,9 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from matplotlib.lines import Line2D
 
 from cutline import StreamEnvironment
-from cutline.report import TABLE_ROWS, ReportError, build_report, write_report
+from cutline.report import (
+    TABLE_ROWS,
+    ReportError,
+    build_report,
+    history_figure,
+    write_report,
+)
 from cutline.runtime import driver
 from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.stats import (
@@ -538,3 +546,84 @@ def test_an_fsspec_url_is_read_like_a_local_directory() -> None:
         assert html.escape(url) in page
     finally:
         storage.fs.rm("/cutline-report-test", recursive=True)
+
+
+# ------------------------------------------------------------------- several runs
+
+
+OTHER = "9f8e7d6c"
+"""A second run, a minute after the first."""
+
+
+def two_runs(folder: Path) -> History:
+    """Statistics of two runs on one directory: checkpoints 1-3 (one aborted) in the first,
+    4-6 in the second, a minute later."""
+    storage = CheckpointStorage(str(folder))
+    storage.write_stats(two_by_two_run())
+    storage.write_stats(two_by_two_run(run=OTHER, started=T0 + 60.0, ended=T0 + 90.0))
+    for n in (1, 2, 3):
+        aborted: dict[str, Any] = {"status": "aborted", "reason": "expired"} if n == 2 else {}
+        storage.write_stats(checkpoint(n, **aborted))
+    for n in (4, 5, 6):
+        storage.write_stats(checkpoint(n, run=OTHER, trigger_time=T0 + 60.0 + 0.5 * n))
+    return storage.read_history()
+
+
+def lines_of(figure: Any) -> dict[str, Line2D]:
+    return {str(a.get_gid()): a for a in figure.findobj(Line2D) if a.get_gid() is not None}
+
+
+def test_the_history_lines_break_between_runs(tmp_path: Path) -> None:
+    recorded = two_runs(tmp_path / "checkpoints")
+    drawn = lines_of(history_figure(recorded))
+    for gid in ("durations", "sizes", "full-sizes", "alignments"):
+        xs = [float(x) for x in drawn[gid].get_xdata()]
+        ys = [float(y) for y in drawn[gid].get_ydata()]
+        # 1 and 3 of the first run, a break, 4, 5 and 6 of the second
+        assert [math.isnan(x) for x in xs] == [False, False, True, False, False, False], gid
+        assert math.isnan(ys[2])
+        assert xs[:2] == [0.5, 1.5] and xs[3:] == [62.0, 62.5, 63.0]
+    # markers only (no line to break): every aborted checkpoint, none a NaN
+    assert [float(x) for x in drawn["aborted-durations"].get_xdata()] == [1.0]
+
+
+def test_one_run_is_one_unbroken_line(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    storage.write_stats(two_by_two_run())
+    for n in (1, 2, 3):
+        storage.write_stats(checkpoint(n, generation=1 if n < 3 else 2))  # across a restart
+    drawn = lines_of(history_figure(storage.read_history()))
+    assert not any(math.isnan(float(x)) for x in drawn["durations"].get_xdata())
+    assert len(drawn["durations"].get_xdata()) == 3
+
+
+def test_runs_are_named_and_every_other_one_shaded(tmp_path: Path) -> None:
+    two_runs(tmp_path / "checkpoints")
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    storage.write_stats(checkpoint(7, run="77777777", trigger_time=T0 + 120.0))  # no record
+    page = build_report(str(tmp_path / "checkpoints"))
+    plotted = history_ids(page)
+    assert {f"run-label-{RUN}", f"run-label-{OTHER}", "run-label-77777777"} <= plotted
+    assert {f"run-span-{OTHER}-{panel}" for panel in ("duration", "size", "alignment")} <= plotted
+    assert not [i for i in plotted if i.startswith((f"run-span-{RUN}", "run-span-7777"))]
+    texts = "".join(svgs(page)[0].itertext())
+    assert f"run {RUN}" in texts and f"run {OTHER}" in texts
+    assert "run 77777777 (no run record)" in texts
+    # the SVG line of the durations is two pieces: two moves, one per run
+    by_id = {e.attrib["id"]: e for e in svgs(page)[0].iter() if "id" in e.attrib}
+    paths = [p.attrib["d"] for p in by_id["durations"].iter("{http://www.w3.org/2000/svg}path")]
+    assert sum(d.count("M") for d in paths if "L" in d) == 3  # runs of 2, 3 and 1 points
+
+
+def test_a_completed_checkpoint_that_lost_its_metadata_is_counted_apart(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    two_runs(folder)
+    for n in (5, 6):
+        (folder / f"chk-{n}").mkdir()
+        (folder / f"chk-{n}" / "g1-src-0.state").write_bytes(b"state")
+    page = build_report(str(folder))
+    assert (
+        "<dt>completed, but their _metadata is missing (never restored from)</dt><dd>5-6</dd>"
+        in page
+    )
+    assert "incomplete folders" not in page

@@ -9,7 +9,9 @@ inline SVG. It shows
   (completed and aborted checkpoints, savepoints, restarts, folders on disk);
 - the history over time: every checkpoint's end-to-end duration, its size (bytes it
   wrote, and the full size of its state), its longest alignment; aborted checkpoints
-  as red crosses, restarts as vertical lines;
+  as red crosses, restarts as vertical lines; each run named and every other one shaded,
+  and the line of a series broken between runs (it never joins the last checkpoint of
+  one run to the first of the next);
 - a table of the checkpoints (the newest :data:`TABLE_ROWS`): status and why an aborted
   one was, duration, size, channel state, alignment, the slowest subtask and the
   critical path that made it the slowest (:func:`~cutline.runtime.stats.critical_path`),
@@ -33,7 +35,9 @@ recorded, never the time it was made. Every text that comes from the files is es
 - ``savepoints``: the savepoints (on the duration panel);
 - ``restart-<run>-<generation>-<panel>`` for a restart's line on each panel, and
   ``restart-label-<run>-<generation>`` for its label;
-- ``run-<run>-<panel>`` for the line where a run started, on each panel;
+- ``run-<run>-<panel>`` for the line where a run started, on each panel, and
+  ``run-label-<run>`` for its name above the plots; ``run-span-<run>-<panel>`` for the
+  shading of every other run (the second, the fourth, ...) on each panel;
 - ``no-checkpoints`` for the note on a history without checkpoints.
 
 **The barrier diagram** has one horizontal line per subtask (sources first, as the run
@@ -64,9 +68,10 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -112,6 +117,7 @@ _ABORTED_COLOUR = "#d62728"
 _LINE_COLOUR = "0.55"
 _RESTART_COLOUR = "0.25"
 _RUN_COLOUR = "0.7"
+_RUN_SHADE = "0.965"
 _CRITICAL_COLOUR = "0.1"
 _MAX_HEIGHT = 24.0
 _PANELS = ("duration", "size", "alignment")
@@ -160,6 +166,8 @@ class _Directory:
     """Ids of the ``chk-N`` folders on disk (complete or not)."""
     completed: list[int]
     """Ids of those with metadata (restorable, unless damaged)."""
+    lost: list[int] = field(default_factory=list)
+    """Ids of those without metadata whose statistics say they completed (it was lost)."""
 
 
 def _read(checkpoint_dir: str, storage_options: dict[str, Any] | None) -> _Directory:
@@ -194,6 +202,7 @@ def _read(checkpoint_dir: str, storage_options: dict[str, Any] | None) -> _Direc
             )
         history = storage.read_history()
         completed = storage.completed_ids()
+        lost = storage.completed_without_metadata()
     except StorageError as exc:
         raise ReportError(f"cannot read checkpoint directory {name!r}: {exc}") from None
     except OSError as exc:
@@ -210,7 +219,7 @@ def _read(checkpoint_dir: str, storage_options: dict[str, Any] | None) -> _Direc
             f"{name!r} has no statistics: its {STATS_FOLDER} folder holds no run, "
             "checkpoint or restart record"
         )
-    return _Directory(name, history, folders, completed)
+    return _Directory(name, history, folders, completed, lost)
 
 
 # --------------------------------------------------------------------------------- time
@@ -298,6 +307,29 @@ def _size_scale(largest: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
+def _run_spans(history: History, timeline: _Timeline) -> list[tuple[str, float, float]]:
+    """Each run with a record or a checkpoint, in the order they started: ``(run, start,
+    end)`` on the time axis, from its start (without a run record: its first checkpoint) to
+    the next one's start (the last run: to its last checkpoint, restart or end)."""
+    starts: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for info in history.runs:
+        starts[info.run] = info.started - timeline.origin
+        if info.ended is not None:
+            last[info.run] = info.ended - timeline.origin
+    events = [(c.run, timeline.triggered(c)) for c in history.checkpoints]
+    events += [(r.run, timeline.failed(r)) for r in history.restarts]
+    for run, x in events:
+        starts[run] = min(x, starts.get(run, x))
+        last[run] = max(x, last.get(run, x))
+    ordered = sorted(starts, key=lambda run: (starts[run], run))
+    spans = []
+    for i, run in enumerate(ordered):
+        end = starts[ordered[i + 1]] if i + 1 < len(ordered) else last.get(run, starts[run])
+        spans.append((run, starts[run], max(end, starts[run])))
+    return spans
+
+
 def history_figure(history: History) -> Figure:
     """The checkpoints of ``history`` over time: duration, size and alignment, with the
     aborted checkpoints, savepoints, restarts and run starts marked (``gid`` s: see the
@@ -331,8 +363,14 @@ def history_figure(history: History) -> Figure:
         aborted_: bool = False,
         marker: str = "o",
     ) -> None:
-        xs = [timeline.triggered(c) for c in stats]
-        ys = [value(c) * scale for c in stats]
+        xs: list[float] = []
+        ys: list[float] = []
+        for i, c in enumerate(stats):
+            if not aborted_ and i and c.run != stats[i - 1].run:
+                xs.append(math.nan)  # a break: no line from one run's last point to the next's
+                ys.append(math.nan)
+            xs.append(timeline.triggered(c))
+            ys.append(value(c) * scale)
         ax.add_line(
             Line2D(
                 xs,
@@ -420,7 +458,33 @@ def history_figure(history: History) -> Figure:
                 label="run started" if panel == "duration" and number == 0 else None,
                 gid=f"run-{info.run}-{panel}",
             )
-    restart_label = duration.get_xaxis_transform()
+    # each run: its name above the plots where it starts, and every other one shaded
+    along = duration.get_xaxis_transform()
+    for number, (run, start, end) in enumerate(_run_spans(history, timeline)):
+        recorded = run in timeline.runs
+        duration.text(
+            start,
+            1.0,
+            f" run {run or '?'}" + ("" if recorded else " (no run record)"),
+            transform=along,
+            ha="left",
+            va="bottom",
+            fontsize=7,
+            color="0.35",
+            clip_on=False,
+            gid=f"run-label-{run}",
+        )
+        if number % 2 == 1:
+            for panel, ax in zip(_PANELS, axes, strict=True):
+                ax.axvspan(
+                    start,
+                    end,
+                    color=_RUN_SHADE,
+                    linewidth=0,
+                    zorder=0,
+                    gid=f"run-span-{run}-{panel}",
+                )
+    restart_label = along
     for number, restart in enumerate(history.restarts):
         first = number == 0
         x = timeline.failed(restart)
@@ -953,7 +1017,7 @@ def _header(directory: _Directory, timeline: _Timeline) -> str:
     savepoints = [c for c in completed if c.savepoint]
     restarted = [r for r in history.restarts if r.restarted]
     gave_up = [r for r in history.restarts if not r.restarted]
-    incomplete = sorted(set(directory.folders) - set(directory.completed))
+    incomplete = sorted(set(directory.folders) - set(directory.completed) - set(directory.lost))
     totals = [
         ("checkpoints", f"{len(history.checkpoints)} with statistics"),
         ("completed", str(len(completed))),
@@ -964,6 +1028,13 @@ def _header(directory: _Directory, timeline: _Timeline) -> str:
     if gave_up:
         totals.append(("failures not restarted", f"{len(gave_up)} (the job failed)"))
     totals.append(("complete checkpoint folders on disk", id_ranges(directory.completed)))
+    if directory.lost:
+        totals.append(
+            (
+                "completed, but their _metadata is missing (never restored from)",
+                id_ranges(directory.lost),
+            )
+        )
     if incomplete:
         totals.append(("incomplete folders", id_ranges(incomplete)))
     totals_html = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in totals)
@@ -1208,7 +1279,9 @@ def build_report(
         '<section id="history"><h2>History</h2>'
         f'<p class="note">x: {_e(timeline.label)}, at each checkpoint\'s trigger. Red crosses: '
         "aborted checkpoints; dashed lines: restarts (the generation that failed, and what the "
-        f"next one restored); dotted lines: runs starting.</p><figure>{plots}</figure>"
+        f"next one restored); dotted lines: runs starting (each run is named above the "
+        "plots, every other one shaded, and the lines break between runs).</p>"
+        f"<figure>{plots}</figure>"
         "</section>",
         _checkpoint_table(history, timeline, chosen.checkpoint_id if chosen else None),
         _restart_table(history, timeline),
