@@ -7,8 +7,10 @@ missing or foreign directory, an unknown checkpoint).
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import re
 import shutil
 from collections import Counter
@@ -24,8 +26,8 @@ from cutline.cli import main
 from cutline.cli_checkpoints import _print_indented
 from cutline.runtime.inspect import open_checkpoint
 from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.stats import RestartInfo
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.stats import CheckpointStats, RestartInfo
+from cutline.runtime.storage import CheckpointStorage, StorageError
 
 KEYS = 50
 RECORDS = 60_000
@@ -328,3 +330,51 @@ def test_a_cause_is_wrapped_to_the_width_keeping_the_indent() -> None:
     assert lines[second].startswith("      indented")
     assert all(line.startswith("      more") for line in lines[second + 1 :])
     assert " ".join(lines).split() == text.split()
+
+
+# ------------------------------------------------- a disk full while writing statistics
+
+
+def test_a_statistics_write_that_fails_midway_leaves_nothing_unreadable_for_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    storage.write_stats(CheckpointStats(checkpoint_id=1, generation=1, duration=0.1))
+    real_open = storage.fs.open
+
+    class Full:
+        """Takes a few bytes of a write, then the disk is full."""
+
+        def __init__(self, file: Any) -> None:
+            self.file = file
+
+        def write(self, data: bytes) -> int:
+            self.file.write(data[:5])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.file, name)
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.file.close()
+
+    def open_(path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+        file = real_open(path, mode, *args, **kwargs)
+        return Full(file) if "w" in mode else file
+
+    monkeypatch.setattr(storage.fs, "open", open_)
+    for n in (1, 2):  # one written again, one new
+        with pytest.raises(StorageError, match="No space left on device"):
+            storage.write_stats(CheckpointStats(checkpoint_id=n, generation=2, duration=0.2))
+    monkeypatch.undo()
+
+    assert sorted(p.name for p in (tmp_path / "ck" / "_stats").iterdir()) == ["checkpoint-1.json"]
+    out = cli("checkpoints", "list", tmp_path / "ck")
+    assert out.exit_code == 0, out.output
+    assert "unreadable" not in out.output
+    data = json.loads(cli("checkpoints", "list", tmp_path / "ck", "--json").output)
+    assert data["unreadable"] == []
+    assert [(c["checkpoint_id"], c["generation"]) for c in data["checkpoints"]] == [(1, 1)]

@@ -80,3 +80,29 @@ def test_sizes_and_ids_for_people() -> None:
     ]
     assert id_ranges([10, 1, 2, 3, 5, 6, 3]) == "1-3, 5-6, 10"
     assert id_ranges([]) == "none"
+
+
+def test_the_temporary_names_of_atomic_writes_are_not_statistics_files() -> None:
+    """A statistics file is written under ``.NAME.<random>.tmp`` and renamed: a temporary file
+    a crash left behind is neither a record, nor unreadable, nor a checkpoint id."""
+    from cutline.runtime.stats import checkpoint_ids_in
+
+    files = {
+        "checkpoint-1.json": good(1),
+        ".checkpoint-2.json.0123abcd.tmp": good(2)[:7],
+        ".run-ab.json.0123abcd.tmp": b"",
+    }
+    history = history_of(files)
+    assert [s.checkpoint_id for s in history.checkpoints] == [1]
+    assert history.unreadable == [] and history.runs == []
+    assert checkpoint_ids_in(sorted(files)) == [1]
+
+
+@pytest.mark.parametrize("data", [b"", b'{"kind": "checkp'], ids=["empty", "partial"])
+def test_an_empty_or_partial_statistics_file_is_named_unreadable(data: bytes) -> None:
+    """What a full disk left before statistics were written atomically: still named, never
+    fatal, if one comes from elsewhere (an older cutline, a copy cut short)."""
+    history = history_of({"checkpoint-1.json": good(1), "checkpoint-2.json": data})
+    assert [s.checkpoint_id for s in history.checkpoints] == [1]
+    (problem,) = history.unreadable
+    assert problem.startswith("checkpoint-2.json is not a valid statistics file")
