@@ -67,9 +67,23 @@ def sim(
 ) -> None:
     """Simulate Chandy-Lamport snapshots of the token bank in TOPOLOGY driven by EVENTS.
 
-    Prints each snapshot in the format of SEMANTICS §6 (or JSON with --json) on
-    standard output, and a one-line verdict of the independent checker on
-    standard error. The same seed always gives the same output.
+    Prints the snapshots on standard output (or, with --json, one JSON object with
+    the snapshots, the run's statistics and the verdict), and a one-line verdict of
+    the independent checker on standard error. The same seed always gives the same
+    output.
+
+    The snapshots' text format (the README's "Snapshot output" section): one block
+    per snapshot, blocks separated by a blank line; a block is the snapshot's id,
+    then "ID TOKENS" for every process (the balance it recorded), then "SRC DST
+    token(K)" for every message recorded in flight on a channel, in the order its
+    destination received it. A snapshot that could not complete has a line
+    "# incomplete: ..." after its id.
+
+    The TOPOLOGY and EVENTS files are described in the README's "Topology file" and
+    "Events file" sections; --demo runs a bundled example of both.
+
+    Exit status: 0 every snapshot verified; 1 a snapshot failed a property; 2 bad
+    input (a malformed file, a bad option, a diagram that cannot be written).
     """
     if demo and (topology or events):
         raise click.UsageError("give either --demo or TOPOLOGY and EVENTS, not both")

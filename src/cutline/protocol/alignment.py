@@ -1,7 +1,8 @@
 """Barrier handling of one subtask, for every checkpointing mode, as sans-IO state machines.
 
 A subtask receives ``Barrier(n)`` on each of its input channels, in line with
-its records (SEMANTICS §3). What it does then is the checkpointing mode:
+its records. What it does then is the checkpointing mode (the README's "Checkpointing
+modes"):
 
 * **aligned** (exactly-once): a subtask that receives ``Barrier(n)`` on input
   ``i`` stops consuming ``i`` until ``Barrier(n)`` has arrived on every input;

@@ -2,10 +2,9 @@
 
 The coordinator owns checkpoint ids (strictly increasing), decides when to
 trigger a checkpoint, collects every subtask's acknowledgement, and decides
-when a checkpoint is complete, aborted, subsumed or discarded (SEMANTICS §3,
-§5). It never reads a clock, opens a file or sends a message: the driver that
-hosts it passes the current time into every event and carries out the actions
-it returns, in order.
+when a checkpoint is complete, aborted, subsumed or discarded. It never reads
+a clock, opens a file or sends a message: the driver that hosts it passes the
+current time into every event and carries out the actions it returns, in order.
 
 ==============================================  ===========================================
 event (method)                                  actions it may return

@@ -1,4 +1,5 @@
-"""Writing recorded snapshots out: the text format of SEMANTICS §6, and JSON.
+"""Writing recorded snapshots out: the text format of the README's "Snapshot output", and
+JSON.
 
 Text, one block per snapshot, blocks separated by a blank line::
 
@@ -40,7 +41,7 @@ def incomplete_reason(snapshot: RecordedSnapshot, topology: Topology) -> str:
 
 
 def format_snapshot(snapshot: RecordedSnapshot, topology: Topology) -> str:
-    """One snapshot as a §6 text block."""
+    """One snapshot as a block of the text format."""
     lines = [str(snapshot.snapshot_id)]
     if not snapshot.complete:
         lines.append(f"# incomplete: {incomplete_reason(snapshot, topology)}")
@@ -50,7 +51,7 @@ def format_snapshot(snapshot: RecordedSnapshot, topology: Topology) -> str:
 
 
 def format_snapshots(run: SimRun) -> str:
-    """Every snapshot of ``run`` in the §6 text format."""
+    """Every snapshot of ``run`` in the text format."""
     topology = run.scenario.topology
     return "\n".join(format_snapshot(s, topology) for s in run.snapshots.values())
 

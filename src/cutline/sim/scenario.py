@@ -1,4 +1,5 @@
-"""The event-script format of SEMANTICS §6: a topology file and an events file.
+"""The event-script format: a topology file and an events file (the README's "Topology
+file" and "Events file").
 
 Topology file::
 
