@@ -15,11 +15,20 @@ killed on the way.
     env = StreamEnvironment(2)
     components(edge_stream(env, edges=5_000, vertices=2_000)).collect()
     result = env.execute()
+
+Run it with ``python -m cutline.examples.connected_components [--edges N] [--vertices N]``
+(local Spark): it runs that job over a random graph (:func:`random_edge`), prints the
+components it found, and checks them against a union-find over the same edges (exit
+status 0 when they are right and every label drop was published once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import argparse
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cutline.api.environment import DataStream, StreamEnvironment
@@ -38,21 +47,45 @@ def edge(i: int, vertices: int) -> tuple[int, int]:
     return u, v
 
 
-def edge_stream(env: StreamEnvironment, *, edges: int, vertices: int) -> DataStream:
+def _mix(x: int) -> int:
+    """A 32-bit integer hash (deterministic, so that every run generates the same graph)."""
+    x &= 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def random_edge(i: int, vertices: int) -> tuple[int, int]:
+    """The ``i``-th edge of a random graph: both ends in the same group, drawn by a hash. With
+    more edges than vertices, each group is mostly one large component, whose labels take
+    several rounds of the loop to settle (:func:`edge` gives components of two vertices)."""
+    group = i % GROUPS
+    size = vertices // GROUPS
+    return group + GROUPS * (_mix(2 * i) % size), group + GROUPS * (_mix(2 * i + 1) % size)
+
+
+EdgeOf = Callable[[int, int], tuple[int, int]]
+"""A generator of edges: ``(i, vertices) -> (u, v)``, as :func:`edge` and :func:`random_edge`."""
+
+
+def edge_stream(
+    env: StreamEnvironment, *, edges: int, vertices: int, edge_of: EdgeOf = edge
+) -> DataStream:
     """``edges`` generated edges over ``vertices`` vertices, as ``{"u": .., "v": ..}``."""
     if vertices < GROUPS:
         raise ValueError(f"vertices must be at least {GROUPS}, not {vertices}")
-    return env.from_sequence(0, edges).map(_EdgeOf(vertices), name="edge")
+    return env.from_sequence(0, edges).map(_EdgeOf(vertices, edge_of), name="edge")
 
 
 class _EdgeOf:
     __name__ = "edge_of"
 
-    def __init__(self, vertices: int) -> None:
+    def __init__(self, vertices: int, edge_of: EdgeOf = edge) -> None:
         self.vertices = vertices
+        self.edge_of = edge_of
 
     def __call__(self, record: dict[str, int]) -> dict[str, int]:
-        u, v = edge(record["value"], self.vertices)
+        u, v = self.edge_of(record["value"], self.vertices)
         return {"u": u, "v": v}
 
 
@@ -123,7 +156,7 @@ def components(edges: DataStream) -> DataStream:
     return edges.flat_map(both_directions, name="both_directions").iterate(body, name="loop")
 
 
-def expected_labels(edges: int, vertices: int) -> dict[int, int]:
+def expected_labels(edges: int, vertices: int, edge_of: EdgeOf = edge) -> dict[int, int]:
     """Every vertex that appears in an edge -> the smallest vertex of its component."""
     parent: dict[int, int] = {}
 
@@ -135,8 +168,69 @@ def expected_labels(edges: int, vertices: int) -> dict[int, int]:
         return x
 
     for i in range(edges):
-        u, v = edge(i, vertices)
+        u, v = edge_of(i, vertices)
         ru, rv = find(u), find(v)
         if ru != rv:
             parent[max(ru, rv)] = min(ru, rv)
     return {x: find(x) for x in list(parent)}
+
+
+def final_labels(output: list[dict[str, int]]) -> dict[int, int]:
+    """Every vertex -> the smallest label published for it (its component's label)."""
+    labels: dict[int, int] = {}
+    for drop in output:
+        vertex, label = drop["vertex"], drop["label"]
+        labels[vertex] = min(label, labels.get(vertex, label))
+    return labels
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the job on local Spark, print what it found and whether it is right."""
+    parser = argparse.ArgumentParser(
+        prog="python -m cutline.examples.connected_components",
+        description="Connected components of a stream of edges, in a loop, on local Spark.",
+    )
+    parser.add_argument("--edges", type=int, default=1_500, help="edges (default 1500)")
+    parser.add_argument("--vertices", type=int, default=1_000, help="vertices (default 1000)")
+    parser.add_argument("--parallelism", type=int, default=2, help="subtasks (default 2)")
+    args = parser.parse_args(argv)
+    if args.vertices < GROUPS or args.edges < 1 or args.parallelism < 1:
+        parser.error(f"--vertices must be at least {GROUPS}, --edges and --parallelism at least 1")
+
+    from cutline.spark.launcher import local_session
+
+    spark = local_session(args.parallelism)
+    with tempfile.TemporaryDirectory(prefix="components-") as folder:
+        env = StreamEnvironment(
+            args.parallelism, checkpoint_interval="500ms", checkpoint_dir=folder
+        )
+        edges = edge_stream(env, edges=args.edges, vertices=args.vertices, edge_of=random_edge)
+        components(edges).collect()
+        result = env.execute(spark)
+
+    labels = final_labels(result.output)
+    sizes = Counter(labels.values())
+    checkpoints, restarts = len(result.checkpoints), len(result.restarts)
+    print(
+        f"{args.edges:,} edges over {len(labels):,} vertices: {len(sizes):,} connected "
+        f"component{'s' if len(sizes) != 1 else ''} ({checkpoints} "
+        f"checkpoint{'s' if checkpoints != 1 else ''}, {restarts} "
+        f"restart{'s' if restarts != 1 else ''})"
+    )
+    for label, size in sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:5]:
+        print(f"  the component of vertex {label}: {size:,} vertices")
+    if len(sizes) > 5:
+        print(f"  ... and {len(sizes) - 5:,} more")
+    drops = Counter((drop["vertex"], drop["label"]) for drop in result.output)
+    once = all(n == 1 for n in drops.values())
+    right = labels == expected_labels(args.edges, args.vertices, random_edge)
+    print(f"{len(result.output):,} label drops published, each (vertex, label) once: {once}")
+    print(
+        "every vertex labelled with the smallest vertex of its component (as a union-find "
+        f"over the same edges says): {right}"
+    )
+    return 0 if once and right else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
