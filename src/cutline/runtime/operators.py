@@ -215,10 +215,23 @@ class Logic:
 
 @dataclass(frozen=True)
 class SourceLogic:
+    """A source operator. A file source's rejected rows (malformed, or not of the job's
+    schema) fail the job naming their file and line, or, with ``on_error="dead_letter"``,
+    go to the dead-letter output: the line's text, and ``file:line: why`` as the error."""
+
     source: SequenceSource | FileSource
 
     def open(self, ctx: OperatorContext, offset: Mapping[str, Any] | None) -> SourceReader:
-        return self.source.open(ctx.subtask, ctx.parallelism, offset)
+        if not isinstance(self.source, FileSource):
+            return self.source.open(ctx.subtask, ctx.parallelism, offset)
+        rejected = None
+        dead = ctx.dead_letters
+        if ctx.on_error == "dead_letter" and dead is not None:
+
+            def rejected(record: Any, error: str) -> None:
+                dead.add(ctx.name, ctx.subtask, record, error, "")
+
+        return self.source.open(ctx.subtask, ctx.parallelism, offset, rejected)
 
 
 # ------------------------------------------------------------------ stateless per record
