@@ -24,7 +24,13 @@ import pyarrow.compute
 import pyarrow.dataset
 import pytest
 
-from cutline import CheckpointWarning, JobFailedError, KeyedProcessFunction, StreamEnvironment
+from cutline import (
+    CheckpointWarning,
+    JobFailedError,
+    KeyedProcessFunction,
+    SourceHold,
+    StreamEnvironment,
+)
 from cutline.demo import WorkerKiller, check_b1_output, write_b1_input
 from cutline.examples.connected_components import components, edge_stream, expected_labels
 from cutline.runtime.storage import CheckpointStorage
@@ -59,10 +65,17 @@ def _assert_exact(output: Path, per_key: int = 200) -> None:
     assert verdict.exact
 
 
-def _execute_killing(env: StreamEnvironment, spark, killer: WorkerKiller):
-    """Run the job with ``killer`` armed; it must have killed a worker."""
+def _execute_killing(env: StreamEnvironment, spark, killer: WorkerKiller, hold: int):
+    """Run the job with ``killer`` armed: it kills when its timer says, or at the latest on the
+    first checkpoint completed while the sources hold after ``hold`` records each (so the kill
+    always lands in a running job, however fast the machine); it must have killed a worker."""
     try:
-        result = env.execute(spark, on_ready=killer.on_ready)
+        result = env.execute(
+            spark,
+            on_ready=killer.on_ready,
+            listener=killer.on_checkpoint,
+            hold_sources=SourceHold(records=hold),
+        )
     finally:
         killer.disarm()  # never kill a reused worker of a later test
     assert killer.killed_at is not None
@@ -186,7 +199,7 @@ def test_sigkill_of_a_random_worker_at_a_random_moment(spark, events, tmp_path, 
         .write_parquet(tmp_path / "out")
     )
     killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}").after(rng.uniform(0.2, 1.5))
-    result = _execute_killing(env, spark, killer)
+    result = _execute_killing(env, spark, killer, hold=rng.randrange(20_000, 80_000))
     assert len(result.restarts) == 1
     assert "lost" in result.restarts[0].cause or "died" in result.restarts[0].cause
     _assert_exact(tmp_path / "out")
@@ -311,7 +324,7 @@ def test_every_exactly_once_mode_survives_a_sigkill_under_backpressure(
         .write_parquet(tmp_path / "out")
     )
     killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}").after(rng.uniform(0.5, 2.0))
-    result = _execute_killing(env, spark, killer)
+    result = _execute_killing(env, spark, killer, hold=rng.randrange(20_000, 80_000))
     assert len(result.restarts) == 1
     _assert_exact(tmp_path / "out")
     if mode == "unaligned":
@@ -336,8 +349,9 @@ def test_at_least_once_survives_a_sigkill_under_backpressure_losing_nothing(spar
         .map_batches(slow_batches)
         .write_parquet(tmp_path / "out")
     )
-    killer = WorkerKiller(slot="slot-1").after(random.Random(7).uniform(0.5, 2.0))
-    result = _execute_killing(env, spark, killer)
+    rng = random.Random(7)
+    killer = WorkerKiller(slot="slot-1").after(rng.uniform(0.5, 2.0))
+    result = _execute_killing(env, spark, killer, hold=rng.randrange(10_000, 40_000))
     assert len(result.restarts) == 1
     values = pa.dataset.dataset(tmp_path / "out").to_table().column("value").to_pylist()
     published = Counter(values)
@@ -354,8 +368,9 @@ def test_connected_components_in_a_loop_survive_a_sigkill(spark, tmp_path, mode)
     edges, vertices = 40_000, 20_000
     env = _env(tmp_path, checkpoint_interval=0.2, batch_size=200, checkpointing=mode)
     components(edge_stream(env, edges=edges, vertices=vertices)).collect()
-    killer = WorkerKiller(slot="slot-0").after(random.Random(mode).uniform(0.3, 1.5))
-    result = _execute_killing(env, spark, killer)
+    rng = random.Random(mode)
+    killer = WorkerKiller(slot="slot-0").after(rng.uniform(0.3, 1.5))
+    result = _execute_killing(env, spark, killer, hold=rng.randrange(5_000, 15_000))
     assert len(result.restarts) == 1
     pairs = Counter((r["vertex"], r["label"]) for r in result.output)
     assert all(n == 1 for n in pairs.values())

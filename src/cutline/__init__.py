@@ -24,6 +24,7 @@ _API = (
     "KeyedStream",
     "ProcessContext",
     "RestoreError",
+    "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",
 )

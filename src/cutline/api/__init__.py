@@ -5,6 +5,7 @@ from cutline.runtime.client import JobClient, JobClientError
 from cutline.runtime.driver import CheckpointWarning, JobFailedError, JobResult
 from cutline.runtime.operators import KeyedProcessFunction, ProcessContext
 from cutline.runtime.restore import RestoreError
+from cutline.runtime.task import SourceHold
 from cutline.spark.launcher import SparkSetupError
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "KeyedStream",
     "ProcessContext",
     "RestoreError",
+    "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",
 ]

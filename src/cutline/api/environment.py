@@ -55,7 +55,7 @@ from cutline.runtime.sinks import FileSink
 from cutline.runtime.sources import FileSource, SequenceSource
 from cutline.runtime.state import BACKENDS, DEFAULT_MAX_PARALLELISM, StateConfig
 from cutline.runtime.storage import CheckpointStorage
-from cutline.runtime.task import CHECKPOINTING_MODES
+from cutline.runtime.task import CHECKPOINTING_MODES, PhaseHook, SourceHold
 
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|min|m|h)?\s*")
 _UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
@@ -76,6 +76,14 @@ def seconds(value: float | int | str | None, what: str) -> float | None:
     raise ValueError(
         f"{what}: {value!r} is not a duration (use seconds, or text like '500ms', '1s', '2min')"
     )
+
+
+def _positive(value: float | int | str, what: str) -> float:
+    """A deadline: a finite duration greater than zero."""
+    duration = seconds(value, what)
+    if duration is None or not 0 < duration < math.inf:
+        raise ValueError(f"{what} must be a finite duration greater than zero, not {value!r}")
+    return duration
 
 
 def location(path: str | os.PathLike[str]) -> str:
@@ -115,6 +123,13 @@ class StreamEnvironment:
     :param buffer_capacity: batches buffered per input channel before backpressure.
     :param heartbeat_timeout: a slot silent this long is declared lost (a host cut off from
         the network; a killed one is noticed at once).
+    :param start_timeout: each slot of a (re)start must be running and have reached the
+        driver this long after the launch, and the slots' rendezvous must end this long after
+        the last one arrived; otherwise the attempt fails naming the slot, and the job restarts.
+    :param restore_timeout: each slot must have restored its state, opened its operators and
+        connected its outputs this long after it began (a large state takes longer).
+    :param commit_timeout: after the final checkpoint completed, every slot must have published
+        its output and ended this long after.
     :param slot_timeout: how long each (re)start waits for its task slots (one per subtask
         index, all at once: executors register after the session starts, and come back
         after a lost host) before it fails.
@@ -162,6 +177,9 @@ class StreamEnvironment:
         batch_size: int = 65536,
         buffer_capacity: int = 4,
         heartbeat_timeout: float | str = "30s",
+        start_timeout: float | str = "1min",
+        restore_timeout: float | str = "10min",
+        commit_timeout: float | str = "2min",
         slot_timeout: float | str = "2min",
         on_host_loss: str = "restart",
         storage_options: dict[str, Any] | None = None,
@@ -252,7 +270,10 @@ class StreamEnvironment:
         self.checkpoint_dir = location(checkpoint_dir) if checkpoint_dir is not None else None
         self.restart_attempts = restart_attempts
         self.restart_delay = seconds(restart_delay, "restart_delay") or 0.0
-        self.heartbeat_timeout = seconds(heartbeat_timeout, "heartbeat_timeout") or 30.0
+        self.heartbeat_timeout = _positive(heartbeat_timeout, "heartbeat_timeout")
+        self.start_timeout = _positive(start_timeout, "start_timeout")
+        self.restore_timeout = _positive(restore_timeout, "restore_timeout")
+        self.commit_timeout = _positive(commit_timeout, "commit_timeout")
         slots_for = seconds(slot_timeout, "slot_timeout")
         if slots_for is None or not 0 <= slots_for < math.inf:
             raise ValueError(f"slot_timeout must be a finite duration, not {slot_timeout!r}")
@@ -264,6 +285,7 @@ class StreamEnvironment:
         self.storage_options = storage_options
         self.graph = JobGraph()
         self._on_error: dict[str, str] = {}
+        self._rate_limits: dict[str, float] = {}
         self._outputs: dict[str, str] = {}
         self._collect: dict[str, str] = {}
         self._counter = 0
@@ -277,12 +299,19 @@ class StreamEnvironment:
         *,
         column: str = "value",
         name: str | None = None,
+        rate_limit: float | None = None,
     ) -> DataStream:
         """The integers ``start, start+1, ...`` up to ``end`` (excluded; ``None``: unbounded), as
-        records with one column."""
+        records with one column.
+
+        :param rate_limit: at most this many records per second (for the whole source: each of
+            its subtasks reads its share), e.g. for a demo or a load test; ``None``: as fast as
+            the job takes them."""
         if type(start) is not int or (end is not None and type(end) is not int):
             raise ValueError(f"from_sequence needs integers, got start={start!r}, end={end!r}")
-        return self._source(SequenceSource(start, end, column), name or "sequence", name)
+        return self._source(
+            SequenceSource(start, end, column), name or "sequence", name, rate_limit
+        )
 
     def read_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> DataStream:
         """The Parquet files of a directory (a local path or fsspec URL), split by file over the
@@ -301,9 +330,25 @@ class StreamEnvironment:
         return self._source(source, name or f"read_{fmt}", name)
 
     def _source(
-        self, source: SequenceSource | FileSource, name: str, uid: str | None = None
+        self,
+        source: SequenceSource | FileSource,
+        name: str,
+        uid: str | None = None,
+        rate_limit: float | None = None,
     ) -> DataStream:
-        return DataStream(self, self._add(name, SourceLogic(source), [], uid))
+        if rate_limit is not None and (
+            isinstance(rate_limit, bool)
+            or not isinstance(rate_limit, int | float)
+            or not 0 < rate_limit < math.inf
+        ):
+            raise ValueError(
+                f"{name}: rate_limit must be a number of records per second greater than zero, "
+                f"not {rate_limit!r}"
+            )
+        operator = self._add(name, SourceLogic(source), [], uid)
+        if rate_limit is not None:
+            self._rate_limits[operator.uid] = float(rate_limit)
+        return DataStream(self, operator)
 
     def _add(
         self,
@@ -343,6 +388,8 @@ class StreamEnvironment:
         restore_from: str | os.PathLike[str] | None = None,
         allow_non_restored_state: bool = False,
         progress: bool | None = None,
+        hold_sources: SourceHold | None = None,
+        phase_hook: PhaseHook | None = None,
     ) -> JobResult:
         """Run the job on Spark and wait for it to end.
 
@@ -367,6 +414,15 @@ class StreamEnvironment:
             operator, throughput, backpressure, the last checkpoints and restarts): ``None``
             (default) when standard error is a terminal, ``True`` always, ``False`` never. The
             same figures are in ``result.metrics`` afterwards.
+        :param hold_sources: hold every source subtask part-way in the first attempt until a
+            checkpoint taken since is complete and the listener was told of it
+            (:class:`~cutline.SourceHold`): a listener that fails the job on that checkpoint
+            (kills a worker, for a test or a demo) then always fails a running job with input
+            left, however fast the machine. Needs a ``checkpoint_interval``.
+        :param phase_hook: ``hook(phase, slot, generation)``, called in each slot's process as
+            it enters each phase of an attempt (``start``, ``rendezvous``, ``restore``,
+            ``running``, ``final_checkpoint``, ``commit``): for tests that freeze or stall a
+            worker in a given phase. Must be picklable.
         :raises RestoreError: the checkpoint does not fit the job (the message says why).
         :returns: a :class:`~cutline.runtime.driver.JobResult`; ``result.output`` is the
             records of the collect sink.
@@ -374,6 +430,14 @@ class StreamEnvironment:
         """
         execution_plan = self.plan()
         port_range()  # a malformed CUTLINE_PORTS: said now, not when the first socket opens
+        if hold_sources is not None:
+            if not isinstance(hold_sources, SourceHold):
+                raise TypeError(f"hold_sources takes a SourceHold, not {hold_sources!r}")
+            if self.checkpoint_settings.interval is None:
+                raise ValueError(
+                    "hold_sources waits for a periodic checkpoint: give the job a "
+                    "checkpoint_interval"
+                )
         restore = _restore_url(restore_from)
         if restore == LATEST and not self._has_checkpoint():
             # nothing completed, so nothing was published: a fresh start is the resumption
@@ -428,6 +492,12 @@ class StreamEnvironment:
                 dead_letter_dir=self.dead_letter_dir,
                 on_error=dict(self._on_error),
                 heartbeat_timeout=self.heartbeat_timeout,
+                start_timeout=self.start_timeout,
+                restore_timeout=self.restore_timeout,
+                commit_timeout=self.commit_timeout,
+                rate_limits=dict(self._rate_limits),
+                hold=hold_sources,
+                phase_hook=phase_hook,
                 slot_timeout=self.slot_timeout,
                 on_host_loss=self.on_host_loss,
                 collect=collect_dirs,

@@ -5,12 +5,16 @@ A task connects and says hello with its name, the job's **generation** and the
 job's secret **token**; the driver refuses another job's tasks and a stale
 attempt's, so their late acknowledgements never reach the coordinator. Then:
 
-* task → driver: ``ready`` (set up, its process id), ``heartbeat`` (every second),
+* task → driver: ``phase`` (the slot entered a phase of its start: ``rendezvous`` with its
+  process id and host, then ``restore``), ``ready`` (set up), ``heartbeat`` (four times a
+  second, from the moment it connected, in every phase),
   ``exhausted`` (a source subtask read all its input), ``ack`` (subtask, checkpoint, state
   handle), ``decline`` (subtask, checkpoint, reason), ``failed`` (subtask, operator, record,
   error, traceback), ``finished``;
 * driver → task: ``trigger`` (checkpoint, final), ``complete`` (checkpoint),
-  ``abort`` (checkpoint), ``stop``.
+  ``abort`` (checkpoint), ``stop``, ``drain`` (the sources stop reading), ``census`` (count
+  what was sent and processed), ``release`` (a checkpoint completed and the job's listener was
+  told: sources held part-way read on).
 
 The driver reads every task's messages into one queue
 (:meth:`ControlServer.next_event`); a task whose connection ends without
@@ -33,9 +37,9 @@ from cutline.runtime.net import Listener, close_socket
 
 MAX_LINE = 1024 * 1024
 TASK_MESSAGES = frozenset(
-    {"ready", "heartbeat", "exhausted", "ack", "decline", "failed", "finished", "census"}
+    {"phase", "ready", "heartbeat", "exhausted", "ack", "decline", "failed", "finished", "census"}
 )
-DRIVER_MESSAGES = frozenset({"trigger", "complete", "abort", "stop", "census", "drain"})
+DRIVER_MESSAGES = frozenset({"trigger", "complete", "abort", "stop", "census", "drain", "release"})
 
 
 class ControlError(Exception):

@@ -72,7 +72,7 @@ from cutline.runtime.storage import (
     StateHandle,
     StorageError,
 )
-from cutline.runtime.task import SlotSetup
+from cutline.runtime.task import PhaseHook, SlotSetup, SourceHold
 from cutline.runtime.verify import verify_checkpoint
 
 LATEST = "latest"
@@ -119,8 +119,9 @@ class Failure:
     """Why an attempt of the job failed."""
 
     cause: str
-    """``task`` (an exception), ``lost`` (a worker died or stopped answering), ``checkpoint``
-    (too many failed checkpoints), ``launcher`` (Spark itself)."""
+    """``task`` (an exception), ``lost`` (a worker died or stopped answering), ``deadline`` (a
+    slot did not get through a phase of its start or end in time), ``checkpoint`` (too many
+    failed checkpoints), ``launcher`` (Spark itself)."""
     message: str
     subtask: str | None = None
     operator: str | None = None
@@ -237,8 +238,19 @@ class JobConfig:
     heartbeat_timeout: float = 30.0
     collect: dict[str, str] = field(default_factory=dict)
     """Collect sink name -> its directory (read back when the job ends)."""
-    start_timeout: float = 300.0
-    """Seconds for every slot to be scheduled and ready."""
+    start_timeout: float = 60.0
+    """Seconds for every slot of a generation to start and reach the driver after the launch,
+    and for their rendezvous to end after the last one did."""
+    restore_timeout: float = 600.0
+    """Seconds for a slot to restore its state, open its operators and connect its outputs."""
+    commit_timeout: float = 120.0
+    """Seconds for every slot to publish and end after the final checkpoint completed."""
+    rate_limits: dict[str, float] = field(default_factory=dict)
+    """Source operator uid -> records per second (see :class:`SlotSetup`)."""
+    hold: SourceHold | None = None
+    """Hold the sources part-way in the first generation (see :class:`SourceHold`)."""
+    phase_hook: PhaseHook | None = None
+    """Called in each slot's process as it enters each phase (fault-injection tests)."""
     stop_after: float | None = None
     """Seconds after the job started at which it stops with a final checkpoint: the sources
     stop reading, everything they read is processed and published (for unbounded sources)."""
@@ -264,9 +276,11 @@ class JobConfig:
 
 
 Listener = Callable[[str, str], None]
-"""Called with (kind, message) for what a user may want to see: ``checkpoint``, ``abort``,
-``restart``, ``slots`` (waiting for task slots or lost hosts), ``running`` (every slot of a
-generation ready, and where), ``warning``, ``failure``."""
+"""Called with (kind, message) for what a user may want to see: ``checkpoint`` (``"3 complete
+in 0.08 s"``), ``savepoint`` (``"4 complete in 0.10 s: FOLDER"``), ``abort`` (``"checkpoint 5:
+REASON"``), ``restart``, ``slots`` (waiting for task slots or lost hosts), ``running`` (every
+slot of a generation ready, and where), ``warning``, ``failure``. ``print(kind, message)``
+reads as a sentence."""
 
 
 class JobDriver:
@@ -584,8 +598,11 @@ class JobDriver:
             run=self.run_id,
             checkpointing=config.checkpointing,
             alignment_timeout=config.alignment_timeout,
+            rate_limits=config.rate_limits,
+            hold=config.hold if generation == 1 else None,
+            phase_hook=config.phase_hook,
         )
-        attempt = _Attempt(self, generation, coordinator, server)
+        attempt = _Attempt(self, generation, coordinator, server, holding=setup.hold is not None)
         self.metrics.new_generation(generation)
         job = self.launcher.launch(setup)
         try:
@@ -613,6 +630,11 @@ class JobDriver:
         return collected
 
 
+def _slots_text(slots: list[str]) -> str:
+    """``slot-1``, ``slot-0 and slot-1``, ``slot-0, slot-1 and slot-2``."""
+    return slots[0] if len(slots) == 1 else f"{', '.join(slots[:-1])} and {slots[-1]}"
+
+
 def running_message(generation: int, hosts: dict[str, str]) -> str:
     """The ``running`` listener message: ``generation 2: slot-0 on 10.0.0.11, ...``."""
     where = ", ".join(f"{slot} on {hosts[slot] or '?'}" for slot in sorted(hosts))
@@ -638,8 +660,18 @@ class _Attempt:
         generation: int,
         coordinator: CheckpointCoordinator[str, dict[str, Any]],
         server: ControlServer,
+        *,
+        holding: bool = False,
     ) -> None:
         self.driver = driver
+        self.holding = holding
+        """The sources hold part-way (:class:`SourceHold`): each checkpoint's completion is
+        followed by ``release`` once the listener was told of it."""
+        self.phases: dict[str, tuple[str, float]] = {}
+        """Slot -> the phase it is in (``rendezvous``, ``restore``, ``running``) and since when:
+        every phase has a deadline."""
+        self.committing: tuple[int, float] | None = None
+        """The final checkpoint, and when it completed: the slots publish and end."""
         self.generation = generation
         self.coordinator = coordinator
         self.server = server
@@ -686,7 +718,7 @@ class _Attempt:
 
     def drive(self, job: LaunchedJob) -> Failure | None:
         config = self.driver.config
-        started = self.now()
+        self.launched = self.now()
         driver_start = self.driver._start
         while self.failure is None:
             now = self.now()
@@ -698,23 +730,11 @@ class _Attempt:
                 return self._explain(error)
             if self.consequence is not None and now - self.consequence_at > 2.0:
                 return self.consequence
-            if len(self.ready) < len(self.slots):
-                if now - started > config.start_timeout:
-                    return Failure(
-                        "launcher",
-                        f"only {len(self.ready)} of {len(self.slots)} slots started within "
-                        f"{config.start_timeout:g} s",
-                    )
-            else:
+            late = self._late(now)
+            if late is not None:
+                return late
+            if len(self.ready) == len(self.slots):
                 assert self.ready_at is not None
-                for slot in self.slots - self.finished:
-                    if now - self.last_beat.get(slot, now) > config.heartbeat_timeout:
-                        return Failure(
-                            "lost",
-                            f"stopped answering (no heartbeat for "
-                            f"{config.heartbeat_timeout:g} s){self._on_host(slot)}",
-                            subtask=slot,
-                        )
                 self._take_requests(now)
                 stop = config.stop_after
                 stopping = stop is not None and now - driver_start >= stop
@@ -736,6 +756,69 @@ class _Attempt:
                 self._on_event(event)
                 event = self.server.next_event(timeout=0)
         return self.failure
+
+    def _late(self, now: float) -> Failure | None:
+        """A slot that stopped answering (heartbeats go from the moment it reached the driver,
+        in every phase), or a phase past its deadline: why the generation fails."""
+        config = self.driver.config
+        for slot in sorted(set(self.phases) - self.finished):
+            if now - self.last_beat.get(slot, now) > config.heartbeat_timeout:
+                return Failure(
+                    "lost",
+                    f"stopped answering (no heartbeat for {config.heartbeat_timeout:g} s, "
+                    f"{self._phase_text(slot)}){self._on_host(slot)}",
+                    subtask=slot,
+                )
+        absent = sorted(self.slots - set(self.phases))
+        if absent and now - self.launched > config.start_timeout:
+            return Failure(
+                "deadline",
+                f"{_slots_text(absent)} did not start within {config.start_timeout:g} s "
+                "(start_timeout): Spark did not run the task, or its Python worker stopped "
+                "before it reached the driver",
+            )
+        if absent:
+            return None
+        last_arrival = max(since for _, since in self.phases.values())
+        meeting = sorted(s for s, (phase, _) in self.phases.items() if phase == "rendezvous")
+        if meeting and now - last_arrival > config.start_timeout:
+            return Failure(
+                "deadline",
+                f"{_slots_text(meeting)} did not finish the rendezvous (exchanging addresses with "
+                f"the other slots) within {config.start_timeout:g} s (start_timeout)",
+            )
+        for slot, (phase, since) in sorted(self.phases.items()):
+            if phase == "restore" and now - since > config.restore_timeout:
+                return Failure(
+                    "deadline",
+                    f"did not report running within {config.restore_timeout:g} s of starting "
+                    "its restore (restore_timeout): restoring its state, opening its operators "
+                    f"or connecting its outputs took longer{self._on_host(slot)}",
+                    subtask=slot,
+                )
+        if self.committing is not None:
+            final, since = self.committing
+            ending = sorted(self.slots - self.finished)
+            if ending and now - since > config.commit_timeout:
+                return Failure(
+                    "deadline",
+                    f"{_slots_text(ending)} did not publish and end within "
+                    f"{config.commit_timeout:g} s of the final checkpoint {final}'s completion "
+                    "(commit_timeout)",
+                )
+        return None
+
+    def _phase_text(self, slot: str) -> str:
+        phase, _ = self.phases.get(slot, ("start", 0.0))
+        if phase == "running" and self.committing is not None:
+            return "while publishing after the final checkpoint"
+        if phase == "running" and self.final is not None:
+            return "during the final checkpoint"
+        return {
+            "rendezvous": "during the rendezvous",
+            "restore": "while restoring its state",
+            "running": "while running",
+        }.get(phase, f"in phase {phase}")
 
     def _on_host(self, slot: str) -> str:
         host = self.driver.result.hosts.get(self.generation, {}).get(slot)
@@ -769,7 +852,14 @@ class _Attempt:
     def _on_event(self, event: Event) -> None:
         body, kind, now = event.body, event.kind, self.now()
         self.last_beat[event.task] = now
-        if kind == "ready":
+        if kind == "phase":
+            self.phases[event.task] = (str(body.get("phase")), now)
+            if "host" in body:
+                self.driver.result.hosts.setdefault(self.generation, {})[event.task] = str(
+                    body.get("host", "")
+                )
+        elif kind == "ready":
+            self.phases[event.task] = ("running", now)
             self.ready[event.task] = int(body.get("pid", 0))
             self.driver.result.hosts.setdefault(self.generation, {})[event.task] = str(
                 body.get("host", "")
@@ -1051,13 +1141,16 @@ class _Attempt:
                 if len(kept) > SUBTASK_DETAILS:  # the older ones' details are in the files
                     older = len(kept) - SUBTASK_DETAILS - 1
                     kept[older] = dataclasses.replace(kept[older], subtasks={})
-                driver.listener(
-                    "checkpoint",
-                    ("savepoint" if target is not None else "checkpoint")
-                    + f" {action.checkpoint_id} complete in {info.duration:.2f} s"
+                driver.listener(  # "checkpoint 3 complete in 0.08 s", said as kind + message
+                    "savepoint" if target is not None else "checkpoint",
+                    f"{action.checkpoint_id} complete in {info.duration:.2f} s"
                     + (" (final)" if final else "")
                     + (f": {info.savepoint}" if info.savepoint else ""),
                 )
+                if final:
+                    self.committing = (action.checkpoint_id, self.now())
+                if self.holding:  # after the listener: what it did happened before the release
+                    self._broadcast("release", checkpoint=action.checkpoint_id)
             elif isinstance(action, AbortCheckpoint):
                 self._broadcast("abort", checkpoint=action.checkpoint_id)
                 if action.checkpoint_id in self.triggered_at:
@@ -1083,9 +1176,7 @@ class _Attempt:
                         self.stop_request = None
                 if not action.subsumed:
                     driver.result.aborted.append((action.checkpoint_id, action.reason))
-                    driver.listener(
-                        "abort", f"checkpoint {action.checkpoint_id} aborted: {action.reason}"
-                    )
+                    driver.listener("abort", f"checkpoint {action.checkpoint_id}: {action.reason}")
                 if action.checkpoint_id == self.final and self.failure is None:
                     self.final = None
                     stop = driver.config.stop_after

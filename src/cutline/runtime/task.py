@@ -151,6 +151,106 @@ class SlotSetup:
     drain: bool = False
     """The sources read nothing: the job publishes what it restored and ends (it restores the
     savepoint it was stopped with)."""
+    rate_limits: dict[str, float] = field(default_factory=dict)
+    """Source operator uid -> records per second for the whole source (each of its subtasks
+    reads at most its share: the limit divided by the parallelism)."""
+    hold: SourceHold | None = None
+    """Hold every source subtask part-way (see :class:`SourceHold`)."""
+    phase_hook: PhaseHook | None = None
+    """Called in the slot's process as it enters each phase (fault-injection tests)."""
+
+    def enter(self, phase: str, slot: int) -> None:
+        """The slot (or its supervisor) enters ``phase``: call the phase hook, if any."""
+        if self.phase_hook is not None:
+            self.phase_hook(phase, slot, self.generation)
+
+
+SLOT_PHASES = ("start", "rendezvous", "restore", "running", "final_checkpoint", "commit")
+"""The phases a slot goes through, in order, each with a deadline at the driver: ``start``
+(the task runs; ends when it reached the driver), ``rendezvous`` (the slots exchange their
+addresses), ``restore`` (state restored, operators opened, output channels connected; ends
+with ``ready``), ``running``, ``final_checkpoint`` (the final checkpoint was triggered) and
+``commit`` (it completed: the sinks publish, the subtasks end)."""
+
+PhaseHook = Callable[[str, int, int], None]
+"""``hook(phase, slot, generation)``: called in each slot's process as it enters each of
+:data:`SLOT_PHASES` (``final_checkpoint`` and ``commit`` in the slot's supervisor, when the
+driver's trigger or completion arrives); for tests that freeze or stall a worker in a phase."""
+
+
+@dataclass(frozen=True)
+class SourceHold:
+    """Hold the sources part-way, so that a test or a demo can fail a job at a complete
+    checkpoint with input left, on a machine of any speed.
+
+    In the job's first attempt each source subtask stops reading once it has read ``records``
+    records, until ``checkpoints`` checkpoints triggered after it stopped have completed and
+    the job's listener has been told of them (a listener that kills a worker on a checkpoint
+    therefore always kills a running job); then it reads on. Later attempts do not hold.
+    """
+
+    records: int
+    checkpoints: int = 1
+
+    def __post_init__(self) -> None:
+        for name, value in (("records", self.records), ("checkpoints", self.checkpoints)):
+            if type(value) is not int or value < (0 if name == "records" else 1):
+                raise ValueError(f"SourceHold: {name} must be a whole number, not {value!r}")
+
+
+class _ReadSize:
+    """How many records a source subtask reads at once: as many as its chain processes in
+    about :attr:`TARGET` seconds (at most ``batch_size``), so that it sees the driver's
+    messages (a checkpoint's trigger) that often however costly its operators are."""
+
+    TARGET = 0.02
+    SMALLEST = 16
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.size = min(most, 1024)
+        self._per_record: float | None = None
+
+    def took(self, records: int, seconds: float) -> None:
+        """``records`` were read and pushed through the chain in ``seconds``."""
+        if records <= 0:
+            return
+        cost = seconds / records
+        average = self._per_record
+        self._per_record = cost if average is None else 0.7 * average + 0.3 * cost
+        ideal = self.TARGET / self._per_record if self._per_record > 0 else self.most
+        self.size = max(self.SMALLEST, min(self.most, int(ideal)))
+
+
+class _Pace:
+    """A token bucket: at most ``rate`` records per second, in bursts of at most 0.1 s'
+    worth (or one record)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.burst = max(1.0, rate * 0.1)
+        self.tokens = 0.0
+        self.at: float | None = None
+
+    def allowed(self, now: float) -> int:
+        """Records that may be read now."""
+        if self.at is None:
+            self.at, self.tokens = now, 1.0
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        return int(self.tokens)
+
+    def took(self, records: int) -> None:
+        self.tokens -= records
+
+    def wait(self) -> float:
+        """Seconds until the next record may be read."""
+        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
+
+
+def _pause(pace: _Pace | None) -> float:
+    """How long a source subtask waits for the driver's messages before its next read."""
+    return 0.0 if pace is None else min(0.1, pace.wait())
 
 
 class Stopped(Exception):
@@ -225,6 +325,11 @@ class SubtaskRunner:
         self._restored_outputs: dict[str, list[Any]] = {}
         self._key_contexts: dict[str, OperatorContext] = {}
         self.thread: threading.Thread | None = None
+        self._hold = setup.hold if chain.is_source else None
+        self._hold_from: int | None = None
+        """The first checkpoint triggered while the source held (only later ones release it)."""
+        self._hold_released = 0
+        """Checkpoints since it held whose completion the driver has announced (``release``)."""
 
     # ----------------------------------------------------------------- set-up
 
@@ -376,29 +481,55 @@ class SubtaskRunner:
 
     def _run_source(self) -> None:
         exhausted = False
-        batch_size = self.setup.batch_size
+        source = self.chain.operators[0]
+        rate = self.setup.rate_limits.get(source.uid)
+        pace = _Pace(rate / self.setup.plan.parallelism) if rate else None
+        reads = _ReadSize(self.setup.batch_size)
         while True:
-            self._handle_messages(block=exhausted or self._final is not None)
+            idle = exhausted or self._final is not None or self._holding()
+            self._handle_messages(0.1 if idle else _pause(pace))
             self._check_timeouts()
             if self._final is not None and self._last_complete >= self._final:
                 self._emit_end()
                 return
-            if exhausted or self._final is not None:
-                continue
+            if exhausted or self._final is not None or self._holding():
+                continue  # (asked again: a message may have changed it)
             if not self._has_room():
                 waited = time.monotonic()
                 self._wait_for_room(0.01)  # and see the driver's messages meanwhile
                 self.backpressured += time.monotonic() - waited
                 continue
-            self._current = self.chain.operators[0].name
-            batch = None if self._draining else self._reader.read(batch_size)
+            size = reads.size
+            if pace is not None:
+                size = min(size, pace.allowed(time.monotonic()))
+                if size < 1:
+                    continue
+            if self._hold is not None:
+                size = min(size, self._hold.records - self.records_in)
+            self._current = source.name
+            started = time.perf_counter()
+            batch = None if self._draining else self._reader.read(size)
             if batch is None:
                 exhausted = True
                 self.control.send("exhausted", subtask=self.name)
                 continue
             self.records_in += batch.num_rows
-            self.operator_records[self.chain.operators[0].uid][1] += batch.num_rows
+            self.operator_records[source.uid][1] += batch.num_rows
             self._push(batch)
+            reads.took(batch.num_rows, time.perf_counter() - started)
+            if pace is not None:
+                pace.took(batch.num_rows)
+
+    def _holding(self) -> bool:
+        """Whether this source subtask holds (:class:`SourceHold`): it read its records and the
+        checkpoints that release it have not all completed yet."""
+        hold = self._hold
+        if hold is None or self._draining:
+            return False
+        if self._hold_released >= hold.checkpoints:
+            self._hold = None  # released for good
+            return False
+        return self.records_in >= hold.records
 
     def _run_with_inputs(self) -> None:
         assert self.gate is not None
@@ -423,7 +554,7 @@ class SubtaskRunner:
         self._restored_inputs = {}
         ended = sent_end = False
         while True:
-            self._handle_messages(block=ended)
+            self._handle_messages(0.1 if ended else 0)
             if ended:
                 if self._last_snapshot is None or self._last_complete >= self._last_snapshot:
                     return
@@ -514,10 +645,10 @@ class SubtaskRunner:
                 )
             # BlockChannel / UnblockChannels: the handler's blocked_channels says it all
 
-    def _handle_messages(self, block: bool) -> None:
-        """Carry out the driver's messages (waiting a moment for one when ``block``)."""
+    def _handle_messages(self, wait: float) -> None:
+        """Carry out the driver's messages (waiting up to ``wait`` seconds for the first)."""
         try:
-            message = self.inbox.get(timeout=0.1) if block else self.inbox.get_nowait()
+            message = self.inbox.get(timeout=wait) if wait > 0 else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -545,6 +676,8 @@ class SubtaskRunner:
                 base = message.get("base")
                 self._kinds[checkpoint] = (int(base) if base is not None else None, savepoint)
                 self._trigger_seen[checkpoint] = time.time()
+                if self._hold_from is None and self._holding():
+                    self._hold_from = checkpoint
                 self._snapshot(checkpoint)
                 # the final checkpoint and savepoints align: nothing may stay in flight
                 aligned = final or savepoint
@@ -554,6 +687,9 @@ class SubtaskRunner:
                 self._complete(checkpoint)
                 if final:
                     self._final = checkpoint
+            elif kind == "release" and self._hold_from is not None:
+                if checkpoint >= self._hold_from:  # completed, and the listener was told
+                    self._hold_released += 1
             elif kind == "drain" and self.chain.is_source:
                 self._draining = True  # stop reading: the job stops once the loops are quiet
             elif kind == "complete":
@@ -888,13 +1024,25 @@ Exchange = Callable[[str], list[str]]
 
 
 def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict[str, Any]:
-    """Run subtask ``slot`` of every chain of ``setup.plan``; return a summary when all ended."""
+    """Run subtask ``slot`` of every chain of ``setup.plan``; return a summary when all ended.
+
+    The slot reaches the driver first and sends heartbeats from then on, from a thread of its
+    own, whatever phase it is in (a frozen process is noticed in any phase); it tells the
+    driver each phase it enters (``phase``), so that the driver can hold each to a deadline."""
     plan = setup.plan
     gates: dict[str, InputGate] = {}
     control: ControlClient | None = None
+    beats: _Heartbeats | None = None
     runners: list[SubtaskRunner] = []
     opening: str | None = None
     try:
+        setup.enter("start", slot)
+        control = ControlClient(
+            setup.driver, f"slot-{slot}", token=setup.token, generation=setup.generation
+        )
+        beats = _Heartbeats(control, runners, setup.heartbeat_interval)
+        control.send("phase", phase="rendezvous", pid=os.getpid(), host=host)
+        setup.enter("rendezvous", slot)
         for chain in plan.chains:
             if not chain.is_source:
                 gates[chain.uid] = InputGate(
@@ -910,9 +1058,8 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
             other = json.loads(text)
             for uid, port in other["ports"].items():
                 addresses[(int(other["slot"]), uid)] = (other["host"], int(port))
-        control = ControlClient(
-            setup.driver, f"slot-{slot}", token=setup.token, generation=setup.generation
-        )
+        control.send("phase", phase="restore")
+        setup.enter("restore", slot)
         storage = CheckpointStorage(setup.checkpoint_dir, storage_options=setup.storage_options)
         for chain in plan.chains:
             runner = SubtaskRunner(setup, chain, slot, control, storage, gates.get(chain.uid))
@@ -923,7 +1070,8 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
         for runner in runners:
             runner.connect(addresses)
         control.send("ready", pid=os.getpid(), host=host)
-        return _supervise(setup, control, runners)
+        setup.enter("running", slot)
+        return _supervise(setup, slot, control, runners)
     except BaseException as exc:
         if control is not None and not any(r.failure for r in runners):
             with contextlib.suppress(ControlError):
@@ -931,6 +1079,8 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
                 control.send("failed", subtask=opening or f"slot-{slot}", **report)
         raise
     finally:
+        if beats is not None:
+            beats.stop()
         for runner in runners:
             runner.stop()
             for channel in runner.output_channels():
@@ -952,8 +1102,39 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
             runner.wait_for_snapshots(deadline - time.monotonic())
 
 
+class _Heartbeats:
+    """The slot's heartbeats, from a thread of its own: from the moment the slot reached the
+    driver, in every phase, with the subtasks' figures once they run."""
+
+    def __init__(self, control: ControlClient, runners: list[SubtaskRunner], every: float):
+        self._control, self._runners, self._every = control, runners, every
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cutline-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._every):
+            running = [r for r in list(self._runners) if r.thread is not None]
+            try:
+                self._control.send(
+                    "heartbeat",
+                    records_in={r.name: r.records_in for r in running},
+                    metrics=_metrics(running),
+                )
+            except ControlError:
+                return  # the driver is gone: the slot's loop notices it too
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+_CONSEQUENCE_WAIT = 30.0
+"""Seconds a slot whose subtasks failed only because another slot's did (a broken channel)
+keeps its control connection open, so that the driver hears the cause first."""
+
+
 def _supervise(
-    setup: SlotSetup, control: ControlClient, runners: list[SubtaskRunner]
+    setup: SlotSetup, slot: int, control: ControlClient, runners: list[SubtaskRunner]
 ) -> dict[str, Any]:
     threads = [
         threading.Thread(target=r.run, name=f"cutline-{r.name}", daemon=True) for r in runners
@@ -961,11 +1142,11 @@ def _supervise(
     for runner, thread in zip(runners, threads, strict=True):
         runner.thread = thread
         thread.start()
-    next_beat = time.monotonic() + setup.heartbeat_interval
+    final: int | None = None
     while any(t.is_alive() for t in threads):
         failed = [r for r in runners if r.failure is not None]
         if failed:
-            raise RuntimeError(f"subtask {failed[0].name} failed: {failed[0].failure}")
+            _failed(control, failed)
         try:
             message = control.receive(timeout=0.1)
         except ControlError:
@@ -979,24 +1160,36 @@ def _supervise(
                 done=sum(r.records_done for r in runners),
             )
         elif message is not None:
+            kind = message.get("kind")
+            if kind == "trigger" and message.get("final"):
+                final = int(message.get("checkpoint", -1))
+                setup.enter("final_checkpoint", slot)
+            elif kind == "complete" and final is not None and message.get("checkpoint") == final:
+                setup.enter("commit", slot)
             for runner in runners:
                 runner.inbox.put(message)
-        now = time.monotonic()
-        if now >= next_beat:
-            control.send(
-                "heartbeat",
-                records_in={r.name: r.records_in for r in runners},
-                metrics=_metrics(runners),
-            )
-            next_beat = now + setup.heartbeat_interval
     failed = [r for r in runners if r.failure is not None]
     if failed:
-        raise RuntimeError(f"subtask {failed[0].name} failed: {failed[0].failure}")
+        _failed(control, failed)
     if any(r.stopped.is_set() for r in runners):
         return {"stopped": True}
     summary = {"records_in": {r.name: r.records_in for r in runners}}
     control.send("finished", **summary, metrics=_metrics(runners))
     return summary
+
+
+def _failed(control: ControlClient, failed: list[SubtaskRunner]) -> None:
+    """End the slot for its failed subtasks. When every one of them failed only because
+    another slot's did (a channel whose upstream went away), the cause is that slot's: keep
+    this connection open until the driver ends the attempt (up to :data:`_CONSEQUENCE_WAIT`),
+    so that the driver hears the cause before it hears of this slot."""
+    cause = next((r for r in failed if not isinstance(r.failure, ChannelError)), failed[0])
+    if isinstance(cause.failure, ChannelError):
+        deadline = time.monotonic() + _CONSEQUENCE_WAIT
+        with contextlib.suppress(ControlError):
+            while time.monotonic() < deadline:
+                control.receive(timeout=0.1)
+    raise RuntimeError(f"subtask {cause.name} failed: {cause.failure}")
 
 
 def _metrics(runners: list[SubtaskRunner]) -> dict[str, Any]:
