@@ -179,3 +179,134 @@ def test_an_offset_beyond_a_file_means_the_file_changed(tmp_path: Path) -> None:
     (path,) = source.files()
     with pytest.raises(SourceError, match="the file changed since the checkpoint"):
         read_all(source.open(0, 1, {"rows": {path: 9}}))
+
+
+# ------------------------------------------------------------- rejected rows and offsets
+
+CSV_SCHEMA = {"user": "string", "value": "int64"}
+
+line_kinds = st.sampled_from(
+    ["good", "good", "good", "text", "short", "long", "blank", "quoted", "quoted_text", "crlf"]
+)
+
+
+def csv_line(kind: str, i: int) -> str:
+    """One line of a CSV file of ``user,value`` rows, good or rejected."""
+    return {
+        "good": f"u{i % 3},{i}",
+        "text": f"u{i % 3},x{i}",  # not an int64
+        "short": f"u{i % 3}",  # one field
+        "long": f'u{i % 3},{i},"extra, field"',  # three fields
+        "blank": "" if i % 2 else "\r",
+        "quoted": f'"u{i % 3}\n""two"", lines",{i}',  # a record of two lines
+        "quoted_text": f'"u{i % 3}\nsecond line",x{i}',
+        "crlf": f"u{i % 3},{i}\r",
+    }[kind]
+
+
+def json_line(kind: str, i: int) -> str:
+    return {
+        "good": json.dumps({"user": f"u{i % 3}", "value": i, "ignored": [i]}),
+        "text": json.dumps({"user": f"u{i % 3}", "value": f"x{i}"}),
+        "short": json.dumps({"user": f"u{i % 3}"})[:-1] + ', "value": ',  # malformed
+        "long": f"[{i}]",  # not an object
+        "blank": "   ",
+        "quoted": json.dumps({"user": f'u{i % 3}\n"two", lines', "value": i}),
+        "quoted_text": json.dumps({"user": f"u{i % 3}", "value": 1.5}),  # not an int64
+        "crlf": json.dumps({"user": f"u{i % 3}", "value": i}) + "\r",
+    }[kind]
+
+
+def write_files(
+    folder: Path, fmt: str, files: list[list[str]]
+) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
+    """The files (lists of line kinds); returns the good rows in order, and where each rejected
+    row is (file, 1-based line)."""
+    folder.mkdir(exist_ok=True)
+    good: list[dict[str, Any]] = []
+    rejected: list[tuple[str, int]] = []
+    n = 0
+    for f, kinds in enumerate(files):
+        path = folder / f"part-{f}.{fmt}"
+        text = "user,value\n" if fmt == "csv" else ""
+        for kind in kinds:
+            n += 1
+            line = text.count("\n") + 1
+            text += (csv_line(kind, n) if fmt == "csv" else json_line(kind, n)) + "\n"
+            if kind in ("good", "crlf"):
+                good.append({"user": f"u{n % 3}", "value": n})
+            elif kind == "quoted":
+                user = f'u{n % 3}\n"two", lines'
+                good.append({"user": user, "value": n})
+            elif kind != "blank":
+                rejected.append((str(path), line))
+        path.write_bytes(text.encode())
+    return good, rejected
+
+
+def where(error: str) -> tuple[str, int]:
+    path, line, _ = error.split(":", 2)
+    return path, int(line)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fmt=st.sampled_from(["csv", "jsonl"]),
+    files=st.lists(st.lists(line_kinds, max_size=25), min_size=1, max_size=3),
+    block_size=st.integers(1, 120),
+    max_rows=st.integers(1, 9),
+    cut=st.integers(0, 80),
+)
+def test_rejected_rows_are_consumed_once_and_offsets_replay_exactly(
+    tmp_path_factory: pytest.TempPathFactory,
+    fmt: str,
+    files: list[list[str]],
+    block_size: int,
+    max_rows: int,
+    cut: int,
+) -> None:
+    """Whatever the block size and where the reader stops (also just after a rejected row),
+    the good rows come out once in order, each rejected row is rejected once with its file and
+    line, and a reader opened at the offset goes on exactly from there."""
+    folder = tmp_path_factory.mktemp("in")
+    good, bad = write_files(folder, fmt, files)
+    source = FileSource(str(folder), fmt, schema=CSV_SCHEMA, block_size=block_size)
+    errors: list[str] = []
+
+    def collect(record: Any, error: str) -> None:
+        assert isinstance(record, str)
+        errors.append(error)
+
+    first = source.open(0, 1, rejected=collect)
+    before = read_all(first, max_rows, limit=cut)
+    rejected_before = len(errors)
+    offset = json.loads(json.dumps(first.offset()))
+    consumed = sum(offset.get("rows", {}).values())
+    assert consumed == len(before) + rejected_before  # rows consumed, good or rejected
+    after = read_all(source.open(0, 1, offset, rejected=collect), max_rows)
+    assert before + after == good
+    assert [where(e) for e in errors] == bad
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_rejected_row_fails_the_reader_naming_its_file_and_line(tmp_path: Path, fmt: str) -> None:
+    _, bad = write_files(tmp_path / "in", fmt, [["good", "good", "text", "good"]])
+    source = FileSource(str(tmp_path / "in"), fmt, schema=CSV_SCHEMA)
+    reader = source.open(0, 1)
+    assert reader.read(2) is not None  # the two good rows before it
+    path, line = bad[0]
+    with pytest.raises(SourceError, match=rf"^{path}:{line}: column 'value': 'x3' is not an int64"):
+        reader.read(10)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_batches_have_the_job_schema_whatever_the_block(tmp_path: Path, fmt: str) -> None:
+    good, _ = write_files(tmp_path / "in", fmt, [["good"] * 10, ["text", "good", "blank", "good"]])
+    source = FileSource(str(tmp_path / "in"), fmt, schema=CSV_SCHEMA, block_size=16)
+    reader = source.open(0, 1, rejected=lambda record, error: None)
+    rows = []
+    while (batch := reader.read(4)) is not None:
+        assert batch.schema == pa.schema([("user", pa.string()), ("value", pa.int64())])
+        assert batch.num_rows > 0
+        rows += batch.to_pylist()
+    assert rows == good
