@@ -389,6 +389,10 @@ class FileSource:
             schema, found = _infer(source, files)
             notes += found
             source = replace(source, schema=schema)
+        elif self.format == "parquet":  # the footers say now if a file cannot be read so
+            fs, _ = self._fs()
+            for path in files:
+                _check_castable(_parquet_schema(fs, path), source.schema, path)
         return source, notes
 
     def _nothing(self) -> str:
@@ -1235,17 +1239,21 @@ def _unify(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     return merged.field(0).type
 
 
+def _parquet_schema(fs: Any, path: str) -> pa.Schema:
+    """A Parquet file's schema, from its footer."""
+    stream = _sample(fs, path)
+    try:
+        return pq.read_schema(stream)
+    except (pa.ArrowException, OSError) as exc:
+        raise SourceError(f"{path} is not a valid parquet file: {exc}") from exc
+    finally:
+        stream.close()
+
+
 def _infer_parquet(fs: Any, files: list[str]) -> pa.Schema:
     merged: dict[str, tuple[pa.DataType, str]] = {}
     for path in files:
-        stream = _sample(fs, path)
-        try:
-            found = pq.read_schema(stream)
-        except (pa.ArrowException, OSError) as exc:
-            raise SourceError(f"{path} is not a valid parquet file: {exc}") from exc
-        finally:
-            stream.close()
-        for column in found:
+        for column in _parquet_schema(fs, path):
             if column.name not in merged:
                 merged[column.name] = (column.type, path)
                 continue
