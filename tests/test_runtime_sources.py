@@ -185,9 +185,8 @@ def test_an_offset_beyond_a_file_means_the_file_changed(tmp_path: Path) -> None:
 
 CSV_SCHEMA = {"user": "string", "value": "int64"}
 
-line_kinds = st.sampled_from(
-    ["good", "good", "good", "text", "short", "long", "blank", "quoted", "quoted_text", "crlf"]
-)
+KINDS = ["good", "good", "good", "text", "short", "long", "blank", "quoted", "quoted_text"]
+line_kinds = st.sampled_from([*KINDS, "crlf", "latin1"])
 
 
 def csv_line(kind: str, i: int) -> str:
@@ -201,6 +200,7 @@ def csv_line(kind: str, i: int) -> str:
         "quoted": f'"u{i % 3}\n""two"", lines",{i}',  # a record of two lines
         "quoted_text": f'"u{i % 3}\nsecond line",x{i}',
         "crlf": f"u{i % 3},{i}\r",
+        "latin1": f"caf\udce9{i},{i}",  # (byte 0xE9: not UTF-8)
     }[kind]
 
 
@@ -214,6 +214,7 @@ def json_line(kind: str, i: int) -> str:
         "quoted": json.dumps({"user": f'u{i % 3}\n"two", lines', "value": i}),
         "quoted_text": json.dumps({"user": f"u{i % 3}", "value": 1.5}),  # not an int64
         "crlf": json.dumps({"user": f"u{i % 3}", "value": i}) + "\r",
+        "latin1": f'{{"user": "caf\udce9", "value": {i}}}',
     }[kind]
 
 
@@ -240,7 +241,7 @@ def write_files(
                 good.append({"user": user, "value": n})
             elif kind != "blank":
                 rejected.append((str(path), line))
-        path.write_bytes(text.encode())
+        path.write_bytes(text.encode(errors="surrogateescape"))
     return good, rejected
 
 

@@ -588,12 +588,13 @@ def _open_blocks(source: FileSource, fs: Any, path: str) -> Iterator[_Block]:
 
 
 def _conform(
-    table: pa.Table, schema: pa.Schema, path: str, trim: bool = False
+    table: pa.Table, schema: pa.Schema, path: str, trim: bool = False, utf8: bool = False
 ) -> tuple[pa.RecordBatch, dict[int, str]]:
     """``table``'s rows in ``schema``: its columns by name (one it lacks is null, one more is
     left out), each cast to its type (``trim``: text without the spaces around it, for a
-    column that is not text). Returns the rows that fit, and for each row that does not (by
-    index) why. A column whose type cannot be cast at all is an error naming the file."""
+    column that is not text; ``utf8``: text checked to be UTF-8, which pyarrow.json does
+    not). Returns the rows that fit, and for each row that does not (by index) why. A column
+    whose type cannot be cast at all is an error naming the file."""
     rows = table.num_rows
     names = set(table.column_names)
     failed: dict[int, str] = {}
@@ -603,6 +604,9 @@ def _conform(
             arrays.append(pa.nulls(rows, target.type))
             continue
         column = table.column(target.name).combine_chunks()
+        if utf8:
+            for i in _halving(column, _validate):
+                failed.setdefault(i, f"column {target.name!r}: not UTF-8 text")
         if column.type == target.type:
             arrays.append(column)
             continue
@@ -617,11 +621,10 @@ def _conform(
                 f"read as {target.type} ({exc})"
             ) from exc
         except pa.ArrowInvalid:
-            for i in _failing(column, target.type):
-                value = column[i].as_py()
-                failed.setdefault(
-                    i, f"column {target.name!r}: {_show(value)} is not {_a(target.type)}"
-                )
+            for i in _halving(column, _caster(target.type)):
+                if i not in failed:
+                    value = _show(column[i].as_py())
+                    failed[i] = f"column {target.name!r}: {value} is not {_a(target.type)}"
     if failed:
         keep = np.ones(rows, dtype=bool)
         keep[list(failed)] = False
@@ -633,18 +636,34 @@ def _conform(
     return pa.RecordBatch.from_arrays(arrays, schema=schema), failed
 
 
-def _failing(column: Any, target: pa.DataType, start: int = 0) -> list[int]:
-    """The indices of the values of ``column`` that do not cast to ``target``, by halving."""
-    try:
-        column.cast(target)
-        return []
-    except pa.ArrowInvalid:
-        if len(column) == 1:
-            return [start]
-    half = len(column) // 2
-    return _failing(column.slice(0, half), target, start) + _failing(
-        column.slice(half), target, start + half
-    )
+def _caster(target: pa.DataType) -> Callable[[Any], Any]:
+    options = pc.CastOptions.safe(target)
+    return lambda part: pc.call_function("cast", [part], options)
+
+
+def _validate(part: Any) -> None:
+    part.validate(full=True)
+
+
+def _halving(column: Any, check: Callable[[Any], Any]) -> list[int]:
+    """The indices of the values of ``column`` that ``check`` refuses (raises
+    ``ArrowInvalid``), by halving."""
+    found: list[int] = []
+
+    def visit(part: Any, start: int) -> None:
+        try:
+            check(part)
+            return
+        except pa.ArrowInvalid:
+            if len(part) == 1:
+                found.append(start)
+                return
+        half = len(part) // 2
+        visit(part.slice(0, half), start)
+        visit(part.slice(half), start + half)
+
+    visit(column, 0)
+    return found
 
 
 def _show(value: Any) -> str:
@@ -668,10 +687,9 @@ class _Rows:
     bad: list[tuple[int, bytes, str]] = field(default_factory=list)
 
 
-def _assemble(rows: _Rows, schema: pa.Schema, path: str, trim: bool = False) -> _Block:
-    """The block of ``rows`` in ``schema``, every rejected record placed among the good rows
-    by its line."""
-    batch, failed = _conform(rows.table, schema, path, trim)
+def _assemble(rows: _Rows, batch: pa.RecordBatch, failed: dict[int, str], path: str) -> _Block:
+    """The block of ``rows`` (conformed: ``batch``, ``failed``), every rejected record placed
+    among the good rows by its line."""
     bad = list(rows.bad)
     good_lines: list[int] = []
     if failed or bad:
@@ -808,6 +826,7 @@ class _Csv:
     """Parses CSV records as text, one column per name, with the user's options."""
 
     trim = True
+    utf8 = False  # (pyarrow.csv checks it)
 
     def __init__(self, options: CsvOptions, names: list[str]) -> None:
         self.names = names
@@ -840,22 +859,47 @@ class _Csv:
         return table, invalid
 
     def rows(self, block: bytes, first_line: int, lines: bool) -> _Rows:
-        """The rows of a block as text: at once when it parses clean (with the line of each
-        row if ``lines``), else record by record, the malformed ones rejected."""
+        """The rows of a block as text, at once (with the line of each row if ``lines`` or
+        when some are malformed: pyarrow numbers those by record, which places them); when
+        pyarrow and the records of :func:`_records` do not agree, record by record."""
         records: list[tuple[int, bytes]] | None = None
         try:
             table, invalid = self.strings(block)
-            if not invalid:
-                if not lines:
-                    return _Rows(table)
-                records = _records(block, first_line, self.quote, _csv_blank)
-                if len(records) == table.num_rows:
-                    return _Rows(table, [r[0] for r in records], [r[1] for r in records])
         except (pa.ArrowException, UnicodeDecodeError):
-            pass
-        if records is None:
+            table, invalid = None, []
+        if table is not None:
+            if not invalid and not lines:
+                return _Rows(table)
             records = _records(block, first_line, self.quote, _csv_blank)
-        return self._by_record(records)
+            placed = self._place(table, invalid, records)
+            if placed is not None:
+                return placed
+        return self._by_record(records or _records(block, first_line, self.quote, _csv_blank))
+
+    def locate(self, table: pa.Table, block: bytes, first_line: int) -> _Rows:
+        """The lines of the rows of ``table``, a clean parse of ``block`` (or, if its records
+        do not agree with it, the block record by record)."""
+        records = _records(block, first_line, self.quote, _csv_blank)
+        return self._place(table, [], records) or self._by_record(records)
+
+    def _place(
+        self, table: pa.Table, invalid: list[Any], records: list[tuple[int, bytes]]
+    ) -> _Rows | None:
+        """The rows of ``table`` and the ``invalid`` ones among ``records``, or ``None`` if
+        they do not add up (a record pyarrow reads otherwise)."""
+        if len(records) != table.num_rows + len(invalid):
+            return None
+        malformed: dict[int, str] = {}
+        for row in invalid:
+            index = (row.number or 0) - 1
+            if not 0 <= index < len(records) or index in malformed:
+                return None
+            if row.text.encode() != records[index][1].removesuffix(b"\r"):
+                return None
+            malformed[index] = _fields(row)
+        good = [r for i, r in enumerate(records) if i not in malformed]
+        bad = [(records[i][0], records[i][1], why) for i, why in sorted(malformed.items())]
+        return _Rows(table, [r[0] for r in good], [r[1] for r in good], bad)
 
     def _by_record(self, records: list[tuple[int, bytes]]) -> _Rows:
         def attempt(group: list[tuple[int, bytes]]) -> pa.Table:
@@ -864,10 +908,7 @@ class _Csv:
             except (pa.ArrowException, UnicodeDecodeError) as exc:
                 raise _Refused(f"not valid CSV: {_arrow_message(exc)}") from None
             if invalid:
-                row = invalid[0]
-                raise _Refused(
-                    f"{row.actual_columns} field(s) where the columns are {row.expected_columns}"
-                )
+                raise _Refused(_fields(invalid[0]))
             if table.num_rows != len(group):
                 raise _Refused(f"{table.num_rows} CSV records in one line")
             return table
@@ -886,6 +927,11 @@ class _Csv:
         if not tables:
             tables.append(self.strings(b"")[0])
         return _Rows(pa.concat_tables(tables), lines, texts, bad)
+
+
+def _fields(row: Any) -> str:
+    """Why pyarrow found a CSV record malformed."""
+    return f"{row.actual_columns} field(s) where the columns are {row.expected_columns}"
 
 
 def _csv_parse_options(options: CsvOptions, handler: Any = None) -> Any:
@@ -978,13 +1024,16 @@ def _text_blocks(
     at once stays vectorized; only a block with a rejected row is looked at row by row."""
     for line, block in blocks:
         rows = parser.rows(block, line, lines=False)
-        batch, failed = _conform(rows.table, schema, path, parser.trim)
+        batch, failed = _conform(rows.table, schema, path, parser.trim, parser.utf8)
         if not failed and not rows.bad:
             yield _Block(batch, [])
             continue
-        if rows.lines is None:
-            rows = parser.rows(block, line, lines=True)
-        yield _assemble(rows, schema, path, parser.trim)
+        if rows.lines is None:  # where the rows come from, from the same parse if it can
+            located = parser.locate(rows.table, block, line)
+            if located.table is not rows.table:
+                batch, failed = _conform(located.table, schema, path, parser.trim, parser.utf8)
+            rows = located
+        yield _assemble(rows, batch, failed, path)
 
 
 def _csv_blocks(stream: Any, path: str, source: FileSource) -> Iterator[_Block]:
@@ -1004,6 +1053,7 @@ class _Json:
     fails)."""
 
     trim = False
+    utf8 = True
 
     def __init__(self, schema: pa.Schema | None) -> None:
         self.schema = schema
@@ -1032,20 +1082,22 @@ class _Json:
         )
 
     def rows(self, block: bytes, first_line: int, lines: bool) -> _Rows:
-        records: list[tuple[int, bytes]] | None = None
+        """The rows of a block: at once (with their lines if ``lines``), or, if it does not
+        parse, line by line."""
         if not block.strip():
             return _Rows(self._empty())
         try:
             table = self.table(block)
-            if not lines:
-                return _Rows(table)
-            records = _records(block, first_line, None, _json_blank)
-            if len(records) == table.num_rows:
-                return _Rows(table, [r[0] for r in records], [r[1] for r in records])
         except (pa.ArrowException, UnicodeDecodeError):
-            pass
-        if records is None:
-            records = _records(block, first_line, None, _json_blank)
+            return self._by_record(_records(block, first_line, None, _json_blank))
+        return self.locate(table, block, first_line) if lines else _Rows(table)
+
+    def locate(self, table: pa.Table, block: bytes, first_line: int) -> _Rows:
+        """The lines of the rows of ``table``, a parse of ``block`` (or, if its lines do not
+        agree with it, the block line by line)."""
+        records = _records(block, first_line, None, _json_blank)
+        if len(records) == table.num_rows:
+            return _Rows(table, [r[0] for r in records], [r[1] for r in records])
         return self._by_record(records)
 
     def _empty(self) -> pa.Table:
@@ -1056,7 +1108,7 @@ class _Json:
         """The line as pyarrow reads it (values of text columns that are not text as their
         JSON text), or why it is no JSON object."""
         try:
-            value = json.loads(raw)
+            value = json.loads(raw.decode())
         except UnicodeDecodeError:
             return None, "not UTF-8 text"
         except ValueError as exc:  # (json.JSONDecodeError)
@@ -1067,11 +1119,13 @@ class _Json:
             return None, "malformed JSON: nested too deeply"
         if not isinstance(value, dict):
             return None, f"not a JSON object but {_KINDS[_kind(value)][1]}"
+        changed = False
         for name in self.text:
             found = value.get(name)
             if found is not None and not isinstance(found, str):
                 value[name] = json.dumps(found)
-        return json.dumps(value).encode(), ""
+                changed = True
+        return (json.dumps(value).encode() if changed else raw), ""
 
     def why(self, line: bytes, exc: BaseException) -> str:
         """Why one (normalized) line does not fit the schema: its first column that does not."""
