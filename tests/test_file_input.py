@@ -5,10 +5,12 @@ through the real runtime with slots as threads (no Spark)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
 import pickle
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -117,6 +119,21 @@ def test_the_issue_case_without_a_schema_is_text_and_says_so(tmp_path: Path) -> 
     assert schema_of(stream) == pa.schema([("user", pa.string()), ("value", pa.string())])
     stream.collect()
     assert [r["value"] for r in run(env).output] == ["3", "4", "abc"]
+    # the schema= it suggests can be pasted
+    found = re.search(r"schema=(\{.*?\})", message)
+    assert found is not None
+    env = environment(tmp_path / "again")
+    suggested = ast.literal_eval(found.group(1))
+    env.read_csv(tmp_path / "in", schema=suggested, on_error="dead_letter").collect()
+    assert [r["value"] for r in run(env).output] == [3, 4]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbfuser,value\r\nu1,1\r\n")
+    env = environment(tmp_path)
+    env.read_csv(path).collect()
+    assert run(env).output == [{"user": "u1", "value": 1}]
 
 
 def test_n_a_and_the_like_are_values_unless_null_values_says_otherwise(tmp_path: Path) -> None:
@@ -274,6 +291,18 @@ def test_json_values_that_do_not_fit_are_rejected_with_the_reason(tmp_path: Path
         (f"{path}:2: column 'value': 'abc' is not an int64", '{"user": "u2", "value": "abc"}'),
         (f"{path}:3: column 'value': 2.5 is not an int64", '{"user": "u3", "value": 2.5}'),
     ]
+
+
+def test_json_text_that_is_not_utf8_is_rejected(tmp_path: Path) -> None:
+    """(pyarrow.json takes the bytes as they are: the reader checks them.)"""
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"user": "u1", "value": 1}\n{"user": "caf\xe9", "value": 2}\n')
+    env = environment(tmp_path)
+    env.read_jsonl(path, on_error="dead_letter").collect()
+    assert run(env).output == [{"user": "u1", "value": 1}]
+    (dead,) = dead_letters(tmp_path / "dead")
+    assert dead["error"] == f"{path}:2: column 'user': not UTF-8 text"
+    assert json.loads(dead["record"]) == '{"user": "caf\ufffd", "value": 2}'
 
 
 # --------------------------------------------------------------------- malformed rows

@@ -242,7 +242,7 @@ _TYPE_NAMES = {
     "date": pa.date32(),
     "datetime": pa.timestamp("us"),
     "timestamp": pa.timestamp("us"),
-    "timestamp[us, tz=UTC]": pa.timestamp("us", tz="UTC"),
+    "timestamp[us, tz=utc]": pa.timestamp("us", tz="UTC"),  # (looked up in lower case)
 }
 
 
@@ -331,11 +331,6 @@ class FileSource:
             raise ValueError(f"block_size must be a positive integer, not {self.block_size!r}")
         object.__setattr__(self, "schema", as_schema(self.schema))
 
-    @property
-    def directory(self) -> str:
-        """(The former name of :attr:`path`.)"""
-        return self.path
-
     def _fs(self) -> tuple[Any, str]:
         try:
             fs, root = fsspec.core.url_to_fs(self.path, **dict(self.storage_options or {}))
@@ -368,9 +363,11 @@ class FileSource:
     def _listing(self, fs: Any, directory: str) -> list[str]:
         suffixes = _SUFFIXES[self.format]
         return sorted(
-            str(n)
-            for n in fs.ls(directory, detail=False)
-            if str(n).lower().endswith(suffixes) and not _hidden(str(n)) and not fs.isdir(n)
+            str(info["name"])
+            for info in fs.ls(directory, detail=True)
+            if info.get("type") != "directory"
+            and str(info["name"]).lower().endswith(suffixes)
+            and not _hidden(str(info["name"]))
         )
 
     def prepare(self) -> tuple[FileSource, list[str]]:
@@ -382,13 +379,23 @@ class FileSource:
         notes = [] if files else [self._nothing()]
         source = self
         csv = self.csv
-        if self.format == "csv" and not csv.header and not csv.column_names and self.schema:
+        if (
+            self.format == "csv"
+            and not csv.header
+            and csv.column_names is None
+            and self.schema is not None
+        ):
             # no header, no names: the schema's columns, in its order
             source = replace(self, csv=replace(csv, column_names=tuple(self.schema.names)))
         if source.schema is None:
             schema, found = _infer(source, files)
             notes += found
             source = replace(source, schema=schema)
+            if files and not len(schema):
+                notes.append(
+                    f"no column found in the head of the {len(files)} input file(s) of "
+                    f"{self.path}: the stream will be empty; give schema= if they have columns"
+                )
         elif self.format == "parquet":  # the footers say now if a file cannot be read so
             fs, _ = self._fs()
             for path in files:
@@ -721,10 +728,13 @@ def _blocks(
     line, rest, read, first = 1, b"", 0, True
     while True:
         want = size if limit is None else min(size, limit - read)
-        chunk = stream.read(want) if want > 0 else b""
-        read += len(chunk)
-        if first:
-            chunk, first = chunk.removeprefix(b"\xef\xbb\xbf"), False  # a UTF-8 byte order mark
+        if first:  # (at least the 3 bytes of a UTF-8 byte order mark, left out)
+            chunk = stream.read(max(want, 3))
+            read, first = len(chunk), False
+            chunk = chunk.removeprefix(b"\xef\xbb\xbf")
+        else:
+            chunk = stream.read(want) if want > 0 else b""
+            read += len(chunk)
         if not chunk:
             if rest and (limit is None or read < limit):
                 yield line, rest
