@@ -495,6 +495,8 @@ class FileReader:
         return {"rows": {f: n for f, n in self._rows.items() if n}}
 
     def read(self, max_rows: int) -> pa.RecordBatch | None:
+        if max_rows < 1:  # (a block's rows are never skipped for want of room)
+            raise ValueError(f"read needs max_rows of at least 1, not {max_rows}")
         while self._index < len(self._files):
             path = self._files[self._index]
             if self._blocks is None:
