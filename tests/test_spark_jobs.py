@@ -208,7 +208,8 @@ def test_sigkill_of_a_random_worker_at_a_random_moment(spark, events, tmp_path, 
 def test_a_task_that_stops_answering_is_declared_lost_and_the_job_restarts(spark, events, tmp_path):
     """SIGSTOP freezes a worker (no crash, no closed connection): only the missing heartbeats
     tell. The driver declares it lost, cancels the attempt (Spark kills the frozen worker) and
-    restarts from the latest checkpoint."""
+    restarts from the latest checkpoint. The freeze comes on the first checkpoint, while the
+    sources hold half-way: always in a running job."""
     env = _env(tmp_path, batch_size=1000, heartbeat_timeout=2)
     (
         env.read_parquet(events)
@@ -217,25 +218,30 @@ def test_a_task_that_stops_answering_is_declared_lost_and_the_job_restarts(spark
         .sum("value")
         .write_parquet(tmp_path / "out")
     )
+    pids: dict[str, int] = {}
     frozen: list[int] = []
 
-    def freeze(pids: dict[str, int]) -> None:
-        frozen.append(pids["slot-1"])
-        os.kill(pids["slot-1"], signal.SIGSTOP)
-
-    def on_ready(generation: int, pids: dict[str, int]) -> None:
+    def on_ready(generation: int, ready: dict[str, int]) -> None:
         if generation == 1:
-            threading.Timer(0.5, freeze, args=(pids,)).start()
+            pids.update(ready)
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "checkpoint" and not frozen:
+            frozen.append(pids["slot-1"])
+            os.kill(pids["slot-1"], signal.SIGSTOP)
 
     try:
-        result = env.execute(spark, on_ready=on_ready)
+        result = env.execute(
+            spark, on_ready=on_ready, listener=listener, hold_sources=SourceHold(records=50_000)
+        )
     finally:
         for pid in frozen:  # never leave a frozen process behind, whatever happened
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
     assert frozen
     assert len(result.restarts) == 1
-    assert "stopped answering (no heartbeat for 2 s)" in result.restarts[0].cause
+    assert "stopped answering (no heartbeat for 2 s, while running)" in result.restarts[0].cause
+    assert result.restarts[0].restored_from is not None
     _assert_exact(tmp_path / "out")
 
 
@@ -271,7 +277,12 @@ def test_a_corrupt_latest_checkpoint_is_skipped_for_the_previous_one(spark, even
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = env.execute(spark, listener=listener, on_ready=killer.on_ready)
+        result = env.execute(  # held until two checkpoints are complete: the kill lands
+            spark,
+            listener=listener,
+            on_ready=killer.on_ready,
+            hold_sources=SourceHold(records=50_000, checkpoints=2),
+        )
     assert corrupted and killer.killed_at is not None
     skipped = [w for w in caught if issubclass(w.category, CheckpointWarning)]
     assert any(f"checkpoint {corrupted[0]} is damaged" in str(w.message) for w in skipped)

@@ -199,27 +199,26 @@ class SourceHold:
 
 
 class _ReadSize:
-    """How many records a source subtask reads at once: as many as its chain processes in
-    about :attr:`TARGET` seconds (at most ``batch_size``), so that it sees the driver's
-    messages (a checkpoint's trigger) that often however costly its operators are."""
+    """How many records a source subtask reads at once (at most ``batch_size``): halved while a
+    read and its chain's work take longer than :attr:`SLOW` seconds, doubled while they take
+    less than :attr:`FAST`. So the subtask sees the driver's messages (a checkpoint's trigger)
+    about that often however costly its operators are per record, and reads whole batches
+    when they are cheap (or cost the same whatever their size)."""
 
-    TARGET = 0.02
+    SLOW = 0.1
+    FAST = 0.025
     SMALLEST = 16
 
     def __init__(self, most: int) -> None:
         self.most = most
         self.size = min(most, 1024)
-        self._per_record: float | None = None
 
     def took(self, records: int, seconds: float) -> None:
         """``records`` were read and pushed through the chain in ``seconds``."""
-        if records <= 0:
-            return
-        cost = seconds / records
-        average = self._per_record
-        self._per_record = cost if average is None else 0.7 * average + 0.3 * cost
-        ideal = self.TARGET / self._per_record if self._per_record > 0 else self.most
-        self.size = max(self.SMALLEST, min(self.most, int(ideal)))
+        if seconds > self.SLOW:
+            self.size = max(self.SMALLEST, min(self.size, records) // 2)
+        elif seconds < self.FAST and records >= self.size:
+            self.size = min(self.most, self.size * 2)
 
 
 class _Pace:
