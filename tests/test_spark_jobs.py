@@ -13,7 +13,6 @@ import json
 import os
 import random
 import signal
-import threading
 import time
 import warnings
 from collections import Counter

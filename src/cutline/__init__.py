@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _API = (
     "CheckpointWarning",
     "DataStream",
+    "InputWarning",
     "JobClient",
     "JobClientError",
     "JobFailedError",
@@ -24,6 +25,7 @@ _API = (
     "KeyedStream",
     "ProcessContext",
     "RestoreError",
+    "SourceError",
     "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",

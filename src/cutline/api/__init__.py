@@ -5,12 +5,14 @@ from cutline.runtime.client import JobClient, JobClientError
 from cutline.runtime.driver import CheckpointWarning, JobFailedError, JobResult
 from cutline.runtime.operators import KeyedProcessFunction, ProcessContext
 from cutline.runtime.restore import RestoreError
+from cutline.runtime.sources import InputWarning, SourceError
 from cutline.runtime.task import SourceHold
 from cutline.spark.launcher import SparkSetupError
 
 __all__ = [
     "CheckpointWarning",
     "DataStream",
+    "InputWarning",
     "JobClient",
     "JobClientError",
     "JobFailedError",
@@ -19,6 +21,7 @@ __all__ = [
     "KeyedStream",
     "ProcessContext",
     "RestoreError",
+    "SourceError",
     "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",
