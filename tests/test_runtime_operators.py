@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cutline import InputWarning, JobFailedError, StreamEnvironment
+from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.operators import (
     DeadLetterOutput,
     KeyedProcessFunction,
@@ -733,3 +735,18 @@ def test_running_defaults_do_nothing_at_checkpoints() -> None:
     running.close()
     with pytest.raises(NotImplementedError):
         running.process([])
+
+
+def test_a_sum_of_text_is_an_error_naming_the_field_not_a_concatenation(tmp_path: Path) -> None:
+    """A column read as text (``'3'``, ``'4'``) must not sum to ``'34'``: the record fails (or
+    goes to the dead letters) naming the field and its value, without cutline's traceback."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_text("user,value\nu3,3\nu3,4\nu9,abc\n")
+    env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck"), restart_attempts=0)
+    with pytest.warns(InputWarning, match="value"):
+        env.read_csv(tmp_path / "in").key_by("user").sum("value").collect()
+    with pytest.raises(JobFailedError) as info:
+        env.execute(launcher=ThreadLauncher(), progress=False)
+    assert "sum(value)" in str(info.value)
+    assert "'value' is str '3', not a number (sum needs numbers)" in str(info.value)
+    assert info.value.user_traceback == ""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import numbers
 import reprlib
 import traceback
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -143,13 +144,15 @@ class OperatorContext:
         """A record could not be processed: raise, or send it to the dead-letter output."""
         if isinstance(exc, UserFunctionError):
             raise exc
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if isinstance(exc, RecordError):  # cutline's own finding: no traceback to show
+            error, trace = str(exc), ""
+        else:
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            trace = _user_traceback(exc)
         if self.on_error == "dead_letter" and self.dead_letters is not None:
-            self.dead_letters.add(self.name, self.subtask, record, error, _user_traceback(exc))
+            self.dead_letters.add(self.name, self.subtask, record, error, trace)
             return
-        raise UserFunctionError(
-            self.name, self.subtask, _repr.repr(record), error, _user_traceback(exc)
-        ) from exc
+        raise UserFunctionError(self.name, self.subtask, _repr.repr(record), error, trace) from exc
 
 
 class DeadLetterOutput:
@@ -536,6 +539,11 @@ class _Rolling(_Keyed):
                     raise RecordError(
                         f"the record has no field {field!r}: {_repr.repr(record)}"
                     ) from None
+                if how == "sum" and not isinstance(current, numbers.Number):
+                    raise RecordError(  # (text would concatenate, silently)
+                        f"{field!r} is {type(current).__name__} {_repr.repr(current)}, not a "
+                        "number (sum needs numbers)"
+                    )
                 value = current if previous is missing else _COMBINE[how](previous, current)
                 table[key] = value
                 out.append(_replace(record, field, value))
