@@ -105,7 +105,10 @@ def test_a_job_whose_driver_was_killed_resumes_exactly(tmp_path: Path) -> None:
     )
     assert published(tmp_path / "out") == list(range(RECORDS))
     assert result.restored_from == storage.location(latest).url
-    assert not [m for kind, m in messages if kind == "warning"]
+    # the only warning: the dead driver's lock on the directory was taken over
+    [warning] = [m for kind, m in messages if kind == "warning"]
+    assert warning.startswith("took the checkpoint directory over from run ")
+    assert "which ended without releasing it" in warning
 
 
 def test_resuming_from_an_older_checkpoint_withdraws_what_the_dead_run_published_after_it(
@@ -117,7 +120,7 @@ def test_resuming_from_an_older_checkpoint_withdraws_what_the_dead_run_published
     for state in (tmp_path / "ck" / f"chk-{newest}").glob("*.state"):
         state.write_bytes(b"damaged")
     storage = CheckpointStorage(str(tmp_path / "ck"))
-    with pytest.warns(CheckpointWarning, match=f"checkpoint {newest} .* is damaged"):
+    with pytest.warns(CheckpointWarning, match=f"checkpoint {newest} is damaged: "):
         result = build(tmp_path, retained=2).execute(
             launcher=ThreadLauncher(), restore_from="latest"
         )
@@ -174,8 +177,11 @@ def test_a_damaged_only_checkpoint_is_named(tmp_path: Path) -> None:
     for state in (tmp_path / "ck" / f"chk-{last}").glob("*.state"):
         state.write_bytes(b"damaged")
     with (
-        pytest.raises(RestoreError, match="no complete checkpoint or savepoint"),
-        pytest.warns(CheckpointWarning, match=f"checkpoint {last} .* is damaged and was skipped"),
+        pytest.raises(RestoreError, match=r"every complete checkpoint in .* is damaged") as info,
+        pytest.warns(CheckpointWarning, match=f"checkpoint {last} is damaged: .*skipped"),
     ):
         build(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
+    message = str(info.value)
+    assert f"checkpoint {last} is damaged: state file" in message  # which, and what is wrong
+    assert "cutline checkpoints verify" in message and "restore a savepoint" in message
     assert os.path.exists(tmp_path / "out")

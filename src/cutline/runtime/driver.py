@@ -52,6 +52,7 @@ from cutline.protocol.registry import SharedStateRegistry
 from cutline.runtime.client import JobEndpoint, SavepointRequest
 from cutline.runtime.control import ControlError, ControlServer, Event
 from cutline.runtime.graph import ExecutionPlan, Operator, subtask_name
+from cutline.runtime.lock import CheckpointDirectoryLock, Owner
 from cutline.runtime.metrics import JobMetrics, MetricsCollector
 from cutline.runtime.operators import SinkLogic
 from cutline.runtime.restore import RestoreError, RestoreSpec, plan_restore
@@ -121,7 +122,8 @@ class Failure:
     cause: str
     """``task`` (an exception), ``lost`` (a worker died or stopped answering), ``deadline`` (a
     slot did not get through a phase of its start or end in time), ``checkpoint`` (too many
-    failed checkpoints), ``launcher`` (Spark itself)."""
+    failed checkpoints), ``launcher`` (Spark itself), ``lock`` (another job took the checkpoint
+    directory over: never restarted)."""
     message: str
     subtask: str | None = None
     operator: str | None = None
@@ -334,12 +336,34 @@ class JobDriver:
     def _discard_incomplete(self) -> None:
         """Remove the folders of checkpoints that never completed (a crashed run's, or written
         late by a failed generation)."""
+        lost = set(self.storage.completed_without_metadata())  # evidence: kept, and reported
         for checkpoint_id in self.storage.checkpoint_ids():
-            if not self.storage.is_complete(checkpoint_id):
+            if not self.storage.is_complete(checkpoint_id) and checkpoint_id not in lost:
                 with contextlib.suppress(StorageError):
                     self.storage.discard(checkpoint_id)
 
     def run(self) -> JobResult:
+        """Run the job to its end; :class:`JobFailedError` when it failed for good,
+        :class:`~cutline.runtime.lock.DirectoryLockedError` when another job owns the
+        checkpoint directory."""
+        self.lock = CheckpointDirectoryLock(
+            self.config.checkpoint_dir,
+            Owner.this_process(self.run_id),
+            storage_options=self.config.storage_options,
+        )
+        self.lock.acquire()
+        try:
+            if self.lock.took_over is not None:
+                self.listener(
+                    "warning",
+                    f"took the checkpoint directory over from {self.lock.took_over.describe()}, "
+                    "which ended without releasing it",
+                )
+            return self._run_locked()
+        finally:
+            self.lock.release()
+
+    def _run_locked(self) -> JobResult:
         self._discard_incomplete()
         self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
         try:
@@ -430,7 +454,7 @@ class JobDriver:
                 self.result.collected = self._read_collected()
                 return self.result
             restarts = len(self.result.restarts)
-            if restarts >= self.config.restart_attempts:
+            if restarts >= self.config.restart_attempts or failure.cause == "lock":
                 self._restarted(
                     RestartInfo(
                         generation, failure.describe(), None, self._elapsed(), restarted=False
@@ -459,9 +483,19 @@ class JobDriver:
     def _choose_checkpoint(self) -> RestoreSpec | None:
         """The newest intact complete checkpoint or savepoint of this run; else the one the
         job was asked to start from; else ``None``."""
-        metadata, skipped = self.storage.latest(since=self._first_id)
+        metadata, skipped = self.storage.latest(since=self._first_id, run=self.run_id)
         for skip in skipped:
-            self._warn(f"checkpoint {skip.checkpoint_id} is damaged and was skipped: {skip.reason}")
+            self._warn(f"{skip.reason} (skipped)")
+        if metadata is None and skipped:
+            start = (
+                f"the checkpoint it started from ({self._initial.url})"
+                if self._initial is not None
+                else "the beginning"
+            )
+            self._warn(
+                f"every complete checkpoint of this run is damaged: it restarts from {start} "
+                "(the output it published since is withdrawn and written again)"
+            )
         url = self.storage.location(metadata.checkpoint_id).url if metadata else None
         own = True
         for savepoint_id in sorted(self._savepoints, reverse=True):
@@ -474,7 +508,7 @@ class JobDriver:
                 metadata, url, own = location.verify(savepoint_id), location.url, False
                 break
             except CorruptCheckpointError as exc:
-                self._warn(f"savepoint {savepoint_id} is damaged and was skipped: {exc}")
+                self._warn(f"savepoint {savepoint_id} is damaged: {exc} (skipped)")
         if metadata is None or url is None:
             return self._initial
         return plan_restore(
@@ -507,9 +541,15 @@ class JobDriver:
             storage = CheckpointStorage(url, storage_options=options)
             latest, skipped = storage.latest()
             for skip in skipped:
-                self._warn(
-                    f"checkpoint {skip.checkpoint_id} of {url} is damaged and was skipped: "
-                    f"{skip.reason}"
+                self._warn(f"{url}: {skip.reason} (skipped)")
+            if latest is None and skipped:
+                raise RestoreError(
+                    f"every complete checkpoint in {url} is damaged, so none can be restored:\n"
+                    + "".join(f"  {skip.reason}\n" for skip in skipped)
+                    + f"(`cutline checkpoints verify {url}` checks them again.) To go on: restore "
+                    "a savepoint of the job (restore_from=FOLDER), or start from the beginning "
+                    "(without restore_from) writing to new output directories: the output "
+                    "published so far holds what these checkpoints covered"
                 )
             if latest is None:
                 raise RestoreError(
@@ -733,6 +773,8 @@ class _Attempt:
             late = self._late(now)
             if late is not None:
                 return late
+            if self.driver.lock.lost is not None:  # another job writes here now: stop for good
+                return Failure("lock", self.driver.lock.lost)
             if len(self.ready) == len(self.slots):
                 assert self.ready_at is not None
                 self._take_requests(now)

@@ -41,6 +41,7 @@ checkpoints it skipped (:meth:`CheckpointStorage.completed_without_metadata` lis
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -71,6 +72,8 @@ from cutline.runtime.stats import (
 )
 
 METADATA = "_metadata"
+DISCARDING = "_discarding"
+"""The mark :meth:`CheckpointStorage.discard` leaves in a folder before removing it."""
 FORMAT_VERSION = 2
 """2: handles name their segments and the operators with state (cutline 0.1 with issue 5)."""
 _CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
@@ -245,6 +248,7 @@ class Skipped:
 
     checkpoint_id: int
     reason: str
+    """Why, as a sentence naming the checkpoint ("checkpoint 3 is damaged: ...")."""
 
 
 class CheckpointStorage:
@@ -474,8 +478,14 @@ class CheckpointStorage:
 
     def _lost(self, incomplete: list[int]) -> list[int]:
         """Those of the ``incomplete`` ids (folders without metadata) whose statistics say
-        they completed."""
-        return [c for c in incomplete if self._stats_say_completed(c)]
+        they completed, and which were not being discarded (:meth:`discard` marks a folder
+        before it removes anything: a removal cut short leaves such a folder)."""
+        return [
+            c
+            for c in incomplete
+            if self._stats_say_completed(c)
+            and not self.fs.exists(f"{self.checkpoint_path(c)}/{DISCARDING}")
+        ]
 
     def _stats_say_completed(self, checkpoint_id: int) -> bool:
         """Whether the statistics file of ``checkpoint_id`` says it completed (a savepoint's
@@ -526,7 +536,7 @@ class CheckpointStorage:
         return self.location(checkpoint_id).verify(checkpoint_id)
 
     def latest(
-        self, *, verify: bool = True, since: int = 0
+        self, *, verify: bool = True, since: int = 0, run: str | None = None
     ) -> tuple[CheckpointMetadata | None, list[Skipped]]:
         """The newest complete checkpoint that is intact, and the newer ones passed over (with
         the reason each was skipped, to warn about).
@@ -539,6 +549,8 @@ class CheckpointStorage:
         published.
 
         ``since``: only checkpoints with an id of at least this (those of one run of a job).
+        ``run``: a checkpoint written by another run is skipped too (another job wrote into
+        this directory: its state is not this job's).
         """
         skipped: list[Skipped] = []
         ids = [c for c in self.checkpoint_ids() if c >= since]
@@ -553,7 +565,19 @@ class CheckpointStorage:
                     self.verify(checkpoint_id) if verify else self.read_metadata(checkpoint_id)
                 )
             except CorruptCheckpointError as exc:
-                skipped.append(Skipped(checkpoint_id, str(exc)))
+                skipped.append(
+                    Skipped(checkpoint_id, f"checkpoint {checkpoint_id} is damaged: {exc}")
+                )
+                continue
+            writer = metadata.extra.get("run")
+            if run is not None and writer != run:
+                skipped.append(
+                    Skipped(
+                        checkpoint_id,
+                        f"checkpoint {checkpoint_id} was written by run {writer}, not by this "
+                        f"run ({run}): another job wrote into this checkpoint directory",
+                    )
+                )
                 continue
             return metadata, skipped
         return None, skipped
@@ -561,10 +585,13 @@ class CheckpointStorage:
     # ----------------------------------------------------------------- removing
 
     def discard(self, checkpoint_id: int) -> None:
-        """Remove a checkpoint's folder and everything in it."""
+        """Remove a checkpoint's folder and everything in it, marked first as being discarded
+        (a removal cut short must not look like a checkpoint that lost its metadata)."""
         path = self.checkpoint_path(checkpoint_id)
         try:
             if self.fs.exists(path):
+                with contextlib.suppress(OSError):
+                    self.fs.touch(f"{path}/{DISCARDING}")
                 self.fs.rm(path, recursive=True)
         except OSError as exc:
             raise StorageError(
