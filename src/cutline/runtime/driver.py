@@ -314,10 +314,13 @@ class JobDriver:
         if self._initial is not None:  # ids above the restored one: nothing is named twice
             self._first_id = max(self._first_id, self._initial.checkpoint_id + 1)
             self._next_id = self._first_id
+        """The first checkpoint id of this run; checkpoints below it belong to earlier runs."""
+        self._earlier: list[int] = []
+        """Complete checkpoints of earlier runs in the directory, oldest first: discarded as
+        this run's own complete, so that the directory keeps ``retained`` in all."""
         self.endpoint: JobEndpoint | None = None
         self._stopped_with: int | None = None
         """The savepoint the job was stopped with: restored after a failure, it only ends."""
-        """The first checkpoint id of this run; checkpoints below it belong to earlier runs."""
         self._next_id = self._first_id
         self.result = JobResult()
         self._start = time.monotonic()
@@ -365,6 +368,7 @@ class JobDriver:
 
     def _run_locked(self) -> JobResult:
         self._discard_incomplete()
+        self._earlier = [c for c in self.storage.completed_ids() if c < self._first_id]
         self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
         try:
             self.endpoint = JobEndpoint(
@@ -1316,6 +1320,23 @@ class _Attempt:
             shared = [ref.path for h in metadata.handles.values() for ref in h.shared]
             self.driver._delete_shared(registry.completed(n, shared))
         self._do(self.coordinator.metadata_written(n, now))
+        if target is None:
+            self._retain_across_runs()
+
+    def _retain_across_runs(self) -> None:
+        """``retained_checkpoints`` counts the directory's complete checkpoints, not only this
+        run's: those of earlier runs go, oldest first, as this run's own complete. (The one
+        this run restored stays while this run has fewer than that of its own: a restart may
+        still need it; their shared files go only when no retained checkpoint names them.)"""
+        driver = self.driver
+        earlier = driver._earlier
+        keep = max(0, driver.config.checkpoints.retained - len(self.coordinator.completed))
+        while len(earlier) > keep:
+            old = earlier.pop(0)
+            with contextlib.suppress(StorageError):
+                driver.storage.discard(old)
+            if old in driver.registry.retained:
+                driver._delete_shared(driver.registry.discarded(old))
 
     def _verify(self, checkpoint: int, target: str | None) -> None:
         """Verify a checkpoint just written, in full (the test suite does, for every one)."""
