@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Hashable, Iterable
@@ -33,6 +34,7 @@ from cutline.runtime.driver import (
     LATEST,
     JobConfig,
     JobDriver,
+    JobInterrupted,
     JobResult,
     Launcher,
     Listener,
@@ -93,6 +95,11 @@ def location(path: str | os.PathLike[str]) -> str:
     if "://" in text:
         return text
     return os.path.abspath(os.path.expanduser(text))
+
+
+def _interactive() -> bool:
+    """Whether Python runs interactively (a REPL, IPython, a notebook)."""
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "IPython" in sys.modules
 
 
 def _restore_url(restore_from: str | os.PathLike[str] | None) -> str | None:
@@ -597,6 +604,11 @@ class StreamEnvironment:
         :returns: a :class:`~cutline.runtime.driver.JobResult`; ``result.output`` is the
             records of the collect sink.
         :raises JobFailedError: the job failed and the restart strategy gave up.
+
+        On Ctrl-C the job's attempt is cancelled and the program ends with exit status 130,
+        saying ``interrupted; last complete checkpoint N; resume with restore_from='latest'``
+        (no traceback); in an interactive session it raises
+        :class:`~cutline.runtime.driver.JobInterrupted` (a ``KeyboardInterrupt``) instead.
         """
         execution_plan = self.plan()
         port_range()  # a malformed CUTLINE_PORTS: said now, not when the first socket opens
@@ -681,14 +693,27 @@ class StreamEnvironment:
             )
             driver = JobDriver(execution_plan, config, launcher, listener)
             driver.on_ready = on_ready
-            if not wanted(progress):
-                return driver.run()
-            with LiveProgress() as live:
-                driver.on_progress = live.update
-                result = driver.run()
-                if result.metrics is not None:
-                    live.update(result.metrics)  # the final figures stay on the screen
-                return result
+            try:
+                if not wanted(progress):
+                    return driver.run()
+                with LiveProgress() as live:
+                    driver.on_progress = live.update
+                    result = driver.run()
+                    if result.metrics is not None:
+                        live.update(result.metrics)  # the final figures stay on the screen
+                    return result
+            except JobInterrupted as exc:
+                interrupted = exc
+                if temporary is not None:  # removed below: nothing to resume from
+                    interrupted = JobInterrupted(
+                        "interrupted; nothing to resume (the job had no checkpoint_dir: give it "
+                        "one to resume an interrupted job)",
+                        exc.checkpoint,
+                    )
+                if _interactive():
+                    raise interrupted from None  # a notebook or a REPL goes on
+                print(f"cutline: {interrupted}", file=sys.stderr)
+                raise SystemExit(130) from None  # as a shell does on SIGINT: no traceback
         finally:
             if temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)

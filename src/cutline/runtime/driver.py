@@ -111,6 +111,15 @@ class JobFailedError(Exception):
         return self.failure.traceback if self.failure else None
 
 
+class JobInterrupted(KeyboardInterrupt):
+    """The job was interrupted (Ctrl-C): its attempt was cancelled. ``checkpoint`` is the
+    newest checkpoint it completed, from which ``restore_from="latest"`` resumes it."""
+
+    def __init__(self, message: str, checkpoint: int | None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
 class CheckpointWarning(UserWarning):
     """A complete checkpoint was skipped on restore because it is damaged."""
 
@@ -389,6 +398,9 @@ class JobDriver:
         except JobFailedError as exc:
             outcome = f"failed: {exc}"
             raise
+        except KeyboardInterrupt:  # Ctrl-C (PySpark's handler has cancelled the Spark jobs)
+            outcome = "interrupted"
+            raise JobInterrupted(self._interrupted(), self._last_complete()) from None
         finally:
             last = self.result.hosts.get(max(self.result.hosts), {}) if self.result.hosts else {}
             self._keep(
@@ -401,6 +413,25 @@ class JobDriver:
             with contextlib.suppress(StorageError):
                 self._discard_incomplete()
                 self._delete_shared(self.registry.orphaned(self.storage.shared_files()))
+
+    def _last_complete(self) -> int | None:
+        """The newest checkpoint this run completed (``None``: none yet)."""
+        done = [c.checkpoint_id for c in self.result.checkpoints if not c.savepoint]
+        return max(done) if done else None
+
+    def _interrupted(self) -> str:
+        """What an interrupted job says: where it got to, and how to go on."""
+        last = self._last_complete()
+        if last is None and self._initial is not None:
+            where = f"no checkpoint completed since it restored {self._initial.url}"
+        elif last is None:
+            where = "no checkpoint completed yet"
+        else:
+            where = f"last complete checkpoint {last}"
+        return (
+            f"interrupted; {where}; resume with restore_from='latest' "
+            f"(checkpoint_dir={self.config.checkpoint_dir})"
+        )
 
     def _run_info(self) -> RunInfo:
         plan = self.plan
