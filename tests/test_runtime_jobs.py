@@ -21,7 +21,13 @@ import pyarrow.dataset as ds
 import pyarrow.json as pa_json
 import pytest
 
-from cutline import JobFailedError, JobResult, KeyedProcessFunction, StreamEnvironment
+from cutline import (
+    JobFailedError,
+    JobResult,
+    KeyedProcessFunction,
+    SourceHold,
+    StreamEnvironment,
+)
 from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.operators import ProcessContext
 from cutline.runtime.sinks import PENDING
@@ -458,19 +464,6 @@ def test_an_exception_raised_once_restarts_once_and_the_output_is_exact(
 
 
 @dataclass(frozen=True)
-class Pace:
-    """Lets records through slowly until ``marker`` exists (the first checkpoint completed),
-    then at full speed: the job cannot end before a checkpoint that covers some records."""
-
-    marker: str
-
-    def __call__(self, record: Any) -> Any:
-        if not os.path.exists(self.marker):
-            time.sleep(0.002)
-        return record
-
-
-@dataclass(frozen=True)
 class FailAfterCheckpoint:
     """Raises once, on the first record it sees after ``marker`` exists."""
 
@@ -499,12 +492,13 @@ def mark_checkpoints(marker: Path) -> Callable[[str, str], None]:
 def test_a_restart_restores_keyed_state_offsets_and_output_from_a_checkpoint(
     tmp_path: Path, parallelism: int
 ) -> None:
+    """The failure comes on the first record after a checkpoint completed: the sources hold
+    half-way until one has, so there is always input left to fail on, however fast the job."""
     marker, flag, out = tmp_path / "checkpointed", tmp_path / "failed-once", tmp_path / "out"
     n = 1000
     env = environment(tmp_path, parallelism, batch_size=2)
     summed = (
         env.from_sequence(0, n)
-        .map(Pace(str(marker)))
         .map(key_value_keeping_index)
         .key_by("key")
         .sum("value")
@@ -512,7 +506,11 @@ def test_a_restart_restores_keyed_state_offsets_and_output_from_a_checkpoint(
     )
     summed.collect()
     summed.write_parquet(out)
-    result = env.execute(launcher=ThreadLauncher(), listener=mark_checkpoints(marker))
+    result = env.execute(
+        launcher=ThreadLauncher(),
+        listener=mark_checkpoints(marker),
+        hold_sources=SourceHold(records=n // (2 * parallelism)),
+    )
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None, "the restart restored a checkpoint"
     assert result.checkpoints[-1].final
@@ -630,18 +628,18 @@ def test_dead_letters_get_the_bad_records_and_the_good_ones_flow_on(
 
 @pytest.mark.parametrize("restore", [False, True])
 def test_dead_letters_are_written_once_across_a_restart(tmp_path: Path, restore: bool) -> None:
+    """With ``restore``, the failure comes after a checkpoint completed, while the sources hold
+    half-way: the restart restores it, with input left."""
     dead, flag, marker = tmp_path / "dead", tmp_path / "failed-once", tmp_path / "checkpointed"
     n = 600 if restore else N
     env = environment(tmp_path, 2, dead_letter_dir=dead, batch_size=2)
     failing = FailAfterCheckpoint(str(marker), str(flag)) if restore else FailOnce(str(flag), n - 3)
-    (
-        env.from_sequence(0, n)
-        .map(Pace(str(marker)) if restore else (lambda r: r))
-        .map(reject_tens, on_error="dead_letter")
-        .map(failing)
-        .collect()
+    env.from_sequence(0, n).map(reject_tens, on_error="dead_letter").map(failing).collect()
+    result = env.execute(
+        launcher=ThreadLauncher(),
+        listener=mark_checkpoints(marker),
+        hold_sources=SourceHold(records=n // 4) if restore else None,
     )
-    result = env.execute(launcher=ThreadLauncher(), listener=mark_checkpoints(marker))
     assert len(result.restarts) == 1
     if restore:
         assert result.restarts[0].restored_from is not None
@@ -694,13 +692,47 @@ def test_a_second_run_in_the_same_checkpoint_directory_starts_from_scratch(
 # ---------------------------------------------------------------- unbounded, storage URLs
 
 
+class FirstBatch:
+    """Passes batches on; touches ``path`` when its copy sees its first one."""
+
+    __name__ = "first_batch"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen = False
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if not self.seen:
+            self.seen = True
+            self.path.touch()
+        return batch
+
+
+def once_something_was_read(path: Path) -> Callable[[str, str], None]:
+    """A listener that keeps the driver, when the job starts running, until ``path`` exists
+    (a batch went through :class:`FirstBatch`): however slowly the job started, a
+    ``stop_after`` then stops a job that read something (the wait is on the records, not on
+    a clock; 60 s only so that a broken job cannot hang the test)."""
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "running":
+            deadline = time.monotonic() + 60
+            while not path.exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+    return listener
+
+
 @pytest.mark.parametrize("parallelism", [1, 3])
 def test_an_unbounded_sequence_stops_gracefully_with_every_record_read_published_once(
     tmp_path: Path, parallelism: int
 ) -> None:
     env = environment(tmp_path, parallelism, batch_size=100)
-    env.from_sequence(0, None).collect()
-    result = env.execute(launcher=ThreadLauncher(), stop_after=0.5)
+    read = tmp_path / "read"
+    env.from_sequence(0, None).map_batches(FirstBatch(read)).collect()
+    result = env.execute(
+        launcher=ThreadLauncher(), stop_after=0.5, listener=once_something_was_read(read)
+    )
     assert result.restarts == []
     assert result.checkpoints[-1].final
     values = sorted(r["value"] for r in result.output)
@@ -883,7 +915,7 @@ def test_a_record_the_sink_cannot_write_fails_the_job_naming_the_sink(tmp_path: 
 
 class FailWhileTheSinkWrites:
     """Fails once, on the first record after ``flag`` exists (a sink's part file is being
-    written then, slowly)."""
+    written then, slowly); ``flag``'s folder gets the file ``failed`` when it does."""
 
     __name__ = "fail_while_writing"
 
@@ -894,7 +926,6 @@ class FailWhileTheSinkWrites:
         if self.flag.exists() and not (self.flag.parent / "failed").exists():
             (self.flag.parent / "failed").touch()
             raise RuntimeError("injected failure while the sink's part is being written")
-        time.sleep(0.001)
         return {"v": record["value"]}
 
 
@@ -903,30 +934,47 @@ def test_a_slow_part_file_write_ends_with_its_generation(
 ) -> None:
     """A part file still being written when its generation fails is written before the next
     generation recovers the sink (which removes what was not pre-committed in the restored
-    checkpoint): no stray file stays in _pending, and no incomplete checkpoint folder."""
+    checkpoint): no stray file stays in _pending, and no incomplete checkpoint folder.
+
+    The sources hold half-way until a checkpoint completed; the first part written after that
+    one is slow, and the map fails on the next record meanwhile (the write waits for the
+    failure). The source is rate-limited, so that the half it reads after the hold lasts at
+    least half a second: a checkpoint is triggered while it reads."""
     from cutline.runtime import sinks
 
-    flag = tmp_path / "writing"
+    flag, failed = tmp_path / "writing", tmp_path / "failed"
+    checkpointed = threading.Event()
     original = sinks.FileSinkWriter._write_file
-    calls = [0]
 
     def slow_write(self: Any, path: str, batches: list[Any]) -> None:
-        calls[0] += 1
-        if calls[0] == 3 and not flag.exists():  # a part after the first complete checkpoint
+        if checkpointed.is_set() and not flag.exists():  # a part after a complete checkpoint
             flag.touch()
-            time.sleep(1.5)
+            deadline = time.monotonic() + 1.5
+            while not failed.exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.3)  # the generation is failing: the write goes on a while yet
         original(self, path, batches)
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "checkpoint":
+            checkpointed.set()
 
     monkeypatch.setattr(sinks.FileSinkWriter, "_write_file", slow_write)
     env = environment(tmp_path, 1, batch_size=10)
     out = tmp_path / "out"
     (
-        env.from_sequence(0, 2000)
+        env.from_sequence(0, 2000, rate_limit=2000)
         .key_by("value")
         .map(FailWhileTheSinkWrites(flag), name="m")
         .write_jsonl(str(out))
     )
-    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    result = env.execute(
+        launcher=ThreadLauncher(),
+        progress=False,
+        listener=listener,
+        hold_sources=SourceHold(records=1000),
+    )
+    assert failed.exists()
     assert len(result.restarts) == 1
     assert sorted(os.listdir(out / PENDING)) == []
     values = [json.loads(line)["v"] for part in out.glob("part-*") for line in part.open()]
