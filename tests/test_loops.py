@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cutline import JobResult, StreamEnvironment
+from cutline import JobResult, SourceHold, StreamEnvironment
 from cutline.examples.connected_components import (
     Propagate,
     as_output,
@@ -34,6 +34,7 @@ from cutline.examples.connected_components import (
 )
 from cutline.runtime.graph import GraphError
 from cutline.runtime.local import ThreadLauncher
+from test_runtime_jobs import FirstBatch, once_something_was_read
 
 EDGES, VERTICES = 3_000, 2_000
 MODES = ["aligned", "unaligned", "at_least_once"]
@@ -76,20 +77,16 @@ def test_connected_components_in_every_mode(tmp_path: Path, mode: str) -> None:
 
 @dataclass(frozen=True)
 class FailOnceAfter:
-    """Passes records through, each taking ``pause`` seconds (so that the loop is still busy
-    when a checkpoint completes); raises once on the first record after ``marker`` exists."""
+    """Passes records through; raises once on the first record after ``marker`` exists."""
 
     marker: str
     flag: str
-    pause: float = 0.0
 
     @property
     def __name__(self) -> str:
         return "fail_once_after"
 
     def __call__(self, record: Any) -> Any:
-        if self.pause:
-            time.sleep(self.pause)
         if os.path.exists(self.marker):
             try:
                 os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -111,14 +108,15 @@ def touch_on_checkpoint(path: Path) -> Callable[[str, str], None]:
 def test_a_failure_inside_the_loop_restores_the_records_on_the_back_edge(
     tmp_path: Path, mode: str
 ) -> None:
+    """The failure comes on the first record fed back after a checkpoint completed. The edges
+    hold half-way until one has, and every edge read after that sends a label round the loop:
+    there is always a record to fail on, however fast the loop."""
     marker = tmp_path / "checkpointed"
     env = environment(tmp_path, mode)
 
     def body(loop: Any) -> tuple[Any, Any]:
         messages = loop.key_by(vertex_of).process(Propagate())
-        feedback = messages.filter(is_label).map(
-            FailOnceAfter(str(marker), str(tmp_path / "f"), pause=0.0003)
-        )
+        feedback = messages.filter(is_label).map(FailOnceAfter(str(marker), str(tmp_path / "f")))
         return feedback, messages.filter(is_output).map(as_output)
 
     (
@@ -127,7 +125,11 @@ def test_a_failure_inside_the_loop_restores_the_records_on_the_back_edge(
         .iterate(body)
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher(), listener=touch_on_checkpoint(marker))
+    result = env.execute(
+        launcher=ThreadLauncher(),
+        listener=touch_on_checkpoint(marker),
+        hold_sources=SourceHold(records=EDGES // 4),  # half of each subtask's edges
+    )
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None
     assert final_labels(result) == expected_labels(EDGES, VERTICES)
@@ -152,14 +154,19 @@ def test_an_unbounded_source_with_a_loop_stops_when_the_loop_is_quiet(tmp_path: 
         stepped = loop.map(lambda r: {**r, "left": r["left"] - 1})
         return stepped.filter(lambda r: r["left"] > 0), stepped.filter(lambda r: r["left"] == 0)
 
+    read = tmp_path / "read"
     (
         env.from_sequence(0, None)
+        .map_batches(FirstBatch(read))
         .map(lambda r: {"value": r["value"], "left": 1 + r["value"] % 5})
         .iterate(body)
         .map(lambda r: r["value"])
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher(), stop_after=0.5)
+    # the stop comes once a batch was read (the listener keeps the driver until then)
+    result = env.execute(
+        launcher=ThreadLauncher(), stop_after=0.5, listener=once_something_was_read(read)
+    )
     published = Counter(result.output)
     assert published, "the job read something before it stopped"
     assert all(n == 1 for n in published.values())
@@ -202,20 +209,41 @@ def test_a_loop_head_takes_one_back_edge_only() -> None:
 
 @dataclass(frozen=True)
 class SlowAfterRestart:
-    """Counts a record's rounds down; slow for a moment after a restart (``until`` holds the
-    time), so that a restored loop head is still busy replaying its back edge while the
-    driver's census runs."""
+    """Counts a record's rounds down once ``going`` exists (until then every record goes round
+    and round, unchanged: the loop is busy, by construction, until the failure that creates
+    ``going``); slow for a moment after a restart (``until`` holds the time), so that a
+    restored loop head is still busy replaying its back edge while the driver's census runs."""
 
     until: str
+    going: str
 
     @property
     def __name__(self) -> str:
         return "step"
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        if not os.path.exists(self.going):
+            return record
         if os.path.exists(self.until) and time.time() < float(Path(self.until).read_text() or 0):
             time.sleep(0.03)
         return {**record, "left": record["left"] - 1}
+
+
+class Enter:
+    """A record enters the loop with ``rounds`` to go; ``all_in`` is touched once this copy
+    of the function has passed ``n`` records."""
+
+    __name__ = "enter"
+
+    def __init__(self, rounds: int, n: int, all_in: Path) -> None:
+        self.rounds, self.n, self.all_in = rounds, n, all_in
+        self.passed = 0
+
+    def __call__(self, record: dict[str, int]) -> dict[str, int]:
+        self.passed += 1
+        if self.passed == self.n:
+            self.all_in.touch()
+        return {"value": record["value"], "left": self.rounds}
 
 
 def test_a_restored_loop_is_not_declared_quiet_while_it_replays_its_back_edge(
@@ -224,8 +252,13 @@ def test_a_restored_loop_is_not_declared_quiet_while_it_replays_its_back_edge(
     # Restored from a checkpoint taken after the sources were exhausted, with records on the
     # back edge: the head replays them first. The census must count that work, or the final
     # checkpoint comes too early and what the replay produces is never published.
-    n, rounds = 200, 300
+    # By construction: the records go round without counting down until the failure, which
+    # comes on the second checkpoint completed after every record entered the loop (so it
+    # was triggered after the source read its last record). (The rounds no longer keep the
+    # first generation busy: 100 are enough for the restored one to be busy after its replay.)
+    n, rounds = 200, 100
     marker, slow = tmp_path / "checkpointed", tmp_path / "slow"
+    failed, all_in = tmp_path / "failed", tmp_path / "all-in"
     env = StreamEnvironment(
         1,
         checkpoint_interval=0.05,
@@ -236,15 +269,15 @@ def test_a_restored_loop_is_not_declared_quiet_while_it_replays_its_back_edge(
     )
 
     def body(loop: Any) -> tuple[Any, Any]:
-        stepped = loop.map(SlowAfterRestart(str(slow)))  # chained with the head
+        stepped = loop.map(SlowAfterRestart(str(slow), str(failed)))  # chained with the head
         feedback = stepped.filter(lambda r: r["left"] > 0).map(
-            FailOnceAfter(str(marker), str(tmp_path / "failed"))
+            FailOnceAfter(str(marker), str(failed))
         )
         return feedback, stepped.filter(lambda r: r["left"] == 0)
 
     (
         env.from_sequence(0, n)
-        .map(lambda r: {"value": r["value"], "left": rounds})
+        .map(Enter(rounds, n, all_in))
         .iterate(body)
         .map(lambda r: r["value"])
         .collect()
@@ -252,7 +285,7 @@ def test_a_restored_loop_is_not_declared_quiet_while_it_replays_its_back_edge(
     completed: list[str] = []
 
     def listener(kind: str, message: str) -> None:
-        if kind == "checkpoint":
+        if kind == "checkpoint" and all_in.exists():
             completed.append(message)
             if len(completed) == 2:
                 marker.touch()
@@ -261,6 +294,7 @@ def test_a_restored_loop_is_not_declared_quiet_while_it_replays_its_back_edge(
 
     result = env.execute(launcher=ThreadLauncher(), listener=listener)
     assert len(result.restarts) == 1
+    assert result.restarts[0].restored_from is not None
     published = Counter(result.output)
     assert sorted(published) == list(range(n))
     assert all(count == 1 for count in published.values())
