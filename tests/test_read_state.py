@@ -255,7 +255,7 @@ def test_the_data_source_and_spark_sql_give_the_same_state(spark, counts: Path) 
     register(spark)  # idempotent
     df = (
         spark.read.format("cutline")
-        .option("operator", "count")  # the operator's name (its uid is "counts")
+        .option("operator", "counts")  # the operator's name= (its name and its uid)
         .load(str(counts / f"chk-{checkpoint_id}"))
     )
     df.createOrReplaceTempView("cutline_counts_state")
@@ -444,8 +444,7 @@ def test_an_unknown_checkpoint_id_is_a_clean_error(spark, counts: Path) -> None:
 def test_an_unknown_operator_or_state_is_a_clean_error(spark, kinds: Path) -> None:
     with pytest.raises(
         InspectError,
-        match=r"holds no keyed state of operator 'nope' \(keyed operators: "
-        r"'process\(Kinds\)', 'sum\(x\)'\)",
+        match=r"holds no keyed state of operator 'nope' \(keyed operators: 'kinds', 'float_sum'\)",
     ):
         read_state(spark, str(kinds), "nope")
     with pytest.raises(InspectError, match=r"holds keyed state of several operators: name one of"):

@@ -750,3 +750,37 @@ def test_a_sum_of_text_is_an_error_naming_the_field_not_a_concatenation(tmp_path
     assert "sum(value)" in str(info.value)
     assert "'value' is str '3', not a number (sum needs numbers)" in str(info.value)
     assert info.value.user_traceback == ""
+
+
+def parse_amount(record: dict) -> dict:
+    return {"key": record["key"], "amount": int(record["amount"])}
+
+
+def test_an_operator_s_name_is_what_errors_dead_letters_and_the_figures_call_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "in").mkdir()
+    rows = [{"key": "a", "amount": "1"}, {"key": "b", "amount": "oops"}]
+    (tmp_path / "in" / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = StreamEnvironment(
+        1, checkpoint_dir=str(tmp_path / "ck"), dead_letter_dir=str(tmp_path / "dead")
+    )
+    env.read_jsonl(tmp_path / "in").map(
+        parse_amount, name="parse", on_error="dead_letter"
+    ).collect()
+    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    assert result.output == [{"key": "a", "amount": 1}]
+    [dead] = [
+        json.loads(line)
+        for part in (tmp_path / "dead").rglob("part-*.jsonl")
+        for line in part.read_text().splitlines()
+    ]
+    assert dead["operator"] == "parse"
+    assert result.metrics is not None and result.metrics.operator("parse").records_in == 2
+
+    env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck2"), restart_attempts=0)
+    env.read_jsonl(tmp_path / "in").map(parse_amount, name="parse").collect()
+    with pytest.raises(JobFailedError) as info:
+        env.execute(launcher=ThreadLauncher(), progress=False)
+    assert info.value.operator == "parse"
+    assert "parse (subtask " in str(info.value)

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 import warnings
 from collections import Counter
@@ -160,7 +161,7 @@ def test_an_exception_at_a_random_record_restarts_and_output_is_exact(spark, eve
     result = env.execute(spark)
     assert (tmp_path / "failed-once").exists()
     assert len(result.restarts) == 1
-    assert "map(FailOnce)" in result.restarts[0].cause
+    assert result.restarts[0].cause.startswith("inject (subtask ")  # its name=, not map(...)
     assert f"injected failure on {bad}" in result.restarts[0].cause
     _assert_exact(tmp_path / "out")
 
@@ -527,3 +528,22 @@ def test_the_observe_example_sees_inside_its_checkpoints_on_spark(spark, tmp_pat
     assert len(history.restarts) == 1
     page = build_report(str(tmp_path / "ck"))
     assert "injected failure" in page and "<svg" in page
+
+
+def test_an_unpicklable_user_function_is_refused_before_anything_runs_naming_it(spark, tmp_path):
+    """Spark would fail to ship it after a PySpark traceback and spend every restart attempt."""
+    lock = threading.Lock()
+
+    def guarded(record: dict) -> dict:
+        with lock:
+            return record
+
+    env = _env(tmp_path)
+    env.from_sequence(0, 10).map(guarded, name="guarded").collect()
+    with pytest.raises(TypeError) as info:
+        env.execute(spark)
+    message = str(info.value)
+    assert message.startswith("guarded: cannot be sent to the Spark workers")
+    assert "cannot pickle '_thread.lock' object" in message
+    assert "create such things in the function" in message
+    assert not (tmp_path / "ck" / "_stats").exists()  # no attempt ran, no restart was spent

@@ -541,6 +541,8 @@ class StreamEnvironment:
         uid: str | None = None,
         on_error: str = "fail",
     ) -> Operator:
+        if uid is not None:
+            name = uid  # the user's name for it, in messages, dead letters and the progress
         self._check_on_error(name, on_error)
         self._counter += 1
         if uid is None:
@@ -637,9 +639,9 @@ class StreamEnvironment:
         self._check_outputs(restoring=restore is not None, why=fresh)
         if not self._outputs and not self._collect:
             warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
-        if launcher is None:
-            from cutline.spark.launcher import SparkLauncher, is_local
+        from cutline.spark.launcher import SparkLauncher, check_picklable, is_local
 
+        if launcher is None:
             launcher = SparkLauncher.for_session(spark, self.parallelism)
             if self.checkpoint_dir is None and not is_local(launcher.spark):
                 raise ValueError(
@@ -647,6 +649,8 @@ class StreamEnvironment:
                     "read and write (a shared path, or a URL: hdfs://..., s3://...); the "
                     "default temporary directory is on the driver's machine only"
                 )
+        if isinstance(launcher, SparkLauncher):  # what Spark cannot ship, said now
+            check_picklable(execution_plan, phase_hook=phase_hook)
         temporary = None
         checkpoint_dir = self.checkpoint_dir
         if checkpoint_dir is None:

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from cutline.runtime.graph import ExecutionPlan
 from cutline.runtime.task import SlotSetup, run_slot
 
 SLOTS_CHECK_CONF = {
@@ -197,6 +198,36 @@ def _python_error(lines: list[str]) -> str | None:
         if not line.startswith((" ", "\t")):
             last = line.strip()
     return last
+
+
+class UnpicklableError(TypeError):
+    """A part of the job (a user function, most often) cannot be sent to the Spark workers."""
+
+
+def check_picklable(plan: ExecutionPlan, **extra: Any) -> None:
+    """Pickle every operator of ``plan`` (and the ``extra`` objects, by name) as Spark will
+    when it ships the job to its workers, and name the first that cannot be: before any Spark
+    job runs, rather than after a PySpark traceback and the restart attempts."""
+    from pyspark import cloudpickle
+
+    parts = [(op.name, op.logic) for chain in plan.chains for op in chain.operators]
+    for chain in plan.chains:  # a key function travels with the edge that partitions by it
+        parts += [
+            (f"the key function of {plan.chain(out.downstream).operators[0].name}", out.key)
+            for out in chain.outputs
+            if callable(out.key)
+        ]
+    for what, part in [*parts, *extra.items()]:
+        try:
+            cloudpickle.dumps(part)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            raise UnpicklableError(
+                f"{what}: cannot be sent to the Spark workers (pickled with cloudpickle): "
+                f"{type(exc).__name__}: {exc}. Its function, or something it refers to (a "
+                "lock, an open file or socket, a database connection, a generator), cannot be "
+                "pickled: create such things in the function (or a KeyedProcessFunction's "
+                "open()), not outside it"
+            ) from None
 
 
 class SparkLauncher:
