@@ -138,3 +138,26 @@ def test_the_display_shows_operators_checkpoints_and_restarts() -> None:
     assert "checkpoint 8 aborted: expired" in text
     assert "restart after generation 1 (4.0 s): sum (subtask sum-0): ValueError: boom" in text
     assert "trace" not in text
+
+
+def test_without_a_terminal_the_progress_is_a_line_per_event(tmp_path, capfd):
+    env = StreamEnvironment(1, checkpoint_interval=None, checkpoint_dir=str(tmp_path / "ck"))
+    env.from_sequence(0, 100).collect()
+    env.execute(launcher=ThreadLauncher())  # progress=None, standard error captured: no terminal
+    lines = capfd.readouterr().err.splitlines()
+    assert any(line.startswith("cutline [") and " running generation 1: " in line for line in lines)
+    [final] = [line for line in lines if " checkpoint " in line]
+    assert final.endswith(" (final)") and "complete in" in final
+    env.execute(launcher=ThreadLauncher(), progress=False)
+    assert capfd.readouterr().err == ""
+
+
+def test_a_result_prints_as_a_short_summary(tmp_path):
+    env = StreamEnvironment(2, checkpoint_interval=None, checkpoint_dir=str(tmp_path / "ck"))
+    env.from_sequence(0, 50_000).collect("numbers")
+    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    text = repr(result)
+    assert len(text) < 300, text
+    assert text.startswith("JobResult(") and "1 generation(s)" in text
+    assert "collected 'numbers': 50,000 records" in text
+    assert f"the last {result.checkpoints[-1].checkpoint_id}" in text

@@ -27,6 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from cutline.api.environment import StreamEnvironment
+from cutline.api.progress import wanted
 from cutline.runtime.driver import JobResult, parse_running
 from cutline.runtime.task import SourceHold
 
@@ -250,6 +251,7 @@ def run_demo(
         on_ready=killer.on_ready,
         restore_from="latest" if resume else None,
         hold_sources=hold,
+        progress=None if wanted(None) else False,  # (without a terminal: its own lines only)
     )
     verdict = check_b1_output(output_dir, keys, per_key)
     echo(

@@ -28,7 +28,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
-from cutline.api.progress import LiveProgress, wanted
+from cutline.api.progress import LiveProgress, ProgressLines, wanted
 from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.driver import (
     LATEST,
@@ -95,6 +95,17 @@ def location(path: str | os.PathLike[str]) -> str:
     if "://" in text:
         return text
     return os.path.abspath(os.path.expanduser(text))
+
+
+def _both(first: Listener, second: Listener | None) -> Listener:
+    """A listener that tells ``first``, then ``second`` (if any)."""
+
+    def both(kind: str, message: str) -> None:
+        first(kind, message)
+        if second is not None:
+            second(kind, message)
+
+    return both
 
 
 def _interactive() -> bool:
@@ -589,10 +600,11 @@ class StreamEnvironment:
         :param allow_non_restored_state: start even when the checkpoint holds state of an
             operator this job does not have (that state is dropped); otherwise that is an
             error naming the operator.
-        :param progress: show live progress on standard error (records in and out per
-            operator, throughput, backpressure, the last checkpoints and restarts): ``None``
-            (default) when standard error is a terminal, ``True`` always, ``False`` never. The
-            same figures are in ``result.metrics`` afterwards.
+        :param progress: show the progress on standard error: ``None`` (default) a live display
+            when standard error is a terminal (records in and out per operator, throughput,
+            backpressure, the last checkpoints and restarts), and otherwise a line per
+            checkpoint, abort, restart and warning; ``True`` the live display always; ``False``
+            nothing. The same figures are in ``result.metrics`` afterwards.
         :param hold_sources: hold every source subtask part-way in the first attempt until a
             checkpoint taken since is complete and the listener was told of it
             (:class:`~cutline.SourceHold`): a listener that fails the job on that checkpoint
@@ -695,6 +707,8 @@ class StreamEnvironment:
                 allow_non_restored_state=allow_non_restored_state,
                 savepoint_dir=self.savepoint_dir,
             )
+            if progress is None and not wanted(None):  # no terminal: a line per event
+                listener = _both(ProgressLines(), listener)
             driver = JobDriver(execution_plan, config, launcher, listener)
             driver.on_ready = on_ready
             try:

@@ -1,16 +1,20 @@
-"""The live progress display of ``execute()`` in a terminal (rich).
+"""The progress of ``execute()`` on standard error.
 
-While a job runs, standard error shows one table of its operators (records in and out,
+In a terminal, a live display (rich): one table of the job's operators (records in and out,
 throughput, backpressure) under a line with the elapsed time and generation, and the last
-checkpoints and restarts below it, redrawn four times a second. It shows only when
-standard error is a terminal (``execute(progress=None)``, the default) or when asked
-(``progress=True``); ``progress=False`` keeps it quiet. The same figures are in
+checkpoints and restarts below it, redrawn four times a second. When standard error is not a
+terminal (a log file, a pipe, a notebook's captured output), one line per event instead
+(:class:`ProgressLines`: every checkpoint, abort, restart, warning). ``execute(progress=True)``
+forces the live display, ``progress=False`` keeps it all quiet. The same figures are in
 ``JobResult.metrics`` after the run.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from types import TracebackType
+from typing import TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -131,3 +135,27 @@ def wanted(progress: bool | None, console: Console | None = None) -> bool:
     if progress is not None:
         return bool(progress)
     return (console or Console(stderr=True)).is_terminal
+
+
+class ProgressLines:
+    """The progress without a terminal: one line per event, as the job's listener hears of it,
+    e.g. ``cutline [   3.5 s] checkpoint 1 complete in 0.08 s``."""
+
+    KINDS = frozenset(
+        {"running", "checkpoint", "savepoint", "abort", "restart", "slots", "warning", "failure"}
+    )
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+        self.started = time.monotonic()
+
+    def __call__(self, kind: str, message: str) -> None:
+        if kind not in self.KINDS:
+            return
+        elapsed = time.monotonic() - self.started
+        first, *more = message.splitlines() or [""]
+        if kind in ("restart", "failure") and more:
+            first += f" ... ({len(more)} more lines: JobResult.restarts has them whole)"
+        print(
+            f"cutline [{elapsed:7.1f} s] {kind} {first}", file=self.stream or sys.stderr, flush=True
+        )

@@ -27,6 +27,7 @@ import dataclasses
 import os
 import pickle
 import queue
+import reprlib
 import secrets
 import time
 import warnings
@@ -179,6 +180,25 @@ class JobResult:
     metrics: JobMetrics | None = None
     """Records in and out per operator, throughput and backpressure at the end (of the last
     generation), the last checkpoints and the restarts: what the live progress showed."""
+
+    def __repr__(self) -> str:
+        """A summary (the fields hold kilobytes: statistics per subtask, every record)."""
+        parts = [f"{self.duration:.1f} s", f"{self.generations} generation(s)"]
+        completed = [c for c in self.checkpoints if not c.savepoint]
+        if completed:
+            parts.append(f"{len(completed)} checkpoint(s), the last {completed[-1].checkpoint_id}")
+        if self.savepoints:
+            parts.append(f"savepoints {self.savepoints}")
+        if self.aborted:
+            parts.append(f"{len(self.aborted)} aborted")
+        for restart in self.restarts:
+            cause = restart.cause.splitlines()[0] if restart.cause else "?"
+            parts.append(f"restart after generation {restart.generation}: {reprlib.repr(cause)}")
+        for name, records in self.collected.items():
+            parts.append(f"collected {name!r}: {len(records):,} records")
+        if self.restored_from:
+            parts.append(f"restored from {self.restored_from}")
+        return f"JobResult({'; '.join(parts)})"
 
     @property
     def output(self) -> list[Any]:

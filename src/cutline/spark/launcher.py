@@ -251,8 +251,12 @@ class SparkLauncher:
             if parallelism > slots:
                 raise SparkSetupError(
                     f"the job needs {parallelism} task slots at once (parallelism "
-                    f"{parallelism}), and this Spark session has {slots}: lower the "
-                    f"parallelism, or start Spark with more (e.g. master local[{parallelism}])"
+                    f"{parallelism}), and this Spark session ({session.sparkContext.master}) has "
+                    f"{slots}: lower the parallelism, or give Spark more. In this process: stop "
+                    "the running session first (SparkSession.getActiveSession().stop(); one "
+                    "process has one), then execute() starts local[parallelism] itself, or "
+                    f"make one with SparkSession.builder.master('local[{parallelism}]')"
+                    ".getOrCreate() and pass it as execute(spark=...)"
                 )
         return cls(session)
 
