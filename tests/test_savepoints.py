@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ from cutline import (
     KeyedProcessFunction,
     ProcessContext,
     RestoreError,
+    SourceHold,
     StreamEnvironment,
 )
+from cutline.runtime.client import JobEndpoint
 from cutline.runtime.driver import JobResult
 from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.storage import SHARED, CheckpointLocation, CheckpointStorage
@@ -39,12 +42,14 @@ def key_value(record: dict[str, int]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Pace:
-    """Sleeps a little per record: the job runs long enough to be asked for a savepoint."""
+    """Sleeps a little per record (none with 0 seconds). The tests here hold the sources
+    instead (:class:`SavepointOnHold`); the job on Spark in ``test_spark_jobs.py`` paces."""
 
     seconds: float = 0.0005
 
     def __call__(self, record: Any) -> Any:
-        time.sleep(self.seconds)
+        if self.seconds:
+            time.sleep(self.seconds)
         return record
 
 
@@ -55,8 +60,9 @@ def build(
     n: int,
     *,
     sum_name: str = "sums",
-    pace: float = 0.0005,
+    pace: float = 0.0,
     checkpoint_dir: str = "checkpoints",
+    rate_limit: float | None = None,
     **options: Any,
 ) -> StreamEnvironment:
     settings: dict[str, Any] = {
@@ -69,7 +75,7 @@ def build(
     settings.update(options)
     env = StreamEnvironment(parallelism, **settings)
     (
-        env.from_sequence(0, n, name="numbers")
+        env.from_sequence(0, n, name="numbers", rate_limit=rate_limit)
         .map(Pace(pace), name="pace")
         .map(key_value, name="keyed")
         .key_by("key")
@@ -97,7 +103,9 @@ def exactly_once(rows: list[dict[str, Any]], n: int) -> None:
 def savepoint_when(checkpoint_dir: Path, ready: threading.Event, **kwargs: Any) -> Any:
     """In a thread: once ``ready`` is set, take a savepoint (``JobClient.savepoint(**kwargs)``;
     by default one that stops the job); the thread, then the answer (its path or the error),
-    go into the returned list."""
+    go into the returned list. (Only as sure to land in a running job as the job is slow:
+    the tests here use :class:`SavepointOnHold`; the Spark test in ``test_spark_jobs.py``
+    uses this one with a paced job.)"""
     answer: list[Any] = []
     kwargs.setdefault("stop", True)
 
@@ -129,29 +137,107 @@ def after_first_checkpoint() -> tuple[threading.Event, Any]:
     return ready, listener
 
 
+def endpoints_of(monkeypatch: pytest.MonkeyPatch) -> list[JobEndpoint]:
+    """The endpoints (where savepoint requests queue up) of the jobs the test then runs, the
+    newest last."""
+    made: list[JobEndpoint] = []
+    original = JobEndpoint.__init__
+
+    def opened(self: JobEndpoint, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(JobEndpoint, "__init__", opened)
+    return made
+
+
+def half_of_each_subtask(n: int, parallelism: int) -> SourceHold:
+    """Hold every source subtask of ``from_sequence(0, n)`` after half its records (each has
+    about ``n / parallelism``), until two checkpoints triggered after that completed."""
+    return SourceHold(records=n // (2 * parallelism), checkpoints=2)
+
+
+class SavepointOnHold:
+    """A listener that has a savepoint asked for while the job runs with input left, however
+    fast the machine.
+
+    The job runs with ``hold_sources=SourceHold(records=..., checkpoints=2)`` (the sources
+    hold part-way until two checkpoints triggered after that completed). On the first
+    complete checkpoint this listener calls ``ask(that checkpoint's id)`` on a thread (which
+    asks the job for a savepoint, by ``JobClient`` or the CLI) and keeps the driver until the
+    request is queued at the job's endpoint (or ``ask`` ended). The driver takes the request
+    before it triggers anything else, so the savepoint is triggered (as checkpoint id + 1)
+    before the sources read past the hold: one more checkpoint must complete before they
+    read on. ``answer()`` is what ``ask`` returned (or raised)."""
+
+    def __init__(self, endpoints: list[JobEndpoint], ask: Callable[[int], Any]) -> None:
+        self.endpoints = endpoints
+        self.ask = ask
+        self.thread: threading.Thread | None = None
+        self.answers: list[Any] = []
+        self.first: int | None = None
+        """The id of the checkpoint that completed first (the savepoint's is the next)."""
+
+    def __call__(self, kind: str, message: str) -> None:
+        if kind != "checkpoint" or self.thread is not None:
+            return
+        self.first = int(message.split()[0])
+        endpoint = self.endpoints[-1]
+        self.thread = threading.Thread(target=self._ask, args=(self.first,), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60  # (only so that a broken job cannot hang the test)
+        while endpoint.requests.empty() and self.thread.is_alive():
+            if time.monotonic() > deadline:
+                return  # (the answer, or its absence, says what went wrong)
+            time.sleep(0.002)
+
+    def _ask(self, checkpoint_id: int) -> None:
+        try:
+            self.answers.append(self.ask(checkpoint_id))
+        except Exception as exc:
+            self.answers.append(exc)
+
+    def answer(self, timeout: float = 60) -> Any:
+        assert self.thread is not None, "no checkpoint completed: the savepoint was not asked"
+        self.thread.join(timeout)
+        assert self.answers, "the savepoint request was answered"
+        return self.answers[0]
+
+
 def run_until_savepoint(
-    tmp_path: Path, parallelism: int, out: Path, n: int, **options: Any
+    tmp_path: Path,
+    parallelism: int,
+    out: Path,
+    n: int,
+    endpoints: list[JobEndpoint],
+    **options: Any,
 ) -> tuple[JobResult, str]:
+    """Run the job until it is stopped with a savepoint, asked for while it holds half-way."""
     env = build(tmp_path, parallelism, out, n, **options)
-    ready, listener = after_first_checkpoint()
-    answer = savepoint_when(tmp_path / options.get("checkpoint_dir", "checkpoints"), ready)
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
-    answer[0].join(30)
-    assert len(answer) == 2, "the savepoint request was answered"
-    path = answer[1]
+    directory = tmp_path / options.get("checkpoint_dir", "checkpoints")
+    asking = SavepointOnHold(endpoints, lambda _: JobClient(str(directory)).savepoint(stop=True))
+    result = env.execute(
+        launcher=ThreadLauncher(),
+        listener=asking,
+        hold_sources=half_of_each_subtask(n, parallelism),
+    )
+    path = asking.answer()
     assert isinstance(path, str), path
     assert result.savepoints == [path]
-    assert result.checkpoints[-1].final and result.checkpoints[-1].savepoint == path
+    (savepoint,) = [c for c in result.checkpoints if c.savepoint == path]
+    assert savepoint.final
+    if not result.restarts:  # (a job that fails after it restores it, then ends)
+        assert result.checkpoints[-1] == savepoint
     return result, path
 
 
 @pytest.mark.parametrize("after", [1, 2, 4])
 def test_stop_with_savepoint_then_restart_at_another_parallelism_is_exact(
-    tmp_path: Path, after: int
+    tmp_path: Path, after: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     n = 3000
     first, second = tmp_path / "out1", tmp_path / "out2"
-    _, path = run_until_savepoint(tmp_path, 2, first, n)
+    _, path = run_until_savepoint(tmp_path, 2, first, n, endpoints_of(monkeypatch))
     before = published(first)
     assert 0 < len(before) < n, "the job stopped in the middle"
     location = CheckpointLocation.open(path)
@@ -159,26 +245,30 @@ def test_stop_with_savepoint_then_restart_at_another_parallelism_is_exact(
     assert metadata.extra["savepoint"] and metadata.extra["parallelism"] == 2
     assert not any(h.shared for h in metadata.handles.values()), "a savepoint owns its files"
 
-    env = build(tmp_path, after, second, n, checkpoint_dir="checkpoints2", pace=0)
+    env = build(tmp_path, after, second, n, checkpoint_dir="checkpoints2")
     result = env.execute(launcher=ThreadLauncher(), restore_from=path)
     assert result.restarts == [] and result.restored_from == path
     exactly_once(before + published(second), n)
 
 
-def test_a_savepoint_can_be_moved_and_restored_from_its_new_place(tmp_path: Path) -> None:
+def test_a_savepoint_can_be_moved_and_restored_from_its_new_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     n = 2000
-    _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n)
+    _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n, endpoints_of(monkeypatch))
     moved = tmp_path / "elsewhere" / "kept"
     moved.parent.mkdir()
     os.rename(path, moved)
-    env = build(tmp_path, 3, tmp_path / "out2", n, checkpoint_dir="checkpoints2", pace=0)
+    env = build(tmp_path, 3, tmp_path / "out2", n, checkpoint_dir="checkpoints2")
     env.execute(launcher=ThreadLauncher(), restore_from=moved)
     exactly_once(published(tmp_path / "out1") + published(tmp_path / "out2"), n)
 
 
-def test_restoring_into_a_job_whose_operators_changed_names_them(tmp_path: Path) -> None:
+def test_restoring_into_a_job_whose_operators_changed_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     n = 2000
-    _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n)
+    _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n, endpoints_of(monkeypatch))
     env = build(tmp_path, 2, tmp_path / "out2", n, checkpoint_dir="c2", sum_name="totals")
     with pytest.raises(RestoreError, match=r"'sums'.*allow_non_restored_state=True"):
         env.execute(launcher=ThreadLauncher(), restore_from=path)
@@ -196,11 +286,11 @@ def test_restoring_into_a_job_whose_operators_changed_names_them(tmp_path: Path)
     }
 
 
-def test_restore_errors_name_the_problem(tmp_path: Path) -> None:
+def test_restore_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = build(tmp_path, 2, tmp_path / "out", 100)
     with pytest.raises(RestoreError, match="no complete checkpoint or savepoint"):
         env.execute(launcher=ThreadLauncher(), restore_from=tmp_path / "nothing-here")
-    _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", 2000)
+    _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", 2000, endpoints_of(monkeypatch))
     other = build(tmp_path, 2, tmp_path / "out2", 100, checkpoint_dir="c3", max_parallelism=32)
     with pytest.raises(RestoreError, match="max_parallelism 16, this job has 32"):
         other.execute(launcher=ThreadLauncher(), restore_from=path)
@@ -211,21 +301,22 @@ def test_restore_errors_name_the_problem(tmp_path: Path) -> None:
         )
 
 
-def test_a_savepoint_while_running_leaves_the_job_running(tmp_path: Path) -> None:
+def test_a_savepoint_while_running_leaves_the_job_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     n = 3000
     env = build(tmp_path, 2, tmp_path / "out", n)
-    ready, listener = after_first_checkpoint()
-    answer: list[Any] = []
-
-    def ask() -> None:
-        ready.wait(60)
-        answer.append(JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "mine"))
-
-    thread = threading.Thread(target=ask, daemon=True)
-    thread.start()
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
-    thread.join(30)
-    assert answer and answer[0].startswith(str(tmp_path / "mine" / "savepoint-"))
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch),
+        lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "mine"),
+    )
+    result = env.execute(
+        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
+    )
+    answer = [asking.answer()]
+    assert isinstance(answer[0], str) and answer[0].startswith(
+        str(tmp_path / "mine" / "savepoint-")
+    ), answer
     assert result.savepoints == answer
     assert result.checkpoints[-1].final and result.checkpoints[-1].savepoint is None
     exactly_once(published(tmp_path / "out"), n)  # the job went on to the end
@@ -243,26 +334,26 @@ def test_no_running_job_is_a_clear_error(tmp_path: Path) -> None:
     assert "no job is running with checkpoint directory" in done.stderr
 
 
-def test_the_cli_cancels_a_job_with_a_savepoint(tmp_path: Path) -> None:
+def test_the_cli_cancels_a_job_with_a_savepoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     n = 4000
-    env = build(tmp_path, 2, tmp_path / "out1", n, pace=0.001)
-    ready, listener = after_first_checkpoint()
-    done: list[subprocess.CompletedProcess[str]] = []
-
-    def ask() -> None:
-        ready.wait(60)
-        cli = [sys.executable, "-m", "cutline.cli", "savepoint", str(tmp_path / "checkpoints")]
-        done.append(subprocess.run([*cli, "--cancel"], capture_output=True, text=True))
-
-    thread = threading.Thread(target=ask, daemon=True)
-    thread.start()
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
-    thread.join(60)
-    assert done and done[0].returncode == 0, done[0].stderr if done else "no answer"
-    path = done[0].stdout.strip()
+    env = build(tmp_path, 2, tmp_path / "out1", n)
+    cli = [sys.executable, "-m", "cutline.cli", "savepoint", str(tmp_path / "checkpoints")]
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch),
+        lambda _: subprocess.run([*cli, "--cancel"], capture_output=True, text=True),
+    )
+    result = env.execute(
+        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
+    )
+    done = asking.answer()
+    assert isinstance(done, subprocess.CompletedProcess), done
+    assert done.returncode == 0, done.stderr
+    path = done.stdout.strip()
     assert result.savepoints == [path]
     assert 0 < len(published(tmp_path / "out1")) < n
-    env = build(tmp_path, 1, tmp_path / "out2", n, checkpoint_dir="c2", pace=0)
+    env = build(tmp_path, 1, tmp_path / "out2", n, checkpoint_dir="c2")
     env.execute(launcher=ThreadLauncher(), restore_from=path)
     exactly_once(published(tmp_path / "out1") + published(tmp_path / "out2"), n)
 
@@ -283,6 +374,8 @@ def referenced(storage: CheckpointStorage) -> set[str]:
 def test_incremental_checkpoints_restore_exactly_and_keep_only_needed_files(
     tmp_path: Path, backend: str
 ) -> None:
+    """The failure comes after the third complete checkpoint, while the sources hold half-way
+    until three have completed: with input left, however fast the job."""
     n = 3000
     marker, flag = tmp_path / "third-checkpoint", tmp_path / "failed"
     seen: list[str] = []
@@ -307,14 +400,17 @@ def test_incremental_checkpoints_restore_exactly_and_keep_only_needed_files(
     )
     (
         env.from_sequence(0, n, name="numbers")
-        .map(Pace(0.0005), name="pace")
         .map(key_value, name="keyed")
         .key_by("key")
         .sum("value", name="sums")
         .map(FailOnceAfter(str(marker), str(flag)), name="fail")
         .write_parquet(tmp_path / "out", name="out")
     )
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
+    result = env.execute(
+        launcher=ThreadLauncher(),
+        listener=listener,
+        hold_sources=SourceHold(records=n // 4, checkpoints=3),
+    )
     assert len(result.restarts) == 1 and result.restarts[0].restored_from is not None
     exactly_once(published(tmp_path / "out"), n)
     storage = CheckpointStorage(str(tmp_path / "checkpoints"))
@@ -337,7 +433,7 @@ def test_incremental_checkpoints_restore_exactly_and_keep_only_needed_files(
 
 
 def test_full_checkpoints_only_when_incremental_is_off(tmp_path: Path) -> None:
-    env = build(tmp_path, 2, tmp_path / "out", 500, incremental_checkpoints=False, pace=0)
+    env = build(tmp_path, 2, tmp_path / "out", 500, incremental_checkpoints=False)
     env.execute(launcher=ThreadLauncher())
     storage = CheckpointStorage(str(tmp_path / "checkpoints"))
     assert not (tmp_path / "checkpoints" / SHARED).exists() or not storage.shared_files()
@@ -371,7 +467,8 @@ def test_the_disk_backend_keeps_more_state_than_its_memory_through_a_restart(
     tmp_path: Path,
 ) -> None:
     """20,000 keys of 200-byte payloads (about 5 MB with the counts) through the disk backend
-    limited to 1 MiB, with a failure: exact output, and checkpoints larger than the limit."""
+    limited to 1 MiB, with a failure after a checkpoint (while the sources hold half-way):
+    exact output, and checkpoints larger than the limit."""
     n = 40_000
     marker, flag = tmp_path / "checkpointed", tmp_path / "failed"
 
@@ -399,7 +496,9 @@ def test_the_disk_backend_keeps_more_state_than_its_memory_through_a_restart(
         .map(FailOnceAfter(str(marker), str(flag)), name="fail")
         .write_parquet(tmp_path / "out", name="out")
     )
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
+    result = env.execute(
+        launcher=ThreadLauncher(), listener=listener, hold_sources=SourceHold(records=n // 4)
+    )
     assert len(result.restarts) == 1
     rows = published(tmp_path / "out")
     assert sorted(r["index"] for r in rows) == list(range(n))
@@ -430,50 +529,58 @@ def test_a_job_stopped_with_a_savepoint_that_fails_after_it_publishes_nothing_mo
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stop is kept across a restart: restored from the savepoint it was stopped with, the
-    job reads nothing more, so a job resumed from that savepoint duplicates nothing."""
+    job reads nothing more, so a job resumed from that savepoint duplicates nothing. (A sink
+    dies as the savepoint's completion is announced: the savepoint's, not a checkpoint's
+    before it.)"""
     import cutline.runtime.sinks as sinks
 
     original = sinks.FileSinkWriter.notify_complete
     failed = threading.Event()
+    savepoints = tmp_path / "checkpoints" / "savepoints"
 
     def dies_once(self: Any, checkpoint_id: int) -> Any:
-        if not failed.is_set():
+        if not failed.is_set() and any(savepoints.glob(f"savepoint-{checkpoint_id}-*")):
             failed.set()
             raise RuntimeError("the worker died right after the savepoint completed")
         return original(self, checkpoint_id)
 
     monkeypatch.setattr(sinks.FileSinkWriter, "notify_complete", dies_once)
     n = 3000
-    _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n)
+    result, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n, endpoints_of(monkeypatch))
     assert failed.is_set()
+    (savepoint,) = [c for c in result.checkpoints if c.savepoint == path]
+    assert [r.restored_from for r in result.restarts] == [savepoint.checkpoint_id]
+    assert result.source_records.get(2, 0) == 0, "the restored job read nothing more"
     first = published(tmp_path / "out1")
     assert len(first) < n
-    env = build(tmp_path, 2, tmp_path / "out2", n, checkpoint_dir="c2", pace=0)
+    env = build(tmp_path, 2, tmp_path / "out2", n, checkpoint_dir="c2")
     env.execute(launcher=ThreadLauncher(), restore_from=path)
     exactly_once(first + published(tmp_path / "out2"), n)
 
 
-def test_a_stop_with_a_savepoint_that_fails_leaves_the_job_running(tmp_path: Path) -> None:
+def test_a_stop_with_a_savepoint_that_fails_leaves_the_job_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop is asked for on the first complete checkpoint; its savepoint cannot be moved to
+    its folder, so the job reads on. The source is rate-limited: the job lasts a second at
+    least, and the stop is triggered a moment after the first checkpoint completed.
+
+    (Not with the sources held, as in the tests above: after a stop with a savepoint fails,
+    the driver triggers no periodic checkpoint any more, so sources holding until one
+    completes would hold for ever.)"""
     n = 4000
-    env = build(tmp_path, 2, tmp_path / "out", n, checkpoint_interval=None, pace=0.0005)
-    answer: list[Any] = []
+    env = build(tmp_path, 2, tmp_path / "out", n, rate_limit=n)
 
-    def ask() -> None:
-        for _ in range(200):
-            try:
-                client = JobClient(str(tmp_path / "checkpoints"))
-                break
-            except JobClientError:
-                time.sleep(0.05)
-        (tmp_path / "sp" / f"savepoint-1-{client.run}").mkdir(parents=True)  # the move fails
-        try:
-            answer.append(client.savepoint(tmp_path / "sp", stop=True))
-        except JobClientError as exc:
-            answer.append(exc)
+    def ask(checkpoint_id: int) -> str:
+        client = JobClient(str(tmp_path / "checkpoints"))
+        # the savepoint (the checkpoint after the first complete one) cannot be moved there
+        (tmp_path / "sp" / f"savepoint-{checkpoint_id + 1}-{client.run}").mkdir(parents=True)
+        return client.savepoint(tmp_path / "sp", stop=True)
 
-    threading.Thread(target=ask, daemon=True).start()
-    result = env.execute(launcher=ThreadLauncher())
-    assert answer and isinstance(answer[0], JobClientError)
+    asking = SavepointOnHold(endpoints_of(monkeypatch), ask)
+    result = env.execute(launcher=ThreadLauncher(), listener=asking)
+    answer = [asking.answer()]
+    assert isinstance(answer[0], JobClientError), answer
     assert "already exists; the job goes on" in str(answer[0])
     assert result.savepoints == [] and result.checkpoints[-1].final
     exactly_once(published(tmp_path / "out"), n)  # it read on, to the end
@@ -487,8 +594,10 @@ class Bad:
         return record
 
 
-def test_dead_letters_and_collect_restore_at_another_parallelism(tmp_path: Path) -> None:
-    def job(parallelism: int, pace: float) -> StreamEnvironment:
+def test_dead_letters_and_collect_restore_at_another_parallelism(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def job(parallelism: int) -> StreamEnvironment:
         env = StreamEnvironment(
             parallelism,
             checkpoint_interval=0.05,
@@ -500,17 +609,22 @@ def test_dead_letters_and_collect_restore_at_another_parallelism(tmp_path: Path)
         )
         (
             env.from_sequence(0, 2000, name="numbers")
-            .map(Pace(pace), name="pace")
             .map(Bad(), name="bad", on_error="dead_letter")
             .collect()
         )
         return env
 
-    ready, listener = after_first_checkpoint()
-    answer = savepoint_when(tmp_path / "checkpoints", ready)
-    first = job(2, 0.0005).execute(launcher=ThreadLauncher(), listener=listener)
-    answer[0].join(30)
-    second = job(3, 0).execute(launcher=ThreadLauncher(), restore_from=answer[1])
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch),
+        lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(stop=True),
+    )
+    first = job(2).execute(
+        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(2000, 2)
+    )
+    path = asking.answer()
+    assert isinstance(path, str), path
+    assert 0 < len(first.output) < 2000 - len(range(0, 2000, 97)), "it stopped part-way"
+    second = job(3).execute(launcher=ThreadLauncher(), restore_from=path)
     values = sorted(r["value"] for r in first.output + second.output)
     assert values == [v for v in range(2000) if v % 97]
     dead = [
@@ -523,8 +637,10 @@ def test_dead_letters_and_collect_restore_at_another_parallelism(tmp_path: Path)
 
 
 def test_restoring_a_savepoint_after_a_failure_discards_older_checkpoints(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A savepoint is asked for while the sources hold half-way; the job fails on the first
+    record after it completed (with input left: the sources read on after it)."""
     n = 3000
     marker, flag = tmp_path / "m", tmp_path / "f"
     env = StreamEnvironment(
@@ -538,27 +654,25 @@ def test_restoring_a_savepoint_after_a_failure_discards_older_checkpoints(
     )
     (
         env.from_sequence(0, n, name="numbers")
-        .map(Pace(0.0005), name="pace")
         .map(key_value, name="keyed")
         .key_by("key")
         .sum("value", name="sums")
         .map(FailOnceAfter(str(marker), str(flag)), name="fail")
         .write_parquet(tmp_path / "out", name="out")
     )
-    ready = threading.Event()
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint()
+    )
 
     def listener(kind: str, message: str) -> None:
-        if kind == "checkpoint":
-            ready.set()
+        asking(kind, message)
         if kind == "savepoint":
             marker.touch()  # fail right after the savepoint
 
-    def ask() -> None:
-        ready.wait(60)
-        JobClient(str(tmp_path / "ck")).savepoint()
-
-    threading.Thread(target=ask, daemon=True).start()
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
+    result = env.execute(
+        launcher=ThreadLauncher(), listener=listener, hold_sources=half_of_each_subtask(n, 2)
+    )
+    assert isinstance(asking.answer(), str)
     assert len(result.restarts) == 1
     exactly_once(published(tmp_path / "out"), n)
     storage = CheckpointStorage(str(tmp_path / "ck"))
