@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from cutline import JobResult, StreamEnvironment
+from cutline import JobClient, JobResult, SourceHold, StreamEnvironment
 from cutline.runtime import driver
 from cutline.runtime.channel import InputGate, OutputChannel, PriorityBarrier
 from cutline.runtime.graph import ExecutionPlan, subtask_name
@@ -41,7 +41,7 @@ from cutline.runtime.verify import verify_checkpoint
 from cutline.runtime.wire import Barrier, Records
 from test_checkpointing_modes import FailOnceAfter
 from test_loops import touch_on_checkpoint
-from test_savepoints import after_first_checkpoint, savepoint_when
+from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 N = 2_000
 KEYS = 16
@@ -130,7 +130,9 @@ class Run:
 
 def run_job(directory: Path, mode: str, spark: Any = None) -> Run:
     """The keyed job in ``mode``; with threads, a failure after the first checkpoint restarts
-    it once (on Spark a restart starts new Python workers, seconds more: it runs through)."""
+    it once (on Spark a restart starts new Python workers, seconds more: it runs through).
+    The sources hold half-way until a checkpoint completed: the failure always lands in a
+    running job with input left."""
     marker = directory / "checkpointed"
     env = environment(directory, mode)
     fail = FailOnceAfter(str(marker), str(directory / "failed")) if spark is None else None
@@ -140,7 +142,11 @@ def run_job(directory: Path, mode: str, spark: Any = None) -> Run:
     if spark is not None:
         result = env.execute(spark, listener=listener)
     else:
-        result = env.execute(launcher=ThreadLauncher(), listener=listener)
+        result = env.execute(
+            launcher=ThreadLauncher(),
+            listener=listener,
+            hold_sources=SourceHold(records=N // 4),  # half of each source subtask's
+        )
     # (run before the per-test fixture that watches the verification: watched here)
     assert driver.VERIFICATION_FAILURES[before:] == []
     assert len(result.restarts) == (1 if fail is not None else 0)
@@ -402,15 +408,20 @@ def test_the_critical_path_of_each_checkpoint_ends_at_a_source(run: Run) -> None
 # ----------------------------------------------------------------------------- savepoints
 
 
-def test_a_savepoint_s_statistics_name_it_and_count_its_files(tmp_path: Path) -> None:
+def test_a_savepoint_s_statistics_name_it_and_count_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = environment(tmp_path, "aligned", retained_checkpoints=1, batch_size=10)
-    keyed_job(env, 0.01, None)
-    ready, listener = after_first_checkpoint()
-    answer = savepoint_when(tmp_path / "checkpoints", ready, stop=False, target=tmp_path / "sp")
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
-    answer[0].join(30)
-    assert len(answer) == 2 and isinstance(answer[1], str), answer
-    path = answer[1]
+    keyed_job(env, 0.0, None)  # (no need to be slow: the savepoint comes while it holds)
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch),
+        lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "sp"),
+    )
+    result = env.execute(
+        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(N, 2)
+    )
+    path = asking.answer()
+    assert isinstance(path, str), path
     assert result.savepoints == [path]
     history = CheckpointStorage(str(tmp_path / "checkpoints")).read_history()
     (stats,) = [s for s in history.checkpoints if s.savepoint is not None]
