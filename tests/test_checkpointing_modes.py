@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cutline import JobResult, StreamEnvironment
+from cutline import JobResult, SourceHold, StreamEnvironment
 from cutline.runtime.local import ThreadLauncher
 
 N = 2_000
@@ -87,6 +87,11 @@ def touch_on(path: Path, *kinds: str) -> Callable[[str, str], None]:
     return listener
 
 
+HALF = SourceHold(records=N // 4)
+"""Each source subtask (of two) holds after half its records until a checkpoint completed:
+a failure on the first batch after a complete checkpoint always has input left to fail on."""
+
+
 def keyed_job(
     env: StreamEnvironment,
     tmp_path: Path,
@@ -139,7 +144,9 @@ def test_exactly_once_modes_restore_from_a_checkpoint_taken_under_backpressure(
     env = environment(tmp_path, mode)
     fail = FailOnceAfter(str(marker), str(tmp_path / "failed"))
     keyed_job(env, tmp_path, 0.01, fast_flag="never", then=fail)
-    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"))
+    result = env.execute(
+        launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"), hold_sources=HALF
+    )
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None
     assert counts(result) == expected_counts()
@@ -148,11 +155,24 @@ def test_exactly_once_modes_restore_from_a_checkpoint_taken_under_backpressure(
 def test_unaligned_checkpoints_record_the_records_in_flight_and_restore_them(
     tmp_path: Path,
 ) -> None:
-    marker = tmp_path / "checkpointed"
+    """The job fails on the first batch after the first checkpoint completed, and that is the
+    checkpoint it restores: the listener keeps the driver until the failure happened (the
+    slow operator goes on with the batches it has meanwhile), so no other checkpoint can
+    complete first. The slow operator (behind full buffers) is the load: its batches take
+    two seconds at least, and the first checkpoint comes after 0.2 s."""
+    marker, failed = tmp_path / "checkpointed", tmp_path / "failed"
     env = environment(tmp_path, "unaligned", checkpoint_interval=0.2)
-    fail = FailOnceAfter(str(marker), str(tmp_path / "failed"))
+    fail = FailOnceAfter(str(marker), str(failed))
     keyed_job(env, tmp_path, 0.02, fast_flag="never", then=fail)
-    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"))
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "checkpoint" and not marker.exists():
+            marker.touch()
+            deadline = time.monotonic() + 60  # (only so that a broken job cannot hang)
+            while not failed.exists() and time.monotonic() < deadline:
+                time.sleep(0.002)
+
+    result = env.execute(launcher=ThreadLauncher(), listener=listener)
     assert counts(result) == expected_counts()
     first = result.checkpoints[0]
     assert first.unaligned
@@ -212,7 +232,9 @@ def test_at_least_once_loses_nothing_across_a_restart_and_counts_its_duplicates(
         .map(lambda r: r["value"])
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"))
+    result = env.execute(
+        launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"), hold_sources=HALF
+    )
     assert len(result.restarts) == 1
     published = Counter(result.output)
     assert set(published) == set(range(N))  # nothing lost
