@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cutline import StreamEnvironment
+from cutline import JobClient, SourceHold, StreamEnvironment
 from cutline.api.environment import DataStream
 from cutline.examples.connected_components import (
     Propagate,
@@ -39,8 +39,8 @@ from cutline.runtime import driver
 from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.storage import METADATA, SHARED, CheckpointLocation, CheckpointStorage
 from cutline.runtime.verify import Verification, verify_checkpoint
-from test_checkpoint_stats import environment, keyed_job
-from test_savepoints import after_first_checkpoint, savepoint_when
+from test_checkpoint_stats import N, environment, keyed_job
+from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 JOBS = [
     "aligned",
@@ -85,8 +85,10 @@ class Directory:
 
 def run(directory: Path, job: str) -> Directory:
     """Run ``job`` (a checkpointing mode; ``loop-MODE``: connected components in that mode)
-    with every checkpoint retained."""
+    with every checkpoint retained. Its sources hold half-way until a checkpoint completed:
+    there are two complete checkpoints at least (that one and the final one)."""
     if job.startswith("loop-"):
+        hold = SourceHold(records=EDGES // 4)  # half of each source subtask's edges
         env = StreamEnvironment(
             2,
             checkpoint_interval=0.02,
@@ -99,10 +101,11 @@ def run(directory: Path, job: str) -> Directory:
             paced_loop
         ).collect()
     else:
+        hold = SourceHold(records=N // 4)
         env = environment(directory, job)
         keyed_job(env, 0.02, None)
     before = len(driver.VERIFICATION_FAILURES)
-    result = env.execute(launcher=ThreadLauncher())
+    result = env.execute(launcher=ThreadLauncher(), hold_sources=hold)
     assert driver.VERIFICATION_FAILURES[before:] == []  # (the driver verified them too)
     if job.startswith("loop-"):
         labels: dict[int, int] = {}
@@ -175,17 +178,19 @@ def test_every_real_checkpoint_verifies(directories: Directories, job: str) -> N
         assert in_flight == 0
 
 
-def test_a_savepoint_folder_verifies(tmp_path: Path) -> None:
+def test_a_savepoint_folder_verifies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = environment(tmp_path, "unaligned", batch_size=10)
-    keyed_job(env, 0.01, None)
-    ready, listener = after_first_checkpoint()
-    answer = savepoint_when(tmp_path / "checkpoints", ready, stop=False, target=tmp_path / "sp")
-    env.execute(launcher=ThreadLauncher(), listener=listener)
-    answer[0].join(30)
-    assert len(answer) == 2 and isinstance(answer[1], str), answer
+    keyed_job(env, 0.0, None)  # (no need to be slow: the savepoint comes while it holds)
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch),
+        lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "sp"),
+    )
+    env.execute(launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(N, 2))
+    path = asking.answer()
+    assert isinstance(path, str), path
     # moved elsewhere: a savepoint is self-contained
     moved = tmp_path / "elsewhere"
-    shutil.move(answer[1], moved)
+    shutil.move(path, moved)
     verification = verify_checkpoint(CheckpointLocation.open(str(moved)))
     assert verification.ok, verification.summary()
     assert verification.checkpoint_id is not None
