@@ -11,7 +11,6 @@ import math
 import os
 import re
 import shutil
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 from matplotlib.lines import Line2D
 
-from cutline import StreamEnvironment
+from cutline import SourceHold, StreamEnvironment
 from cutline.report import (
     TABLE_ROWS,
     ReportError,
@@ -46,19 +45,6 @@ CAUSE_MARK = "injected <boom> & 'failure'"
 """In the restart's cause: text that must come out escaped."""
 
 # ----------------------------------------------------------------------------- helpers
-
-
-@dataclass(frozen=True)
-class PaceUntil:
-    """Lets records through slowly until ``marker`` exists (a checkpoint completed), so
-    that the job cannot end before it has checkpoints to report on."""
-
-    marker: str
-
-    def __call__(self, record: dict[str, int]) -> dict[str, int]:
-        if not os.path.exists(self.marker):
-            time.sleep(0.002)
-        return record
 
 
 @dataclass(frozen=True)
@@ -127,7 +113,8 @@ def history(folder: Path) -> History:
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkpoint directory of a keyed job (parallelism 2) that failed once after a
-    checkpoint and restarted from one."""
+    checkpoint and restarted from one (the sources hold half-way until a checkpoint
+    completed: the failure lands with input left)."""
     base = tmp_path_factory.mktemp("restarted")
     marker, flag = base / "checkpointed", base / "failed-once"
     env = StreamEnvironment(
@@ -139,7 +126,6 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (
         env.from_sequence(0, 400)
-        .map(PaceUntil(str(marker)))
         .map(FailOnceAfterCheckpoint(str(marker), str(flag)))
         .map(key_value)
         .key_by("key")
@@ -147,9 +133,14 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         .collect()
     )
     failures_before = len(driver.VERIFICATION_FAILURES)
-    result = env.execute(launcher=ThreadLauncher(), listener=mark_checkpoints(marker))
+    result = env.execute(
+        launcher=ThreadLauncher(),
+        listener=mark_checkpoints(marker),
+        hold_sources=SourceHold(records=100),  # half of each source subtask's
+    )
     assert driver.VERIFICATION_FAILURES[failures_before:] == []
     assert len(result.restarts) == 1
+    assert result.restarts[0].restored_from is not None
     assert result.checkpoints
     return base / "checkpoints"
 
