@@ -2,7 +2,9 @@
 
 The driver runs in a process of its own (slots as its threads), is killed with SIGKILL once a
 checkpoint is complete, and the same job started again with ``restore_from="latest"`` must
-publish every record exactly once into the same output directory.
+publish every record exactly once into the same output directory. The driver is killed while
+its job is frozen part-way (its sources hold half-way and its listener keeps it), however
+fast the machine.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,12 +29,10 @@ from cutline.runtime.storage import CheckpointStorage
 RECORDS = 3000
 
 
-def build(workdir: Path, retained: int = 1) -> StreamEnvironment:
-    """The job: a sequence, a slow map (so that it is still running when the driver dies),
-    JSON lines out."""
+def build(workdir: Path, retained: int = 1, rate_limit: float | None = None) -> StreamEnvironment:
+    """The job: a sequence (at most ``rate_limit`` records a second), a map, JSON lines out."""
 
-    def slow(record: dict[str, int]) -> dict[str, int]:
-        time.sleep(0.001)
+    def slow(record: dict[str, int]) -> dict[str, int]:  # (its name: the operator's)
         return {"n": record["value"]}
 
     env = StreamEnvironment(
@@ -41,17 +43,47 @@ def build(workdir: Path, retained: int = 1) -> StreamEnvironment:
         restart_delay=0.1,
         retained_checkpoints=retained,
     )
-    env.from_sequence(0, RECORDS).map(slow, name="slow").write_jsonl(workdir / "out")
+    env.from_sequence(0, RECORDS, rate_limit=rate_limit).map(slow, name="slow").write_jsonl(
+        workdir / "out"
+    )
     return env
+
+
+def freeze_after(workdir: Path, checkpoints: int) -> Callable[[str, str], None]:
+    """A listener that, once ``checkpoints`` complete checkpoints pre-committed output (a part
+    file of theirs is pending or published), touches ``workdir/frozen`` and keeps the driver
+    for ever: no checkpoint completes any more, so sources that hold part-way stay there,
+    and the job is frozen with input left until its driver is killed."""
+    with_output: list[int] = []
+
+    def listener(kind: str, message: str) -> None:
+        if kind != "checkpoint":
+            return
+        checkpoint = int(message.split()[0])
+        out = workdir / "out"
+        name = f"part-*-{checkpoint:010d}-*"
+        if any(out.glob(name)) or any((out / "_pending").glob(name)):
+            with_output.append(checkpoint)
+        if len(with_output) >= checkpoints:
+            (workdir / "frozen").touch()
+            threading.Event().wait()
+
+    return listener
 
 
 DRIVER = """
 import sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
-from test_resume import build
+from test_resume import RECORDS, build, freeze_after
+from cutline import SourceHold
 from cutline.runtime.local import ThreadLauncher
-build(Path({workdir!r}), {retained}).execute(launcher=ThreadLauncher())
+workdir = Path({workdir!r})
+build(workdir, {retained}, rate_limit=RECORDS).execute(
+    launcher=ThreadLauncher(),
+    hold_sources=SourceHold(records=RECORDS // 4),
+    listener=freeze_after(workdir, {checkpoints}),
+)
 """
 
 
@@ -70,17 +102,24 @@ def checkpoints_published(out: Path) -> set[int]:
 
 def kill_driver_after(workdir: Path, checkpoints: int, retained: int = 1) -> list[int]:
     """Run the job's driver in a process of its own and SIGKILL it once ``checkpoints``
-    checkpoints completed and the newest published its parts; the complete ones then on
-    disk."""
+    checkpoints with output completed (:func:`freeze_after`: the job is frozen then, its
+    sources holding half-way or before) and the newest published its parts; the complete
+    ones then on disk. The source is rate-limited (a second at least for the whole input),
+    so that checkpoints with output complete before the sources hold: the freeze comes while
+    they hold at the latest."""
     script = DRIVER.format(
-        tests=str(Path(__file__).parent), workdir=str(workdir), retained=retained
+        tests=str(Path(__file__).parent),
+        workdir=str(workdir),
+        retained=retained,
+        checkpoints=checkpoints,
     )
     driver = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     storage = CheckpointStorage(str(workdir / "ck"))
     try:
         while (
-            not (workdir / "ck").exists()
+            not (workdir / "frozen").exists()
+            or not (workdir / "ck").exists()
             or len(storage.completed_ids()) < checkpoints
             or max(storage.completed_ids()) not in checkpoints_published(workdir / "out")
         ):
