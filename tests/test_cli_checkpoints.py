@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from cutline import StreamEnvironment
+from cutline import SourceHold, StreamEnvironment
 from cutline.cli import main
 from cutline.cli_checkpoints import _print_indented
 from cutline.runtime.inspect import open_checkpoint
@@ -50,6 +50,9 @@ class FailOnce:
 
 
 def run_job(directory: Path, *, retained: int = 100, fail: bool = True) -> Any:
+    """The job; its sources hold half-way in the first attempt until a checkpoint completed,
+    so that it has two complete checkpoints at least (with ``fail``, the failure comes
+    before the hold, at a quarter of the input)."""
     env = StreamEnvironment(
         2,
         checkpoint_interval="0.1s",
@@ -67,7 +70,9 @@ def run_job(directory: Path, *, retained: int = 100, fail: bool = True) -> Any:
         .sum("value", name="sum")
         .collect()
     )
-    return env.execute(launcher=ThreadLauncher(), progress=False)
+    return env.execute(
+        launcher=ThreadLauncher(), progress=False, hold_sources=SourceHold(records=RECORDS // 4)
+    )
 
 
 @pytest.fixture(scope="module")
