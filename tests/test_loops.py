@@ -138,9 +138,11 @@ def test_a_failure_inside_the_loop_restores_the_records_on_the_back_edge(
 
 
 def test_checkpoints_of_a_busy_loop_record_the_back_edge(tmp_path: Path) -> None:
+    # (the edges hold half-way until a checkpoint completed: there is one before the final
+    # one, whatever the speed; that the loop is busy when one is taken is not by construction)
     env = environment(tmp_path, "aligned", checkpoint_interval=0.02, batch_size=20)
     components(edge_stream(env, edges=EDGES, vertices=VERTICES)).collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=EDGES // 4))
     assert final_labels(result) == expected_labels(EDGES, VERTICES)
     assert any(c.channel_state_records > 0 for c in result.checkpoints)
     assert all(not c.unaligned for c in result.checkpoints)  # aligned: only the back edge
