@@ -379,19 +379,32 @@ def _show_stats(console: Console, folder: Directory, stats: CheckpointStats) -> 
         hops = []
         for subtask, channel in path:
             sub = stats.subtasks[subtask]
+            behind = ""
+            if channel is not None:
+                sender = stats.subtasks.get(run.channels.get(channel, [""])[0] if run else "")
+                waited = sender.queued_ahead.get(channel, 0) if sender is not None else 0
+                behind = f", behind {waited:,} records" if waited else ""
             if channel is None:
                 hops.append(f"{subtask} (snapshot at {_seconds(sub.snapshot_at)})")
             elif not hops:
                 hops.append(
                     f"{subtask} (acknowledged {_seconds(sub.acknowledged)}, its last barrier on "
-                    f"{channel} at {_seconds(sub.barriers[channel])})"
+                    f"{channel} at {_seconds(sub.barriers[channel])}{behind})"
                 )
             else:
                 hops.append(
                     f"{subtask} (snapshot at {_seconds(sub.snapshot_at)}, after the barrier on "
-                    f"{channel} at {_seconds(sub.barriers[channel])})"
+                    f"{channel} at {_seconds(sub.barriers[channel])}{behind})"
                 )
         console.print("critical path: " + "\n  <- ".join(hops))
+    most = stats.waited_behind
+    if most is not None:
+        sending, channel, records = most
+        console.print(
+            f"its barrier waited behind the most records on {channel} (sent by {sending}): "
+            f"{records:,} (backpressure: records queued for a slower subtask; unaligned "
+            "checkpoints overtake them)"
+        )
 
 
 def _show_contents(

@@ -65,10 +65,12 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
     for stats in metrics.checkpoints[-3:]:
         what = "savepoint" if stats.savepoint else "checkpoint"
         if stats.completed:
+            behind = stats.waited_behind
             lines.append(
                 Text(
                     f"{what} {stats.checkpoint_id}: {stats.duration:.2f} s, "
                     f"{human_bytes(stats.size)}"
+                    + (f", barrier behind {behind[2]:,} records" if behind else "")
                     + (
                         f", {stats.channel_state_records} records in flight"
                         if stats.unaligned
@@ -82,6 +84,8 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
             lines.append(
                 Text(f"{what} {stats.checkpoint_id} aborted: {stats.reason}", style="yellow")
             )
+    if metrics.waiting is not None:
+        lines.append(Text(metrics.waiting, style="yellow"))
     for restart in metrics.restarts[-2:]:
         cause = restart.cause.splitlines()[0] if restart.cause else ""
         lines.append(
@@ -142,7 +146,17 @@ class ProgressLines:
     e.g. ``cutline [   3.5 s] checkpoint 1 complete in 0.08 s``."""
 
     KINDS = frozenset(
-        {"running", "checkpoint", "savepoint", "abort", "restart", "slots", "warning", "failure"}
+        {
+            "running",
+            "checkpoint",
+            "savepoint",
+            "abort",
+            "waiting",
+            "restart",
+            "slots",
+            "warning",
+            "failure",
+        }
     )
 
     def __init__(self, stream: TextIO | None = None) -> None:

@@ -42,6 +42,9 @@ from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+import pyarrow as pa
+
+from cutline.runtime.frames import FrameSizer
 from cutline.runtime.net import Listener, close_socket
 from cutline.runtime.wire import (
     Barrier,
@@ -57,6 +60,7 @@ from cutline.runtime.wire import (
 )
 
 _READ_SIZE = 256 * 1024
+
 UNBOUNDED_CREDIT = 0x7FFFFFFF
 """The credit a back edge gets: a loop must not wait for itself."""
 
@@ -360,6 +364,11 @@ class OutputChannel:
         self._queue: deque[Frame] = deque()
         self._queued_records = 0
         self._credits = 0
+        self._unconsumed: deque[int] = deque()
+        """Records of each records frame written and not yet consumed by the receiver (its
+        credit not back yet), oldest first."""
+        self._sizer = FrameSizer()
+        """How large a frame that waits for credit may be (from the receiver's pace)."""
         self._error: ChannelError | None = None
         self._closed = False
         self._ended = False
@@ -382,22 +391,45 @@ class OutputChannel:
     def send(self, frame: Frame) -> None:
         """Send one frame in order; blocks while ``capacity`` records frames already wait for
         credit (backpressure), and an :class:`EndOfInput` until everything is written. Safe
-        to call from several threads."""
+        to call from several threads.
+
+        While records wait for credit (the receiver is slower), a records frame is cut into
+        frames of a fraction of a second of the receiver's work (:mod:`cutline.runtime.frames`):
+        the records in flight, which a barrier waits behind, stay few however large the
+        batches (a simple form of Flink's buffer debloating)."""
         with self._lock:
             if self._error is not None:
                 raise self._error
-            self._queue.append(frame)
-            if isinstance(frame, Records):
-                self._queued_records += 1
-            self._drain()
-            # an end of input is the last frame: it returns once everything is written
-            most = -1 if isinstance(frame, EndOfInput) else self.capacity
             while (
-                self._queued_records > most if most >= 0 else self._queue
-            ) and self._error is None:
-                self._lock.wait()
+                isinstance(frame, Records)
+                and self._queued_records >= self.capacity
+                and self._error is None
+            ):
+                self._lock.wait()  # (a subtask that checked has_room never waits here)
             if self._error is not None:
                 raise self._error
+            frames = self._cut(frame) if isinstance(frame, Records) else [frame]
+            self._queue.extend(frames)
+            self._queued_records += sum(isinstance(f, Records) for f in frames)
+            self._drain()
+            while isinstance(frame, EndOfInput) and self._queue and self._error is None:
+                self._lock.wait()  # the last frame: returns once everything is written
+            if self._error is not None:
+                raise self._error
+
+    def _cut(self, frame: Records) -> list[Frame]:
+        """``frame``, in frames of about :attr:`FrameSizer.seconds` of the receiver's work when
+        it would wait for credit (with the lock held)."""
+        if self._credits > 0 and not self._queue:
+            return [frame]  # it goes at once: nothing waits behind it
+        count = len(frame)
+        size = self._sizer.cut(count, time.monotonic())
+        if size is None:
+            return [frame]
+        batch = frame.batch
+        if isinstance(batch, pa.RecordBatch):
+            return [Records(batch.slice(i, size)) for i in range(0, count, size)]
+        return [Records(batch[i : i + size]) for i in range(0, count, size)]
 
     def preload(self, frames: Iterable[Frame]) -> None:
         """Queue ``frames`` to go first, without waiting for room (the output side of a
@@ -422,6 +454,13 @@ class OutputChannel:
                     self._queue.remove(old)
             self._write(barrier)
             return overtaken
+
+    def records_ahead(self) -> int:
+        """Records a frame sent now would wait behind: queued here for credit, and sent but not
+        yet consumed by the receiver."""
+        with self._lock:
+            queued = sum(len(f) for f in self._queue if isinstance(f, Records))
+            return queued + sum(self._unconsumed)
 
     def holds_barrier(self, checkpoint_id: int) -> bool:
         """Whether ``Barrier(checkpoint_id)`` still waits in the queue (for credit ahead of it)."""
@@ -497,6 +536,7 @@ class OutputChannel:
                     break
                 self._credits -= 1
                 self._queued_records -= 1
+                self._unconsumed.append(len(head))
             queue.popleft()
             try:
                 self._write(head)
@@ -505,6 +545,14 @@ class OutputChannel:
             if isinstance(head, EndOfInput):
                 self._ended = True
         self._lock.notify_all()
+
+    def _note_consumed(self, frames: int) -> None:
+        """The receiver consumed ``frames`` records frames (their credit came back): tell the
+        frame sizer (with the lock held). A grant beyond the frames written is the receiver's
+        room (its first grant, a back edge's), not a consumption."""
+        now = time.monotonic()
+        for _ in range(min(frames, len(self._unconsumed))):
+            self._sizer.consumed(now, self._unconsumed.popleft())
 
     def _write(self, frame: Frame) -> None:
         try:
@@ -529,7 +577,9 @@ class OutputChannel:
                 credits = decoder.feed(data)
                 if credits:
                     with self._lock:
-                        self._credits += sum(credits)
+                        granted = sum(credits)
+                        self._credits += granted
+                        self._note_consumed(granted)
                         self._drain()
         except WireError as exc:
             reason = str(exc)

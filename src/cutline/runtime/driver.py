@@ -310,8 +310,9 @@ Listener = Callable[[str, str], None]
 """Called with (kind, message) for what a user may want to see: ``checkpoint`` (``"3 complete
 in 0.08 s"``), ``savepoint`` (``"4 complete in 0.10 s: FOLDER"``), ``abort`` (``"checkpoint 5:
 REASON"``), ``restart``, ``slots`` (waiting for task slots or lost hosts), ``running`` (every
-slot of a generation ready, and where), ``warning``, ``failure``. ``print(kind, message)``
-reads as a sentence."""
+slot of a generation ready, and where), ``waiting`` (a checkpoint in flight longer than its
+interval: what for, and behind how many records), ``warning``, ``failure``.
+``print(kind, message)`` reads as a sentence."""
 
 
 class JobDriver:
@@ -789,6 +790,8 @@ class _Attempt:
         """Checkpoint in flight -> the statistics of the subtasks that acknowledged it."""
         self.ready_at: float | None = None
         self.progress_due = 0.0
+        self.said_waiting: set[int] = set()
+        """Checkpoints the listener was told are slow (``waiting``)."""
         self.consequence: Failure | None = None
         """A failure caused by another (a channel whose upstream died), used if no cause comes."""
         self.consequence_at = 0.0
@@ -921,12 +924,50 @@ class _Attempt:
         host = self.driver.result.hosts.get(self.generation, {}).get(slot)
         return f" (on {host})" if host else ""
 
+    def _waiting(self, now: float) -> tuple[int, str] | None:
+        """The oldest checkpoint in flight for longer than its interval (and a second): the
+        subtasks it still waits for, and the most records its barrier waits behind on their
+        inputs (backpressure), as its senders said when they acknowledged."""
+        if not self.triggered_at:
+            return None
+        checkpoint = min(self.triggered_at)
+        age = now - self.triggered_at[checkpoint][0]
+        if age < max(1.0, self.driver.config.checkpoints.interval or 0.0):
+            return None
+        acknowledged = self.subtask_stats.get(checkpoint, {})
+        waiting = [s for s in self.driver.plan.subtasks() if s not in acknowledged]
+        if not waiting:
+            return None  # every subtask acknowledged: its metadata is being written
+        names = ", ".join(waiting[:3]) + (
+            f" and {len(waiting) - 3} more" if len(waiting) > 3 else ""
+        )
+        text = f"checkpoint {checkpoint} in flight for {age:.1f} s, waiting for {names}"
+        channels = self.driver.run_info.channels
+        behind = [
+            (records, channel)
+            for stats in acknowledged.values()
+            for channel, records in stats.queued_ahead.items()
+            if channels.get(channel, ["", ""])[1] in waiting and records
+        ]
+        if behind:
+            records, channel = max(behind)
+            text += f": its barrier is behind {records:,} records on {channel} (backpressure)"
+        return checkpoint, text
+
     def _progress(self, now: float) -> None:
-        """Hand the job's figures to the progress display, four times a second."""
-        callback = self.driver.on_progress
-        if callback is None or now < self.progress_due:
+        """Hand the job's figures to the progress display, four times a second; say once of a
+        checkpoint that it is slow, and why (listener ``waiting``)."""
+        if now < self.progress_due:
             return
         self.progress_due = now + 0.25
+        waiting = self._waiting(now)
+        self.driver.metrics.waiting = waiting[1] if waiting is not None else None
+        if waiting is not None and waiting[0] not in self.said_waiting:
+            self.said_waiting.add(waiting[0])
+            self.driver.listener("waiting", waiting[1])
+        callback = self.driver.on_progress
+        if callback is None:
+            return
         try:
             callback(self.driver.metrics.snapshot(now - self.driver._start))
         except Exception as exc:  # a display that fails must not fail the job
@@ -1058,6 +1099,9 @@ class _Attempt:
                 barriers={str(c): after(t) for c, t in dict(stats.get("barriers", {})).items()},
                 snapshot_at=after(stats.get("snapshot_at", wall)),
                 forwarded_at=after(forwarded) if forwarded is not None else None,
+                queued_ahead={
+                    str(c): int(n) for c, n in dict(stats.get("queued_ahead", {})).items()
+                },
             )
 
     def _checkpoint_stats(

@@ -60,6 +60,9 @@ class JobMetrics:
     checkpoints: list[CheckpointStats] = field(default_factory=list)
     """The last few checkpoints that ended (completed or aborted), newest last."""
     restarts: list[RestartInfo] = field(default_factory=list)
+    waiting: str | None = None
+    """A checkpoint in flight longer than its interval: what it waits for, and the records its
+    barrier waits behind (``None``: none is)."""
 
     @property
     def backpressured(self) -> list[str]:
@@ -84,6 +87,8 @@ class MetricsCollector:
         self._samples: deque[tuple[float, dict[str, tuple[int, int]], dict[str, float]]] = deque()
         self.checkpoints: deque[CheckpointStats] = deque(maxlen=5)
         self.restarts: list[RestartInfo] = []
+        self.waiting: str | None = None
+        """Said by the driver: see :attr:`JobMetrics.waiting`."""
         self._chain_of = {op.uid: chain.uid for chain in plan.chains for op in chain.operators}
 
     def new_generation(self, generation: int) -> None:
@@ -149,4 +154,5 @@ class MetricsCollector:
             operators=operators,
             checkpoints=list(self.checkpoints),
             restarts=list(self.restarts),
+            waiting=self.waiting,
         )

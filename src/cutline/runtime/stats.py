@@ -122,6 +122,9 @@ class SubtaskStats(_Record):
     """Seconds after the trigger it took its snapshot (wall clock)."""
     forwarded_at: float | None = None
     """Seconds after the trigger it sent the barrier on (``None``: it has no outputs)."""
+    queued_ahead: dict[str, int] = field(default_factory=dict)
+    """Output channel -> records its barrier was sent behind (queued for credit, and in the
+    receiver's buffer): what the barrier had to wait behind on that channel (aligned)."""
 
     KIND: ClassVar[str] = "subtask"
 
@@ -198,6 +201,17 @@ class CheckpointStats(_Record):
         if not self.subtasks:
             return None
         return max(self.subtasks.values(), key=lambda s: (s.acknowledged, s.subtask))
+
+    @property
+    def waited_behind(self) -> tuple[str, str, int] | None:
+        """Where its barrier waited behind the most records: ``(sender, output channel,
+        records)``, or ``None`` when no barrier waited behind any (unaligned ones overtake)."""
+        most = max(
+            ((s.subtask, c, n) for s in self.subtasks.values() for c, n in s.queued_ahead.items()),
+            key=lambda found: found[2],
+            default=None,
+        )
+        return most if most is not None and most[2] > 0 else None
 
     KIND: ClassVar[str] = "checkpoint"
 

@@ -101,6 +101,8 @@ class _Taking:
     """Records received per input channel before the snapshot."""
     arrivals: dict[str, float] = field(default_factory=dict)
     """Input channel -> wall clock of its barrier."""
+    queued_ahead: dict[str, int] = field(default_factory=dict)
+    """Output channel -> records its (in-line) barrier was sent behind."""
 
     def keep_output(self, channel: str, overtaken: list[Records]) -> None:
         """Keep the records an unaligned barrier overtook on output ``channel``."""
@@ -763,6 +765,8 @@ class SubtaskRunner:
                 checkpoint_id, forced_aligned=forced_aligned, savepoint=savepoint, base=base
             )
             for channel in self.output_channels():
+                if forwarding is not None:  # what the barrier waits behind (statistics)
+                    forwarding.queued_ahead[channel.channel] = channel.records_ahead()
                 channel.send(frame)
             return
         taking = self._taking[checkpoint_id]
@@ -961,6 +965,7 @@ class SubtaskRunner:
                     "segments_size": store.written,
                     "channel_state_bytes": channel_bytes,
                     "channel_state_records": records,
+                    "queued_ahead": taking.queued_ahead,
                 },
             )
 
