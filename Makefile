@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/b3_state.py
 	$(BIN)/python bench/b4_backpressure.py
 	$(BIN)/python bench/b5_sim.py
+	$(BIN)/python bench/b6_cadence.py
 
 $(STAMP): pyproject.toml | check-python check-java
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
