@@ -86,6 +86,8 @@ VERIFY_EVERY_CHECKPOINT = bool(os.environ.get("CUTLINE_VERIFY_CHECKPOINTS"))
 counted) as soon as its metadata is written. The test suite turns it on; failures are kept in
 :data:`VERIFICATION_FAILURES` (and warned about)."""
 VERIFICATION_FAILURES: list[str] = []
+LOST_GRACE = 0.25
+"""Seconds a lost slot waits for another slot's report of the failure that caused it."""
 SUBTASK_DETAILS = 100
 """Completed checkpoints whose per-subtask statistics ``JobResult.checkpoints`` keeps."""
 VERIFIED_CHECKPOINTS = [0]
@@ -855,7 +857,22 @@ class _Attempt:
             while event is not None and self.failure is None:
                 self._on_event(event)
                 event = self.server.next_event(timeout=0)
+        if self.failure.cause == "lost":
+            self._hear_the_cause(LOST_GRACE)
         return self.failure
+
+    def _hear_the_cause(self, grace: float) -> None:
+        """A slot was lost: if its loss was caused by another slot's failure (a user function
+        failed there, and Spark ended this one's task), that failure's report may arrive a
+        moment later on another connection. Wait up to ``grace`` seconds for it: the cause
+        wins over the failures it causes."""
+        deadline = self.now() + grace
+        while self.failure is not None and self.failure.cause == "lost":
+            event = self.server.next_event(timeout=max(0.0, deadline - self.now()))
+            if event is None:
+                return
+            if event.kind == "failed" and event.body.get("cause") != "channel":
+                self._on_event(event)
 
     def _late(self, now: float) -> Failure | None:
         """A slot that stopped answering (heartbeats go from the moment it reached the driver,

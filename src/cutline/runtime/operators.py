@@ -384,9 +384,19 @@ class KeyedProcessFunction:
     """
 
     def open(self, ctx: ProcessContext) -> None:
-        pass
+        """Called once per subtask, before its first record (and again in every attempt
+        after a restart, with the state restored). Get the state handles here
+        (``self.count = ctx.value_state("count")``): a handle reads and writes the state of
+        whatever key the current record has. Create here, not in ``__init__``, what cannot
+        be pickled (a connection, a lock): the instance is sent to the Spark workers."""
 
     def process(self, record: Any, ctx: ProcessContext) -> Iterable[Any] | None:
+        """Called for every record, with ``ctx.key`` its key. Return the records to emit (a
+        list, or ``yield`` them), or ``None`` for none. Read and update the key's state
+        through the handles from :meth:`open`; a state value must not be changed in place
+        once stored (store a new one): snapshots share the values with the running state.
+        An exception fails the record (``on_error``: the job restarts, or the record goes
+        to the dead letters)."""
         raise NotImplementedError
 
 
@@ -396,19 +406,25 @@ class ProcessContext:
     def __init__(self, backend: KeyedStateBackend, subtask: int, parallelism: int) -> None:
         self._backend = backend
         self.subtask = subtask
+        """This subtask's index (0 .. parallelism - 1)."""
         self.parallelism = parallelism
 
     @property
     def key(self) -> Hashable:
+        """The key of the record being processed."""
         return self._backend.current_key
 
     def value_state(self, name: str) -> Any:
+        """One value per key: ``.get(default=None)``, ``.update(value)``, ``.clear()``."""
         return self._backend.value_state(name)
 
     def list_state(self, name: str) -> Any:
+        """A list per key: ``.get()``, ``.add(value)``, ``.update(values)``, ``.clear()``."""
         return self._backend.list_state(name)
 
     def map_state(self, name: str) -> Any:
+        """A dict per key: ``.get(k, default=None)``, ``.put(k, v)``, ``.remove(k)``,
+        ``.contains(k)``, ``.items()``, ``.clear()``."""
         return self._backend.map_state(name)
 
 
