@@ -195,9 +195,14 @@ class SourceHold:
     checkpoints: int = 1
 
     def __post_init__(self) -> None:
-        for name, value in (("records", self.records), ("checkpoints", self.checkpoints)):
-            if type(value) is not int or value < (0 if name == "records" else 1):
-                raise ValueError(f"SourceHold: {name} must be a whole number, not {value!r}")
+        for name, value, least in (
+            ("records", self.records, 0),
+            ("checkpoints", self.checkpoints, 1),
+        ):
+            if type(value) is not int or value < least:
+                raise ValueError(
+                    f"SourceHold: {name} must be a whole number of at least {least}, not {value!r}"
+                )
 
 
 class _ReadSize:
