@@ -179,6 +179,11 @@ def sim(
     help="Seconds without a heartbeat before a slot is declared lost (a host cut off).",
 )
 @click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Read at most this many events per second (a longer demo to watch, or a load test).",
+)
+@click.option(
     "--resume",
     is_flag=True,
     help="Start from the newest checkpoint in --workdir (after the driver died), keeping what "
@@ -194,6 +199,7 @@ def demo(
     kill_command: str | None,
     on_host_loss: str,
     heartbeat_timeout: float,
+    rate: float | None,
     resume: bool,
 ) -> None:
     """Run B1 (keyed running count) on Spark, kill a worker, recover, check the output.
@@ -233,6 +239,7 @@ def demo(
             resume=resume,
             on_host_loss=on_host_loss,
             heartbeat_timeout=heartbeat_timeout,
+            rate=rate,
         )
     except (RestoreError, FileNotFoundError, ValueError, SparkSetupError) as exc:
         _fail(str(exc))

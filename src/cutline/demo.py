@@ -83,9 +83,14 @@ def check_b1_output(directory: str | Path, keys: int, per_key: int) -> Verdict:
 
 
 def b1_job(
-    env: StreamEnvironment, input_dir: str | Path, output_dir: str | Path
+    env: StreamEnvironment,
+    input_dir: str | Path,
+    output_dir: str | Path,
+    rate: float | None = None,
 ) -> StreamEnvironment:
-    env.read_parquet(str(input_dir)).key_by("key").sum("value").write_parquet(str(output_dir))
+    env.read_parquet(str(input_dir), rate_limit=rate).key_by("key").sum("value").write_parquet(
+        str(output_dir)
+    )
     return env
 
 
@@ -180,11 +185,13 @@ def run_demo(
     resume: bool = False,
     on_host_loss: str = "restart",
     heartbeat_timeout: float = 30.0,
+    rate: float | None = None,
 ) -> tuple[JobResult, Verdict]:
     """Run B1 and check its output. On a cluster (``spark`` not local) ``workdir`` must be a
     path every host sees, and a worker host is lost only through ``kill_command``. With
     ``resume`` the job starts from the newest checkpoint in ``workdir`` (a driver that died
-    part-way), keeping what was published."""
+    part-way), keeping what was published. ``rate``: events per second at most (the whole
+    source)."""
     from cutline.spark.launcher import SparkLauncher, is_local
 
     workdir = Path(workdir).absolute()
@@ -210,7 +217,7 @@ def run_demo(
         on_host_loss=on_host_loss,
         heartbeat_timeout=heartbeat_timeout,
     )
-    b1_job(env, input_dir, output_dir)
+    b1_job(env, input_dir, output_dir, rate)
     launcher = SparkLauncher.for_session(spark, parallelism)
     local = is_local(launcher.spark)
     hosts: dict[int, dict[str, str]] = {}
