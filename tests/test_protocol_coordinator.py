@@ -1030,7 +1030,9 @@ class Model:
     failures: int = 0
     failed: bool = False
     final_triggered: bool = False
-    """After a final checkpoint is triggered, poll triggers no more."""
+    """After a final checkpoint is triggered, poll triggers no more (until it aborts)."""
+    finals: set[int] = field(default_factory=set)
+    """The final checkpoints triggered."""
 
     def due(self, now: float) -> bool:
         if self.s.interval is None or self.failed or self.final_triggered:
@@ -1065,6 +1067,8 @@ def check_actions(m: Model, event: str, now: float, actions: list[Any]) -> None:
                 )
             m.next_id += 1
             m.pending[a.checkpoint_id] = {}
+            if a.final:
+                m.finals.add(a.checkpoint_id)
             m.trigger_time[a.checkpoint_id] = now
             m.answered[a.checkpoint_id] = set()
             m.last_trigger = now
@@ -1119,6 +1123,8 @@ def check_actions(m: Model, event: str, now: float, actions: list[Any]) -> None:
             del m.pending[n]
             m.acknowledged.discard(n)
             m.ended[n] = "aborted"
+            if not a.subsumed and n in m.finals and not m.finals & set(m.pending):
+                m.final_triggered = False  # the job did not end with it: periodic ones go on
         elif isinstance(a, FailJob):
             assert expect_fail_job, f"FailJob at {m.failures} failures: {actions}"
             assert not m.failed, "FailJob twice"
@@ -1286,3 +1292,17 @@ def test_property_random_event_sequences_keep_the_invariants(
         check_state(c, m)
     event(f"failed={m.failed}, completed={bool(m.ever_completed - set(restored))}")
     event(f"aborted={sum(how == 'aborted' for how in m.ended.values()) > 0}")
+
+
+def test_periodic_checkpoints_go_on_after_a_final_checkpoint_aborted() -> None:
+    """A stop with a savepoint that fails: the job goes on, and so do its checkpoints."""
+    coordinator: CheckpointCoordinator[str, str] = CheckpointCoordinator(
+        ["a"], CheckpointSettings(interval=1.0)
+    )
+    [trigger] = coordinator.trigger(0.0, final=True, savepoint=True)
+    assert isinstance(trigger, TriggerCheckpoint)
+    assert coordinator.poll(5.0) == []  # a final checkpoint in flight: no periodic one
+    aborted = coordinator.decline(trigger.checkpoint_id, "a", "the folder exists", 5.0)
+    assert [type(a) for a in aborted] == [AbortCheckpoint]
+    [periodic] = coordinator.poll(10.0)
+    assert isinstance(periodic, TriggerCheckpoint) and not periodic.final

@@ -985,12 +985,6 @@ def test_a_slow_part_file_write_ends_with_its_generation(
     assert all((p / "_metadata").exists() for p in checkpoints.glob("chk-*"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product: SubtaskRunner.wait_for_snapshots waits its whole timeout (10 s at a slot's "
-    "end) for a write that the shutdown of the snapshot thread cancelled: futures.wait never "
-    "counts a future cancelled that way as done",
-)
 def test_a_slot_does_not_wait_for_a_snapshot_write_that_was_cancelled() -> None:
     """A subtask that ends (its generation failed) just after it took a checkpoint has that
     checkpoint's write queued on its snapshot thread; the shutdown cancels it, and the slot
@@ -1005,6 +999,5 @@ def test_a_slot_does_not_wait_for_a_snapshot_write_that_was_cancelled() -> None:
     in_progress.result(30)
     assert queued.cancelled()
     runner = SimpleNamespace(_writes=[in_progress, queued])
-    began = time.monotonic()
-    SubtaskRunner.wait_for_snapshots(runner, 3.0)  # type: ignore[arg-type]
-    assert time.monotonic() - began < 2.0, "it waited for the cancelled write"
+    # an hour: it returns at once, or (waiting for the cancelled write) the test times out
+    SubtaskRunner.wait_for_snapshots(runner, 3600.0)  # type: ignore[arg-type]

@@ -586,11 +586,6 @@ def test_a_stop_with_a_savepoint_that_fails_leaves_the_job_running(
     exactly_once(published(tmp_path / "out"), n)  # it read on, to the end
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product: after a stop with a savepoint fails, the driver triggers no periodic "
-    "checkpoint any more (the coordinator's final-triggered flag is never reset)",
-)
 def test_periodic_checkpoints_go_on_after_a_stop_with_a_savepoint_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,6 +29,10 @@ A **savepoint** is a checkpoint taken on demand that the user owns: it completes
 like any other (the tasks are told, sinks publish), but it is never retained
 nor discarded here, and one that fails does not count towards the failures
 that fail the job.
+
+Once a **final** checkpoint is triggered, :meth:`CheckpointCoordinator.poll` triggers no
+periodic one; if the final one aborts, the job did not end with it, and periodic checkpoints
+go on until the next final trigger (a stop with a savepoint that failed: the job goes on).
 """
 
 from __future__ import annotations
@@ -435,6 +439,11 @@ class CheckpointCoordinator(Generic[T, H]):
     ) -> list[CoordinatorAction[T, H]]:
         self._drop(checkpoint)
         self._last_end = now
+        if checkpoint.final and not any(p.final for p in self._pending.values()):
+            # the job did not end with it: periodic checkpoints go on until the next final one
+            # (a stop with a savepoint that failed: the job goes on; an aborted final
+            # checkpoint of bounded input: the driver triggers another final one at once)
+            self._final_triggered = False
         actions: list[CoordinatorAction[T, H]] = [
             AbortCheckpoint(checkpoint.checkpoint_id, reason, tuple(checkpoint.handles.items()))
         ]

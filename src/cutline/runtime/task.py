@@ -846,8 +846,10 @@ class SubtaskRunner:
     def wait_for_snapshots(self, timeout: float) -> None:
         """Wait (up to ``timeout`` s) for the snapshot thread's write in progress: once a slot
         ends, nothing of its generation may still write (a sink's part file landing after the
-        next generation cleaned up would stay forever)."""
-        futures.wait(self._writes, timeout=max(0.0, timeout))
+        next generation cleaned up would stay forever). Writes the thread's shutdown cancelled
+        never run: not waited for (``futures.wait`` never counts them done)."""
+        running = [w for w in self._writes if not w.cancelled()]
+        futures.wait(running, timeout=max(0.0, timeout))
 
     def output_channels(self) -> list[OutputChannel]:
         """Every output channel of this subtask, of every output edge."""
