@@ -561,15 +561,10 @@ def test_a_job_stopped_with_a_savepoint_that_fails_after_it_publishes_nothing_mo
 def test_a_stop_with_a_savepoint_that_fails_leaves_the_job_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stop is asked for on the first complete checkpoint; its savepoint cannot be moved to
-    its folder, so the job reads on. The source is rate-limited: the job lasts a second at
-    least, and the stop is triggered a moment after the first checkpoint completed.
-
-    (Not with the sources held, as in the tests above: after a stop with a savepoint fails,
-    the driver triggers no periodic checkpoint any more, so sources holding until one
-    completes would hold for ever.)"""
+    """The stop is asked for while the sources hold half-way; its savepoint cannot be moved to
+    its folder, so the job reads on (once periodic checkpoints release the hold)."""
     n = 4000
-    env = build(tmp_path, 2, tmp_path / "out", n, rate_limit=n)
+    env = build(tmp_path, 2, tmp_path / "out", n)
 
     def ask(checkpoint_id: int) -> str:
         client = JobClient(str(tmp_path / "checkpoints"))
@@ -578,7 +573,9 @@ def test_a_stop_with_a_savepoint_that_fails_leaves_the_job_running(
         return client.savepoint(tmp_path / "sp", stop=True)
 
     asking = SavepointOnHold(endpoints_of(monkeypatch), ask)
-    result = env.execute(launcher=ThreadLauncher(), listener=asking)
+    result = env.execute(
+        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
+    )
     answer = [asking.answer()]
     assert isinstance(answer[0], JobClientError), answer
     assert "already exists; the job goes on" in str(answer[0])
