@@ -29,8 +29,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# the suite on every core (2 in CI), one test at a time per worker; the cluster's tests on one
 pytest: $(STAMP)
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow" -n auto --maxprocesses 4 --dist loadgroup
 
 # `pip install .` (no extras) into an empty venv: every module imports, the CLI and a small job run
 bare-install: | check-python check-java

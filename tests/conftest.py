@@ -65,6 +65,22 @@ def _every_checkpoint_verified():
     assert not failures, "checkpoints failed verification:\n" + "\n".join(failures)
 
 
+def pytest_sessionfinish(session):
+    """An xdist worker hands its count of verified checkpoints to the controller."""
+    from cutline.runtime import driver
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["verified_checkpoints"] = driver.VERIFIED_CHECKPOINTS[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(The controller, with pytest-xdist) a worker's verified checkpoints."""
+    from cutline.runtime import driver
+
+    driver.VERIFIED_CHECKPOINTS[0] += int(node.workeroutput.get("verified_checkpoints", 0))
+
+
 def pytest_terminal_summary(terminalreporter):
     from cutline.runtime import driver
 

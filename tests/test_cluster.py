@@ -33,7 +33,7 @@ from cutline.demo import check_b1_output, write_b1_input
 from cutline.runtime.storage import CheckpointStorage
 from cutline.runtime.verify import verify_checkpoint
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]  # one worker: one cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "cluster.sh"

@@ -40,19 +40,6 @@ def key_value(record: dict[str, int]) -> dict[str, int]:
     return {"key": record["value"] % KEYS, "value": 1, "index": record["value"]}
 
 
-@dataclass(frozen=True)
-class Pace:
-    """Sleeps a little per record (none with 0 seconds). The tests here hold the sources
-    instead (:class:`SavepointOnHold`); the job on Spark in ``test_spark_jobs.py`` paces."""
-
-    seconds: float = 0.0005
-
-    def __call__(self, record: Any) -> Any:
-        if self.seconds:
-            time.sleep(self.seconds)
-        return record
-
-
 def build(
     tmp_path: Path,
     parallelism: int,
@@ -60,7 +47,6 @@ def build(
     n: int,
     *,
     sum_name: str = "sums",
-    pace: float = 0.0,
     checkpoint_dir: str = "checkpoints",
     rate_limit: float | None = None,
     **options: Any,
@@ -76,7 +62,6 @@ def build(
     env = StreamEnvironment(parallelism, **settings)
     (
         env.from_sequence(0, n, name="numbers", rate_limit=rate_limit)
-        .map(Pace(pace), name="pace")
         .map(key_value, name="keyed")
         .key_by("key")
         .sum("value", name=sum_name)
@@ -98,43 +83,6 @@ def exactly_once(rows: list[dict[str, Any]], n: int) -> None:
     expected = Counter((k, i) for k in range(KEYS) for i in range(1, len(range(k, n, KEYS)) + 1))
     assert Counter((r["key"], r["value"]) for r in rows) == expected
     assert sorted(r["index"] for r in rows) == list(range(n))
-
-
-def savepoint_when(checkpoint_dir: Path, ready: threading.Event, **kwargs: Any) -> Any:
-    """In a thread: once ``ready`` is set, take a savepoint (``JobClient.savepoint(**kwargs)``;
-    by default one that stops the job); the thread, then the answer (its path or the error),
-    go into the returned list. (Only as sure to land in a running job as the job is slow:
-    the tests here use :class:`SavepointOnHold`; the Spark test in ``test_spark_jobs.py``
-    uses this one with a paced job.)"""
-    answer: list[Any] = []
-    kwargs.setdefault("stop", True)
-
-    def ask() -> None:
-        ready.wait(60)
-        for _ in range(200):  # the job's endpoint comes up with the job
-            try:
-                answer.append(JobClient(str(checkpoint_dir)).savepoint(**kwargs))
-                return
-            except JobClientError as exc:
-                if "no job is running" not in str(exc):
-                    answer.append(exc)
-                    return
-                time.sleep(0.05)
-
-    thread = threading.Thread(target=ask, daemon=True)
-    thread.start()
-    answer.append(thread)
-    return answer
-
-
-def after_first_checkpoint() -> tuple[threading.Event, Any]:
-    ready = threading.Event()
-
-    def listener(kind: str, message: str) -> None:
-        if kind == "checkpoint":
-            ready.set()
-
-    return ready, listener
 
 
 def endpoints_of(monkeypatch: pytest.MonkeyPatch) -> list[JobEndpoint]:
