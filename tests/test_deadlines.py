@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pyarrow.dataset as ds
-import pytest
 
 from cutline import StreamEnvironment
 
@@ -25,29 +24,31 @@ KEYS = 7
 
 
 class Freeze:
-    """A phase hook: slot ``slot`` of generation 1 stops itself (SIGSTOP) on entering ``phase``,
-    after writing its process id to ``pids`` (the test kills it afterwards, whatever happened)."""
+    """A phase hook: slot ``slot`` of generation ``g`` stops itself (SIGSTOP) on entering
+    ``phases[g - 1]``, after writing its process id to ``pids`` (the test kills it afterwards,
+    whatever happened). One phase per generation: every restart is the next phase's test."""
 
-    def __init__(self, phase: str, pids: Path, slot: int = 1) -> None:
-        self.phase, self.pids, self.slot = phase, str(pids), slot
+    def __init__(self, phases: list[str], pids: Path, slot: int = 1) -> None:
+        self.phases, self.pids, self.slot = phases, str(pids), slot
 
     def __call__(self, phase: str, slot: int, generation: int) -> None:
-        if generation == 1 and phase == self.phase and slot == self.slot:
+        mine = generation <= len(self.phases) and phase == self.phases[generation - 1]
+        if mine and slot == self.slot:
             with open(self.pids, "a") as out:
                 out.write(f"{os.getpid()}\n")
-            os.kill(os.getpid(), signal.SIGSTOP)
+            self.fault()
+
+    def fault(self) -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class Stall(Freeze):
-    """A phase hook: the slot's thread that enters ``phase`` blocks (its process and heartbeats
-    go on) until Spark kills the worker when the driver cancels the generation."""
+    """A phase hook: the slot's thread that enters the phase blocks (its process and its
+    heartbeats go on) until Spark kills the worker when the driver cancels the generation."""
 
-    def __call__(self, phase: str, slot: int, generation: int) -> None:
-        if generation == 1 and phase == self.phase and slot == self.slot:
-            with open(self.pids, "a") as out:
-                out.write(f"{os.getpid()}\n")
-            while True:
-                time.sleep(1)
+    def fault(self) -> None:
+        while True:
+            time.sleep(1)
 
 
 def key_value(record: dict) -> dict:
@@ -88,48 +89,46 @@ def _assert_exact(output: Path) -> None:
         assert max(sums) == sum(v + 1 for v in range(key, N, KEYS))
 
 
-@pytest.mark.parametrize(
-    ("phase", "said"),
-    [
-        ("start", "did not start within 6 s (start_timeout)"),
-        ("rendezvous", "no heartbeat for 2 s, during the rendezvous"),
-        ("restore", "no heartbeat for 2 s, while restoring its state"),
-        ("running", "no heartbeat for 2 s, while running"),
-        ("final_checkpoint", "no heartbeat for 2 s, during the final checkpoint"),
-        ("commit", "no heartbeat for 2 s, while publishing after the final checkpoint"),
-    ],
-)
-def test_a_worker_frozen_in_any_phase_is_noticed_and_the_job_restarts_exactly(
-    spark, tmp_path, phase, said
-):
-    result = _run(spark, tmp_path, Freeze(phase, tmp_path / "pids"), start_timeout=6)
-    assert (tmp_path / "pids").exists(), "the hook froze nothing"
-    assert result.restarts, "the frozen worker was not noticed"
-    assert "slot-1" in result.restarts[0].cause and said in result.restarts[0].cause
+FROZEN = {
+    "rendezvous": "no heartbeat for 2 s, during the rendezvous",
+    "restore": "no heartbeat for 2 s, while restoring its state",
+    "running": "no heartbeat for 2 s, while running",
+    "final_checkpoint": "no heartbeat for 2 s, during the final checkpoint",
+    "commit": "no heartbeat for 2 s, while publishing after the final checkpoint",
+}
+
+
+def test_a_worker_frozen_in_any_phase_is_noticed_and_the_job_restarts_exactly(spark, tmp_path):
+    """Generation 1 freezes in the rendezvous, generation 2 while restoring, 3 while running,
+    4 at the final checkpoint, 5 while publishing; generation 6 ends the job."""
+    phases = list(FROZEN)
+    result = _run(spark, tmp_path, Freeze(phases, tmp_path / "pids"), restart_attempts=len(phases))
+    assert len((tmp_path / "pids").read_text().split()) == len(phases)
+    assert len(result.restarts) == len(phases)
+    for restart, phase in zip(result.restarts, phases, strict=True):
+        assert restart.cause.startswith("slot-1: stopped answering (")
+        assert FROZEN[phase] in restart.cause, (phase, restart.cause)
     _assert_exact(tmp_path / "out")
 
 
-@pytest.mark.parametrize(
-    ("phase", "settings", "said"),
-    [
-        (
-            "restore",
-            {"restore_timeout": 2},
-            "slot-1: did not report running within 2 s of starting its restore (restore_timeout)",
-        ),
-        (
-            "commit",
-            {"commit_timeout": 2},
-            "slot-1 did not publish and end within 2 s of the final checkpoint",
-        ),
-    ],
-)
+def test_a_worker_frozen_before_it_reached_the_driver_misses_the_start_deadline(spark, tmp_path):
+    result = _run(spark, tmp_path, Freeze(["start"], tmp_path / "pids"), start_timeout=6)
+    [restart] = result.restarts
+    assert restart.cause.startswith("slot-1 did not start within 6 s (start_timeout)")
+    _assert_exact(tmp_path / "out")
+
+
 def test_a_worker_that_stalls_in_a_phase_misses_its_deadline_and_the_job_restarts_exactly(
-    spark, tmp_path, phase, settings, said
+    spark, tmp_path
 ):
-    """The process is alive and sends heartbeats; only the phase's deadline tells."""
-    result = _run(spark, tmp_path, Stall(phase, tmp_path / "pids"), **settings)
-    assert (tmp_path / "pids").exists(), "the hook stalled nothing"
-    assert result.restarts
-    assert said in result.restarts[0].cause
+    """The process is alive and sends heartbeats; only the phase's deadline tells: generation 1
+    stalls while restoring, generation 2 while publishing after the final checkpoint."""
+    hook = Stall(["restore", "commit"], tmp_path / "pids")
+    result = _run(spark, tmp_path, hook, restore_timeout=2, commit_timeout=2, restart_attempts=2)
+    restore, commit = result.restarts
+    assert restore.cause.startswith(
+        "slot-1: did not report running within 2 s of starting its restore (restore_timeout)"
+    )
+    # (the other slot waits for the stalled one's end of input: both are named)
+    assert "slot-1 did not publish and end within 2 s of the final checkpoint" in commit.cause
     _assert_exact(tmp_path / "out")
