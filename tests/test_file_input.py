@@ -8,12 +8,9 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import pickle
 import re
-import time
 import warnings
-from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cutline import JobFailedError, JobResult, StreamEnvironment
+from cutline import JobFailedError, JobResult, SourceHold, StreamEnvironment
 from cutline.runtime.local import ThreadLauncher
 from cutline.runtime.sinks import PENDING
 from cutline.runtime.sources import (
@@ -31,6 +28,7 @@ from cutline.runtime.sources import (
     SourceError,
     as_schema,
 )
+from test_runtime_jobs import FailAfterCheckpoint
 
 SCHEMA = {"user": "string", "value": "int64"}
 
@@ -369,35 +367,6 @@ def test_with_dead_letters_a_malformed_row_is_skipped_and_the_rest_is_exact(
 # ------------------------------------------------------------- restarts and dead letters
 
 
-@dataclass(frozen=True)
-class Pace:
-    """Lets records through slowly until ``marker`` exists (a checkpoint completed)."""
-
-    marker: str
-
-    def __call__(self, record: Any) -> Any:
-        if not os.path.exists(self.marker):
-            time.sleep(0.002)
-        return record
-
-
-@dataclass(frozen=True)
-class FailAfterCheckpoint:
-    """Raises once, on the first record it sees after ``marker`` exists."""
-
-    marker: str
-    flag: str
-
-    def __call__(self, record: Any) -> Any:
-        if os.path.exists(self.marker):
-            try:
-                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return record
-            raise RuntimeError("injected failure after a checkpoint")
-        return record
-
-
 def test_rejected_rows_are_dead_lettered_once_across_a_restore(tmp_path: Path) -> None:
     """A restore from a checkpoint taken after rejected rows passes over them: none is dead
     lettered twice, none is lost, and the good rows come out exactly once."""
@@ -416,7 +385,6 @@ def test_rejected_rows_are_dead_lettered_once_across_a_restore(tmp_path: Path) -
     env = environment(tmp_path, 2, batch_size=4, restart_attempts=1)
     (
         env.read_csv(tmp_path / "in", schema=SCHEMA, on_error="dead_letter")
-        .map(Pace(str(marker)))
         .map(FailAfterCheckpoint(str(marker), str(flag)))
         .collect()
     )
@@ -425,7 +393,9 @@ def test_rejected_rows_are_dead_lettered_once_across_a_restore(tmp_path: Path) -
         if kind == "checkpoint":
             marker.touch()
 
-    result = run(env, listener=listener)
+    # the sources hold after 100 rows each (rejected ones read past) until a checkpoint
+    # completed: the failure after it always finds rows left to fail on, on any machine
+    result = run(env, listener=listener, hold_sources=SourceHold(records=100))
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None
     assert sorted(r["value"] for r in result.output) == good
