@@ -21,14 +21,13 @@ import pytest
 
 from cutline import JobFailedError, JobResult, SourceHold, StreamEnvironment
 from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.sinks import PENDING
 from cutline.runtime.sources import (
     CsvOptions,
     InputWarning,
     SourceError,
     as_schema,
 )
-from test_runtime_jobs import FailAfterCheckpoint
+from test_runtime_jobs import FailAfterCheckpoint, dead_letters
 
 SCHEMA = {"user": "string", "value": "int64"}
 
@@ -48,14 +47,6 @@ def environment(tmp_path: Path, parallelism: int = 1, **options: Any) -> StreamE
 
 def run(env: StreamEnvironment, **options: Any) -> JobResult:
     return env.execute(launcher=ThreadLauncher(), progress=False, **options)
-
-
-def dead_letters(directory: Path) -> list[dict[str, Any]]:
-    rows = []
-    for path in sorted(directory.rglob("*.jsonl")):
-        if PENDING not in path.parts:
-            rows += [json.loads(line) for line in path.read_text().splitlines()]
-    return rows
 
 
 def write(path: Path, text: str) -> Path:

@@ -792,6 +792,20 @@ def fails_at_500(record: dict) -> dict:
     return record
 
 
+def fragile_job(env: StreamEnvironment) -> StreamEnvironment:
+    """A shuffle, a user function that fails on one record (in one slot), another shuffle:
+    the other slot's channels from the failing one break right after it fails."""
+    (
+        env.from_sequence(0, 2_000)
+        .key_by(lambda r: r["value"] % 7)
+        .map(fails_at_500, name="fragile")
+        .key_by(lambda r: r["value"] % 3)
+        .map(lambda r: r)
+        .collect()
+    )
+    return env
+
+
 def test_the_first_cause_wins_over_the_failures_it_causes(tmp_path: Path) -> None:
     """A user function fails in one slot; the other slot's channels from it break a moment
     later. The job must report the user's exception, every time (it once said 'slot-0: lost
@@ -800,15 +814,7 @@ def test_the_first_cause_wins_over_the_failures_it_causes(tmp_path: Path) -> Non
         env = StreamEnvironment(
             2, checkpoint_dir=str(tmp_path / f"ck{run}"), restart_attempts=0, batch_size=100
         )
-        (
-            env.from_sequence(0, 2_000)
-            .key_by(lambda r: r["value"] % 7)
-            .map(fails_at_500, name="fragile")
-            .key_by(lambda r: r["value"] % 3)
-            .map(lambda r: r)
-            .collect()
-        )
         with pytest.raises(JobFailedError) as info:
-            env.execute(launcher=ThreadLauncher(), progress=False)
+            fragile_job(env).execute(launcher=ThreadLauncher(), progress=False)
         assert info.value.operator == "fragile", (run, str(info.value))
         assert "ValueError: the user's own failure" in str(info.value)

@@ -526,27 +526,15 @@ def test_an_unpicklable_user_function_is_refused_before_anything_runs_naming_it(
     assert not (tmp_path / "ck" / "_stats").exists()  # no attempt ran, no restart was spent
 
 
-def fails_at_500(record: dict) -> dict:
-    if record["value"] == 500:
-        raise ValueError("the user's own failure")
-    return record
-
-
 def test_the_user_s_failure_wins_over_the_losses_it_causes(spark, tmp_path):
     """A user function fails in one slot; Spark then ends the other slots' tasks and their
     connections close. The reported cause must be the user's exception, every time (it was
     "slot-0: lost ... control connection closed" about once in eight runs)."""
+    from test_runtime_operators import fragile_job
+
     for run in range(3):
         env = _env(tmp_path / f"r{run}", restart_attempts=0, batch_size=100)
-        (
-            env.from_sequence(0, 2_000)
-            .key_by(lambda r: r["value"] % 7)
-            .map(fails_at_500, name="fragile")
-            .key_by(lambda r: r["value"] % 3)
-            .map(lambda r: r)
-            .collect()
-        )
         with pytest.raises(JobFailedError) as info:
-            env.execute(spark)
+            fragile_job(env).execute(spark)
         assert info.value.operator == "fragile", (run, str(info.value))
         assert "ValueError: the user's own failure" in str(info.value)
