@@ -1148,7 +1148,9 @@ class _Attempt:
         )
 
     def end(self) -> None:
-        """The attempt ended: the checkpoints still in flight were aborted by it."""
+        """The attempt ended: the checkpoints still in flight were aborted by it (and none
+        waits any more: the figures kept at the end must not say one does)."""
+        self.driver.metrics.waiting = None
         reason = (
             f"generation {self.generation} ended: {self.failure.describe()}"
             if self.failure is not None
