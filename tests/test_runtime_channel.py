@@ -350,3 +350,25 @@ def test_an_unaligned_barrier_overtakes_both_queues_and_hands_over_what_it_jumpe
         ending.join(WAIT)
         assert rest == [Records([k]) for k in range(5)] + [EndOfInput()]  # still delivered
         out.close()
+
+
+def test_a_back_edge_keeps_no_count_of_its_frames_and_a_channel_gives_back_what_was_read():
+    """A loop's back edge has unbounded credit, given once: it must not keep a record of every
+    frame it ever sent (memory, and the records a barrier waits behind); an ordinary channel
+    forgets each frame as the receiver consumes it."""
+    with InputGate(["loop", "plain"], token=TOKEN, generation=0, back_edges=["loop"]) as gate:
+        address = ("127.0.0.1", gate.port)
+        with (
+            OutputChannel(address, "loop", token=TOKEN, generation=0) as loop,
+            OutputChannel(address, "plain", token=TOKEN, generation=0) as plain,
+        ):
+            for i in range(50):
+                loop.send(Records([i]))
+                plain.send(Records([i]))
+                while (item := gate.poll(timeout=10)) is not None and item[0] != "plain":
+                    pass  # (both channels, round robin)
+            loop.send(EndOfInput())
+            while gate.poll(timeout=0.5) is not None:
+                pass
+            assert loop.records_ahead() == 0 and not loop._unconsumed
+            assert plain.records_ahead() <= 1  # its newest frame's credit may be on its way

@@ -369,6 +369,9 @@ class OutputChannel:
         credit not back yet), oldest first."""
         self._sizer = FrameSizer()
         """How large a frame that waits for credit may be (from the receiver's pace)."""
+        self._unbounded = False
+        """A loop's back edge: unbounded credit, never given back per frame (nothing to
+        count: its frames never wait)."""
         self._error: ChannelError | None = None
         self._closed = False
         self._ended = False
@@ -536,7 +539,8 @@ class OutputChannel:
                     break
                 self._credits -= 1
                 self._queued_records -= 1
-                self._unconsumed.append(len(head))
+                if not self._unbounded:
+                    self._unconsumed.append(len(head))
             queue.popleft()
             try:
                 self._write(head)
@@ -550,6 +554,9 @@ class OutputChannel:
         """The receiver consumed ``frames`` records frames (their credit came back): tell the
         frame sizer (with the lock held). A grant beyond the frames written is the receiver's
         room (its first grant, a back edge's), not a consumption."""
+        if frames >= UNBOUNDED_CREDIT:
+            self._unbounded = True
+            return
         now = time.monotonic()
         for _ in range(min(frames, len(self._unconsumed))):
             self._sizer.consumed(now, self._unconsumed.popleft())
