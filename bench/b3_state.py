@@ -3,7 +3,7 @@
 Keyed value state of 10^4 to 10^7 keys (int keys, int values) in one operator subtask that
 owns all 128 key groups, on each backend (``memory``: Python dicts; ``disk``: RocksDB),
 checkpointed to real files in a temporary checkpoint directory on the local disk
-(:class:`cutline.runtime.storage.CheckpointStorage`).
+(:class:`cutline.runtime.checkpoint.storage.CheckpointStorage`).
 
 One run of a configuration (backend, keys) drives two backends identically: one configured
 ``incremental=True, full_every=10``, the other ``incremental=False``:
@@ -49,8 +49,10 @@ from rich.console import Console
 from rich.table import Table
 
 import cutline
-from cutline.runtime.state import KeyedStateBackend, StateConfig, new_backend
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.state.backend import KeyedStateBackend
+from cutline.runtime.state.config import StateConfig
+from cutline.runtime.state.factory import new_backend
 
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent

@@ -56,7 +56,7 @@ def spark():
 @pytest.fixture(autouse=True)
 def _every_checkpoint_verified():
     """Fail the test if any checkpoint its jobs took failed verification."""
-    from cutline.runtime import driver
+    from cutline.runtime.driver import driver
 
     assert driver.VERIFY_EVERY_CHECKPOINT
     failures = driver.VERIFICATION_FAILURES
@@ -67,7 +67,7 @@ def _every_checkpoint_verified():
 
 def pytest_sessionfinish(session):
     """An xdist worker hands its count of verified checkpoints to the controller."""
-    from cutline.runtime import driver
+    from cutline.runtime.driver import driver
 
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["verified_checkpoints"] = driver.VERIFIED_CHECKPOINTS[0]
@@ -76,13 +76,13 @@ def pytest_sessionfinish(session):
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """(The controller, with pytest-xdist) a worker's verified checkpoints."""
-    from cutline.runtime import driver
+    from cutline.runtime.driver import driver
 
     driver.VERIFIED_CHECKPOINTS[0] += int(node.workeroutput.get("verified_checkpoints", 0))
 
 
 def pytest_terminal_summary(terminalreporter):
-    from cutline.runtime import driver
+    from cutline.runtime.driver import driver
 
     terminalreporter.write_line(
         f"cutline: {driver.VERIFIED_CHECKPOINTS[0]} checkpoints taken by the tests' jobs were "

@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from cutline import StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.task.local import ThreadLauncher
 
 
 def slow_batch(batch: pa.RecordBatch) -> pa.RecordBatch:

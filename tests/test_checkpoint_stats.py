@@ -23,12 +23,8 @@ import pyarrow.compute as pc
 import pytest
 
 from cutline import JobClient, JobResult, SourceHold, StreamEnvironment
-from cutline.runtime import driver
-from cutline.runtime.channel import InputGate, OutputChannel, PriorityBarrier
-from cutline.runtime.graph import ExecutionPlan, subtask_name
-from cutline.runtime.inspect import CheckpointReader
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.stats import (
+from cutline.runtime.checkpoint.reader import CheckpointReader
+from cutline.runtime.checkpoint.stats import (
     STATS_FOLDER,
     CheckpointStats,
     History,
@@ -36,9 +32,18 @@ from cutline.runtime.stats import (
     SubtaskStats,
     critical_path,
 )
-from cutline.runtime.storage import METADATA, SHARED, CheckpointLocation, CheckpointStorage
-from cutline.runtime.verify import verify_checkpoint
-from cutline.runtime.wire import Barrier, Records
+from cutline.runtime.checkpoint.storage import (
+    METADATA,
+    SHARED,
+    CheckpointLocation,
+    CheckpointStorage,
+)
+from cutline.runtime.checkpoint.verify import verify_checkpoint
+from cutline.runtime.driver import driver
+from cutline.runtime.graph import ExecutionPlan, subtask_name
+from cutline.runtime.network.channel import InputGate, OutputChannel, PriorityBarrier
+from cutline.runtime.network.wire import Barrier, Records
+from cutline.runtime.task.local import ThreadLauncher
 from test_checkpointing_modes import FailOnceAfter
 from test_loops import touch_on_checkpoint
 from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask

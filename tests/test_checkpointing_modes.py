@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from cutline import JobResult, SourceHold, StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.task.local import ThreadLauncher
 
 N = 2_000
 EXACTLY_ONCE = ["aligned", "unaligned", "aligned-timeout"]

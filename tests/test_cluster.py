@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from cutline.demo import check_b1_output, write_b1_input
-from cutline.runtime.storage import CheckpointStorage
-from cutline.runtime.verify import verify_checkpoint
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.checkpoint.verify import verify_checkpoint
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]  # one worker: one cluster
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cutline import SourceHold, StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.task.local import ThreadLauncher
 
 KEYS = 5
 

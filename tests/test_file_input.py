@@ -20,13 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cutline import JobFailedError, JobResult, SourceHold, StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.sources import (
-    CsvOptions,
-    InputWarning,
-    SourceError,
-    as_schema,
-)
+from cutline.runtime.io.sources import CsvOptions, InputWarning, SourceError, as_schema
+from cutline.runtime.task.local import ThreadLauncher
 from test_runtime_jobs import FailAfterCheckpoint, dead_letters
 
 SCHEMA = {"user": "string", "value": "int64"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline.runtime.frames import FrameSizer
+from cutline.runtime.network.frames import FrameSizer
 
 
 def simulate(

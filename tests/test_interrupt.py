@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cutline import StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.task.local import ThreadLauncher
 
 N = 20_000
 
@@ -23,7 +23,7 @@ JOB = f"""
 import sys
 from pathlib import Path
 from cutline import SourceHold, StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.task.local import ThreadLauncher
 
 def build(work):
     env = StreamEnvironment(2, checkpoint_interval=0.05, checkpoint_dir=str(work / "ck"))
@@ -122,7 +122,7 @@ def test_ctrl_c_says_where_the_job_got_to_and_exits_130_and_the_job_resumes_exac
 def test_ctrl_c_without_a_checkpoint_dir_says_there_is_nothing_to_resume(monkeypatch):
     """In an interactive session the interrupt is an exception (the session goes on)."""
     from cutline.api import environment
-    from cutline.runtime.driver import JobInterrupted
+    from cutline.runtime.driver.result import JobInterrupted
 
     def interrupted(self):  # Ctrl-C while the driver runs the job
         raise KeyboardInterrupt

@@ -16,10 +16,15 @@ import fsspec
 import pytest
 
 from cutline import SourceHold, StreamEnvironment
-from cutline.runtime.driver import JobFailedError
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.lock import LOCK_FILE, CheckpointDirectoryLock, DirectoryLockedError, Owner
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.checkpoint.lock import (
+    LOCK_FILE,
+    CheckpointDirectoryLock,
+    DirectoryLockedError,
+    Owner,
+)
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.driver.result import JobFailedError
+from cutline.runtime.task.local import ThreadLauncher
 
 
 def _job(tmp_path: Path, out: str, checkpoint_dir: Path | str | None = None) -> StreamEnvironment:
@@ -70,7 +75,7 @@ def test_the_successor_of_a_killed_owner_takes_the_directory_over(tmp_path):
     ready = tmp_path / "locked"
     script = (
         "import sys, time\n"
-        "from cutline.runtime.lock import CheckpointDirectoryLock, Owner\n"
+        "from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock, Owner\n"
         f"lock = CheckpointDirectoryLock({str(tmp_path / 'ck')!r}, Owner.this_process('dead0001'))\n"
         "lock.acquire()\n"
         f"open({str(ready)!r}, 'w').close()\n"

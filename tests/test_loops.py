@@ -33,7 +33,7 @@ from cutline.examples.connected_components import (
     vertex_of,
 )
 from cutline.runtime.graph import GraphError
-from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.task.local import ThreadLauncher
 from test_runtime_jobs import FirstBatch, once_something_was_read
 
 EDGES, VERTICES = 3_000, 2_000

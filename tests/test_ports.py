@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from cutline import StreamEnvironment
-from cutline.runtime import net
-from cutline.runtime.control import ControlServer
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.net import PortsError, port_range
+from cutline.runtime.network import net
+from cutline.runtime.network.control import ControlServer
+from cutline.runtime.network.net import PortsError, port_range
+from cutline.runtime.task.local import ThreadLauncher
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ from rich.console import Console
 
 from cutline import StreamEnvironment
 from cutline.api.progress import render, wanted
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.metrics import JobMetrics, MetricsCollector, OperatorMetrics
-from cutline.runtime.stats import CheckpointStats, RestartInfo
+from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo
+from cutline.runtime.driver.metrics import JobMetrics, MetricsCollector, OperatorMetrics
+from cutline.runtime.task.local import ThreadLauncher
 
 
 def to_key(record: dict[str, int]) -> dict[str, int]:

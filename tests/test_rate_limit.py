@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutline import StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.task import _Pace, _ReadSize
+from cutline.runtime.task.local import ThreadLauncher
+from cutline.runtime.task.subtask import _Pace, _ReadSize
 
 
 @settings(max_examples=200, deadline=None)

@@ -3,7 +3,7 @@ through Spark must be exactly the state the job had at each checkpoint, as its p
 output implies; the channel state exactly what the checkpoint recorded; the column types
 inferred as documented; and every error a clean :class:`InspectError` naming the problem.
 
-The jobs run with their slots as threads (:class:`~cutline.runtime.local.ThreadLauncher`):
+The jobs run with their slots as threads (:class:`~cutline.runtime.task.local.ThreadLauncher`):
 only the reading is Spark's, on the session's real local Spark.
 """
 
@@ -25,10 +25,10 @@ import pyarrow.compute as pc
 import pytest
 
 from cutline import KeyedProcessFunction, SourceHold, StreamEnvironment
-from cutline.runtime.inspect import InspectError, open_checkpoint
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.state import DEFAULT_MAX_PARALLELISM, key_group
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.checkpoint.reader import InspectError, open_checkpoint
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM, key_group
+from cutline.runtime.task.local import ThreadLauncher
 from cutline.spark.datasource import (
     BINARY,
     BOOLEAN,

@@ -28,9 +28,7 @@ from cutline.report import (
     history_figure,
     write_report,
 )
-from cutline.runtime import driver
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.stats import (
+from cutline.runtime.checkpoint.stats import (
     CheckpointStats,
     History,
     RestartInfo,
@@ -39,7 +37,9 @@ from cutline.runtime.stats import (
     encode,
     stats_file,
 )
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.driver import driver
+from cutline.runtime.task.local import ThreadLauncher
 
 CAUSE_MARK = "injected <boom> & 'failure'"
 """In the restart's cause: text that must come out escaped."""

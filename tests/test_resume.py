@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from cutline import CheckpointWarning, StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.restore import RestoreError
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.checkpoint.restore import RestoreError
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.task.local import ThreadLauncher
 
 RECORDS = 3000
 
@@ -77,7 +77,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_resume import RECORDS, build, freeze_after
 from cutline import SourceHold
-from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.task.local import ThreadLauncher
 workdir = Path({workdir!r})
 build(workdir, {retained}, rate_limit=RECORDS).execute(
     launcher=ThreadLauncher(),

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cutline import StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.task.local import ThreadLauncher
 
 
 def _job(tmp_path: Path, out: str, retained: int, n: int = 5_000) -> StreamEnvironment:

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from cutline.protocol import BarrierAligner
-from cutline.runtime.channel import ChannelError, InputGate, OutputChannel, PriorityBarrier
-from cutline.runtime.wire import Barrier, EndOfInput, Hello, Records, encode, encode_credit
+from cutline.runtime.network.channel import ChannelError, InputGate, OutputChannel, PriorityBarrier
+from cutline.runtime.network.wire import Barrier, EndOfInput, Hello, Records, encode, encode_credit
 
 TOKEN = b"job-token"
 WAIT = 30.0  # seconds: only a bound against a hang, never an expectation

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cutline.runtime.control import ControlClient, ControlError, ControlServer, Event
+from cutline.runtime.network.control import ControlClient, ControlError, ControlServer, Event
 
 TOKEN = b"0123abcd"
 WAIT = 30.0  # a bound against a hang only

@@ -1,6 +1,6 @@
 """Whole jobs through the real runtime (subtask loops, channels on local sockets, checkpoint
 coordinator, restarts, exactly-once sinks), with every slot a thread of this process
-(:class:`~cutline.runtime.local.ThreadLauncher`) instead of a Spark task. Outputs are
+(:class:`~cutline.runtime.task.local.ThreadLauncher`) instead of a Spark task. Outputs are
 compared exactly, as multisets: the order across subtasks is not defined."""
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from cutline import (
     SourceHold,
     StreamEnvironment,
 )
-from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.io.sinks import PENDING
 from cutline.runtime.operators import ProcessContext
-from cutline.runtime.sinks import PENDING
-from cutline.runtime.task import SubtaskRunner
+from cutline.runtime.task.local import ThreadLauncher
+from cutline.runtime.task.subtask import SubtaskRunner
 
 N = 200
 """Records per job: enough for several batches and checkpoints, few enough to stay fast."""
@@ -942,7 +942,7 @@ def test_a_slow_part_file_write_ends_with_its_generation(
     one is slow, and the map fails on the next record meanwhile (the write waits for the
     failure). The source is rate-limited, so that the half it reads after the hold lasts at
     least half a second: a checkpoint is triggered while it reads."""
-    from cutline.runtime import sinks
+    from cutline.runtime.io import sinks
 
     flag, failed = tmp_path / "writing", tmp_path / "failed"
     checkpointed = threading.Event()

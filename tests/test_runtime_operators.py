@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cutline import InputWarning, JobFailedError, StreamEnvironment
-from cutline.runtime.local import ThreadLauncher
+from cutline.runtime.io.sinks import PENDING, FileSink
 from cutline.runtime.operators import (
     DeadLetterOutput,
     KeyedProcessFunction,
@@ -32,8 +32,9 @@ from cutline.runtime.operators import (
     Running,
     UserFunctionError,
 )
-from cutline.runtime.sinks import PENDING, FileSink
-from cutline.runtime.state import MemorySegmentStore, key_group, subtask_for_key_group
+from cutline.runtime.state.keygroups import key_group, subtask_for_key_group
+from cutline.runtime.state.segments import MemorySegmentStore
+from cutline.runtime.task.local import ThreadLauncher
 
 MAXP = 128
 

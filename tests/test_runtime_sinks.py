@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from cutline.runtime.sinks import PENDING, FileSink, SinkError
+from cutline.runtime.io.sinks import PENDING, FileSink, SinkError
 
 
 def batch(values: range) -> pa.RecordBatch:

@@ -15,19 +15,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutline.runtime.state import (
-    BACKENDS,
-    KeyedSnapshot,
-    KeyedStateBackend,
-    MemorySegmentStore,
-    MemoryStateBackend,
-    StateConfig,
+from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
+from cutline.runtime.state.config import BACKENDS, StateConfig
+from cutline.runtime.state.factory import new_backend
+from cutline.runtime.state.keygroups import (
     StateError,
     key_group,
     key_group_range,
-    new_backend,
     subtask_for_key_group,
 )
+from cutline.runtime.state.memory import MemoryStateBackend
+from cutline.runtime.state.segments import MemorySegmentStore
 
 MakeBackend = Callable[..., KeyedStateBackend]
 
@@ -67,7 +65,7 @@ def test_key_group_ranges_partition_the_key_groups(max_parallelism: int, paralle
 def test_key_groups_are_the_same_in_every_process() -> None:
     keys = ["k1", "", "ünïcode", 0, -5, 2**70, 1.5, True, None, b"\x00raw", ("a", 1, (None, 2.5))]
     script = (
-        f"from cutline.runtime.state import key_group\nprint([key_group(k, 128) for k in {keys!r}])"
+        f"from cutline.runtime.state.keygroups import key_group\nprint([key_group(k, 128) for k in {keys!r}])"
     )
     outputs = {
         subprocess.run(

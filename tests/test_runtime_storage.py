@@ -28,8 +28,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline.runtime.stats import CheckpointStats, RunInfo, encode, stats_file
-from cutline.runtime.storage import (
+from cutline.runtime.checkpoint.stats import CheckpointStats, RunInfo, encode, stats_file
+from cutline.runtime.checkpoint.storage import (
     METADATA,
     CheckpointMetadata,
     CheckpointStorage,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline.runtime.wire import (
+from cutline.runtime.network.wire import (
     Barrier,
     EndOfInput,
     Frame,

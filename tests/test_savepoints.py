@@ -27,10 +27,10 @@ from cutline import (
     SourceHold,
     StreamEnvironment,
 )
-from cutline.runtime.client import JobEndpoint
-from cutline.runtime.driver import JobResult
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.storage import SHARED, CheckpointLocation, CheckpointStorage
+from cutline.runtime.checkpoint.storage import SHARED, CheckpointLocation, CheckpointStorage
+from cutline.runtime.driver.client import JobEndpoint
+from cutline.runtime.driver.result import JobResult
+from cutline.runtime.task.local import ThreadLauncher
 from test_runtime_jobs import FailAfterCheckpoint as FailOnceAfter  # raises once, after marker
 
 KEYS = 7
@@ -480,7 +480,7 @@ def test_a_job_stopped_with_a_savepoint_that_fails_after_it_publishes_nothing_mo
     job reads nothing more, so a job resumed from that savepoint duplicates nothing. (A sink
     dies as the savepoint's completion is announced: the savepoint's, not a checkpoint's
     before it.)"""
-    import cutline.runtime.sinks as sinks
+    import cutline.runtime.io.sinks as sinks
 
     original = sinks.FileSinkWriter.notify_complete
     failed = threading.Event()

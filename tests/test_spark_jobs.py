@@ -30,7 +30,7 @@ from cutline import (
 )
 from cutline.demo import WorkerKiller, check_b1_output, write_b1_input
 from cutline.examples.connected_components import components, edge_stream, expected_labels
-from cutline.runtime.storage import CheckpointStorage
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.spark.launcher import SparkSetupError
 
 KEYS = 1000
@@ -484,8 +484,8 @@ def test_the_observe_example_sees_inside_its_checkpoints_on_spark(spark, tmp_pat
     and the report builds."""
     from cutline.examples.observe import published_counts, run
     from cutline.report import build_report
-    from cutline.runtime.storage import CheckpointStorage
-    from cutline.runtime.verify import verify_checkpoint
+    from cutline.runtime.checkpoint.storage import CheckpointStorage
+    from cutline.runtime.checkpoint.verify import verify_checkpoint
     from cutline.spark.datasource import read_state
 
     result = run(tmp_path, spark, records=100_000)

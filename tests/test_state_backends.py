@@ -18,21 +18,18 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from cutline.runtime.state import (
-    BACKENDS,
-    SHARED_PREFIX,
-    DiskStateBackend,
-    KeyedSnapshot,
-    KeyedStateBackend,
-    MemorySegmentStore,
-    MemoryStateBackend,
-    StateConfig,
+from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
+from cutline.runtime.state.config import BACKENDS, StateConfig
+from cutline.runtime.state.factory import new_backend
+from cutline.runtime.state.keygroups import (
     StateError,
     key_group,
     key_group_range,
-    new_backend,
     subtask_for_key_group,
 )
+from cutline.runtime.state.memory import MemoryStateBackend
+from cutline.runtime.state.rocksdb import DiskStateBackend
+from cutline.runtime.state.segments import SHARED_PREFIX, MemorySegmentStore
 
 MAX_P = 16
 KINDS = {"v": "value", "w": "value", "l": "list", "m": "map"}

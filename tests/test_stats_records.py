@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cutline.runtime.stats import (
+from cutline.runtime.checkpoint.stats import (
     CheckpointStats,
     RestartInfo,
     RunInfo,
@@ -69,7 +69,7 @@ def test_run_and_restart_files_with_a_null_time_are_unreadable() -> None:
 
 
 def test_sizes_and_ids_for_people() -> None:
-    from cutline.runtime.stats import human_bytes, id_ranges
+    from cutline.runtime.checkpoint.stats import human_bytes, id_ranges
 
     assert [human_bytes(n) for n in (0, 512, 1536, 3 * 2**20, 5 * 2**40)] == [
         "0 B",
@@ -85,7 +85,7 @@ def test_sizes_and_ids_for_people() -> None:
 def test_the_temporary_names_of_atomic_writes_are_not_statistics_files() -> None:
     """A statistics file is written under ``.NAME.<random>.tmp`` and renamed: a temporary file
     a crash left behind is neither a record, nor unreadable, nor a checkpoint id."""
-    from cutline.runtime.stats import checkpoint_ids_in
+    from cutline.runtime.checkpoint.stats import checkpoint_ids_in
 
     files = {
         "checkpoint-1.json": good(1),

@@ -35,10 +35,15 @@ from cutline.examples.connected_components import (
     vertex_of,
 )
 from cutline.protocol.cut import ChannelCut, CutViolation
-from cutline.runtime import driver
-from cutline.runtime.local import ThreadLauncher
-from cutline.runtime.storage import METADATA, SHARED, CheckpointLocation, CheckpointStorage
-from cutline.runtime.verify import Verification, verify_checkpoint
+from cutline.runtime.checkpoint.storage import (
+    METADATA,
+    SHARED,
+    CheckpointLocation,
+    CheckpointStorage,
+)
+from cutline.runtime.checkpoint.verify import Verification, verify_checkpoint
+from cutline.runtime.driver import driver
+from cutline.runtime.task.local import ThreadLauncher
 from test_checkpoint_stats import N, environment, keyed_job
 from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 

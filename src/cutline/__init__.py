@@ -33,10 +33,10 @@ _API = (
 _ELSEWHERE = {
     "read_state": "cutline.spark.datasource",
     "read_channel_state": "cutline.spark.datasource",
-    "open_checkpoint": "cutline.runtime.inspect",
-    "verify_checkpoint": "cutline.runtime.verify",
-    "CheckpointStats": "cutline.runtime.stats",
-    "JobMetrics": "cutline.runtime.metrics",
+    "open_checkpoint": "cutline.runtime.checkpoint.reader",
+    "verify_checkpoint": "cutline.runtime.checkpoint.verify",
+    "CheckpointStats": "cutline.runtime.checkpoint.stats",
+    "JobMetrics": "cutline.runtime.driver.metrics",
 }
 """Names of other modules, imported on first use (``read_state`` imports PySpark)."""
 __all__ = [*_API, *_ELSEWHERE, "__version__"]

@@ -218,8 +218,8 @@ def demo(
     if settings and master is None:
         _fail("--conf applies to the session --master makes; give --master too")
     from cutline.demo import run_demo
-    from cutline.runtime.driver import JobFailedError
-    from cutline.runtime.restore import RestoreError
+    from cutline.runtime.checkpoint.restore import RestoreError
+    from cutline.runtime.driver.result import JobFailedError
     from cutline.spark.launcher import SparkSetupError, cluster_session
 
     spark = None
@@ -271,7 +271,7 @@ def savepoint(checkpoint_dir: str, target: str | None, cancel: bool, timeout: fl
     state (move or copy it anywhere), and any job can start from it with
     ``execute(restore_from=FOLDER)``, at any parallelism.
     """
-    from cutline.runtime.client import JobClient, JobClientError
+    from cutline.runtime.driver.client import JobClient, JobClientError
 
     if target is not None and "://" not in target:
         target = os.path.abspath(target)  # the job's driver may run elsewhere than here

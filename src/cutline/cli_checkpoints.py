@@ -33,9 +33,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cutline.runtime.inspect import CheckpointReader, InspectError
-from cutline.runtime.stats import CheckpointStats, History, critical_path, human_bytes, id_ranges
-from cutline.runtime.storage import (
+from cutline.runtime.checkpoint.reader import CheckpointReader, InspectError
+from cutline.runtime.checkpoint.stats import (
+    CheckpointStats,
+    History,
+    critical_path,
+    human_bytes,
+    id_ranges,
+)
+from cutline.runtime.checkpoint.storage import (
     METADATA,
     CheckpointLocation,
     CheckpointStorage,
@@ -583,7 +589,7 @@ def verify(directory: str, checkpoint_id: str | None) -> None:
     before the snapshot + records recorded in flight. A checkpoint folder whose _metadata is
     missing though its statistics say it completed fails too. DIRECTORY may also be one
     checkpoint or savepoint folder. Exit status 1 if one is not right."""
-    from cutline.runtime.verify import Verification, verify_checkpoint
+    from cutline.runtime.checkpoint.verify import Verification, verify_checkpoint
 
     try:
         single = CheckpointLocation.open(directory)

@@ -28,8 +28,9 @@ import pyarrow.parquet as pq
 
 from cutline.api.environment import StreamEnvironment
 from cutline.api.progress import wanted
-from cutline.runtime.driver import JobResult, parse_running
-from cutline.runtime.task import SourceHold
+from cutline.runtime.driver.driver import parse_running
+from cutline.runtime.driver.result import JobResult
+from cutline.runtime.task.launch import SourceHold
 
 
 def write_b1_input(

@@ -14,7 +14,7 @@ inline SVG. It shows
   one run to the first of the next);
 - a table of the checkpoints (the newest :data:`TABLE_ROWS`): status and why an aborted
   one was, duration, size, channel state, alignment, the slowest subtask and the
-  critical path that made it the slowest (:func:`~cutline.runtime.stats.critical_path`),
+  critical path that made it the slowest (:func:`~cutline.runtime.checkpoint.stats.critical_path`),
   the savepoint folder;
 - the restarts: which generation failed, when, why (the cause, traceback included), and
   what the next generation restored;
@@ -84,7 +84,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch
 
 from cutline import __version__
-from cutline.runtime.stats import (
+from cutline.runtime.checkpoint.stats import (
     STATS_FOLDER,
     STATS_HISTORY,
     CheckpointStats,
@@ -95,7 +95,7 @@ from cutline.runtime.stats import (
     human_bytes,
     id_ranges,
 )
-from cutline.runtime.storage import CheckpointStorage, StorageError
+from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
 from cutline.sim.diagram import colour, cut_line, star, style
 
 __all__ = [

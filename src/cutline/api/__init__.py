@@ -1,12 +1,12 @@
 """The user's API: build a dataflow on a :class:`StreamEnvironment` and ``execute()`` it."""
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
-from cutline.runtime.client import JobClient, JobClientError
-from cutline.runtime.driver import CheckpointWarning, JobFailedError, JobResult
+from cutline.runtime.checkpoint.restore import RestoreError
+from cutline.runtime.driver.client import JobClient, JobClientError
+from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
+from cutline.runtime.io.sources import InputWarning, SourceError
 from cutline.runtime.operators import KeyedProcessFunction, ProcessContext
-from cutline.runtime.restore import RestoreError
-from cutline.runtime.sources import InputWarning, SourceError
-from cutline.runtime.task import SourceHold
+from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import SparkSetupError
 
 __all__ = [

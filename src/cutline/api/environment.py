@@ -30,18 +30,14 @@ import pyarrow as pa
 
 from cutline.api.progress import LiveProgress, ProgressLines, wanted
 from cutline.protocol.coordinator import CheckpointSettings
-from cutline.runtime.driver import (
-    LATEST,
-    JobConfig,
-    JobDriver,
-    JobInterrupted,
-    JobResult,
-    Launcher,
-    Listener,
-    check_host_loss,
-)
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.driver.config import LATEST, JobConfig, check_host_loss
+from cutline.runtime.driver.driver import JobDriver, Listener
+from cutline.runtime.driver.result import JobInterrupted, JobResult
 from cutline.runtime.graph import Edge, ExecutionPlan, GraphError, JobGraph, Operator, plan
-from cutline.runtime.net import port_range
+from cutline.runtime.io.sinks import FileSink
+from cutline.runtime.io.sources import CsvOptions, FileSource, InputWarning, SequenceSource
+from cutline.runtime.network.net import port_range
 from cutline.runtime.operators import (
     KeyedProcessFunction,
     MapBatchesLogic,
@@ -53,11 +49,9 @@ from cutline.runtime.operators import (
     SourceLogic,
     function_name,
 )
-from cutline.runtime.sinks import FileSink
-from cutline.runtime.sources import CsvOptions, FileSource, InputWarning, SequenceSource
-from cutline.runtime.state import BACKENDS, DEFAULT_MAX_PARALLELISM, StateConfig
-from cutline.runtime.storage import CheckpointStorage
-from cutline.runtime.task import CHECKPOINTING_MODES, PhaseHook, SourceHold
+from cutline.runtime.state.config import BACKENDS, StateConfig
+from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM
+from cutline.runtime.task.launch import CHECKPOINTING_MODES, Launcher, PhaseHook, SourceHold
 
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|min|m|h)?\s*")
 _UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
@@ -615,14 +609,14 @@ class StreamEnvironment:
             ``running``, ``final_checkpoint``, ``commit``): for tests that freeze or stall a
             worker in a given phase. Must be picklable.
         :raises RestoreError: the checkpoint does not fit the job (the message says why).
-        :returns: a :class:`~cutline.runtime.driver.JobResult`; ``result.output`` is the
+        :returns: a :class:`~cutline.runtime.driver.result.JobResult`; ``result.output`` is the
             records of the collect sink.
         :raises JobFailedError: the job failed and the restart strategy gave up.
 
         On Ctrl-C the job's attempt is cancelled and the program ends with exit status 130,
         saying ``interrupted; last complete checkpoint N; resume with restore_from='latest'``
         (no traceback); in an interactive session it raises
-        :class:`~cutline.runtime.driver.JobInterrupted` (a ``KeyboardInterrupt``) instead.
+        :class:`~cutline.runtime.driver.result.JobInterrupted` (a ``KeyboardInterrupt``) instead.
         """
         execution_plan = self.plan()
         port_range()  # a malformed CUTLINE_PORTS: said now, not when the first socket opens

@@ -21,8 +21,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cutline.runtime.metrics import JobMetrics
-from cutline.runtime.stats import human_bytes
+from cutline.runtime.checkpoint.stats import human_bytes
+from cutline.runtime.driver.metrics import JobMetrics
 
 _LEVEL_STYLE = {"high": "bold red", "low": "yellow", "ok": "green"}
 

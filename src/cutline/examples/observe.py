@@ -27,8 +27,8 @@ from typing import Any
 
 from cutline import StreamEnvironment
 from cutline.report import checkpoint_figure, history_figure, write_report
-from cutline.runtime.storage import CheckpointStorage
-from cutline.runtime.verify import verify_checkpoint
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.checkpoint.verify import verify_checkpoint
 from cutline.spark.datasource import read_state
 from cutline.spark.launcher import local_session
 

@@ -9,7 +9,7 @@ running instance of it that
 * ``process(batch)`` — returns the batch of records it emits (or ``None``),
 * ``snapshot(checkpoint_id, base=..., savepoint=...)`` — the synchronous part of a
   checkpoint: returns what goes into the checkpoint (cheap; serialized later, off the
-  loop; keyed state returns a :class:`~cutline.runtime.state.KeyedSnapshot`),
+  loop; keyed state returns a :class:`~cutline.runtime.state.backend.KeyedSnapshot`),
 * ``notify_complete(checkpoint_id)`` — the checkpoint is complete (sinks publish),
 * ``close()``.
 
@@ -34,18 +34,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.runtime.sinks import FileSink, FileSinkWriter
-from cutline.runtime.sources import FileSource, SequenceSource, SourceReader
-from cutline.runtime.state import (
-    KeyedSnapshot,
-    KeyedStateBackend,
-    SegmentSource,
-    StateConfig,
-    key_group,
-    key_group_range,
-    new_backend,
-    subtask_for_key_group,
-)
+from cutline.runtime.io.sinks import FileSink, FileSinkWriter
+from cutline.runtime.io.sources import FileSource, SequenceSource, SourceReader
+from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
+from cutline.runtime.state.config import StateConfig
+from cutline.runtime.state.factory import new_backend
+from cutline.runtime.state.keygroups import key_group, key_group_range, subtask_for_key_group
+from cutline.runtime.state.segments import SegmentSource
 
 Batch: TypeAlias = Any
 """A ``pyarrow.RecordBatch`` or a ``list`` of records (pyarrow has no type hints)."""

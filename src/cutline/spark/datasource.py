@@ -76,7 +76,7 @@ checkpoint, or a loop, recorded):
 
 **Errors**: whatever stops a read (a missing directory, a folder that is not a checkpoint, a
 damaged file, an unknown operator or state, a checkpoint without keyed state) is an
-:class:`~cutline.runtime.inspect.InspectError` whose message names the problem.
+:class:`~cutline.runtime.checkpoint.reader.InspectError` whose message names the problem.
 :func:`read_state` and :func:`read_channel_state` check the checkpoint, and infer the types,
 in the calling process before Spark plans anything, so that is what they raise. Through
 ``spark.read.format("cutline")`` the same error comes wrapped by Spark (an
@@ -118,8 +118,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cutline.runtime.inspect import CheckpointReader, InspectError, KeyedEntry, open_checkpoint
-from cutline.runtime.storage import StorageError
+from cutline.runtime.checkpoint.reader import (
+    CheckpointReader,
+    InspectError,
+    KeyedEntry,
+    open_checkpoint,
+)
+from cutline.runtime.checkpoint.storage import StorageError
 
 FORMAT = "cutline"
 """The data source's name: ``spark.read.format("cutline")``."""

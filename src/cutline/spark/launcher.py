@@ -2,7 +2,7 @@
 
 Each attempt (generation) of the job is one Spark job: ``parallelism`` partitions,
 ``rdd.barrier().mapPartitions(...)``, so that Spark schedules every slot at once or
-none. In each task, the slot body (:func:`cutline.runtime.task.run_slot`) exchanges
+none. In each task, the slot body (:func:`cutline.runtime.task.slot.run_slot`) exchanges
 its data addresses with the other slots through ``BarrierTaskContext.allGather``
 (once: it costs about a second), then talks TCP: data to its peers, control to the
 driver. The Spark job runs in a driver thread, in its own job group, so that the
@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cutline.runtime.graph import ExecutionPlan
-from cutline.runtime.task import SlotSetup, run_slot
+from cutline.runtime.task.launch import SlotSetup
+from cutline.runtime.task.slot import run_slot
 
 SLOTS_CHECK_CONF = {
     # A barrier job asking for more slots than the cluster has fails at once, with a message,

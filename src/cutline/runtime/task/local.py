@@ -8,7 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from cutline.runtime.task import SlotSetup, run_slot
+from cutline.runtime.task.launch import SlotSetup
+from cutline.runtime.task.slot import run_slot
 
 
 class ThreadJob:

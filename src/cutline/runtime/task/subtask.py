@@ -2,7 +2,7 @@
 
 A **slot** is one Spark task of the job's barrier stage. It
 
-1. opens an :class:`~cutline.runtime.channel.InputGate` for each of its subtasks that has
+1. opens an :class:`~cutline.runtime.network.channel.InputGate` for each of its subtasks that has
    inputs, and exchanges the gates' addresses with the other slots once (the
    *rendezvous*: ``BarrierTaskContext.allGather`` on Spark, any function in tests);
 2. connects to the driver's control server, restores each subtask's state from the
@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 import pickle
 import queue
 import secrets
 import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,9 +50,13 @@ from cutline.protocol.alignment import (
     SnapshotState,
 )
 from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
-from cutline.runtime.channel import ChannelError, InputGate, OutputChannel, PriorityBarrier
-from cutline.runtime.control import ControlClient, ControlError
-from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
+from cutline.runtime.checkpoint.restore import DEAD_LETTERS, STATE_FORMAT, gather
+from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointStorage
+from cutline.runtime.graph import Chain, subtask_name
+from cutline.runtime.io.sinks import FileSink, PreCommit
+from cutline.runtime.network.channel import InputGate, OutputChannel, PriorityBarrier
+from cutline.runtime.network.control import ControlClient, ControlError
+from cutline.runtime.network.wire import Barrier, EndOfInput, Records
 from cutline.runtime.operators import (
     Adopted,
     Batch,
@@ -64,17 +65,14 @@ from cutline.runtime.operators import (
     Partitioner,
     RecordError,
     Running,
-    UserFunctionError,
     function_name,
 )
-from cutline.runtime.restore import DEAD_LETTERS, STATE_FORMAT, RestoreSpec, gather
-from cutline.runtime.sinks import FileSink, PreCommit
-from cutline.runtime.state import KeyedSnapshot, SegmentRef, StateConfig
-from cutline.runtime.storage import CheckpointLocation, CheckpointStorage
-from cutline.runtime.wire import Barrier, EndOfInput, Records
+from cutline.runtime.state.backend import KeyedSnapshot
+from cutline.runtime.state.segments import SegmentRef
+from cutline.runtime.task.failures import failure_report, shorten
+from cutline.runtime.task.launch import SlotSetup
 
-_JOIN_SECONDS = 10.0
-CHECKPOINTING_MODES = ("aligned", "unaligned", "at_least_once")
+JOIN_SECONDS = 10.0
 
 
 @dataclass
@@ -122,87 +120,6 @@ class _Taking:
 def _recorded(channels: dict[str, list[Any]]) -> dict[str, int]:
     """Records per channel of recorded channel state."""
     return {c: sum(len(Records(b)) for b in batches) for c, batches in channels.items() if batches}
-
-
-@dataclass(frozen=True)
-class SlotSetup:
-    """Everything a slot needs, sent (pickled) from the driver with the Spark job."""
-
-    plan: ExecutionPlan
-    generation: int
-    token: bytes
-    driver: tuple[str, int]
-    checkpoint_dir: str
-    storage_options: dict[str, Any] | None = None
-    restore: RestoreSpec | None = None
-    """The checkpoint or savepoint to restore (``None``: start from scratch)."""
-    state: StateConfig = field(default_factory=StateConfig)
-    batch_size: int = 65536
-    buffer_capacity: int = 4
-    dead_letter_dir: str | None = None
-    on_error: dict[str, str] = field(default_factory=dict)
-    """Operator uid -> ``fail`` or ``dead_letter``."""
-    heartbeat_interval: float = 0.25
-    run: str = "r0"
-    """The id of this run of the job (one ``execute()``), in every output file's name."""
-    checkpointing: str = "aligned"
-    """``aligned``, ``unaligned`` (exactly-once both) or ``at_least_once``."""
-    alignment_timeout: float | None = None
-    """With ``aligned``: seconds from a checkpoint's trigger after which it goes unaligned at a
-    subtask where it has not aligned yet (or whose barrier still waits in an output queue)."""
-    drain: bool = False
-    """The sources read nothing: the job publishes what it restored and ends (it restores the
-    savepoint it was stopped with)."""
-    rate_limits: dict[str, float] = field(default_factory=dict)
-    """Source operator uid -> records per second for the whole source (each of its subtasks
-    reads at most its share: the limit divided by the parallelism)."""
-    hold: SourceHold | None = None
-    """Hold every source subtask part-way (see :class:`SourceHold`)."""
-    phase_hook: PhaseHook | None = None
-    """Called in the slot's process as it enters each phase (fault-injection tests)."""
-
-    def enter(self, phase: str, slot: int) -> None:
-        """The slot (or its supervisor) enters ``phase``: call the phase hook, if any."""
-        if self.phase_hook is not None:
-            self.phase_hook(phase, slot, self.generation)
-
-
-SLOT_PHASES = ("start", "rendezvous", "restore", "running", "final_checkpoint", "commit")
-"""The phases a slot goes through, in order, each with a deadline at the driver: ``start``
-(the task runs; ends when it reached the driver), ``rendezvous`` (the slots exchange their
-addresses), ``restore`` (state restored, operators opened, output channels connected; ends
-with ``ready``), ``running``, ``final_checkpoint`` (the final checkpoint was triggered) and
-``commit`` (it completed: the sinks publish, the subtasks end)."""
-
-PhaseHook = Callable[[str, int, int], None]
-"""``hook(phase, slot, generation)``: called in each slot's process as it enters each of
-:data:`SLOT_PHASES` (``final_checkpoint`` and ``commit`` in the slot's supervisor, when the
-driver's trigger or completion arrives); for tests that freeze or stall a worker in a phase."""
-
-
-@dataclass(frozen=True)
-class SourceHold:
-    """Hold the sources part-way, so that a test or a demo can fail a job at a complete
-    checkpoint with input left, on a machine of any speed.
-
-    In the job's first attempt each source subtask stops reading once it has read ``records``
-    records, until ``checkpoints`` checkpoints triggered after it stopped have completed and
-    the job's listener has been told of them (a listener that kills a worker on a checkpoint
-    therefore always kills a running job); then it reads on. Later attempts do not hold.
-    """
-
-    records: int
-    checkpoints: int = 1
-
-    def __post_init__(self) -> None:
-        for name, value, least in (
-            ("records", self.records, 0),
-            ("checkpoints", self.checkpoints, 1),
-        ):
-            if type(value) is not int or value < least:
-                raise ValueError(
-                    f"SourceHold: {name} must be a whole number of at least {least}, not {value!r}"
-                )
 
 
 class _ReadSize:
@@ -647,7 +564,7 @@ class SubtaskRunner:
                     "decline",
                     subtask=self.name,
                     checkpoint=action.checkpoint_id,
-                    reason=_cut(action.reason),
+                    reason=shorten(action.reason),
                 )
             # BlockChannel / UnblockChannels: the handler's blocked_channels says it all
 
@@ -950,7 +867,7 @@ class SubtaskRunner:
                     "decline",
                     subtask=self.name,
                     checkpoint=checkpoint_id,
-                    reason=_cut(f"{type(exc).__name__}: {exc}"),
+                    reason=shorten(f"{type(exc).__name__}: {exc}"),
                 )
             return
         records = sum(counts["recorded_inputs"].values()) + sum(counts["recorded_outputs"].values())
@@ -996,216 +913,3 @@ class SubtaskRunner:
                 operator = op.name
         with contextlib.suppress(ControlError):
             self.control.send("failed", subtask=self.name, **failure_report(exc, operator))
-
-
-def failure_report(exc: BaseException, operator: str) -> dict[str, Any]:
-    """The body of a ``failed`` message: the operator, the record, the error, the traceback
-    (the user's own frames for a user function's error), each cut to a size a control message
-    can carry."""
-    if isinstance(exc, UserFunctionError):
-        return {
-            "operator": _cut(exc.operator),
-            "record": _cut(exc.record),
-            "error": _cut(exc.error),
-            "traceback": _cut(exc.user_traceback),
-            "cause": "task",
-        }
-    return {
-        "operator": _cut(operator),
-        "record": None,
-        "error": _cut(f"{type(exc).__name__}: {exc}"),
-        "traceback": _cut("".join(traceback.format_exception(exc))),
-        "cause": "channel" if isinstance(exc, ChannelError) else "task",
-    }
-
-
-_MOST = 16 * 1024
-
-
-def _cut(text: str) -> str:
-    """``text``, or its first and last 8 KiB with how much was left out between them."""
-    if len(text) <= _MOST:
-        return text
-    half = _MOST // 2
-    return f"{text[:half]}\n... ({len(text) - _MOST} characters left out) ...\n{text[-half:]}"
-
-
-Exchange = Callable[[str], list[str]]
-"""The rendezvous: send this slot's addresses, get every slot's (in slot order)."""
-
-
-def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict[str, Any]:
-    """Run subtask ``slot`` of every chain of ``setup.plan``; return a summary when all ended.
-
-    The slot reaches the driver first and sends heartbeats from then on, from a thread of its
-    own, whatever phase it is in (a frozen process is noticed in any phase); it tells the
-    driver each phase it enters (``phase``), so that the driver can hold each to a deadline."""
-    plan = setup.plan
-    gates: dict[str, InputGate] = {}
-    control: ControlClient | None = None
-    beats: _Heartbeats | None = None
-    runners: list[SubtaskRunner] = []
-    opening: str | None = None
-    try:
-        setup.enter("start", slot)
-        control = ControlClient(
-            setup.driver, f"slot-{slot}", token=setup.token, generation=setup.generation
-        )
-        beats = _Heartbeats(control, runners, setup.heartbeat_interval)
-        control.send("phase", phase="rendezvous", pid=os.getpid(), host=host)
-        setup.enter("rendezvous", slot)
-        for chain in plan.chains:
-            if not chain.is_source:
-                gates[chain.uid] = InputGate(
-                    plan.input_channels(chain, slot),
-                    token=setup.token,
-                    generation=setup.generation,
-                    capacity=setup.buffer_capacity,
-                    back_edges=plan.back_edge_channels(chain, slot),
-                )
-        mine = {"slot": slot, "host": host, "ports": {u: g.port for u, g in gates.items()}}
-        addresses: dict[tuple[int, str], tuple[str, int]] = {}
-        for text in exchange(json.dumps(mine)):
-            other = json.loads(text)
-            for uid, port in other["ports"].items():
-                addresses[(int(other["slot"]), uid)] = (other["host"], int(port))
-        control.send("phase", phase="restore")
-        setup.enter("restore", slot)
-        storage = CheckpointStorage(setup.checkpoint_dir, storage_options=setup.storage_options)
-        for chain in plan.chains:
-            runner = SubtaskRunner(setup, chain, slot, control, storage, gates.get(chain.uid))
-            runners.append(runner)
-            opening = runner.name
-            runner.open()
-        opening = None
-        for runner in runners:
-            runner.connect(addresses)
-        control.send("ready", pid=os.getpid(), host=host)
-        setup.enter("running", slot)
-        return _supervise(setup, slot, control, runners)
-    except BaseException as exc:
-        if control is not None and not any(r.failure for r in runners):
-            with contextlib.suppress(ControlError):
-                report = failure_report(exc, "(opening the subtasks)")
-                control.send("failed", subtask=opening or f"slot-{slot}", **report)
-        raise
-    finally:
-        if beats is not None:
-            beats.stop()
-        for runner in runners:
-            runner.stop()
-            for channel in runner.output_channels():
-                channel.close()
-        for gate in gates.values():
-            gate.close()
-        if control is not None:
-            control.close()
-        # Let the subtask threads end before the slot does, so that none of them still
-        # pre-commits or publishes while the next generation recovers (in a reused worker, or
-        # with the thread launcher). A thread stuck in user code is given up on after a while.
-        deadline = time.monotonic() + _JOIN_SECONDS
-        for runner in runners:
-            if runner.thread is not None:
-                runner.thread.join(max(0.0, deadline - time.monotonic()))
-            else:
-                runner.close_operators()  # opened (or half opened) but never ran
-        for runner in runners:  # (queued writes were cancelled: one at most is in progress)
-            runner.wait_for_snapshots(deadline - time.monotonic())
-
-
-class _Heartbeats:
-    """The slot's heartbeats, from a thread of its own: from the moment the slot reached the
-    driver, in every phase, with the subtasks' figures once they run."""
-
-    def __init__(self, control: ControlClient, runners: list[SubtaskRunner], every: float):
-        self._control, self._runners, self._every = control, runners, every
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cutline-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self._every):
-            running = [r for r in list(self._runners) if r.thread is not None]
-            try:
-                self._control.send(
-                    "heartbeat",
-                    records_in={r.name: r.records_in for r in running},
-                    metrics=_metrics(running),
-                )
-            except ControlError:
-                return  # the driver is gone: the slot's loop notices it too
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-
-_CONSEQUENCE_WAIT = 30.0
-"""Seconds a slot whose subtasks failed only because another slot's did (a broken channel)
-keeps its control connection open, so that the driver hears the cause first."""
-
-
-def _supervise(
-    setup: SlotSetup, slot: int, control: ControlClient, runners: list[SubtaskRunner]
-) -> dict[str, Any]:
-    threads = [
-        threading.Thread(target=r.run, name=f"cutline-{r.name}", daemon=True) for r in runners
-    ]
-    for runner, thread in zip(runners, threads, strict=True):
-        runner.thread = thread
-        thread.start()
-    final: int | None = None
-    while any(t.is_alive() for t in threads):
-        failed = [r for r in runners if r.failure is not None]
-        if failed:
-            _failed(control, failed)
-        try:
-            message = control.receive(timeout=0.1)
-        except ControlError:
-            raise RuntimeError("the driver closed the control connection") from None
-        if message is not None and message.get("kind") == "census":
-            # counted here, after the request came: the driver's waves need that order
-            control.send(
-                "census",
-                wave=message.get("wave"),
-                sent=sum(r.records_sent for r in runners),
-                done=sum(r.records_done for r in runners),
-            )
-        elif message is not None:
-            kind = message.get("kind")
-            if kind == "trigger" and message.get("final"):
-                final = int(message.get("checkpoint", -1))
-                setup.enter("final_checkpoint", slot)
-            elif kind == "complete" and final is not None and message.get("checkpoint") == final:
-                setup.enter("commit", slot)
-            for runner in runners:
-                runner.inbox.put(message)
-    failed = [r for r in runners if r.failure is not None]
-    if failed:
-        _failed(control, failed)
-    if any(r.stopped.is_set() for r in runners):
-        return {"stopped": True}
-    summary = {"records_in": {r.name: r.records_in for r in runners}}
-    control.send("finished", **summary, metrics=_metrics(runners))
-    return summary
-
-
-def _failed(control: ControlClient, failed: list[SubtaskRunner]) -> None:
-    """End the slot for its failed subtasks. When every one of them failed only because
-    another slot's did (a channel whose upstream went away), the cause is that slot's: keep
-    this connection open until the driver ends the attempt (up to :data:`_CONSEQUENCE_WAIT`),
-    so that the driver hears the cause before it hears of this slot."""
-    cause = next((r for r in failed if not isinstance(r.failure, ChannelError)), failed[0])
-    if isinstance(cause.failure, ChannelError):
-        deadline = time.monotonic() + _CONSEQUENCE_WAIT
-        with contextlib.suppress(ControlError):
-            while time.monotonic() < deadline:
-                control.receive(timeout=0.1)
-    raise RuntimeError(f"subtask {cause.name} failed: {cause.failure}")
-
-
-def _metrics(runners: list[SubtaskRunner]) -> dict[str, Any]:
-    """The live figures of a heartbeat (``runtime/metrics.py``)."""
-    return {
-        r.name: {"ops": r.operator_records, "backpressured": round(r.backpressured, 4)}
-        for r in runners
-    }

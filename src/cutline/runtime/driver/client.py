@@ -22,7 +22,7 @@ from typing import Any
 
 import fsspec
 
-from cutline.runtime.net import Listener
+from cutline.runtime.network.net import Listener
 
 JOB_FILE = "_job.json"
 _MAX_LINE = 64 * 1024

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo
 from cutline.runtime.graph import ExecutionPlan, subtask_name
-from cutline.runtime.stats import CheckpointStats, RestartInfo
 
 WINDOW = 3.0
 """Seconds over which rates and backpressure are measured."""

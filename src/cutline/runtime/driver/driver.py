@@ -27,20 +27,17 @@ import dataclasses
 import os
 import pickle
 import queue
-import reprlib
 import secrets
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import fsspec
 
 from cutline.protocol.coordinator import (
     AbortCheckpoint,
     CheckpointCoordinator,
-    CheckpointSettings,
     DiscardCheckpoint,
     DiscardState,
     FailJob,
@@ -50,22 +47,15 @@ from cutline.protocol.coordinator import (
 )
 from cutline.protocol.cut import channel_cuts, check_cut
 from cutline.protocol.registry import SharedStateRegistry
-from cutline.runtime.client import JobEndpoint, SavepointRequest
-from cutline.runtime.control import ControlError, ControlServer, Event
-from cutline.runtime.graph import ExecutionPlan, Operator, subtask_name
-from cutline.runtime.lock import CheckpointDirectoryLock, Owner
-from cutline.runtime.metrics import JobMetrics, MetricsCollector
-from cutline.runtime.operators import SinkLogic
-from cutline.runtime.restore import RestoreError, RestoreSpec, plan_restore
-from cutline.runtime.state import StateConfig
-from cutline.runtime.stats import (
-    STATS_HISTORY,
+from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock, Owner
+from cutline.runtime.checkpoint.restore import RestoreError, RestoreSpec, plan_restore
+from cutline.runtime.checkpoint.stats import (
     CheckpointStats,
     RestartInfo,
     RunInfo,
     SubtaskStats,
 )
-from cutline.runtime.storage import (
+from cutline.runtime.checkpoint.storage import (
     METADATA,
     CheckpointLocation,
     CheckpointMetadata,
@@ -74,239 +64,36 @@ from cutline.runtime.storage import (
     StateHandle,
     StorageError,
 )
-from cutline.runtime.task import PhaseHook, SlotSetup, SourceHold
-from cutline.runtime.verify import verify_checkpoint
-
-LATEST = "latest"
-"""``restore_from=LATEST``: the newest intact complete checkpoint in the job's own checkpoint
-directory: how a job whose driver died resumes."""
+from cutline.runtime.checkpoint.verify import verify_checkpoint
+from cutline.runtime.driver.client import JobEndpoint, SavepointRequest
+from cutline.runtime.driver.config import LATEST, JobConfig, check_host_loss
+from cutline.runtime.driver.metrics import JobMetrics, MetricsCollector
+from cutline.runtime.driver.result import (
+    CheckpointWarning,
+    Failure,
+    JobFailedError,
+    JobInterrupted,
+    JobResult,
+)
+from cutline.runtime.graph import ExecutionPlan, Operator, subtask_name
+from cutline.runtime.network.control import ControlError, ControlServer, Event
+from cutline.runtime.operators import SinkLogic
+from cutline.runtime.task.launch import LaunchedJob, Launcher, SlotSetup
 
 VERIFY_EVERY_CHECKPOINT = bool(os.environ.get("CUTLINE_VERIFY_CHECKPOINTS"))
 """Verify every checkpoint in full (``runtime/verify.py``: every file read, the channel state
 counted) as soon as its metadata is written. The test suite turns it on; failures are kept in
 :data:`VERIFICATION_FAILURES` (and warned about)."""
+
 VERIFICATION_FAILURES: list[str] = []
+
 LOST_GRACE = 0.25
 """Seconds a lost slot waits for another slot's report of the failure that caused it."""
+
 SUBTASK_DETAILS = 100
 """Completed checkpoints whose per-subtask statistics ``JobResult.checkpoints`` keeps."""
+
 VERIFIED_CHECKPOINTS = [0]
-
-
-class JobFailedError(Exception):
-    """The job failed and the restart strategy gave up. The message names the operator, the
-    subtask and the user's traceback when a user function failed."""
-
-    def __init__(self, message: str, failure: Failure | None = None) -> None:
-        super().__init__(message)
-        self.failure = failure
-
-    @property
-    def operator(self) -> str | None:
-        return self.failure.operator if self.failure else None
-
-    @property
-    def subtask(self) -> str | None:
-        return self.failure.subtask if self.failure else None
-
-    @property
-    def user_traceback(self) -> str | None:
-        return self.failure.traceback if self.failure else None
-
-
-class JobInterrupted(KeyboardInterrupt):
-    """The job was interrupted (Ctrl-C): its attempt was cancelled. ``checkpoint`` is the
-    newest checkpoint it completed, from which ``restore_from="latest"`` resumes it."""
-
-    def __init__(self, message: str, checkpoint: int | None) -> None:
-        super().__init__(message)
-        self.checkpoint = checkpoint
-
-
-class CheckpointWarning(UserWarning):
-    """A complete checkpoint was skipped on restore because it is damaged."""
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why an attempt of the job failed."""
-
-    cause: str
-    """``task`` (an exception), ``lost`` (a worker died or stopped answering), ``deadline`` (a
-    slot did not get through a phase of its start or end in time), ``checkpoint`` (too many
-    failed checkpoints), ``launcher`` (Spark itself), ``lock`` (another job took the checkpoint
-    directory over: never restarted)."""
-    message: str
-    subtask: str | None = None
-    operator: str | None = None
-    record: str | None = None
-    traceback: str | None = None
-
-    def describe(self) -> str:
-        where = f"{self.operator} (subtask {self.subtask})" if self.operator else self.subtask
-        text = f"{where}: {self.message}" if where else self.message
-        if self.record is not None:
-            text += f"\n  record: {self.record}"
-        if self.traceback:
-            text += "\n" + self.traceback.rstrip()
-        return text
-
-
-@dataclass
-class JobResult:
-    """What :meth:`JobDriver.run` returns."""
-
-    checkpoints: list[CheckpointStats] = field(default_factory=list)
-    """The completed checkpoints and savepoints, with their statistics (per subtask for the
-    newest :data:`SUBTASK_DETAILS` only, so a long run's result stays small: every
-    checkpoint's are in ``CHECKPOINT_DIR/_stats``)."""
-    aborted: list[tuple[int, str]] = field(default_factory=list)
-    restarts: list[RestartInfo] = field(default_factory=list)
-    collected: dict[str, list[Any]] = field(default_factory=dict)
-    duration: float = 0.0
-    generations: int = 0
-    records_in: dict[str, int] = field(default_factory=dict)
-    """Records each subtask took in, in the last generation."""
-    source_records: dict[int, int] = field(default_factory=dict)
-    """Per generation, the records its source subtasks read (for a failed generation: as last
-    reported, at most a heartbeat before it failed)."""
-    running_seconds: float = 0.0
-    """The last generation's time from every slot running to every slot finished."""
-    savepoints: list[str] = field(default_factory=list)
-    """The folders of the savepoints taken (the last one is where a stopped job resumes)."""
-    restored_from: str | None = None
-    """The checkpoint or savepoint the job started from (``restore_from``)."""
-    hosts: dict[int, dict[str, str]] = field(default_factory=dict)
-    """Per generation, the host (address) each slot ran on: ``{1: {"slot-0": "10.0.0.11",
-    ...}}``."""
-    metrics: JobMetrics | None = None
-    """Records in and out per operator, throughput and backpressure at the end (of the last
-    generation), the last checkpoints and the restarts: what the live progress showed."""
-
-    def __repr__(self) -> str:
-        """A summary (the fields hold kilobytes: statistics per subtask, every record)."""
-        parts = [f"{self.duration:.1f} s", f"{self.generations} generation(s)"]
-        completed = [c for c in self.checkpoints if not c.savepoint]
-        if completed:
-            parts.append(f"{len(completed)} checkpoint(s), the last {completed[-1].checkpoint_id}")
-        if self.savepoints:
-            parts.append(f"savepoints {self.savepoints}")
-        if self.aborted:
-            parts.append(f"{len(self.aborted)} aborted")
-        for restart in self.restarts:
-            cause = restart.cause.splitlines()[0] if restart.cause else "?"
-            parts.append(f"restart after generation {restart.generation}: {reprlib.repr(cause)}")
-        for name, records in self.collected.items():
-            parts.append(f"collected {name!r}: {len(records):,} records")
-        if self.restored_from:
-            parts.append(f"restored from {self.restored_from}")
-        return f"JobResult({'; '.join(parts)})"
-
-    @property
-    def output(self) -> list[Any]:
-        """The records of the job's collect sink (there must be exactly one)."""
-        if len(self.collected) != 1:
-            raise ValueError(
-                f"the job has {len(self.collected)} collect sinks; use result.collected[name]"
-            )
-        return next(iter(self.collected.values()))
-
-
-class LaunchedJob(Protocol):
-    def error(self) -> str | None:
-        """``None`` while running or after success; the failure's text otherwise."""
-        ...
-
-    def cancel(self) -> None: ...
-
-    def wait(self, timeout: float) -> None: ...
-
-
-class Launcher(Protocol):
-    def launch(self, setup: SlotSetup) -> LaunchedJob:
-        """Start one slot per subtask index, each calling ``run_slot(setup, slot, ...)``."""
-        ...
-
-    def driver_host(self) -> str:
-        """The address the slots reach the driver at."""
-        ...
-
-    def wait_for_slots(
-        self, needed: int, hosts: frozenset[str], timeout: float, say: Callable[[str], None]
-    ) -> str | None:
-        """Wait, up to ``timeout`` seconds, until ``needed`` task slots are free at once and
-        every one of ``hosts`` runs an executor again (hosts a failed generation ran on: the
-        ``on_host_loss="wait"`` policy). ``None`` when the job can start (a host that did not
-        come back is then only said, through ``say``); otherwise why it cannot."""
-        ...
-
-
-HOST_LOSS_POLICIES = ("restart", "wait")
-"""After a generation failed: ``restart`` at once on the slots there are (the hosts that remain,
-when they have enough), or ``wait`` (up to ``slot_timeout``) for every host it ran on to be
-back."""
-
-
-def check_host_loss(policy: str) -> str:
-    if policy not in HOST_LOSS_POLICIES:
-        raise ValueError(
-            f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
-            f"not {policy!r}"
-        )
-    return policy
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    parallelism: int
-    checkpoint_dir: str
-    checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
-    storage_options: dict[str, Any] | None = None
-    restart_attempts: int = 3
-    restart_delay: float = 1.0
-    batch_size: int = 65536
-    buffer_capacity: int = 4
-    dead_letter_dir: str | None = None
-    on_error: dict[str, str] = field(default_factory=dict)
-    heartbeat_timeout: float = 30.0
-    collect: dict[str, str] = field(default_factory=dict)
-    """Collect sink name -> its directory (read back when the job ends)."""
-    start_timeout: float = 60.0
-    """Seconds for every slot of a generation to start and reach the driver after the launch,
-    and for their rendezvous to end after the last one did."""
-    restore_timeout: float = 600.0
-    """Seconds for a slot to restore its state, open its operators and connect its outputs."""
-    commit_timeout: float = 120.0
-    """Seconds for every slot to publish and end after the final checkpoint completed."""
-    rate_limits: dict[str, float] = field(default_factory=dict)
-    """Source operator uid -> records per second (see :class:`SlotSetup`)."""
-    hold: SourceHold | None = None
-    """Hold the sources part-way in the first generation (see :class:`SourceHold`)."""
-    phase_hook: PhaseHook | None = None
-    """Called in each slot's process as it enters each phase (fault-injection tests)."""
-    stop_after: float | None = None
-    """Seconds after the job started at which it stops with a final checkpoint: the sources
-    stop reading, everything they read is processed and published (for unbounded sources)."""
-    checkpointing: str = "aligned"
-    """``aligned``, ``unaligned`` or ``at_least_once`` (see :class:`SlotSetup`)."""
-    alignment_timeout: float | None = None
-    """See :class:`SlotSetup`."""
-    state: StateConfig = field(default_factory=StateConfig)
-    restore_from: str | None = None
-    """A checkpoint or savepoint folder (or a checkpoint directory: its newest complete
-    checkpoint) to start from."""
-    allow_non_restored_state: bool = False
-    """Start even if the checkpoint holds state of operators the job does not have."""
-    savepoint_dir: str | None = None
-    """Where savepoints go by default (``CHECKPOINT_DIR/savepoints``)."""
-    stats_history: int = STATS_HISTORY
-    """Checkpoint statistics files kept in ``CHECKPOINT_DIR/_stats`` (the newest)."""
-    slot_timeout: float = 120.0
-    """Seconds each generation waits for its task slots (one per subtask index, all at once)
-    before it fails as a launcher failure (counted as a restart)."""
-    on_host_loss: str = "restart"
-    """One of :data:`HOST_LOSS_POLICIES`."""
-
 
 Listener = Callable[[str, str], None]
 """Called with (kind, message) for what a user may want to see: ``checkpoint`` (``"3 complete
@@ -379,7 +166,7 @@ class JobDriver:
 
     def run(self) -> JobResult:
         """Run the job to its end; :class:`JobFailedError` when it failed for good,
-        :class:`~cutline.runtime.lock.DirectoryLockedError` when another job owns the
+        :class:`~cutline.runtime.checkpoint.lock.DirectoryLockedError` when another job owns the
         checkpoint directory."""
         self.lock = CheckpointDirectoryLock(
             self.config.checkpoint_dir,

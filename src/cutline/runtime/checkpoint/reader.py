@@ -14,9 +14,8 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cutline.runtime.restore import DEAD_LETTERS, STATE_FORMAT
-from cutline.runtime.state import KEYED_FORMAT, MemoryStateBackend, StateError, key_group
-from cutline.runtime.storage import (
+from cutline.runtime.checkpoint.restore import DEAD_LETTERS, STATE_FORMAT
+from cutline.runtime.checkpoint.storage import (
     CheckpointLocation,
     CheckpointMetadata,
     CheckpointStorage,
@@ -24,7 +23,10 @@ from cutline.runtime.storage import (
     StateHandle,
     StorageError,
 )
-from cutline.runtime.wire import Records
+from cutline.runtime.network.wire import Records
+from cutline.runtime.state.backend import KEYED_FORMAT
+from cutline.runtime.state.keygroups import StateError, key_group
+from cutline.runtime.state.memory import MemoryStateBackend
 
 
 class InspectError(Exception):

@@ -28,11 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointMetadata, StateHandle
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
+from cutline.runtime.io.sources import SourceError, merge_offsets
 from cutline.runtime.operators import Adopted, RecordError, SinkLogic
-from cutline.runtime.sources import SourceError, merge_offsets
-from cutline.runtime.state import key_group_range
-from cutline.runtime.storage import CheckpointLocation, CheckpointMetadata, StateHandle
+from cutline.runtime.state.keygroups import key_group_range
 
 STATE_FORMAT = 1
 DEAD_LETTERS = "_dead_letters"

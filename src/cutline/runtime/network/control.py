@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutline.runtime.net import Listener, close_socket
+from cutline.runtime.network.net import Listener, close_socket
 
 MAX_LINE = 1024 * 1024
 TASK_MESSAGES = frozenset(

@@ -56,8 +56,7 @@ from typing import Any
 
 import fsspec
 
-from cutline.runtime.state import SHARED_PREFIX, SegmentRef, StateError
-from cutline.runtime.stats import (
+from cutline.runtime.checkpoint.stats import (
     STATS_FOLDER,
     STATS_HISTORY,
     CheckpointStats,
@@ -70,6 +69,8 @@ from cutline.runtime.stats import (
     history_of,
     stats_file,
 )
+from cutline.runtime.state.keygroups import StateError
+from cutline.runtime.state.segments import SHARED_PREFIX, SegmentRef
 
 METADATA = "_metadata"
 DISCARDING = "_discarding"
@@ -621,7 +622,7 @@ class CheckpointStorage:
 
 
 class _SegmentWriter:
-    """A :class:`~cutline.runtime.state.SegmentStore` that writes one checkpoint's segments."""
+    """A :class:`~cutline.runtime.state.segments.SegmentStore` that writes one checkpoint's segments."""
 
     def __init__(self, storage: CheckpointStorage, checkpoint_id: int) -> None:
         self.storage, self.checkpoint_id = storage, checkpoint_id
@@ -641,7 +642,7 @@ class CheckpointLocation:
     """The folder of one checkpoint or savepoint (anywhere), to read it: its metadata, its
     subtasks' state files and its segments, each checked against what the metadata says.
 
-    It is also the :class:`~cutline.runtime.state.SegmentStore` a restore reads from."""
+    It is also the :class:`~cutline.runtime.state.segments.SegmentStore` a restore reads from."""
 
     def __init__(self, fs: Any, folder: str, where: Any = None) -> None:
         self.fs = fs

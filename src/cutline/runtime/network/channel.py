@@ -3,7 +3,7 @@ overtake the records queued before them.
 
 A subtask's :class:`InputGate` listens on one port for all its input channels.
 Every accepted connection gets a reader thread that decodes frames
-(:mod:`cutline.runtime.wire`) into that channel's queue. The queue has room for
+(:mod:`cutline.runtime.network.wire`) into that channel's queue. The queue has room for
 ``capacity`` records frames, and the sender may send only as many as it holds
 **credits** for: the gate grants ``capacity`` when the channel connects and one
 more each time the subtask consumes a frame. A sender without credit keeps its
@@ -44,9 +44,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from cutline.runtime.frames import FrameSizer
-from cutline.runtime.net import Listener, close_socket
-from cutline.runtime.wire import (
+from cutline.runtime.network.frames import FrameSizer
+from cutline.runtime.network.net import Listener, close_socket
+from cutline.runtime.network.wire import (
     Barrier,
     CreditDecoder,
     EndOfInput,
@@ -397,7 +397,7 @@ class OutputChannel:
         to call from several threads.
 
         While records wait for credit (the receiver is slower), a records frame is cut into
-        frames of a fraction of a second of the receiver's work (:mod:`cutline.runtime.frames`):
+        frames of a fraction of a second of the receiver's work (:mod:`cutline.runtime.network.frames`):
         the records in flight, which a barrier waits behind, stay few however large the
         batches (a simple form of Flink's buffer debloating)."""
         with self._lock:

@@ -1,0 +1,134 @@
+"""What a job returns or raises: :class:`JobResult`, :class:`JobFailedError`,
+:class:`JobInterrupted`.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from cutline.runtime.checkpoint.stats import (
+    CheckpointStats,
+    RestartInfo,
+)
+from cutline.runtime.driver.metrics import JobMetrics
+
+
+class JobFailedError(Exception):
+    """The job failed and the restart strategy gave up. The message names the operator, the
+    subtask and the user's traceback when a user function failed."""
+
+    def __init__(self, message: str, failure: Failure | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+    @property
+    def operator(self) -> str | None:
+        return self.failure.operator if self.failure else None
+
+    @property
+    def subtask(self) -> str | None:
+        return self.failure.subtask if self.failure else None
+
+    @property
+    def user_traceback(self) -> str | None:
+        return self.failure.traceback if self.failure else None
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """The job was interrupted (Ctrl-C): its attempt was cancelled. ``checkpoint`` is the
+    newest checkpoint it completed, from which ``restore_from="latest"`` resumes it."""
+
+    def __init__(self, message: str, checkpoint: int | None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+class CheckpointWarning(UserWarning):
+    """A complete checkpoint was skipped on restore because it is damaged."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why an attempt of the job failed."""
+
+    cause: str
+    """``task`` (an exception), ``lost`` (a worker died or stopped answering), ``deadline`` (a
+    slot did not get through a phase of its start or end in time), ``checkpoint`` (too many
+    failed checkpoints), ``launcher`` (Spark itself), ``lock`` (another job took the checkpoint
+    directory over: never restarted)."""
+    message: str
+    subtask: str | None = None
+    operator: str | None = None
+    record: str | None = None
+    traceback: str | None = None
+
+    def describe(self) -> str:
+        where = f"{self.operator} (subtask {self.subtask})" if self.operator else self.subtask
+        text = f"{where}: {self.message}" if where else self.message
+        if self.record is not None:
+            text += f"\n  record: {self.record}"
+        if self.traceback:
+            text += "\n" + self.traceback.rstrip()
+        return text
+
+
+@dataclass
+class JobResult:
+    """What :meth:`JobDriver.run` returns."""
+
+    checkpoints: list[CheckpointStats] = field(default_factory=list)
+    """The completed checkpoints and savepoints, with their statistics (per subtask for the
+    newest :data:`SUBTASK_DETAILS` only, so a long run's result stays small: every
+    checkpoint's are in ``CHECKPOINT_DIR/_stats``)."""
+    aborted: list[tuple[int, str]] = field(default_factory=list)
+    restarts: list[RestartInfo] = field(default_factory=list)
+    collected: dict[str, list[Any]] = field(default_factory=dict)
+    duration: float = 0.0
+    generations: int = 0
+    records_in: dict[str, int] = field(default_factory=dict)
+    """Records each subtask took in, in the last generation."""
+    source_records: dict[int, int] = field(default_factory=dict)
+    """Per generation, the records its source subtasks read (for a failed generation: as last
+    reported, at most a heartbeat before it failed)."""
+    running_seconds: float = 0.0
+    """The last generation's time from every slot running to every slot finished."""
+    savepoints: list[str] = field(default_factory=list)
+    """The folders of the savepoints taken (the last one is where a stopped job resumes)."""
+    restored_from: str | None = None
+    """The checkpoint or savepoint the job started from (``restore_from``)."""
+    hosts: dict[int, dict[str, str]] = field(default_factory=dict)
+    """Per generation, the host (address) each slot ran on: ``{1: {"slot-0": "10.0.0.11",
+    ...}}``."""
+    metrics: JobMetrics | None = None
+    """Records in and out per operator, throughput and backpressure at the end (of the last
+    generation), the last checkpoints and the restarts: what the live progress showed."""
+
+    def __repr__(self) -> str:
+        """A summary (the fields hold kilobytes: statistics per subtask, every record)."""
+        parts = [f"{self.duration:.1f} s", f"{self.generations} generation(s)"]
+        completed = [c for c in self.checkpoints if not c.savepoint]
+        if completed:
+            parts.append(f"{len(completed)} checkpoint(s), the last {completed[-1].checkpoint_id}")
+        if self.savepoints:
+            parts.append(f"savepoints {self.savepoints}")
+        if self.aborted:
+            parts.append(f"{len(self.aborted)} aborted")
+        for restart in self.restarts:
+            cause = restart.cause.splitlines()[0] if restart.cause else "?"
+            parts.append(f"restart after generation {restart.generation}: {reprlib.repr(cause)}")
+        for name, records in self.collected.items():
+            parts.append(f"collected {name!r}: {len(records):,} records")
+        if self.restored_from:
+            parts.append(f"restored from {self.restored_from}")
+        return f"JobResult({'; '.join(parts)})"
+
+    @property
+    def output(self) -> list[Any]:
+        """The records of the job's collect sink (there must be exactly one)."""
+        if len(self.collected) != 1:
+            raise ValueError(
+                f"the job has {len(self.collected)} collect sinks; use result.collected[name]"
+            )
+        return next(iter(self.collected.values()))

@@ -1,0 +1,194 @@
+"""The slot: one Spark task of the job's barrier stage, running one subtask of every chain."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.network.channel import ChannelError, InputGate
+from cutline.runtime.network.control import ControlClient, ControlError
+from cutline.runtime.task.failures import failure_report
+from cutline.runtime.task.launch import Exchange, SlotSetup
+from cutline.runtime.task.subtask import JOIN_SECONDS, SubtaskRunner
+
+
+def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict[str, Any]:
+    """Run subtask ``slot`` of every chain of ``setup.plan``; return a summary when all ended.
+
+    The slot reaches the driver first and sends heartbeats from then on, from a thread of its
+    own, whatever phase it is in (a frozen process is noticed in any phase); it tells the
+    driver each phase it enters (``phase``), so that the driver can hold each to a deadline."""
+    plan = setup.plan
+    gates: dict[str, InputGate] = {}
+    control: ControlClient | None = None
+    beats: _Heartbeats | None = None
+    runners: list[SubtaskRunner] = []
+    opening: str | None = None
+    try:
+        setup.enter("start", slot)
+        control = ControlClient(
+            setup.driver, f"slot-{slot}", token=setup.token, generation=setup.generation
+        )
+        beats = _Heartbeats(control, runners, setup.heartbeat_interval)
+        control.send("phase", phase="rendezvous", pid=os.getpid(), host=host)
+        setup.enter("rendezvous", slot)
+        for chain in plan.chains:
+            if not chain.is_source:
+                gates[chain.uid] = InputGate(
+                    plan.input_channels(chain, slot),
+                    token=setup.token,
+                    generation=setup.generation,
+                    capacity=setup.buffer_capacity,
+                    back_edges=plan.back_edge_channels(chain, slot),
+                )
+        mine = {"slot": slot, "host": host, "ports": {u: g.port for u, g in gates.items()}}
+        addresses: dict[tuple[int, str], tuple[str, int]] = {}
+        for text in exchange(json.dumps(mine)):
+            other = json.loads(text)
+            for uid, port in other["ports"].items():
+                addresses[(int(other["slot"]), uid)] = (other["host"], int(port))
+        control.send("phase", phase="restore")
+        setup.enter("restore", slot)
+        storage = CheckpointStorage(setup.checkpoint_dir, storage_options=setup.storage_options)
+        for chain in plan.chains:
+            runner = SubtaskRunner(setup, chain, slot, control, storage, gates.get(chain.uid))
+            runners.append(runner)
+            opening = runner.name
+            runner.open()
+        opening = None
+        for runner in runners:
+            runner.connect(addresses)
+        control.send("ready", pid=os.getpid(), host=host)
+        setup.enter("running", slot)
+        return _supervise(setup, slot, control, runners)
+    except BaseException as exc:
+        if control is not None and not any(r.failure for r in runners):
+            with contextlib.suppress(ControlError):
+                report = failure_report(exc, "(opening the subtasks)")
+                control.send("failed", subtask=opening or f"slot-{slot}", **report)
+        raise
+    finally:
+        if beats is not None:
+            beats.stop()
+        for runner in runners:
+            runner.stop()
+            for channel in runner.output_channels():
+                channel.close()
+        for gate in gates.values():
+            gate.close()
+        if control is not None:
+            control.close()
+        # Let the subtask threads end before the slot does, so that none of them still
+        # pre-commits or publishes while the next generation recovers (in a reused worker, or
+        # with the thread launcher). A thread stuck in user code is given up on after a while.
+        deadline = time.monotonic() + JOIN_SECONDS
+        for runner in runners:
+            if runner.thread is not None:
+                runner.thread.join(max(0.0, deadline - time.monotonic()))
+            else:
+                runner.close_operators()  # opened (or half opened) but never ran
+        for runner in runners:  # (queued writes were cancelled: one at most is in progress)
+            runner.wait_for_snapshots(deadline - time.monotonic())
+
+
+class _Heartbeats:
+    """The slot's heartbeats, from a thread of its own: from the moment the slot reached the
+    driver, in every phase, with the subtasks' figures once they run."""
+
+    def __init__(self, control: ControlClient, runners: list[SubtaskRunner], every: float):
+        self._control, self._runners, self._every = control, runners, every
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cutline-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._every):
+            running = [r for r in list(self._runners) if r.thread is not None]
+            try:
+                self._control.send(
+                    "heartbeat",
+                    records_in={r.name: r.records_in for r in running},
+                    metrics=_metrics(running),
+                )
+            except ControlError:
+                return  # the driver is gone: the slot's loop notices it too
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+_CONSEQUENCE_WAIT = 30.0
+"""Seconds a slot whose subtasks failed only because another slot's did (a broken channel)
+keeps its control connection open, so that the driver hears the cause first."""
+
+
+def _supervise(
+    setup: SlotSetup, slot: int, control: ControlClient, runners: list[SubtaskRunner]
+) -> dict[str, Any]:
+    threads = [
+        threading.Thread(target=r.run, name=f"cutline-{r.name}", daemon=True) for r in runners
+    ]
+    for runner, thread in zip(runners, threads, strict=True):
+        runner.thread = thread
+        thread.start()
+    final: int | None = None
+    while any(t.is_alive() for t in threads):
+        failed = [r for r in runners if r.failure is not None]
+        if failed:
+            _failed(control, failed)
+        try:
+            message = control.receive(timeout=0.1)
+        except ControlError:
+            raise RuntimeError("the driver closed the control connection") from None
+        if message is not None and message.get("kind") == "census":
+            # counted here, after the request came: the driver's waves need that order
+            control.send(
+                "census",
+                wave=message.get("wave"),
+                sent=sum(r.records_sent for r in runners),
+                done=sum(r.records_done for r in runners),
+            )
+        elif message is not None:
+            kind = message.get("kind")
+            if kind == "trigger" and message.get("final"):
+                final = int(message.get("checkpoint", -1))
+                setup.enter("final_checkpoint", slot)
+            elif kind == "complete" and final is not None and message.get("checkpoint") == final:
+                setup.enter("commit", slot)
+            for runner in runners:
+                runner.inbox.put(message)
+    failed = [r for r in runners if r.failure is not None]
+    if failed:
+        _failed(control, failed)
+    if any(r.stopped.is_set() for r in runners):
+        return {"stopped": True}
+    summary = {"records_in": {r.name: r.records_in for r in runners}}
+    control.send("finished", **summary, metrics=_metrics(runners))
+    return summary
+
+
+def _failed(control: ControlClient, failed: list[SubtaskRunner]) -> None:
+    """End the slot for its failed subtasks. When every one of them failed only because
+    another slot's did (a channel whose upstream went away), the cause is that slot's: keep
+    this connection open until the driver ends the attempt (up to :data:`_CONSEQUENCE_WAIT`),
+    so that the driver hears the cause before it hears of this slot."""
+    cause = next((r for r in failed if not isinstance(r.failure, ChannelError)), failed[0])
+    if isinstance(cause.failure, ChannelError):
+        deadline = time.monotonic() + _CONSEQUENCE_WAIT
+        with contextlib.suppress(ControlError):
+            while time.monotonic() < deadline:
+                control.receive(timeout=0.1)
+    raise RuntimeError(f"subtask {cause.name} failed: {cause.failure}")
+
+
+def _metrics(runners: list[SubtaskRunner]) -> dict[str, Any]:
+    """The live figures of a heartbeat (``runtime/metrics.py``)."""
+    return {
+        r.name: {"ops": r.operator_records, "backpressured": round(r.backpressured, 4)}
+        for r in runners
+    }
