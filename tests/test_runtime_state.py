@@ -64,9 +64,7 @@ def test_key_group_ranges_partition_the_key_groups(max_parallelism: int, paralle
 
 def test_key_groups_are_the_same_in_every_process() -> None:
     keys = ["k1", "", "ünïcode", 0, -5, 2**70, 1.5, True, None, b"\x00raw", ("a", 1, (None, 2.5))]
-    script = (
-        f"from cutline.runtime.state.keygroups import key_group\nprint([key_group(k, 128) for k in {keys!r}])"
-    )
+    script = f"from cutline.runtime.state.keygroups import key_group\nprint([key_group(k, 128) for k in {keys!r}])"
     outputs = {
         subprocess.run(
             [sys.executable, "-c", script],
