@@ -7,6 +7,7 @@ developer's machine.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -15,11 +16,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
-
-# Every checkpoint a test's job takes is verified in full as soon as it is written (every file
-# read and checked, the channel state counted, the cut checked channel by channel): see
-# runtime/verify.py and the fixture below.
-os.environ["CUTLINE_VERIFY_CHECKPOINTS"] = "1"
 
 settings.register_profile(
     "ci",
@@ -53,38 +49,55 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _verify_every_checkpoint():
+    """Every job of the session verifies each checkpoint it writes (see
+    ``checkpoint_verification.py``), through its ``checkpoint_written`` hook."""
+    from checkpoint_verification import verify_written
+    from cutline.runtime.driver.driver import JobDriver
+
+    original = JobDriver.__init__
+
+    def with_the_hook(self, plan, config, *args, **kwargs):
+        if config.checkpoint_written is None:
+            config = dataclasses.replace(config, checkpoint_written=verify_written)
+        original(self, plan, config, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(JobDriver, "__init__", with_the_hook)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _every_checkpoint_verified():
     """Fail the test if any checkpoint its jobs took failed verification."""
-    from cutline.runtime.driver import driver
+    from checkpoint_verification import FAILURES
 
-    assert driver.VERIFY_EVERY_CHECKPOINT
-    failures = driver.VERIFICATION_FAILURES
-    failures.clear()
+    FAILURES.clear()
     yield
-    assert not failures, "checkpoints failed verification:\n" + "\n".join(failures)
+    assert not FAILURES, "checkpoints failed verification:\n" + "\n".join(FAILURES)
 
 
 def pytest_sessionfinish(session):
     """An xdist worker hands its count of verified checkpoints to the controller."""
-    from cutline.runtime.driver import driver
+    from checkpoint_verification import VERIFIED
 
     if hasattr(session.config, "workeroutput"):
-        session.config.workeroutput["verified_checkpoints"] = driver.VERIFIED_CHECKPOINTS[0]
+        session.config.workeroutput["verified_checkpoints"] = VERIFIED[0]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """(The controller, with pytest-xdist) a worker's verified checkpoints."""
-    from cutline.runtime.driver import driver
+    from checkpoint_verification import VERIFIED
 
-    driver.VERIFIED_CHECKPOINTS[0] += int(node.workeroutput.get("verified_checkpoints", 0))
+    VERIFIED[0] += int(node.workeroutput.get("verified_checkpoints", 0))
 
 
 def pytest_terminal_summary(terminalreporter):
-    from cutline.runtime.driver import driver
+    from checkpoint_verification import VERIFIED
 
     terminalreporter.write_line(
-        f"cutline: {driver.VERIFIED_CHECKPOINTS[0]} checkpoints taken by the tests' jobs were "
+        f"cutline: {VERIFIED[0]} checkpoints taken by the tests' jobs were "
         "verified (files intact, a consistent cut on every channel)"
     )

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+import checkpoint_verification
 from cutline import JobClient, JobResult, SourceHold, StreamEnvironment
 from cutline.runtime.checkpoint.reader import CheckpointReader
 from cutline.runtime.checkpoint.stats import (
@@ -39,7 +40,6 @@ from cutline.runtime.checkpoint.storage import (
     CheckpointStorage,
 )
 from cutline.runtime.checkpoint.verify import verify_checkpoint
-from cutline.runtime.driver import driver
 from cutline.runtime.graph import ExecutionPlan, subtask_name
 from cutline.runtime.network.channel import InputGate, OutputChannel, PriorityBarrier
 from cutline.runtime.network.wire import Barrier, Records
@@ -142,7 +142,7 @@ def run_job(directory: Path, mode: str, spark: Any = None) -> Run:
     env = environment(directory, mode)
     fail = FailOnceAfter(str(marker), str(directory / "failed")) if spark is None else None
     keyed_job(env, 0.02 if spark is None else 0.005, fail)
-    before = len(driver.VERIFICATION_FAILURES)
+    before = len(checkpoint_verification.FAILURES)
     listener = touch_on_checkpoint(marker)
     if spark is not None:
         result = env.execute(spark, listener=listener)
@@ -153,7 +153,7 @@ def run_job(directory: Path, mode: str, spark: Any = None) -> Run:
             hold_sources=SourceHold(records=N // 4),  # half of each source subtask's
         )
     # (run before the per-test fixture that watches the verification: watched here)
-    assert driver.VERIFICATION_FAILURES[before:] == []
+    assert checkpoint_verification.FAILURES[before:] == []
     assert len(result.restarts) == (1 if fail is not None else 0)
     assert sorted(r["count"] for r in result.output if r["key"] == 0)[-1] == N // KEYS
     storage = CheckpointStorage(str(directory / "checkpoints"))

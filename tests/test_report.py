@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from matplotlib.lines import Line2D
 
+import checkpoint_verification
 from cutline import SourceHold, StreamEnvironment
 from cutline.report import (
     TABLE_ROWS,
@@ -38,7 +39,6 @@ from cutline.runtime.checkpoint.stats import (
     stats_file,
 )
 from cutline.runtime.checkpoint.storage import CheckpointStorage
-from cutline.runtime.driver import driver
 from cutline.runtime.task.local import ThreadLauncher
 
 CAUSE_MARK = "injected <boom> & 'failure'"
@@ -132,13 +132,13 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         .sum("value")
         .collect()
     )
-    failures_before = len(driver.VERIFICATION_FAILURES)
+    failures_before = len(checkpoint_verification.FAILURES)
     result = env.execute(
         launcher=ThreadLauncher(),
         listener=mark_checkpoints(marker),
         hold_sources=SourceHold(records=100),  # half of each source subtask's
     )
-    assert driver.VERIFICATION_FAILURES[failures_before:] == []
+    assert checkpoint_verification.FAILURES[failures_before:] == []
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None
     assert result.checkpoints

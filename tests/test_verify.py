@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+import checkpoint_verification
 from cutline import JobClient, SourceHold, StreamEnvironment
 from cutline.api.environment import DataStream
 from cutline.examples.connected_components import (
@@ -42,7 +43,6 @@ from cutline.runtime.checkpoint.storage import (
     CheckpointStorage,
 )
 from cutline.runtime.checkpoint.verify import Verification, verify_checkpoint
-from cutline.runtime.driver import driver
 from cutline.runtime.task.local import ThreadLauncher
 from test_checkpoint_stats import N, environment, keyed_job
 from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
@@ -109,9 +109,9 @@ def run(directory: Path, job: str) -> Directory:
         hold = SourceHold(records=N // 4)
         env = environment(directory, job)
         keyed_job(env, 0.02, None)
-    before = len(driver.VERIFICATION_FAILURES)
+    before = len(checkpoint_verification.FAILURES)
     result = env.execute(launcher=ThreadLauncher(), hold_sources=hold)
-    assert driver.VERIFICATION_FAILURES[before:] == []  # (the driver verified them too)
+    assert checkpoint_verification.FAILURES[before:] == []  # (the driver verified them too)
     if job.startswith("loop-"):
         labels: dict[int, int] = {}
         for r in result.output:

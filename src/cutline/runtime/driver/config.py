@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutline.protocol.coordinator import (
-    CheckpointSettings,
-)
-from cutline.runtime.checkpoint.stats import (
-    STATS_HISTORY,
-)
+from cutline.protocol.coordinator import CheckpointSettings
+from cutline.runtime.checkpoint.stats import STATS_HISTORY
+from cutline.runtime.checkpoint.storage import CheckpointLocation
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.task.launch import PhaseHook, SourceHold
 
@@ -83,3 +81,8 @@ class JobConfig:
     before it fails as a launcher failure (counted as a restart)."""
     on_host_loss: str = "restart"
     """One of :data:`HOST_LOSS_POLICIES`."""
+    checkpoint_written: Callable[[int, CheckpointLocation], None] | None = None
+    """Called on the driver with each checkpoint's (or savepoint's) id and location once its
+    metadata is written, before it is declared complete: a hook for checks of one's own (the
+    test suite verifies every checkpoint in full with it, ``runtime/checkpoint/verify.py``).
+    What it raises fails the job."""

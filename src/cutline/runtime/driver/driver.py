@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import pickle
 import queue
 import secrets
@@ -64,7 +63,6 @@ from cutline.runtime.checkpoint.storage import (
     StateHandle,
     StorageError,
 )
-from cutline.runtime.checkpoint.verify import verify_checkpoint
 from cutline.runtime.driver.client import JobEndpoint, SavepointRequest
 from cutline.runtime.driver.config import LATEST, JobConfig, check_host_loss
 from cutline.runtime.driver.metrics import JobMetrics, MetricsCollector
@@ -80,20 +78,12 @@ from cutline.runtime.network.control import ControlError, ControlServer, Event
 from cutline.runtime.operators import SinkLogic
 from cutline.runtime.task.launch import LaunchedJob, Launcher, SlotSetup
 
-VERIFY_EVERY_CHECKPOINT = bool(os.environ.get("CUTLINE_VERIFY_CHECKPOINTS"))
-"""Verify every checkpoint in full (``runtime/verify.py``: every file read, the channel state
-counted) as soon as its metadata is written. The test suite turns it on; failures are kept in
-:data:`VERIFICATION_FAILURES` (and warned about)."""
-
-VERIFICATION_FAILURES: list[str] = []
-
 LOST_GRACE = 0.25
 """Seconds a lost slot waits for another slot's report of the failure that caused it."""
 
 SUBTASK_DETAILS = 100
 """Completed checkpoints whose per-subtask statistics ``JobResult.checkpoints`` keeps."""
 
-VERIFIED_CHECKPOINTS = [0]
 
 Listener = Callable[[str, str], None]
 """Called with (kind, message) for what a user may want to see: ``checkpoint`` (``"3 complete
@@ -1212,8 +1202,15 @@ class _Attempt:
                     storage.remove_folder(target)
             self._do(self.coordinator.metadata_failed(n, str(exc), now))
             return
-        if VERIFY_EVERY_CHECKPOINT:
-            self._verify(n, target)
+        hook = self.driver.config.checkpoint_written
+        if hook is not None:
+            storage = self.driver.storage
+            hook(
+                n,
+                CheckpointLocation(storage.fs, target, storage.url_of)
+                if target is not None
+                else storage.location(n),
+            )
         registry = self.driver.registry
         if target is not None:
             self.driver._delete_shared(registry.settled(n))
@@ -1238,24 +1235,6 @@ class _Attempt:
                 driver.storage.discard(old)
             if old in driver.registry.retained:
                 driver._delete_shared(driver.registry.discarded(old))
-
-    def _verify(self, checkpoint: int, target: str | None) -> None:
-        """Verify a checkpoint just written, in full (the test suite does, for every one)."""
-        storage = self.driver.storage
-        location = (
-            CheckpointLocation(storage.fs, target, storage.url_of)
-            if target is not None
-            else storage.location(checkpoint)
-        )
-        try:
-            verification = verify_checkpoint(location, checkpoint)
-        except StorageError as exc:
-            VERIFICATION_FAILURES.append(f"checkpoint {checkpoint} could not be read: {exc}")
-            return
-        VERIFIED_CHECKPOINTS[0] += 1
-        if not verification.ok:
-            VERIFICATION_FAILURES.append(verification.summary())
-            self.driver.listener("warning", verification.summary())
 
     def _broadcast(self, kind: str, **body: Any) -> None:
         for slot in sorted(self.slots):
