@@ -883,7 +883,7 @@ def read_channel_state(
     reader = options.open()
     for subtask in _channel_subtasks(reader):  # read them here: a damaged one fails cleanly
         with _readable(f"{reader.location.url} ({subtask})"):
-            reader.payload(subtask)
+            reader.state_file(subtask)
     register(spark)
     return (
         spark.read.format(FORMAT)

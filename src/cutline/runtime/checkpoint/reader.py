@@ -9,12 +9,11 @@ checked against the metadata's size and digest. The CLI (``cutline checkpoints s
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cutline.runtime.checkpoint.restore import DEAD_LETTERS, STATE_FORMAT
+from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import (
     CheckpointLocation,
     CheckpointMetadata,
@@ -123,7 +122,7 @@ class CheckpointReader:
             self.metadata: CheckpointMetadata = location.read_metadata(checkpoint_id)
         except CorruptCheckpointError as exc:
             raise InspectError(str(exc)) from None
-        self._payloads: dict[str, dict[str, Any]] = {}
+        self._state_files: dict[str, SubtaskState] = {}
 
     @property
     def checkpoint_id(self) -> int:
@@ -143,23 +142,12 @@ class CheckpointReader:
                 result.setdefault(uid, str(names.get(uid, uid)))
         return result
 
-    def payload(self, subtask: str) -> dict[str, Any]:
+    def state_file(self, subtask: str) -> SubtaskState:
         """The decoded state file of ``subtask`` (the last one read is kept)."""
-        if subtask not in self._payloads:
-            handle = self._handle(subtask)
-            data = self.location.read_state(handle)
-            try:
-                payload = pickle.loads(data)
-            except Exception as exc:
-                raise CorruptCheckpointError(
-                    f"the state file of {subtask} cannot be read: {type(exc).__name__}: {exc}"
-                ) from None
-            if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
-                raise CorruptCheckpointError(
-                    f"the state file of {subtask} was not written by this version of cutline"
-                )
-            self._payloads = {subtask: payload}
-        return self._payloads[subtask]
+        if subtask not in self._state_files:
+            data = self.location.read_state(self._handle(subtask))
+            self._state_files = {subtask: SubtaskState.decode(data, subtask)}
+        return self._state_files[subtask]
 
     def operators(self) -> list[OperatorState]:
         """Every operator with state in the checkpoint (reads each subtask's state file)."""
@@ -181,14 +169,14 @@ class CheckpointReader:
                 size = sum(
                     segments.get(ref["path"], 0)
                     for s in subtasks
-                    for ref in self.payload(s)["operators"][uid]["chain"]
+                    for ref in self.state_file(s).operators[uid]["chain"]
                 )
             result.append(OperatorState(uid, names.get(uid, uid), kind, tuple(subtasks), size))
         return sorted(result, key=lambda o: list(names).index(o.uid) if o.uid in names else 1 << 30)
 
     def _guess_kind(self, subtask: str, uid: str) -> str:
         """The kind of an operator's state, from the state (checkpoints without kinds)."""
-        part = self.payload(subtask)["operators"].get(uid)
+        part = self.state_file(subtask).operators.get(uid)
         if isinstance(part, dict) and part.get("keyed") is not None:
             return "keyed"
         if isinstance(part, dict) and ("splits" in part or "rows" in part):
@@ -234,7 +222,7 @@ class CheckpointReader:
 
     def keyed_entries_of(self, subtask: str, uid: str) -> Iterator[KeyedEntry]:
         """The keyed state of operator ``uid`` in ``subtask``'s part of the checkpoint."""
-        part = self.payload(subtask)["operators"].get(uid)
+        part = self.state_file(subtask).operators.get(uid)
         if not isinstance(part, dict) or part.get("keyed") != KEYED_FORMAT:
             raise InspectError(f"{subtask} holds no keyed state of {uid!r}")
         start, stop = part["key_groups"]
@@ -264,9 +252,9 @@ class CheckpointReader:
         for name in names:
             if not self.handles[name].channel_state:
                 continue
-            channels = self.payload(name).get("channels") or {}
-            for side, key in (("input", "inputs"), ("output", "outputs")):
-                for channel, batches in sorted(channels.get(key, {}).items()):
+            state = self.state_file(name)
+            for side, recorded in (("input", state.inputs), ("output", state.outputs)):
+                for channel, batches in sorted(recorded.items()):
                     position = 0
                     for batch in batches:
                         for record in _records(batch):
@@ -278,17 +266,16 @@ class CheckpointReader:
         state file."""
         if not self._handle(subtask).channel_state:
             return {}, {}
-        channels = self.payload(subtask).get("channels") or {}
-        counted = []
-        for key in ("inputs", "outputs"):
-            counted.append(
-                {
-                    str(c): sum(len(Records(b)) for b in batches)
-                    for c, batches in channels.get(key, {}).items()
-                    if batches
-                }
-            )
-        return counted[0], counted[1]
+        state = self.state_file(subtask)
+        inputs, outputs = (
+            {
+                str(c): sum(len(Records(b)) for b in batches)
+                for c, batches in side.items()
+                if batches
+            }
+            for side in (state.inputs, state.outputs)
+        )
+        return inputs, outputs
 
 
 def _records(batch: Any) -> Iterator[Any]:

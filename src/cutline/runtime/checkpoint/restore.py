@@ -23,20 +23,16 @@ channel state       only at the same parallelism (records in flight belong to ch
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointMetadata, StateHandle
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.io.sources import SourceError, merge_offsets
 from cutline.runtime.operators import Adopted, RecordError, SinkLogic
 from cutline.runtime.state.keygroups import key_group_range
-
-STATE_FORMAT = 1
-DEAD_LETTERS = "_dead_letters"
-"""The name the dead-letter output's state goes under in a subtask's state file."""
 
 
 class RestoreError(ValueError):
@@ -139,14 +135,11 @@ def gather(
 ) -> Gathered:
     """Read what subtask ``index`` of ``chain`` restores from the previous run's files."""
     handles = {name: StateHandle.from_dict(h) for name, h in spec.handles.items()}
-    files: dict[str, dict[str, Any]] = {}
+    files: dict[str, SubtaskState] = {}
 
-    def payload(name: str) -> dict[str, Any]:
+    def state_of(name: str) -> SubtaskState:
         if name not in files:
-            data = pickle.loads(location.read_state(handles[name]))
-            if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
-                raise RecordError(f"the state of {name} was written by another version")
-            files[name] = data
+            files[name] = SubtaskState.decode(location.read_state(handles[name]), name)
         return files[name]
 
     same = spec.parallelism == plan.parallelism
@@ -164,11 +157,11 @@ def gather(
         if op.is_source:
             if same:
                 names = holders(uid, lambda n: _index(n) == index)
-                offsets = [payload(n)["operators"][uid] for n in names]
+                offsets = [state_of(n).operators[uid] for n in names]
                 if offsets:
                     gathered.parts[uid] = offsets[0]
             else:
-                offsets = [payload(n)["operators"][uid] for n in holders(uid)]
+                offsets = [state_of(n).operators[uid] for n in holders(uid)]
                 if offsets:
                     try:
                         gathered.parts[uid] = merge_offsets(offsets)
@@ -181,7 +174,7 @@ def gather(
                     key_group_range(_index(n), spec.parallelism, plan.max_parallelism), mine
                 ),
             )
-            parts = [payload(n)["operators"][uid] for n in overlapping]
+            parts = [state_of(n).operators[uid] for n in overlapping]
             if any(not (isinstance(p, dict) and "keyed" in p) for p in parts):
                 raise RecordError(
                     f"operator {op.name} is keyed in this job, but its state in the checkpoint "
@@ -190,7 +183,7 @@ def gather(
             if parts:
                 gathered.parts[uid] = parts
         elif isinstance(op.logic, SinkLogic):
-            _adopt(gathered, uid, holders(uid), payload, same, index, plan.parallelism)
+            _adopt(gathered, uid, holders(uid), state_of, same, index, plan.parallelism)
         else:
             names = holders(uid, lambda n: _index(n) == index) if same else holders(uid)
             if names and not same:
@@ -199,7 +192,7 @@ def gather(
                     "parallelism"
                 )
             if names:
-                part = payload(names[0])["operators"][uid]
+                part = state_of(names[0]).operators[uid]
                 if isinstance(part, dict) and "keyed" in part:
                     raise RecordError(
                         f"operator {op.name} has keyed state in the checkpoint but is not keyed "
@@ -207,12 +200,11 @@ def gather(
                     )
                 gathered.parts[uid] = part
     dead = holders(DEAD_LETTERS, lambda n: n.rsplit("-", 1)[0] == chain.uid)
-    _adopt(gathered, DEAD_LETTERS, dead, payload, same, index, plan.parallelism)
+    _adopt(gathered, DEAD_LETTERS, dead, state_of, same, index, plan.parallelism)
     own = subtask_name(chain.uid, index)
     if same and own in handles and handles[own].channel_state:
-        channels = payload(own).get("channels") or {}
-        gathered.inputs = channels.get("inputs", {})
-        gathered.outputs = channels.get("outputs", {})
+        gathered.inputs = state_of(own).inputs
+        gathered.outputs = state_of(own).outputs
     return gathered
 
 
@@ -224,7 +216,7 @@ def _adopt(
     gathered: Gathered,
     uid: str,
     names: list[str],
-    payload: Callable[[str], dict[str, Any]],
+    state_of: Callable[[str], SubtaskState],
     same: bool,
     index: int,
     parallelism: int,
@@ -233,10 +225,10 @@ def _adopt(
     if same:
         for name in names:
             if _index(name) == index:
-                gathered.parts[uid] = payload(name)["operators"][uid]
+                gathered.parts[uid] = state_of(name).operators[uid]
         return
     adopted = {
-        _index(n): payload(n)["operators"][uid] for n in names if _index(n) % parallelism == index
+        _index(n): state_of(n).operators[uid] for n in names if _index(n) % parallelism == index
     }
     if adopted:
         gathered.parts[uid] = Adopted(adopted)

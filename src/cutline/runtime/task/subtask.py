@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import pickle
 import queue
 import secrets
 import threading
@@ -50,7 +49,8 @@ from cutline.protocol.alignment import (
     SnapshotState,
 )
 from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
-from cutline.runtime.checkpoint.restore import DEAD_LETTERS, STATE_FORMAT, gather
+from cutline.runtime.checkpoint.restore import gather
+from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointStorage
 from cutline.runtime.graph import Chain, subtask_name
 from cutline.runtime.io.sinks import FileSink, PreCommit
@@ -843,14 +843,9 @@ class SubtaskRunner:
                         self._fail_from_snapshot_thread(uid, exc)
                         return
                 state[uid] = part
-            payload: dict[str, Any] = {"format": STATE_FORMAT, "operators": state}
-            channel_bytes = 0
-            if taking.inputs or taking.outputs:
-                payload["channels"] = {"inputs": taking.inputs, "outputs": taking.outputs}
-                channel_bytes = len(
-                    pickle.dumps(payload["channels"], protocol=pickle.HIGHEST_PROTOCOL)
-                )
-            data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+            written = SubtaskState(state, taking.inputs, taking.outputs)
+            channel_bytes = written.channel_state_bytes()
+            data = written.encode()
             counts = taking.channel_counts()
             handle = self.storage.write_state(checkpoint_id, self.name, self.setup.generation, data)
             handle = dataclasses.replace(
