@@ -11,7 +11,17 @@ from collections.abc import Callable
 
 import pytest
 
-from cutline.runtime.network.control import ControlClient, ControlError, ControlServer, Event
+from cutline.runtime.network.control import ControlClient, ControlServer, Event
+from cutline.runtime.network.messages import (
+    Ack,
+    Complete,
+    ControlError,
+    Decline,
+    Finished,
+    Lost,
+    Stop,
+    Trigger,
+)
 
 TOKEN = b"0123abcd"
 WAIT = 30.0  # a bound against a hang only
@@ -34,26 +44,23 @@ def test_messages_flow_both_ways() -> None:
             ControlClient(address(server), "source-0", token=TOKEN, generation=2) as source,
             ControlClient(address(server), "sum-0", token=TOKEN, generation=2) as total,
         ):
-            source.send("ack", checkpoint=1, handle={"path": "g2-source-0.state", "size": 3})
-            assert server.next_event(WAIT) == Event(
-                "source-0",
-                "ack",
-                {"checkpoint": 1, "handle": {"path": "g2-source-0.state", "size": 3}},
-            )
+            ack = Ack("source-0", 1, {"path": "g2-source-0.state", "size": 3}, alignment=0.5)
+            source.send(ack)
+            assert server.next_event(WAIT) == Event("source-0", ack)
             wait_until(lambda: server.connected == {"source-0", "sum-0"})
-            server.send("source-0", "trigger", checkpoint=2, final=False)
-            assert source.receive(WAIT) == {"kind": "trigger", "checkpoint": 2, "final": False}
-            server.broadcast("complete", checkpoint=1)
-            assert source.receive(WAIT) == {"kind": "complete", "checkpoint": 1}
-            assert total.receive(WAIT) == {"kind": "complete", "checkpoint": 1}
-            total.send("decline", checkpoint=2, reason="alignment aborted")
+            server.send("source-0", Trigger(2, base=1))
+            assert source.receive(WAIT) == Trigger(2, final=False, savepoint=False, base=1)
+            server.broadcast(Complete(1))
+            assert source.receive(WAIT) == Complete(1)
+            assert total.receive(WAIT) == Complete(1)
+            total.send(Decline("sum-0", 2, "alignment aborted"))
             assert server.next_event(WAIT) == Event(
-                "sum-0", "decline", {"checkpoint": 2, "reason": "alignment aborted"}
+                "sum-0", Decline("sum-0", 2, "alignment aborted")
             )
-            source.send("finished")
-            total.send("finished")
+            source.send(Finished({}, {}))
+            total.send(Finished({"sum-0": 3}, {}))
             got = [server.next_event(WAIT) for _ in range(2)]
-            assert sorted((e.task, e.kind) for e in got if e) == [
+            assert sorted((e.task, e.message.kind) for e in got if e) == [
                 ("source-0", "finished"),
                 ("sum-0", "finished"),
             ]
@@ -64,13 +71,13 @@ def test_messages_flow_both_ways() -> None:
 def test_a_task_that_disappears_is_reported_lost() -> None:
     with ControlServer(["t"], token=TOKEN, generation=0) as server:
         client = ControlClient(address(server), "t", token=TOKEN, generation=0)
-        client.send("ack", checkpoint=1, handle={})
+        client.send(Ack("t", 1, {}))
         client.close()  # e.g. its Python worker was killed
-        assert server.next_event(WAIT) == Event("t", "ack", {"checkpoint": 1, "handle": {}})
+        assert server.next_event(WAIT) == Event("t", Ack("t", 1, {}))
         event = server.next_event(WAIT)
-        assert event is not None and (event.task, event.kind) == ("t", "lost")
+        assert event is not None and event.task == "t" and isinstance(event.message, Lost)
         with pytest.raises(ControlError, match="'t' is not connected"):
-            server.send("t", "stop")
+            server.send("t", Stop())
 
 
 @pytest.mark.parametrize(
@@ -108,19 +115,38 @@ def test_garbage_from_a_task_loses_it_with_the_reason() -> None:
         conn.sendall(b'{"kind":"hello","task":"t","generation":0,"token":"0123abcd"}\n')
         conn.sendall(b"this is not json\n")
         event = server.next_event(WAIT)
-        assert event == Event("t", "lost", {"reason": "a control message is not JSON"})
+        assert event == Event("t", Lost("a control message is not JSON"))
         conn.close()
 
 
-def test_only_known_message_kinds_are_sent() -> None:
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b'{"kind":"trigger","checkpoint":1}', "task 't' sent an unknown message 'trigger'"),
+        (b'{"kind":"ack","subtask":"s","handle":{}}', "an 'ack' message without 'checkpoint'"),
+        (
+            b'{"kind":"ack","subtask":"s","checkpoint":"1","handle":{}}',
+            "an 'ack' message whose 'checkpoint' is '1', not int",
+        ),
+        (
+            b'{"kind":"decline","subtask":"s","checkpoint":true,"reason":"x"}',
+            "a 'decline' message whose 'checkpoint' is True, not int",
+        ),
+        (b'{"kind":"finished","records_in":[],"metrics":{}}', "'records_in' is [], not dict"),
+    ],
+)
+def test_a_message_of_the_wrong_side_or_shape_loses_the_task_naming_it(
+    line: bytes, reason: str
+) -> None:
     with ControlServer(["t"], token=TOKEN, generation=0) as server:
-        with pytest.raises(ValueError, match="'ack' is not a driver message"):
-            server.send("t", "ack")
-        with (
-            ControlClient(address(server), "t", token=TOKEN, generation=0) as client,
-            pytest.raises(ValueError, match="'trigger' is not a task message"),
-        ):
-            client.send("trigger")
+        conn = socket.create_connection(address(server))
+        conn.sendall(
+            b'{"kind":"hello","task":"t","generation":0,"token":"0123abcd"}\n' + line + b"\n"
+        )
+        event = server.next_event(WAIT)
+        assert event is not None and isinstance(event.message, Lost), event
+        assert reason in event.message.reason
+        conn.close()
 
 
 def test_an_unreachable_driver_is_named() -> None:
@@ -136,12 +162,12 @@ def test_a_task_lost_for_garbage_can_connect_again() -> None:
         conn = socket.create_connection(address(server))
         conn.sendall(b'{"kind":"hello","task":"t","generation":0,"token":"0123abcd"}\nnot json\n')
         event = server.next_event(WAIT)
-        assert event is not None and event.kind == "lost"
+        assert event is not None and isinstance(event.message, Lost)
         conn.close()
         wait_until(lambda: server.connected == frozenset())
         with ControlClient(address(server), "t", token=TOKEN, generation=0) as again:
-            again.send("finished")
-            assert server.next_event(WAIT) == Event("t", "finished")
+            again.send(Finished({}, {}))
+            assert server.next_event(WAIT) == Event("t", Finished({}, {}))
 
 
 def test_concurrent_sends_from_a_task_stay_whole() -> None:
@@ -150,7 +176,7 @@ def test_concurrent_sends_from_a_task_stay_whole() -> None:
 
         def send(name: str) -> None:
             for k in range(50):
-                client.send("ack", checkpoint=k, handle={"who": name, "pad": "x" * 200_000})
+                client.send(Ack("t", k, {"who": name, "pad": "x" * 200_000}))
 
         threads = [threading.Thread(target=send, args=(n,)) for n in "pq"]
         for t in threads:
@@ -158,11 +184,10 @@ def test_concurrent_sends_from_a_task_stay_whole() -> None:
         got = [server.next_event(WAIT) for _ in range(100)]
         for t in threads:
             t.join(WAIT)
-        assert all(e is not None and e.kind == "ack" for e in got)
+        acks = [e.message for e in got if e is not None and isinstance(e.message, Ack)]
+        assert len(acks) == 100
         for name in "pq":
-            assert [
-                e.body["checkpoint"] for e in got if e and e.body["handle"]["who"] == name
-            ] == list(range(50))
+            assert [a.checkpoint for a in acks if a.handle["who"] == name] == list(range(50))
         client.close()
 
 

@@ -30,7 +30,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, assert_never
 
 import fsspec
 
@@ -74,7 +74,27 @@ from cutline.runtime.driver.result import (
     JobResult,
 )
 from cutline.runtime.graph import ExecutionPlan, Operator, subtask_name
-from cutline.runtime.network.control import ControlError, ControlServer, Event
+from cutline.runtime.network.control import ControlServer, Event
+from cutline.runtime.network.messages import (
+    Abort,
+    Ack,
+    Census,
+    CensusCount,
+    Complete,
+    ControlError,
+    Decline,
+    Drain,
+    DriverMessage,
+    Exhausted,
+    Failed,
+    Finished,
+    Heartbeat,
+    Lost,
+    Phase,
+    Ready,
+    Release,
+    Trigger,
+)
 from cutline.runtime.operators import SinkLogic
 from cutline.runtime.task.launch import LaunchedJob, Launcher, SlotSetup
 
@@ -622,7 +642,7 @@ class _Attempt:
                         self._trigger_final(now)
                     elif not self.draining:  # the sources stop; the final checkpoint waits
                         self.draining = True  # for the loops to be quiet
-                        self._broadcast("drain")
+                        self._broadcast(Drain())
                 if self.census_due is not None and now >= self.census_due:
                     self._census(now)
                 # as in Flink, the first periodic checkpoint comes one interval after the start
@@ -648,7 +668,7 @@ class _Attempt:
             event = self.server.next_event(timeout=max(0.0, deadline - self.now()))
             if event is None:
                 return
-            if event.kind == "failed" and event.body.get("cause") != "channel":
+            if isinstance(event.message, Failed) and event.message.cause != "channel":
                 self._on_event(event)
 
     def _late(self, now: float) -> Failure | None:
@@ -773,7 +793,7 @@ class _Attempt:
         deadline = self.now() + 2.0
         while self.failure is None and self.now() < deadline:
             event = self.server.next_event(timeout=0.1)
-            if event is not None and event.kind in ("failed", "lost"):
+            if event is not None and isinstance(event.message, Failed | Lost):
                 self._on_event(event)
         if self.failure is not None:
             return self.failure
@@ -782,114 +802,112 @@ class _Attempt:
     # ----------------------------------------------------------------- events
 
     def _on_event(self, event: Event) -> None:
-        body, kind, now = event.body, event.kind, self.now()
-        self.last_beat[event.task] = now
-        if kind == "phase":
-            self.phases[event.task] = (str(body.get("phase")), now)
-            if "host" in body:
-                self.driver.result.hosts.setdefault(self.generation, {})[event.task] = str(
-                    body.get("host", "")
-                )
-        elif kind == "ready":
-            self.phases[event.task] = ("running", now)
-            self.ready[event.task] = int(body.get("pid", 0))
-            self.driver.result.hosts.setdefault(self.generation, {})[event.task] = str(
-                body.get("host", "")
-            )
-            if len(self.ready) == len(self.slots):
-                self.ready_at = now
-                hosts = self.driver.result.hosts.get(self.generation, {})
-                self.driver.listener("running", running_message(self.generation, hosts))
-                if self.driver.on_ready is not None:
-                    self.driver.on_ready(self.generation, dict(self.ready))
-        elif kind == "exhausted":
-            self.exhausted.add(str(body["subtask"]))
-            if self.exhausted >= self.sources and self.final is None:
-                if self.driver.plan.has_loops:
-                    self.census_due = now  # the final checkpoint waits for the loops to be quiet
-                else:
-                    self._trigger_final(now)
-        elif kind == "census":
-            self._on_census(event.task, body, now)
-        elif kind == "ack":
-            checkpoint = int(body["checkpoint"])
-            self._subtask_acknowledged(checkpoint, body, now)
-            self._do(
-                self.coordinator.acknowledge(
-                    int(body["checkpoint"]), str(body["subtask"]), dict(body["handle"]), now
-                )
-            )
-        elif kind == "decline":
-            self._do(
-                self.coordinator.decline(
-                    int(body["checkpoint"]), str(body["subtask"]), str(body["reason"]), now
-                )
-            )
-        elif kind == "failed":
-            if body.get("cause") == "channel":
-                # a consequence: an upstream subtask died; its own report (or its lost
-                # connection) is the cause, and comes a moment later
-                if self.consequence is None:
-                    self.consequence = Failure(
-                        "lost", str(body.get("error")), subtask=str(body.get("subtask"))
+        message, slot, now = event.message, event.task, self.now()
+        self.last_beat[slot] = now
+        hosts = self.driver.result.hosts
+        match message:
+            case Phase():
+                self.phases[slot] = (message.phase, now)
+                if message.host is not None:
+                    hosts.setdefault(self.generation, {})[slot] = message.host
+            case Ready():
+                self.phases[slot] = ("running", now)
+                self.ready[slot] = message.pid
+                hosts.setdefault(self.generation, {})[slot] = message.host
+                if len(self.ready) == len(self.slots):
+                    self.ready_at = now
+                    on_hosts = hosts.get(self.generation, {})
+                    self.driver.listener("running", running_message(self.generation, on_hosts))
+                    if self.driver.on_ready is not None:
+                        self.driver.on_ready(self.generation, dict(self.ready))
+            case Exhausted():
+                self.exhausted.add(message.subtask)
+                if self.exhausted >= self.sources and self.final is None:
+                    if self.driver.plan.has_loops:
+                        self.census_due = now  # the final checkpoint waits for quiet loops
+                    else:
+                        self._trigger_final(now)
+            case CensusCount():
+                self._on_census(slot, message, now)
+            case Ack():
+                self._subtask_acknowledged(message, now)
+                self._do(
+                    self.coordinator.acknowledge(
+                        message.checkpoint, message.subtask, message.handle, now
                     )
-                    self.consequence_at = now
-            elif self.failure is None or self.failure.cause != "task":
-                self.failure = Failure(
-                    "task",
-                    str(body.get("error")),
-                    subtask=str(body.get("subtask")),
-                    operator=body.get("operator"),
-                    record=body.get("record"),
-                    traceback=body.get("traceback"),
                 )
-        elif kind == "lost":
-            if event.task not in self.finished and self.failure is None:
-                self.failure = Failure(
-                    "lost",
-                    f"lost{self._on_host(event.task)}: {body.get('reason')} (the worker "
-                    "process or its host died, or its connection broke)",
-                    subtask=event.task,
+            case Decline():
+                self._do(
+                    self.coordinator.decline(
+                        message.checkpoint, message.subtask, message.reason, now
+                    )
                 )
-        elif kind in ("finished", "heartbeat"):
-            self.records_in.update(body.get("records_in", {}))
-            with contextlib.suppress(TypeError, ValueError, KeyError, IndexError):
-                self.driver.metrics.heartbeat(dict(body.get("metrics") or {}), now)
-            self.driver.result.source_records[self.generation] = sum(
-                n for s, n in self.records_in.items() if s in self.sources
-            )
-            if kind == "finished":
-                self.finished.add(event.task)
-                if len(self.finished) == len(self.slots) and self.ready_at is not None:
-                    self.driver.result.running_seconds = now - self.ready_at
+            case Failed():
+                if message.cause == "channel":
+                    # a consequence: an upstream subtask died; its own report (or its lost
+                    # connection) is the cause, and comes a moment later
+                    if self.consequence is None:
+                        self.consequence = Failure("lost", message.error, subtask=message.subtask)
+                        self.consequence_at = now
+                elif self.failure is None or self.failure.cause != "task":
+                    self.failure = Failure(
+                        "task",
+                        message.error,
+                        subtask=message.subtask,
+                        operator=message.operator,
+                        record=message.record,
+                        traceback=message.traceback,
+                    )
+            case Lost():
+                if slot not in self.finished and self.failure is None:
+                    self.failure = Failure(
+                        "lost",
+                        f"lost{self._on_host(slot)}: {message.reason} (the worker "
+                        "process or its host died, or its connection broke)",
+                        subtask=slot,
+                    )
+            case Heartbeat() | Finished():
+                self.records_in.update(message.records_in)
+                with contextlib.suppress(TypeError, ValueError, KeyError, IndexError):
+                    self.driver.metrics.heartbeat(message.metrics, now)
+                self.driver.result.source_records[self.generation] = sum(
+                    n for s, n in self.records_in.items() if s in self.sources
+                )
+                if isinstance(message, Finished):
+                    self.finished.add(slot)
+                    if len(self.finished) == len(self.slots) and self.ready_at is not None:
+                        self.driver.result.running_seconds = now - self.ready_at
+            case _:
+                assert_never(message)
 
-    def _subtask_acknowledged(self, checkpoint: int, body: dict[str, Any], now: float) -> None:
+    def _subtask_acknowledged(self, ack: Ack, now: float) -> None:
         """Keep the statistics of one subtask's acknowledgement of a checkpoint in flight."""
+        checkpoint = ack.checkpoint
         triggered = self.triggered_at.get(checkpoint)
         wall = self.trigger_wall.get(checkpoint)
         if triggered is None or wall is None:
             return  # a late acknowledgement
         with contextlib.suppress(KeyError, TypeError, ValueError):
-            stats = dict(body.get("stats") or {})
-            handle = StateHandle.from_dict(body["handle"])
+            stats = ack.stats
+            handle = StateHandle.from_dict(ack.handle)
 
             def after(at: Any) -> float:
                 return float(at) - wall
 
             forwarded = stats.get("forwarded_at")
-            self.subtask_stats.setdefault(checkpoint, {})[str(body["subtask"])] = SubtaskStats(
-                subtask=str(body["subtask"]),
+            self.subtask_stats.setdefault(checkpoint, {})[ack.subtask] = SubtaskStats(
+                subtask=ack.subtask,
                 acknowledged=now - triggered[0],
                 start_delay=max(0.0, after(stats.get("first_barrier_at", wall))),
-                alignment=float(body.get("alignment", 0.0)),
+                alignment=ack.alignment,
                 synchronous=float(stats.get("synchronous", 0.0)),
-                asynchronous=float(body.get("asynchronous", 0.0)),
+                asynchronous=ack.asynchronous,
                 state_size=handle.size,
                 segments_size=int(stats.get("segments_size", 0)),
                 full_size=handle.size + sum(ref.size for ref in handle.segments),
                 channel_state_records=int(stats.get("channel_state_records", 0)),
                 channel_state_bytes=int(stats.get("channel_state_bytes", 0)),
-                unaligned=bool(body.get("unaligned")),
+                unaligned=ack.unaligned,
                 barriers={str(c): after(t) for c, t in dict(stats.get("barriers", {})).items()},
                 snapshot_at=after(stats.get("snapshot_at", wall)),
                 forwarded_at=after(forwarded) if forwarded is not None else None,
@@ -947,16 +965,16 @@ class _Attempt:
         self.census = {}
         self.census_due = None
         self.census_started = now
-        self._broadcast("census", wave=self.census_wave)
+        self._broadcast(Census(self.census_wave))
 
-    def _on_census(self, slot: str, body: dict[str, Any], now: float) -> None:
+    def _on_census(self, slot: str, count: CensusCount, now: float) -> None:
         """Termination detection for loops (Mattern's counting in two waves): if the records
         processed in one wave equal the records sent in the next, asked only after the first
         was answered, nothing was in flight or being processed between the two, and with every
         source exhausted nothing can move again: the final checkpoint can be taken."""
-        if body.get("wave") != self.census_wave or self.final is not None:
+        if count.wave != self.census_wave or self.final is not None:
             return
-        self.census[slot] = (int(body["sent"]), int(body["done"]))
+        self.census[slot] = (count.sent, count.done)
         if len(self.census) < len(self.slots):
             return
         sent = sum(s for s, _ in self.census.values())
@@ -1047,17 +1065,11 @@ class _Attempt:
                     self.targets[n] = self._savepoint_target(
                         request.target if request is not None else None, n
                     )
-                self._broadcast(
-                    "trigger",
-                    checkpoint=n,
-                    final=bool(action.final),
-                    savepoint=bool(action.savepoint),
-                    base=base,
-                )
+                self._broadcast(Trigger(n, action.final, action.savepoint, base))
             elif isinstance(action, WriteMetadata):
                 self._write_metadata(action)
             elif isinstance(action, NotifyCheckpointComplete):
-                self._broadcast("complete", checkpoint=action.checkpoint_id)
+                self._broadcast(Complete(action.checkpoint_id))
                 info = self._checkpoint_stats(action.checkpoint_id, now, "completed")
                 final = info.final
                 target = self.targets.pop(action.checkpoint_id, None)
@@ -1087,9 +1099,9 @@ class _Attempt:
                 if final:
                     self.committing = (action.checkpoint_id, self.now())
                 if self.holding:  # after the listener: what it did happened before the release
-                    self._broadcast("release", checkpoint=action.checkpoint_id)
+                    self._broadcast(Release(action.checkpoint_id))
             elif isinstance(action, AbortCheckpoint):
-                self._broadcast("abort", checkpoint=action.checkpoint_id)
+                self._broadcast(Abort(action.checkpoint_id))
                 if action.checkpoint_id in self.triggered_at:
                     driver._keep(
                         self._checkpoint_stats(
@@ -1236,10 +1248,10 @@ class _Attempt:
             if old in driver.registry.retained:
                 driver._delete_shared(driver.registry.discarded(old))
 
-    def _broadcast(self, kind: str, **body: Any) -> None:
+    def _broadcast(self, message: DriverMessage) -> None:
         for slot in sorted(self.slots):
             with contextlib.suppress(ControlError):
-                self.server.send(slot, kind, **body)
+                self.server.send(slot, message)
 
 
 def _kind(op: Operator) -> str:

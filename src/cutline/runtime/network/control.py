@@ -1,24 +1,14 @@
 """The control connection between the driver (which hosts the checkpoint coordinator) and each
 task, over TCP: one JSON object per line.
 
-A task connects and says hello with its name, the job's **generation** and the
-job's secret **token**; the driver refuses another job's tasks and a stale
-attempt's, so their late acknowledgements never reach the coordinator. Then:
-
-* task → driver: ``phase`` (the slot entered a phase of its start: ``rendezvous`` with its
-  process id and host, then ``restore``), ``ready`` (set up), ``heartbeat`` (four times a
-  second, from the moment it connected, in every phase),
-  ``exhausted`` (a source subtask read all its input), ``ack`` (subtask, checkpoint, state
-  handle), ``decline`` (subtask, checkpoint, reason), ``failed`` (subtask, operator, record,
-  error, traceback), ``finished``;
-* driver → task: ``trigger`` (checkpoint, final), ``complete`` (checkpoint),
-  ``abort`` (checkpoint), ``stop``, ``drain`` (the sources stop reading), ``census`` (count
-  what was sent and processed), ``release`` (a checkpoint completed and the job's listener was
-  told: sources held part-way read on).
+A slot connects and says hello with its name, the job's **generation** and the job's secret
+**token**; the driver refuses another job's slots and a stale attempt's, so their late
+acknowledgements never reach the coordinator. Then both sides speak the typed messages of
+:mod:`cutline.runtime.network.messages` (which lists them), one JSON object per line.
 
 The driver reads every task's messages into one queue
-(:meth:`ControlServer.next_event`); a task whose connection ends without
-``finished`` shows up as a ``lost`` event, so the driver can restart the job.
+(:meth:`ControlServer.next_event`); a slot whose connection ends without
+``Finished`` shows up as a :class:`~cutline.runtime.network.messages.Lost` event, so the driver can restart the job.
 """
 
 from __future__ import annotations
@@ -30,42 +20,36 @@ import queue
 import socket
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from cutline.runtime.network.net import Listener, close_socket
-
-MAX_LINE = 1024 * 1024
-TASK_MESSAGES = frozenset(
-    {"phase", "ready", "heartbeat", "exhausted", "ack", "decline", "failed", "finished", "census"}
+from cutline.runtime.network.messages import (
+    DRIVER_MESSAGES,
+    MAX_LINE,
+    SLOT_MESSAGES,
+    ControlError,
+    DriverMessage,
+    Lost,
+    SlotMessage,
+    decode,
+    encode,
+    encode_line,
 )
-DRIVER_MESSAGES = frozenset({"trigger", "complete", "abort", "stop", "census", "drain", "release"})
-
-
-class ControlError(Exception):
-    """The control connection failed or carried something that is not a control message."""
+from cutline.runtime.network.net import Listener, close_socket
 
 
 @dataclass(frozen=True)
 class Event:
-    """A message from a task (or ``lost`` when its connection ended early)."""
+    """A message from a slot, or :class:`Lost` when its connection ended early."""
 
     task: str
-    kind: str
-    body: dict[str, Any] = field(default_factory=dict)
+    message: SlotMessage | Lost
 
 
 def _ascii_token(token: bytes) -> bytes:
     if not isinstance(token, bytes) or not token.isascii():
         raise ValueError("the job token must be ASCII bytes, e.g. secrets.token_hex(16).encode()")
     return token
-
-
-def _encode(kind: str, body: dict[str, Any]) -> bytes:
-    line = json.dumps({"kind": kind, **body}, separators=(",", ":")).encode() + b"\n"
-    if len(line) > MAX_LINE:
-        raise ControlError(f"a {kind!r} message of {len(line)} bytes is larger than {MAX_LINE}")
-    return line
 
 
 def _lines(sock: socket.socket) -> Iterable[dict[str, Any]]:
@@ -138,25 +122,24 @@ class ControlServer:
         except queue.Empty:
             return None
 
-    def send(self, task: str, kind: str, **body: Any) -> None:
-        """Send a message to one task. Raises :class:`ControlError` if it is not connected."""
-        if kind not in DRIVER_MESSAGES:
-            raise ValueError(f"{kind!r} is not a driver message: one of {sorted(DRIVER_MESSAGES)}")
+    def send(self, task: str, message: DriverMessage) -> None:
+        """Send a message to one slot. Raises :class:`ControlError` if it is not connected."""
         with self._lock:
             conn = self._conns.get(task)
         if conn is None:
             raise ControlError(f"task {task!r} is not connected")
-        data = _encode(kind, body)
+        data = encode(message)
         try:
             with self._send_lock:
                 conn.sendall(data)
         except OSError as exc:
             raise ControlError(f"task {task!r} is gone: {exc.strerror or exc}") from exc
 
-    def broadcast(self, kind: str, **body: Any) -> None:
+    def broadcast(self, message: DriverMessage) -> None:
+        """Send a message to every connected slot (one that is gone is skipped)."""
         for task in sorted(self.connected):
             with contextlib.suppress(ControlError):
-                self.send(task, kind, **body)
+                self.send(task, message)
 
     def close(self) -> None:
         self._closed = True
@@ -185,14 +168,12 @@ class ControlServer:
                         return
                     conn.settimeout(None)
                     continue
-                kind = message.pop("kind")
-                if kind not in TASK_MESSAGES:
-                    raise ControlError(f"task {task!r} sent an unknown message {kind!r}")
-                finished = finished or kind == "finished"
-                self._events.put(Event(task, kind, message))
+                decoded: SlotMessage = decode(message, SLOT_MESSAGES, f"task {task!r}")
+                finished = finished or decoded.kind == "finished"
+                self._events.put(Event(task, decoded))
         except ControlError as exc:
             if task is not None:
-                self._events.put(Event(task, "lost", {"reason": str(exc)}))
+                self._events.put(Event(task, Lost(str(exc))))
                 reported = True
         finally:
             close_socket(conn)  # before reporting it lost: the listener would close it too late
@@ -200,9 +181,7 @@ class ControlServer:
                 with self._lock:
                     self._conns.pop(task, None)
                 if not finished and not reported and not self._closed:
-                    self._events.put(
-                        Event(task, "lost", {"reason": "its control connection closed"})
-                    )
+                    self._events.put(Event(task, Lost("its control connection closed")))
 
     def _hello(self, conn: socket.socket, message: dict[str, Any]) -> str | None:
         token = str(message.get("token", "")).encode()
@@ -251,10 +230,10 @@ class ControlClient:
             ) from exc
         self._sock.settimeout(None)
         self._send_lock = threading.Lock()
-        self._inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._inbox: queue.Queue[DriverMessage | None] = queue.Queue()
         try:
             hello = {"task": task, "generation": generation, "token": _ascii_token(token).decode()}
-            self._sock.sendall(_encode("hello", hello))
+            self._sock.sendall(encode_line("hello", hello))
         except (OSError, ValueError) as exc:
             close_socket(self._sock)
             if isinstance(exc, ValueError):
@@ -264,10 +243,8 @@ class ControlClient:
             ) from exc
         threading.Thread(target=self._read, name="cutline-control-client", daemon=True).start()
 
-    def send(self, kind: str, **body: Any) -> None:
-        if kind not in TASK_MESSAGES:
-            raise ValueError(f"{kind!r} is not a task message: one of {sorted(TASK_MESSAGES)}")
-        data = _encode(kind, body)
+    def send(self, message: SlotMessage) -> None:
+        data = encode(message)
         try:
             with self._send_lock:  # the snapshot thread acknowledges while the loop sends too
                 self._sock.sendall(data)
@@ -276,7 +253,7 @@ class ControlClient:
                 f"task {self.task!r}: the driver is gone: {exc.strerror or exc}"
             ) from exc
 
-    def receive(self, timeout: float | None = None) -> dict[str, Any] | None:
+    def receive(self, timeout: float | None = None) -> DriverMessage | None:
         """The next message from the driver; ``None`` on timeout. Raises :class:`ControlError`
         once the driver closed the connection."""
         try:
@@ -300,7 +277,7 @@ class ControlClient:
     def _read(self) -> None:
         try:
             for message in _lines(self._sock):
-                self._inbox.put(message)
+                self._inbox.put(decode(message, DRIVER_MESSAGES, "the driver"))
         except ControlError:
             pass
         finally:

@@ -5,33 +5,33 @@ its traceback, cut to a size a message carries.
 from __future__ import annotations
 
 import traceback
-from typing import Any
 
 from cutline.runtime.network.channel import ChannelError
+from cutline.runtime.network.messages import Failed
 from cutline.runtime.operators import (
     UserFunctionError,
 )
 
 
-def failure_report(exc: BaseException, operator: str) -> dict[str, Any]:
-    """The body of a ``failed`` message: the operator, the record, the error, the traceback
+def failed_message(subtask: str, exc: BaseException, operator: str) -> Failed:
+    """The ``Failed`` message for ``exc``: the operator, the record, the error, the traceback
     (the user's own frames for a user function's error), each cut to a size a control message
     can carry."""
     if isinstance(exc, UserFunctionError):
-        return {
-            "operator": shorten(exc.operator),
-            "record": shorten(exc.record),
-            "error": shorten(exc.error),
-            "traceback": shorten(exc.user_traceback),
-            "cause": "task",
-        }
-    return {
-        "operator": shorten(operator),
-        "record": None,
-        "error": shorten(f"{type(exc).__name__}: {exc}"),
-        "traceback": shorten("".join(traceback.format_exception(exc))),
-        "cause": "channel" if isinstance(exc, ChannelError) else "task",
-    }
+        return Failed(
+            subtask,
+            shorten(exc.error),
+            operator=shorten(exc.operator),
+            record=shorten(exc.record),
+            traceback=shorten(exc.user_traceback),
+        )
+    return Failed(
+        subtask,
+        shorten(f"{type(exc).__name__}: {exc}"),
+        operator=shorten(operator),
+        traceback=shorten("".join(traceback.format_exception(exc))),
+        cause="channel" if isinstance(exc, ChannelError) else "task",
+    )
 
 
 MESSAGE_MOST = 16 * 1024

@@ -7,12 +7,27 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, assert_never
 
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.network.channel import ChannelError, InputGate
-from cutline.runtime.network.control import ControlClient, ControlError
-from cutline.runtime.task.failures import failure_report
+from cutline.runtime.network.control import ControlClient
+from cutline.runtime.network.messages import (
+    Abort,
+    Census,
+    CensusCount,
+    Complete,
+    ControlError,
+    Drain,
+    Finished,
+    Heartbeat,
+    Phase,
+    Ready,
+    Release,
+    Stop,
+    Trigger,
+)
+from cutline.runtime.task.failures import failed_message
 from cutline.runtime.task.launch import Exchange, SlotSetup
 from cutline.runtime.task.subtask import JOIN_SECONDS, SubtaskRunner
 
@@ -35,7 +50,7 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
             setup.driver, f"slot-{slot}", token=setup.token, generation=setup.generation
         )
         beats = _Heartbeats(control, runners, setup.heartbeat_interval)
-        control.send("phase", phase="rendezvous", pid=os.getpid(), host=host)
+        control.send(Phase("rendezvous", pid=os.getpid(), host=host))
         setup.enter("rendezvous", slot)
         for chain in plan.chains:
             if not chain.is_source:
@@ -52,7 +67,7 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
             other = json.loads(text)
             for uid, port in other["ports"].items():
                 addresses[(int(other["slot"]), uid)] = (other["host"], int(port))
-        control.send("phase", phase="restore")
+        control.send(Phase("restore"))
         setup.enter("restore", slot)
         storage = CheckpointStorage(setup.checkpoint_dir, storage_options=setup.storage_options)
         for chain in plan.chains:
@@ -63,14 +78,14 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
         opening = None
         for runner in runners:
             runner.connect(addresses)
-        control.send("ready", pid=os.getpid(), host=host)
+        control.send(Ready(os.getpid(), host))
         setup.enter("running", slot)
         return _supervise(setup, slot, control, runners)
     except BaseException as exc:
         if control is not None and not any(r.failure for r in runners):
             with contextlib.suppress(ControlError):
-                report = failure_report(exc, "(opening the subtasks)")
-                control.send("failed", subtask=opening or f"slot-{slot}", **report)
+                subtask = opening or f"slot-{slot}"
+                control.send(failed_message(subtask, exc, "(opening the subtasks)"))
         raise
     finally:
         if beats is not None:
@@ -111,9 +126,7 @@ class _Heartbeats:
             running = [r for r in list(self._runners) if r.thread is not None]
             try:
                 self._control.send(
-                    "heartbeat",
-                    records_in={r.name: r.records_in for r in running},
-                    metrics=_metrics(running),
+                    Heartbeat({r.name: r.records_in for r in running}, _metrics(running))
                 )
             except ControlError:
                 return  # the driver is gone: the slot's loop notices it too
@@ -145,31 +158,31 @@ def _supervise(
             message = control.receive(timeout=0.1)
         except ControlError:
             raise RuntimeError("the driver closed the control connection") from None
-        if message is not None and message.get("kind") == "census":
-            # counted here, after the request came: the driver's waves need that order
-            control.send(
-                "census",
-                wave=message.get("wave"),
-                sent=sum(r.records_sent for r in runners),
-                done=sum(r.records_done for r in runners),
-            )
-        elif message is not None:
-            kind = message.get("kind")
-            if kind == "trigger" and message.get("final"):
-                final = int(message.get("checkpoint", -1))
-                setup.enter("final_checkpoint", slot)
-            elif kind == "complete" and final is not None and message.get("checkpoint") == final:
-                setup.enter("commit", slot)
-            for runner in runners:
-                runner.inbox.put(message)
+        match message:
+            case None:
+                pass
+            case Census(wave=wave):
+                # counted here, after the request came: the driver's waves need that order
+                sent = sum(r.records_sent for r in runners)
+                control.send(CensusCount(wave, sent, sum(r.records_done for r in runners)))
+            case Trigger() | Complete() | Abort() | Stop() | Drain() | Release():
+                if isinstance(message, Trigger) and message.final:
+                    final = message.checkpoint
+                    setup.enter("final_checkpoint", slot)
+                elif isinstance(message, Complete) and message.checkpoint == final:
+                    setup.enter("commit", slot)
+                for runner in runners:
+                    runner.inbox.put(message)
+            case _:
+                assert_never(message)
     failed = [r for r in runners if r.failure is not None]
     if failed:
         _failed(control, failed)
     if any(r.stopped.is_set() for r in runners):
         return {"stopped": True}
-    summary = {"records_in": {r.name: r.records_in for r in runners}}
-    control.send("finished", **summary, metrics=_metrics(runners))
-    return summary
+    records_in = {r.name: r.records_in for r in runners}
+    control.send(Finished(records_in, _metrics(runners)))
+    return {"records_in": records_in}
 
 
 def _failed(control: ControlClient, failed: list[SubtaskRunner]) -> None:

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from cutline.protocol.alignment import (
     BarrierAligner,
@@ -55,7 +55,21 @@ from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointSto
 from cutline.runtime.graph import Chain, subtask_name
 from cutline.runtime.io.sinks import FileSink, PreCommit
 from cutline.runtime.network.channel import InputGate, OutputChannel, PriorityBarrier
-from cutline.runtime.network.control import ControlClient, ControlError
+from cutline.runtime.network.control import ControlClient
+from cutline.runtime.network.messages import (
+    Abort,
+    Ack,
+    Census,
+    Complete,
+    ControlError,
+    Decline,
+    Drain,
+    DriverMessage,
+    Exhausted,
+    Release,
+    Stop,
+    Trigger,
+)
 from cutline.runtime.network.wire import Barrier, EndOfInput, Records
 from cutline.runtime.operators import (
     Adopted,
@@ -69,7 +83,7 @@ from cutline.runtime.operators import (
 )
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.segments import SegmentRef
-from cutline.runtime.task.failures import failure_report, shorten
+from cutline.runtime.task.failures import failed_message, shorten
 from cutline.runtime.task.launch import SlotSetup
 
 JOIN_SECONDS = 10.0
@@ -199,7 +213,7 @@ class SubtaskRunner:
         self.control = control
         self.storage = storage
         self.gate = gate
-        self.inbox: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[DriverMessage] = queue.SimpleQueue()
         self.outputs: list[tuple[str, list[OutputChannel], Partitioner | None]] = []
         self.stopped = threading.Event()
         self.failure: BaseException | None = None
@@ -400,7 +414,7 @@ class SubtaskRunner:
 
     def stop(self) -> None:
         self.stopped.set()
-        self.inbox.put({"kind": "stop"})
+        self.inbox.put(Stop())
 
     def _run_source(self) -> None:
         exhausted = False
@@ -434,7 +448,7 @@ class SubtaskRunner:
             batch = None if self._draining else self._reader.read(size)
             if batch is None:
                 exhausted = True
-                self.control.send("exhausted", subtask=self.name)
+                self.control.send(Exhausted(self.name))
                 continue
             self.records_in += batch.num_rows
             self.operator_records[source.uid][1] += batch.num_rows
@@ -560,12 +574,7 @@ class SubtaskRunner:
                 self._taking.pop(action.checkpoint_id, None)
                 self._unflushed.pop(action.checkpoint_id, None)
                 self._first_barrier_at.pop(action.checkpoint_id, None)
-                self.control.send(
-                    "decline",
-                    subtask=self.name,
-                    checkpoint=action.checkpoint_id,
-                    reason=shorten(action.reason),
-                )
+                self.control.send(Decline(self.name, action.checkpoint_id, shorten(action.reason)))
             # BlockChannel / UnblockChannels: the handler's blocked_channels says it all
 
     def _handle_messages(self, wait: float) -> None:
@@ -575,65 +584,62 @@ class SubtaskRunner:
         except queue.Empty:
             return
         while True:
-            kind = message["kind"]
-            if kind == "stop" or self.stopped.is_set():
+            if self.stopped.is_set():
                 raise Stopped
-            checkpoint = int(message.get("checkpoint", -1))
-            savepoint = bool(message.get("savepoint"))
-            if kind == "trigger" and not self.chain.is_source:
-                # what the barrier will say too: a barrier the alignment timeout takes out of
-                # an input queue is never seen as a frame here
-                base = message.get("base")
-                self._kinds.setdefault(
-                    checkpoint, (int(base) if base is not None else None, savepoint)
-                )
-            if (
-                kind == "trigger"
-                and self._timeout is not None
-                and not message.get("final")
-                and not savepoint
-            ):
-                self._trigger_times[checkpoint] = time.monotonic()
-            if kind == "trigger" and self.chain.is_source:
-                final = bool(message.get("final"))
-                base = message.get("base")
-                self._kinds[checkpoint] = (int(base) if base is not None else None, savepoint)
-                self._trigger_seen[checkpoint] = time.time()
-                if self._hold_from is None and self._holding():
-                    self._hold_from = checkpoint
-                self._snapshot(checkpoint)
-                # the final checkpoint and savepoints align: nothing may stay in flight
-                aligned = final or savepoint
-                self._forward(
-                    checkpoint, self.setup.checkpointing == "unaligned" and not aligned, aligned
-                )
-                self._complete(checkpoint)
-                if final:
-                    self._final = checkpoint
-            elif kind == "release" and self._hold_from is not None:
-                if checkpoint >= self._hold_from:  # completed, and the listener was told
-                    self._hold_released += 1
-            elif kind == "drain" and self.chain.is_source:
-                self._draining = True  # stop reading: the job stops once the loops are quiet
-            elif kind == "complete":
-                self._last_complete = max(self._last_complete, checkpoint)
-                for n in [n for n in self._trigger_times if n <= checkpoint]:
-                    del self._trigger_times[n]
-                for _, running in self._operators:
-                    running.notify_complete(checkpoint)
-                if self._dead_letters is not None:
-                    self._dead_letters.writer.notify_complete(checkpoint)
-            elif kind == "abort":
-                self._trigger_times.pop(checkpoint, None)
-                self._unflushed.pop(checkpoint, None)  # not written: the driver dropped it
-                if self._final == checkpoint:
-                    self._final = None  # the driver triggers another final checkpoint
-                if self._handler is not None:
-                    self._carry(self._handler.abort(checkpoint))
+            match message:
+                case Stop():
+                    raise Stopped
+                case Trigger():
+                    self._on_trigger(message)
+                case Release(checkpoint=checkpoint):
+                    if self._hold_from is not None and checkpoint >= self._hold_from:
+                        self._hold_released += 1  # completed, and the listener was told
+                case Drain():
+                    if self.chain.is_source:
+                        self._draining = True  # stop reading: the job stops once loops are quiet
+                case Complete(checkpoint=checkpoint):
+                    self._last_complete = max(self._last_complete, checkpoint)
+                    for n in [n for n in self._trigger_times if n <= checkpoint]:
+                        del self._trigger_times[n]
+                    for _, running in self._operators:
+                        running.notify_complete(checkpoint)
+                    if self._dead_letters is not None:
+                        self._dead_letters.writer.notify_complete(checkpoint)
+                case Abort(checkpoint=checkpoint):
+                    self._trigger_times.pop(checkpoint, None)
+                    self._unflushed.pop(checkpoint, None)  # not written: the driver dropped it
+                    if self._final == checkpoint:
+                        self._final = None  # the driver triggers another final checkpoint
+                    if self._handler is not None:
+                        self._carry(self._handler.abort(checkpoint))
+                case Census():
+                    pass  # the slot answers for all its subtasks
+                case _:
+                    assert_never(message)
             try:
                 message = self.inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _on_trigger(self, trigger: Trigger) -> None:
+        checkpoint, savepoint = trigger.checkpoint, trigger.savepoint
+        # what the barrier will say too: a barrier the alignment timeout takes out of an input
+        # queue is never seen as a frame here
+        self._kinds.setdefault(checkpoint, (trigger.base, savepoint))
+        if self._timeout is not None and not trigger.final and not savepoint:
+            self._trigger_times[checkpoint] = time.monotonic()
+        if not self.chain.is_source:
+            return
+        self._trigger_seen[checkpoint] = time.time()
+        if self._hold_from is None and self._holding():
+            self._hold_from = checkpoint
+        self._snapshot(checkpoint)
+        # the final checkpoint and savepoints align: nothing may stay in flight
+        aligned = trigger.final or savepoint
+        self._forward(checkpoint, self.setup.checkpointing == "unaligned" and not aligned, aligned)
+        self._complete(checkpoint)
+        if trigger.final:
+            self._final = checkpoint
 
     # ---------------------------------------------------------------- records
 
@@ -858,34 +864,31 @@ class SubtaskRunner:
         except Exception as exc:  # (segments written meanwhile are removed with the run's
             # unneeded files when the job ends)
             with contextlib.suppress(ControlError):
-                self.control.send(
-                    "decline",
-                    subtask=self.name,
-                    checkpoint=checkpoint_id,
-                    reason=shorten(f"{type(exc).__name__}: {exc}"),
-                )
+                reason = shorten(f"{type(exc).__name__}: {exc}")
+                self.control.send(Decline(self.name, checkpoint_id, reason))
             return
         records = sum(counts["recorded_inputs"].values()) + sum(counts["recorded_outputs"].values())
         with contextlib.suppress(ControlError):
             self.control.send(
-                "ack",
-                subtask=self.name,
-                checkpoint=checkpoint_id,
-                handle=handle.to_dict(),
-                alignment=taking.alignment,
-                asynchronous=time.monotonic() - taking.sync_end,
-                unaligned=taking.unaligned,
-                stats={
-                    "synchronous": taking.synchronous,
-                    "first_barrier_at": taking.first_barrier_at,
-                    "snapshot_at": taking.snapshot_at,
-                    "forwarded_at": taking.forwarded_at,
-                    "barriers": taking.arrivals,
-                    "segments_size": store.written,
-                    "channel_state_bytes": channel_bytes,
-                    "channel_state_records": records,
-                    "queued_ahead": taking.queued_ahead,
-                },
+                Ack(
+                    self.name,
+                    checkpoint_id,
+                    handle.to_dict(),
+                    alignment=taking.alignment,
+                    asynchronous=time.monotonic() - taking.sync_end,
+                    unaligned=taking.unaligned,
+                    stats={
+                        "synchronous": taking.synchronous,
+                        "first_barrier_at": taking.first_barrier_at,
+                        "snapshot_at": taking.snapshot_at,
+                        "forwarded_at": taking.forwarded_at,
+                        "barriers": taking.arrivals,
+                        "segments_size": store.written,
+                        "channel_state_bytes": channel_bytes,
+                        "channel_state_records": records,
+                        "queued_ahead": taking.queued_ahead,
+                    },
+                )
             )
 
     # ---------------------------------------------------------------- failure
@@ -898,7 +901,7 @@ class SubtaskRunner:
             if op.uid == uid:
                 name = op.name
         with contextlib.suppress(ControlError):
-            self.control.send("failed", subtask=self.name, **failure_report(exc, name))
+            self.control.send(failed_message(self.name, exc, name))
         self.failure = exc
 
     def _report(self, exc: BaseException) -> None:
@@ -907,4 +910,4 @@ class SubtaskRunner:
             if op.uid == self._current:
                 operator = op.name
         with contextlib.suppress(ControlError):
-            self.control.send("failed", subtask=self.name, **failure_report(exc, operator))
+            self.control.send(failed_message(self.name, exc, operator))

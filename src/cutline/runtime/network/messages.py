@@ -1,0 +1,286 @@
+"""The messages of the control connection between the driver and its slots, typed.
+
+Each message is a frozen dataclass; on the wire it is one JSON object per line, its ``kind``
+beside its fields (:func:`encode`, :func:`decode`). A message that is not one of its side's,
+lacks a field or has a field of the wrong type is a :class:`ControlError` naming it: the
+connection ends and the driver treats the slot as lost, never a ``KeyError`` deep inside.
+The receivers dispatch with ``match`` and ``assert_never``, so a new message that is not
+handled everywhere is a type error.
+
+================  ======================================================================
+slot → driver     meaning
+================  ======================================================================
+``Phase``         the slot entered a phase of its start (``rendezvous`` with its process id
+                  and host, then ``restore``)
+``Ready``         every subtask of the slot is set up and connected
+``Heartbeat``     four times a second from a thread of its own, in every phase; records
+                  in per subtask and live figures once the subtasks run
+``Exhausted``     a source subtask read all its input
+``Ack``           a subtask's state for a checkpoint is written (its handle and statistics)
+``Decline``       a subtask cannot take a checkpoint (why)
+``Failed``        a subtask failed (operator, record, error, traceback, and whether only
+                  because a channel from another slot broke)
+``Finished``      every subtask of the slot ended
+``CensusCount``   the answer to a census: records the slot's subtasks sent and processed
+================  ======================================================================
+
+================  ======================================================================
+driver → slot     meaning
+================  ======================================================================
+``Trigger``       take checkpoint ``checkpoint`` (``final``: the last one; ``savepoint``;
+                  ``base``: the newest complete checkpoint, for incremental state)
+``Complete``      checkpoint ``checkpoint`` is complete: publish what it pre-committed
+``Abort``         checkpoint ``checkpoint`` is dropped
+``Stop``          stop now (the attempt ends)
+``Drain``         sources stop reading (a stop with a final checkpoint, for unbounded input)
+``Census``        count records sent and processed (termination detection for loops)
+``Release``       a checkpoint completed and the listener was told: held sources read on
+================  ======================================================================
+
+``Lost`` is never sent: the driver's end of the connection reports it when a slot's
+connection ends before ``Finished`` (or carried something that is not a message).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+
+class ControlError(Exception):
+    """The control connection failed or carried something that is not a control message."""
+
+
+MAX_LINE = 1024 * 1024
+"""The longest message line, in bytes, either way."""
+
+
+# ------------------------------------------------------------------------------ slot -> driver
+
+
+@dataclass(frozen=True)
+class Phase:
+    kind: ClassVar[str] = "phase"
+    phase: str
+    pid: int | None = None
+    host: str | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    kind: ClassVar[str] = "ready"
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    kind: ClassVar[str] = "heartbeat"
+    records_in: dict[str, int]
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    kind: ClassVar[str] = "exhausted"
+    subtask: str
+
+
+@dataclass(frozen=True)
+class Ack:
+    kind: ClassVar[str] = "ack"
+    subtask: str
+    checkpoint: int
+    handle: dict[str, Any]
+    """The subtask's :class:`~cutline.runtime.checkpoint.storage.StateHandle`, as a dict."""
+    alignment: float = 0.0
+    asynchronous: float = 0.0
+    unaligned: bool = False
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The figures of the checkpoint's statistics (``runtime/checkpoint/stats.py``)."""
+
+
+@dataclass(frozen=True)
+class Decline:
+    kind: ClassVar[str] = "decline"
+    subtask: str
+    checkpoint: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    kind: ClassVar[str] = "failed"
+    subtask: str
+    error: str
+    operator: str | None = None
+    record: str | None = None
+    traceback: str | None = None
+    cause: str = "task"
+    """``task``: the subtask's own failure; ``channel``: only because a channel from another
+    slot broke (a consequence: that slot's report is the cause)."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    kind: ClassVar[str] = "finished"
+    records_in: dict[str, int]
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CensusCount:
+    kind: ClassVar[str] = "census"
+    wave: int
+    sent: int
+    done: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Not a message on the wire: the slot's connection ended early (``reason``)."""
+
+    kind: ClassVar[str] = "lost"
+    reason: str
+
+
+SlotMessage: TypeAlias = (
+    Phase | Ready | Heartbeat | Exhausted | Ack | Decline | Failed | Finished | CensusCount
+)
+"""What a slot sends to the driver."""
+
+
+# ------------------------------------------------------------------------------ driver -> slot
+
+
+@dataclass(frozen=True)
+class Trigger:
+    kind: ClassVar[str] = "trigger"
+    checkpoint: int
+    final: bool = False
+    savepoint: bool = False
+    base: int | None = None
+
+
+@dataclass(frozen=True)
+class Complete:
+    kind: ClassVar[str] = "complete"
+    checkpoint: int
+
+
+@dataclass(frozen=True)
+class Abort:
+    kind: ClassVar[str] = "abort"
+    checkpoint: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    kind: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True)
+class Drain:
+    kind: ClassVar[str] = "drain"
+
+
+@dataclass(frozen=True)
+class Census:
+    kind: ClassVar[str] = "census"
+    wave: int
+
+
+@dataclass(frozen=True)
+class Release:
+    kind: ClassVar[str] = "release"
+    checkpoint: int
+
+
+DriverMessage: TypeAlias = Trigger | Complete | Abort | Stop | Drain | Census | Release
+"""What the driver sends to a slot."""
+
+Message: TypeAlias = SlotMessage | DriverMessage
+
+SLOT_MESSAGES: dict[str, type[Any]] = {
+    cls.kind: cls
+    for cls in (Phase, Ready, Heartbeat, Exhausted, Ack, Decline, Failed, Finished, CensusCount)
+}
+DRIVER_MESSAGES: dict[str, type[Any]] = {
+    cls.kind: cls for cls in (Trigger, Complete, Abort, Stop, Drain, Census, Release)
+}
+
+
+def encode(message: Message) -> bytes:
+    """One JSON line: ``{"kind": ..., field: value, ...}``."""
+    body = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
+    return encode_line(message.kind, body)
+
+
+def encode_line(kind: str, body: dict[str, Any]) -> bytes:
+    line = json.dumps({"kind": kind, **body}, separators=(",", ":")).encode() + b"\n"
+    if len(line) > MAX_LINE:
+        raise ControlError(f"a {kind!r} message of {len(line)} bytes is larger than {MAX_LINE}")
+    return line
+
+
+def decode(data: dict[str, Any], side: dict[str, type[Any]], sender: str) -> Any:
+    """The message ``data`` holds, of the kinds in ``side`` (:data:`SLOT_MESSAGES` or
+    :data:`DRIVER_MESSAGES`); a :class:`ControlError` naming ``sender`` and the problem if it
+    is none of them or its fields do not fit."""
+    kind = data.get("kind")
+    cls = side.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ControlError(f"{sender} sent an unknown message {kind!r}")
+    kind = str(kind)
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ControlError(f"{sender} sent {_a(kind)} message without {f.name!r}")
+            continue
+        value = data[f.name]
+        if not _fits(value, hints[f.name]):
+            raise ControlError(
+                f"{sender} sent {_a(kind)} message whose {f.name!r} is {value!r}, "
+                f"not {_name(hints[f.name])}"
+            )
+        values[f.name] = value
+    return cls(**values)
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a field's type (the outer type; containers not looked into)."""
+    if hint is Any:
+        return True
+    if isinstance(hint, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint) or hint
+    if origin is float:
+        return type(value) in (int, float)
+    if origin is int:
+        return type(value) is int
+    return isinstance(value, origin)
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind!r}"
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint)
