@@ -7,7 +7,10 @@ drive the very same objects.
 * :mod:`cutline.protocol.chandy_lamport` — the Chandy-Lamport recorder of one process;
 * :mod:`cutline.protocol.alignment` — barrier handling of one subtask (aligned, unaligned,
   at-least-once, loops);
-* :mod:`cutline.protocol.coordinator` — the checkpoint coordinator of one job.
+* :mod:`cutline.protocol.coordinator` — the checkpoint coordinator of one job;
+* :mod:`cutline.protocol.registry` — the shared files of incremental checkpoints;
+* :mod:`cutline.protocol.cut` — is a checkpoint a consistent cut?;
+* :mod:`cutline.protocol.termination` — the end of a loop (termination detection in waves).
 """
 
 from cutline.protocol.alignment import (
@@ -55,10 +58,19 @@ from cutline.protocol.errors import (
     UnknownChannelError,
 )
 from cutline.protocol.registry import SharedStateRegistry
+from cutline.protocol.termination import (
+    AskCounts,
+    NextWave,
+    Terminated,
+    TerminationAction,
+    TerminationDetector,
+    UnknownParticipantError,
+)
 
 __all__ = [
     "AbortCheckpoint",
     "Action",
+    "AskCounts",
     "BarrierAction",
     "BarrierAligner",
     "BarrierOrderError",
@@ -79,6 +91,7 @@ __all__ = [
     "ForwardBarrier",
     "InvalidCheckpointIdError",
     "InvalidSnapshotIdError",
+    "NextWave",
     "NotifyCheckpointComplete",
     "ProtocolError",
     "RecordMessage",
@@ -88,10 +101,14 @@ __all__ = [
     "SnapshotComplete",
     "SnapshotState",
     "SnapshotStatus",
+    "Terminated",
+    "TerminationAction",
+    "TerminationDetector",
     "TriggerCheckpoint",
     "UnblockChannels",
     "UnknownChannelError",
     "UnknownCheckpointError",
+    "UnknownParticipantError",
     "UnknownTaskError",
     "WriteMetadata",
 ]
