@@ -24,125 +24,42 @@ tests and tools can find it:
   initiator's star, ``state-<s>-<p>`` for a recorded balance;
 - ``recorded-<s>-<id>`` for the halo of payment ``id`` in the channel state of ``s``.
 
-Figures are built on :class:`matplotlib.figure.Figure` directly, never through
-``pyplot``, so they need no display and can be drawn from several threads.
-The output is deterministic: the same run gives byte-identical files.
+The lanes, arrows, cuts, stars, colours and the saving are :mod:`cutline.drawing`'s,
+shared with the report's diagram of a checkpoint's barriers. Figures are built on
+:class:`matplotlib.figure.Figure` directly, never through ``pyplot``, so they need no
+display and can be drawn from several threads. The output is deterministic: the same run
+gives byte-identical files.
 """
 
 from __future__ import annotations
 
-import io
 import pathlib
-import threading
 from collections import defaultdict, deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
-import matplotlib as mpl
-from matplotlib import style as mpl_style
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import FancyArrowPatch
 
+from cutline import drawing
 from cutline.sim.log import Kind, LogEvent, SimRun
 from cutline.sim.scenario import Channel
 
-__all__ = ["FORMATS", "colour", "cut_line", "diagram_figure", "draw_diagram", "star", "style"]
+__all__ = ["FORMATS", "diagram_figure", "draw_diagram"]
 
-FORMATS: dict[str, str] = {".png": "png", ".svg": "svg"}
-"""Supported file suffixes and the matplotlib format each one is written in."""
-
-_METADATA: dict[str, dict[str, str | None]] = {
-    "svg": {"Date": None, "Creator": "cutline"},
-    "png": {"Software": "cutline"},
-}
-"""File metadata without dates or versions, so that output is byte-identical."""
+FORMATS = drawing.FORMATS
+"""The suffixes a diagram can be written to, and the format of each (``drawing``'s)."""
 
 _DRAWN = frozenset({Kind.SEND, Kind.DELIVER, Kind.MARKER_SEND, Kind.MARKER_DELIVER, Kind.RECORD})
 """Log entries that get a place on their process's line."""
 
-_STYLE: dict[str, Any] = {
-    "svg.hashsalt": "cutline-diagram",
-    "svg.fonttype": "none",  # real <text> elements: smaller, searchable SVG
-    "svg.image_inline": True,
-    "font.size": 9.0,
-    "axes.titlesize": 11.0,
-    "legend.fontsize": 8.5,
-}
-"""Applied on top of matplotlib's defaults (the user's matplotlibrc is ignored)."""
-
-_LOCK = threading.RLock()
-"""rcParams are global: diagrams are built and saved one at a time."""
+_SALT = "cutline-diagram"
+"""Seeds the ids in the diagram's SVG (see :func:`cutline.drawing.style`)."""
 
 _PAYMENT_COLOUR = "0.15"
-_LINE_COLOUR = "0.55"
-_DPI = 100
 _MAX_WIDTH = 40.0
 _MAX_HEIGHT = 16.0
 _LABEL_PAYMENTS_UP_TO = 40
 _LABEL_STATES_UP_TO = 60
-
-
-@contextmanager
-def _style() -> Iterator[None]:
-    with _LOCK, mpl_style.context(["default", _STYLE]):
-        yield
-
-
-def cut_line(xs: list[float], ys: list[float], colour: Any, label: str, gid: str) -> Line2D:
-    """The cut of a snapshot: a line through the points where the processes recorded."""
-    return Line2D(
-        xs,
-        ys,
-        color=colour,
-        linewidth=2.0,
-        marker="o",
-        markersize=7,
-        markeredgecolor="white",
-        markeredgewidth=0.8,
-        zorder=5,
-        label=label,
-        gid=gid,
-    )
-
-
-def star(x: float, y: float, colour: Any, gid: str) -> Line2D:
-    """The star that marks where a snapshot was initiated (a process, a source subtask)."""
-    return Line2D(
-        [x],
-        [y],
-        color=colour,
-        marker="*",
-        markersize=15,
-        markeredgecolor="black",
-        markeredgewidth=0.6,
-        linestyle="none",
-        zorder=6,
-        gid=gid,
-    )
-
-
-def _colour(snapshot: int) -> tuple[float, float, float, float]:
-    cmap = mpl.colormaps["tab10"]
-    rgba = cmap(snapshot % cmap.N)
-    return (float(rgba[0]), float(rgba[1]), float(rgba[2]), float(rgba[3]))
-
-
-@contextmanager
-def style() -> Iterator[None]:
-    """The diagrams' matplotlib settings, for other figures drawn (and saved) in their style.
-
-    rcParams are global: the settings hold a lock, so figures are built one at a time.
-    """
-    with _style():
-        yield
-
-
-def colour(snapshot: int) -> tuple[float, float, float, float]:
-    """The colour of snapshot (or checkpoint) ``snapshot`` in every diagram: tab10, cycled."""
-    return _colour(snapshot)
 
 
 @dataclass
@@ -167,8 +84,7 @@ def _layout(run: SimRun) -> _Layout:
     log = run.log
     processes = run.scenario.topology.processes
     lay = _Layout()
-    n = len(processes)
-    lay.y = {p: float(n - 1 - i) for i, p in enumerate(processes)}
+    lay.y = drawing.lane_heights(processes)
 
     # x: spread the drawn entries of each (process, step) over the step.
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -343,19 +259,15 @@ def _build(run: SimRun, title: str | None) -> Figure:
     lay = _layout(run)
     snapshot_ids = _snapshot_ids(run)
     width, height = _figure_size(len(processes), lay.end)
-    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    fig = drawing.figure(width, height)
     ax = fig.add_subplot()
     ax.set_title(_default_title(run, len(snapshot_ids)) if title is None else title)
 
     def point(i: int) -> tuple[float, float]:
         return lay.x[i], lay.y[log[i].process]
 
-    # axes: no y axis, step numbers centred under their steps, faint step boundaries
-    ax.set_xlim(0.0, lay.end)
-    ax.set_ylim(-0.6, len(processes) - 0.4)
-    ax.set_yticks([])
-    for side in ("left", "right", "top"):
-        ax.spines[side].set_visible(False)
+    # axes: one lane per process, step numbers centred under their steps, faint step boundaries
+    drawing.lane_axes(ax, len(processes), 0.0, lay.end)
     stride = _tick_stride(lay.end, width)
     steps = range(0, int(lay.end), stride)
     ax.set_xticks([t + 0.5 for t in steps], [str(t) for t in steps])
@@ -372,31 +284,8 @@ def _build(run: SimRun, title: str | None) -> Figure:
     boundaries.set_zorder(0)
     boundaries.set_gid("steps")
 
-    # process lines and labels
-    label_transform = ax.get_yaxis_transform()
     for p in processes:
-        y = lay.y[p]
-        ax.add_line(
-            Line2D(
-                [0.0, lay.end],
-                [y, y],
-                color=_LINE_COLOUR,
-                linewidth=1.0,
-                zorder=1,
-                gid=f"process-line-{p}",
-            )
-        )
-        ax.text(
-            -0.008,
-            y,
-            p,
-            transform=label_transform,
-            ha="right",
-            va="center",
-            fontsize=10,
-            fontweight="bold",
-            gid=f"process-{p}",
-        )
+        drawing.lane(ax, lay.y[p], p, gid=f"process-line-{p}", label_gid=f"process-{p}")
 
     # channel-state halos under the payment arrows
     recorded_in: dict[int, list[int]] = defaultdict(list)
@@ -412,53 +301,44 @@ def _build(run: SimRun, title: str | None) -> Figure:
         (x0, y0), (x1, y1) = point(s_i), point(d_i)
         halos = recorded_in.get(message, [])
         for rank, s in enumerate(halos):
+            thickness = 8.0 - 2.5 * rank if rank < 2 else 3.0
             ax.add_line(
-                Line2D(
+                drawing.halo(
                     [x0, x1],
                     [y0, y1],
-                    color=_colour(s),
-                    alpha=0.35,
-                    linewidth=8.0 - 2.5 * rank if rank < 2 else 3.0,
-                    solid_capstyle="round",
-                    zorder=2,
+                    drawing.colour(s),
+                    width=thickness,
                     gid=f"recorded-{s}-{message}",
                 )
             )
         ax.add_patch(
-            FancyArrowPatch(
+            drawing.arrow(
                 (x0, y0),
                 (x1, y1),
-                arrowstyle="-|>",
-                mutation_scale=10,
-                color=_PAYMENT_COLOUR,
+                _PAYMENT_COLOUR,
                 linewidth=1.6 if halos else 1.1,
-                shrinkA=1.5,
-                shrinkB=1.5,
                 zorder=4,
                 gid=f"payment-{message}",
+                head=10.0,
             )
         )
 
     for gid, s, s_i, d_i in lay.markers:
         ax.add_patch(
-            FancyArrowPatch(
+            drawing.arrow(
                 point(s_i),
                 point(d_i),
-                arrowstyle="-|>",
-                mutation_scale=8,
-                color=_colour(s),
+                drawing.colour(s),
                 linewidth=0.9,
-                linestyle=(0, (4.0, 2.5)),
-                shrinkA=1.5,
-                shrinkB=1.5,
                 zorder=3,
                 gid=gid,
+                dashed=True,
             )
         )
 
     # cuts: a legend entry for every snapshot, even one that recorded nowhere
     for s in snapshot_ids:
-        colour = _colour(s)
+        ink = drawing.colour(s)
         records = lay.records.get(s, {})
         order = [p for p in processes if p in records]
         snap = run.snapshots.get(s)
@@ -466,16 +346,16 @@ def _build(run: SimRun, title: str | None) -> Figure:
         if snap is not None and not snap.complete:
             label += " (incomplete)"
         ax.add_line(
-            cut_line(
+            drawing.cut_line(
                 [lay.x[records[p]] for p in order],
                 [lay.y[p] for p in order],
-                colour,
+                ink,
                 label,
                 f"cut-{s}",
             )
         )
         for p in lay.initiators.get(s, []):
-            ax.add_line(star(lay.x[records[p]], lay.y[p], colour, f"initiator-{s}-{p}"))
+            ax.add_line(drawing.star(lay.x[records[p]], lay.y[p], ink, f"initiator-{s}-{p}"))
 
     # text labels, placed so that they avoid each other and the recorded states' dots
     placer = _Placer(
@@ -503,7 +383,7 @@ def _build(run: SimRun, title: str | None) -> Figure:
                     va=va,
                     fontsize=7,
                     fontweight="bold",
-                    color=_colour(s),
+                    color=drawing.colour(s),
                     zorder=6,
                     gid=f"state-{s}-{p}",
                 )
@@ -538,22 +418,11 @@ def _build(run: SimRun, title: str | None) -> Figure:
         Line2D(
             [], [], color=_PAYMENT_COLOUR, linewidth=1.1, marker=">", markersize=5, label="payment"
         ),
-        Line2D([], [], color="0.4", linewidth=0.9, linestyle=(0, (4.0, 2.5)), label="marker"),
+        drawing.dashed_key("0.4", "marker"),
         Line2D([], [], color="0.4", linewidth=7.0, alpha=0.35, label="in channel state"),
-        Line2D(
-            [],
-            [],
-            color="0.4",
-            marker="*",
-            markersize=11,
-            markeredgecolor="black",
-            markeredgewidth=0.6,
-            linestyle="none",
-            label="initiator",
-        ),
+        drawing.star_key("0.4", "initiator"),
     ]
-    handles = key + [line for line in ax.get_lines() if str(line.get_gid()).startswith("cut-")]
-    fig.legend(handles=handles, loc="outside right upper", frameon=False)
+    drawing.legend(fig, ax, key)
     return fig
 
 
@@ -563,7 +432,7 @@ def diagram_figure(run: SimRun, *, title: str | None = None) -> Figure:
     ``title`` replaces the default title, which names the scenario and counts
     its processes, payments and snapshots.
     """
-    with _style():
+    with drawing.style(_SALT):
         return _build(run, title)
 
 
@@ -582,8 +451,6 @@ def draw_diagram(run: SimRun, path: str | pathlib.Path, *, title: str | None = N
             f"cannot draw a diagram to {what} ({str(path)!r}): "
             f"the supported suffixes are {', '.join(FORMATS)}"
         )
-    buffer = io.BytesIO()
-    with _style():
-        fig = _build(run, title)
-        fig.savefig(buffer, format=fmt, dpi=_DPI, metadata=_METADATA[fmt])
-    path.write_bytes(buffer.getvalue())
+    with drawing.style(_SALT):
+        data = drawing.save(_build(run, title), fmt)
+    path.write_bytes(data)
