@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from cutline.api.environment import StreamEnvironment
 from cutline.api.progress import wanted
-from cutline.runtime.driver.driver import parse_running
+from cutline.runtime.driver.attempt import parse_running
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.task.launch import SourceHold
 

@@ -32,8 +32,9 @@ from cutline.api.progress import LiveProgress, ProgressLines, wanted
 from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.config import LATEST, JobConfig, check_host_loss
-from cutline.runtime.driver.driver import JobDriver, Listener
+from cutline.runtime.driver.driver import JobDriver
 from cutline.runtime.driver.result import JobInterrupted, JobResult
+from cutline.runtime.driver.run import Listener
 from cutline.runtime.graph import Edge, ExecutionPlan, GraphError, JobGraph, Operator, plan
 from cutline.runtime.io.sinks import FileSink
 from cutline.runtime.io.sources import CsvOptions, FileSource, InputWarning, SequenceSource
