@@ -40,6 +40,8 @@ from cutline.protocol.coordinator import (
     WriteMetadata,
 )
 from cutline.protocol.cut import channel_cuts, check_cut
+from cutline.protocol.errors import ProtocolError
+from cutline.protocol.termination import NextWave, Terminated, TerminationDetector
 from cutline.runtime.checkpoint.storage import (
     CheckpointLocation,
     CheckpointMetadata,
@@ -125,13 +127,11 @@ class JobAttempt:
         )
         self.savepoints = SavepointRequests(run.config, run.storage, run.run_id)
         self.progress_due = 0.0
-        self.census_wave = 0
-        self.census: dict[str, tuple[int, int]] = {}
+        self.termination = TerminationDetector(self.slots)
+        """Loops only, once the sources are done: whether the loops are quiet."""
         self.census_due: float | None = None
-        """When to ask the slots for their counts next (loops only, once the sources are done)."""
+        """When to ask the slots for their counts next."""
         self.census_started = 0.0
-        self.census_done: int | None = None
-        """Records processed, summed over the previous wave."""
 
     @property
     def failure(self) -> Failure | None:
@@ -311,30 +311,33 @@ class JobAttempt:
     # ------------------------------------------------------------------ loops
 
     def _census(self, now: float) -> None:
-        """Ask every slot how many records its subtasks sent on channels and processed."""
-        self.census_wave += 1
-        self.census = {}
+        """Ask every slot how many records its subtasks sent on channels and processed (a wave
+        of the :class:`~cutline.protocol.termination.TerminationDetector`)."""
         self.census_due = None
+        if self.termination.terminated:
+            return
         self.census_started = now
-        self._broadcast(Census(self.census_wave))
+        self._broadcast(Census(self.termination.start_wave().wave))
 
     def _on_census(self, slot: str, count: CensusCount, now: float) -> None:
-        """Termination detection for loops (Mattern's counting in two waves): if the records
-        processed in one wave equal the records sent in the next, asked only after the first
-        was answered, nothing was in flight or being processed between the two, and with every
-        source exhausted nothing can move again: the final checkpoint can be taken."""
-        if count.wave != self.census_wave or self.final is not None:
+        """A slot's counts: once a wave shows the loops quiet (Mattern's counting in two waves:
+        nothing in flight, and with every source exhausted nothing can move again), the final
+        checkpoint can be taken; else the next wave goes 50 ms after this one started."""
+        if self.final is not None:
             return
-        self.census[slot] = (count.sent, count.done)
-        if len(self.census) < len(self.slots):
+        try:
+            actions = self.termination.on_counts(slot, count.wave, count.sent, count.done)
+        except ProtocolError as exc:  # (a slot's counts went down: it is not what it says)
+            self.failures.lost(slot, f"its census answer is impossible: {exc}", False)
             return
-        sent = sum(s for s, _ in self.census.values())
-        done = sum(d for _, d in self.census.values())
-        if self.census_done == sent:
-            self._trigger_final(now)
-            return
-        self.census_done = done
-        self.census_due = self.census_started + 0.05
+        for action in actions:
+            match action:
+                case Terminated():
+                    self._trigger_final(now)
+                case NextWave():
+                    self.census_due = self.census_started + 0.05
+                case _:
+                    assert_never(action)
 
     # -------------------------------------------------------------- savepoints
 
