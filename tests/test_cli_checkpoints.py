@@ -64,7 +64,7 @@ def run_job(directory: Path, *, retained: int = 100, fail: bool = True) -> Any:
     )
     function = FailOnce(directory / "marker", RECORDS // 2 if fail else -1)
     (
-        env.from_sequence(0, RECORDS)
+        env.from_sequence(0, RECORDS, name="sequence")
         .map(function, name="to_key")
         .key_by("key")
         .sum("value", name="sum")
@@ -117,8 +117,8 @@ def test_show_gives_subtasks_critical_path_operators_and_channels(job: tuple[Pat
     assert "critical path: " in out.output
     hops = out.output.split("critical path: ", 1)[1].split("operators with state")[0]
     hops = hops.split("\n  <- ")
-    assert hops[0].startswith(("sum-", "1-sequence-")), hops
-    assert hops[-1].startswith("1-sequence-"), hops
+    assert hops[0].startswith(("sum-", "sequence-")), hops
+    assert hops[-1].startswith("sequence-"), hops
     assert "operators with state" in out.output
     assert "keyed" in out.output and "source" in out.output and "sink" in out.output
 

@@ -552,13 +552,14 @@ def test_an_exception_raised_every_time_fails_the_job_naming_operator_subtask_re
     message = str(info.value)
     assert "after 2 attempt(s) (restart_attempts=1)" in message
     # 7 is read by subtask 1 of the source chain (the sequence is dealt round-robin)
-    assert "map(bad) (subtask 1-sequence-1)" in message
+    source = env.plan().chains[0].uid  # the unnamed source's id: "sequence-" and a digest
+    assert f"map(bad) (subtask {source}-1)" in message
     assert "record: {'value': 7}" in message
     assert "ValueError: seven is a bad value" in message
     assert 'raise ValueError("seven is a bad value")  # the line the error shows' in message
     assert "test_runtime_jobs.py" in message
     assert info.value.operator == "map(bad)"
-    assert info.value.subtask == "1-sequence-1"
+    assert info.value.subtask == f"{source}-1"
     assert info.value.user_traceback is not None
     assert "in bad" in info.value.user_traceback
 

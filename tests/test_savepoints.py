@@ -218,7 +218,9 @@ def test_restoring_into_a_job_whose_operators_changed_names_them(
     n = 2000
     _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n, endpoints_of(monkeypatch))
     env = build(tmp_path, 2, tmp_path / "out2", n, checkpoint_dir="c2", sum_name="totals")
-    with pytest.raises(RestoreError, match=r"'sums'.*allow_non_restored_state=True"):
+    with pytest.raises(
+        RestoreError, match=r"'sums'.*without state in it are 'totals'.*allow_non_restored_state"
+    ):
         env.execute(launcher=ThreadLauncher(), restore_from=path)
     # explicitly allowed: the sums start from nothing; every other operator's state is restored
     result = env.execute(

@@ -106,7 +106,8 @@ def test_keyed_sum_is_exact_at_every_parallelism(spark, events, tmp_path, parall
     _assert_exact(tmp_path / "out")
     assert result.restarts == []
     assert result.checkpoints[-1].final
-    assert sum(result.records_in[f"1-read_parquet-{i}"] for i in range(parallelism)) == 200_000
+    source = env.plan().chains[0].uid  # the unnamed source's id: "read_parquet-" and a digest
+    assert sum(result.records_in[f"{source}-{i}"] for i in range(parallelism)) == 200_000
     assert not list((tmp_path / "out" / "_pending").iterdir())
 
 

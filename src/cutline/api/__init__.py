@@ -1,11 +1,21 @@
-"""The user's API: build a dataflow on a :class:`StreamEnvironment` and ``execute()`` it."""
+"""The user's API: build a dataflow on a :class:`StreamEnvironment` and ``execute()`` it.
+
+An operator of one's own is a :class:`Logic` (opened in every subtask into a
+:class:`Running`) added with ``stream.transform(label, logic)``.
+"""
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.driver.client import JobClient, JobClientError
 from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
 from cutline.runtime.io.sources import InputWarning, SourceError
-from cutline.runtime.operators import KeyedProcessFunction, ProcessContext
+from cutline.runtime.operators import (
+    KeyedProcessFunction,
+    Logic,
+    OperatorContext,
+    ProcessContext,
+    Running,
+)
 from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import SparkSetupError
 
@@ -19,8 +29,11 @@ __all__ = [
     "JobResult",
     "KeyedProcessFunction",
     "KeyedStream",
+    "Logic",
+    "OperatorContext",
     "ProcessContext",
     "RestoreError",
+    "Running",
     "SourceError",
     "SourceHold",
     "SparkSetupError",

@@ -31,7 +31,14 @@ from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointMetadata, StateHandle
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.io.sources import SourceError, merge_offsets
-from cutline.runtime.operators import Adopted, RecordError, SinkLogic
+from cutline.runtime.operators import (
+    Adopted,
+    MapBatchesLogic,
+    MapLogic,
+    PassLogic,
+    RecordError,
+    SinkLogic,
+)
 from cutline.runtime.state.keygroups import key_group_range
 
 
@@ -85,12 +92,28 @@ def plan_restore(
     }
     unknown = sorted(stateful - uids)
     if unknown and not allow_non_restored_state:
+        # most often the same operators under other ids (renamed; or unnamed, and their
+        # derived ids changed): say which of the job's operators found no state
+        empty = [
+            f"{op.uid!r} ({op.name})" if op.name != op.uid else repr(op.uid)
+            for chain in plan.chains
+            for op in chain.operators
+            if op.uid not in stateful
+            and not isinstance(op.logic, MapLogic | MapBatchesLogic | PassLogic)  # no state
+        ]
+        without = (
+            f"the operators of this job without state in it are {', '.join(empty)}"
+            if empty
+            else "every operator of this job that keeps state has state in it"
+        )
         raise RestoreError(
             f"{name} holds state of operator(s) {', '.join(map(repr, unknown))}, which this "
-            "job does not have (its operators are "
-            f"{', '.join(sorted(map(repr, uids)))}): give the stateful operators the names "
-            "(name=...) they had in the job that took it, or pass "
-            "allow_non_restored_state=True to start without that state"
+            f"job does not have; {without}. State is matched by operator id: an operator's "
+            "name=..., or for an unnamed one an id derived from its kind, function and inputs "
+            "(which changes when they do; earlier versions of cutline gave unnamed operators "
+            "ids by position, like '3-sum_value_'). Give each stateful operator name=... with "
+            "the id the checkpoint knows it by (e.g. .sum('value', name='3-sum_value_')), or "
+            "pass allow_non_restored_state=True to start without that state"
         )
     if old_parallelism != plan.parallelism:
         with_channels = sorted(s for s, h in metadata.handles.items() if h.channel_state)

@@ -1,0 +1,256 @@
+"""The sources of a job: integers, and Parquet, CSV and JSON-lines files.
+
+Each source is an operator without inputs whose offsets (per split: a range of the integers,
+or one file) go into every checkpoint, so that a restore reads on exactly where the
+checkpoint was taken, at any parallelism. What a source reads is part of its id unless it is
+named (``name=``): its range, or the files and how they are read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+
+from cutline.api.settings import location
+from cutline.api.streams import Dataflow, DataStream
+from cutline.runtime.io.sources import CsvOptions, FileSource, InputWarning, SequenceSource
+from cutline.runtime.operators import SourceLogic
+
+
+class Sources(Dataflow):
+    """The sources of :class:`~cutline.api.StreamEnvironment`: each returns a
+    :class:`~cutline.api.DataStream` of what it reads."""
+
+    def from_sequence(
+        self,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        column: str = "value",
+        name: str | None = None,
+        rate_limit: float | None = None,
+    ) -> DataStream:
+        """The integers ``start, start+1, ...`` up to ``end`` (excluded; ``None``: unbounded), as
+        records with one column.
+
+        :param rate_limit: at most this many records per second (for the whole source: each of
+            its subtasks reads its share), e.g. for a demo or a load test; ``None``: as fast as
+            the job takes them."""
+        if type(start) is not int or (end is not None and type(end) is not int):
+            raise ValueError(f"from_sequence needs integers, got start={start!r}, end={end!r}")
+        source = SequenceSource(start, end, column)
+        return self._source(source, "sequence", f"{start}..{end} as {column}", name, rate_limit)
+
+    def read_parquet(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        schema: pa.Schema | dict[str, Any] | None = None,
+        on_error: str = "fail",
+        name: str | None = None,
+        rate_limit: float | None = None,
+    ) -> DataStream:
+        """The records of Parquet files, as Arrow batches with one schema.
+
+        :param path: a directory (its ``.parquet`` and ``.pq`` files), one file, or a glob
+            pattern (``"events/2024-*.parquet"``: every file it matches; a directory it
+            matches gives its Parquet files); a local path or any fsspec URL. Names starting
+            with ``.`` or ``_`` are left out of directories and patterns. The files are sorted
+            by name and dealt round-robin to the subtasks, one split each. A path that does
+            not exist raises ``SourceError`` here; no input file at all is an empty stream and
+            an ``InputWarning`` naming the path and the suffixes looked for.
+        :param schema: the columns and their types: a ``pyarrow.Schema``, or a dict of column
+            -> type (``{"user": "string", "n": "int64"}``; a pyarrow type or its name). By
+            default, the union of the files' own schemas (their footers, read here), each
+            column's types unified (int32 and int64: int64; int64 and double: double; null:
+            the other); a column of two irreconcilable types (int64 in one file, string in
+            another) raises ``SourceError`` naming both files: give ``schema=``. Every file,
+            subtask and restart reads this schema: a column a file lacks is null, a column
+            not in the schema is left out, and a file whose column cannot be cast to the
+            schema's type at all (a struct for an int64) fails naming the file.
+        :param on_error: a row with a value that does not cast to its column's type (an
+            overflow, when ``schema=`` narrows a type) fails the job naming ``file, row N``
+            (1-based) with ``"fail"``, or goes to the dead letters with ``"dead_letter"``
+            (the row as the record; ``StreamEnvironment(dead_letter_dir=...)``).
+        :param name: the operator's name (and uid, which checkpoints know it by).
+        :param rate_limit: at most this many records per second, for the whole source (each
+            subtask reads its share); ``None``: as fast as the job takes them.
+
+        Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
+        or rejected); a restore passes over exactly those.
+        """
+        return self._files(path, "parquet", name, schema, on_error, rate_limit)
+
+    def read_csv(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        schema: pa.Schema | dict[str, Any] | None = None,
+        delimiter: str = ",",
+        header: bool = True,
+        quote: str | None = '"',
+        null_values: Iterable[str] = ("",),
+        column_names: Iterable[str] | None = None,
+        on_error: str = "fail",
+        name: str | None = None,
+        rate_limit: float | None = None,
+    ) -> DataStream:
+        """The records of CSV files, as Arrow batches with one schema.
+
+        :param path: a directory (its ``.csv`` files), one file, or a glob pattern
+            (``"logs/2024-*.csv"``: every file it matches, whatever its suffix; a directory it
+            matches gives its ``.csv`` files); a local path or any fsspec URL. Names starting
+            with ``.`` or ``_`` are left out of directories and patterns. The files are sorted
+            by name and dealt round-robin to the subtasks, one split each. A path that does
+            not exist raises ``SourceError`` here; no input file at all is an empty stream and
+            an ``InputWarning`` naming the path and the suffixes looked for.
+        :param schema: the columns and their types: a ``pyarrow.Schema``, or a dict of column
+            -> type (``{"user": "string", "n": "int64"}``; a pyarrow type or its name:
+            ``"string"``, ``"int64"``, ``"double"``, ``"bool"``, ``"date32"``,
+            ``"timestamp[us]"``, ...). By default it is inferred here, on the driver, from the
+            head of every file (its first 1 MiB and at most 10,000 rows; with more than 256
+            files, 256 MiB in all shared between them, at least 64 KiB each): a column is the
+            first of int64, double, bool, date32, timestamp[us] and timestamp[us, tz=UTC] that
+            all its sampled values cast to (spaces around a value do not count), else string;
+            a column without a value in the samples is string. Columns come in the order the
+            files name them, the files' columns united. A column whose values mix numbers and
+            text is string, with an ``InputWarning`` naming it, an example and its
+            ``file:line``: give ``schema=`` to read it as numbers, the other rows rejected.
+            Every file, subtask and restart reads this schema: a column a file lacks is null,
+            a column not in the schema is left out.
+        :param delimiter: the field separator (one character).
+        :param header: whether each file's first line names its columns (it is never data).
+            Without one, the columns are ``column_names``, else the names of ``schema=`` in
+            its order, else ``f0, f1, ...`` (as many as the first record of each file has).
+        :param quote: the quote character (``None``: no quoting). As in RFC 4180, a quoted
+            value may hold the delimiter, line breaks and the quote (doubled).
+        :param null_values: the fields that are null (quoted or not). By default only the
+            empty field: ``n/a``, ``NA`` or ``NaN`` are values (``NaN`` a double's).
+        :param column_names: the columns' names, in field order (instead of the header's).
+        :param on_error: what a rejected row does: a malformed record (more or fewer fields
+            than the columns, invalid UTF-8, an unterminated quote) or one with a value that
+            does not cast to its column's type (``'abc'`` for an int64). ``"fail"``: the job
+            fails (after its restarts) with ``SourceError: FILE:LINE: why``, e.g.
+            ``events.csv:3: column 'value': 'abc' is not an int64``. ``"dead_letter"``: the
+            row goes to the dead letters (``StreamEnvironment(dead_letter_dir=...)``) with
+            the line's text as the record and ``FILE:LINE: why`` as the error, and the job
+            goes on. Lines are the file's own, 1-based (the header is line 1); blank lines
+            are no rows.
+        :param name: the operator's name (and uid, which checkpoints know it by).
+        :param rate_limit: at most this many records per second, for the whole source (each
+            subtask reads its share); ``None``: as fast as the job takes them.
+
+        Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
+        or rejected); a restore parses the file again and passes over exactly those (a
+        rejected row is never rejected twice, nor a row lost).
+        """
+        options = CsvOptions(
+            delimiter=delimiter,
+            header=header,
+            quote=quote,
+            null_values=tuple(null_values),
+            column_names=tuple(column_names) if column_names is not None else None,
+        )
+        return self._files(path, "csv", name, schema, on_error, rate_limit, options)
+
+    def read_jsonl(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        schema: pa.Schema | dict[str, Any] | None = None,
+        on_error: str = "fail",
+        name: str | None = None,
+        rate_limit: float | None = None,
+    ) -> DataStream:
+        """The records of JSON-lines files (one JSON object per line), as Arrow batches with
+        one schema.
+
+        :param path: a directory (its ``.jsonl`` and ``.json`` files), one file, or a glob
+            pattern (every file it matches, whatever its suffix; a directory it matches gives
+            its JSON-lines files); a local path or any fsspec URL. Names starting with ``.``
+            or ``_`` are left out of directories and patterns. The files are sorted by name
+            and dealt round-robin to the subtasks, one split each. A path that does not exist
+            raises ``SourceError`` here; no input file at all is an empty stream and an
+            ``InputWarning`` naming the path and the suffixes looked for.
+        :param schema: the columns and their types: a ``pyarrow.Schema``, or a dict of column
+            -> type (``{"user": "string", "n": "int64"}``). By default it is inferred here, on
+            the driver, from the head of every file (as ``read_csv``: 1 MiB and at most 10,000
+            lines each) with pyarrow.json's types (int64, double, bool, string, timestamps
+            for ISO-8601 text, read as timestamp[us], structs, lists), unified across lines
+            and files (int64 and double: double; null: the other; structs field by field). A
+            column whose values fit no one type (numbers and text, objects and numbers) is
+            string, its values that are not text read as their JSON text; when they mix
+            numbers and text an ``InputWarning`` names the column, an example and its
+            ``file:line``. A column with nothing but nulls in the samples is string. Every
+            file, subtask and restart reads this schema: a field a line lacks is null, a
+            field not in the schema is left out.
+        :param on_error: what a rejected line does: malformed JSON, a line that is no JSON
+            object, or a value that does not fit its column's type (``"abc"`` or ``3.5`` for
+            an int64; a string column takes any value, as its JSON text). ``"fail"``: the job
+            fails (after its restarts) with ``SourceError: FILE:LINE: why``.
+            ``"dead_letter"``: the line goes to the dead letters
+            (``StreamEnvironment(dead_letter_dir=...)``) with its text as the record and
+            ``FILE:LINE: why`` as the error, and the job goes on. Lines are 1-based; blank
+            lines are no rows.
+        :param name: the operator's name (and uid, which checkpoints know it by).
+        :param rate_limit: at most this many records per second, for the whole source (each
+            subtask reads its share); ``None``: as fast as the job takes them.
+
+        Replayable: the offset in each checkpoint is, per file, the lines consumed (handed
+        out or rejected); a restore passes over exactly those.
+        """
+        return self._files(path, "jsonl", name, schema, on_error, rate_limit)
+
+    def _files(
+        self,
+        path: str | os.PathLike[str],
+        fmt: str,
+        name: str | None,
+        schema: pa.Schema | dict[str, Any] | None,
+        on_error: str,
+        rate_limit: float | None,
+        csv: CsvOptions | None = None,
+    ) -> DataStream:
+        label = f"read_{fmt}"
+        what = name or label
+        self._check_on_error(what, on_error)  # before the files are sampled
+        options = self.settings.storage_options
+        url = location(path)
+        source = FileSource(url, fmt, options, schema=schema, csv=csv or CsvOptions())
+        # on the driver, now: a missing path is an error here, not inside a Spark task, and
+        # the schema every subtask and restart reads is fixed
+        source, notes = source.prepare()
+        for note in notes:
+            warnings.warn(f"{what}({path}): {note}", InputWarning, stacklevel=3)
+        # what it reads, for its id: the files, and how they are read (as given)
+        reads = f"{url} schema={schema!r} {csv!r}" if csv else f"{url} schema={schema!r}"
+        return self._source(source, label, reads, name, rate_limit, on_error)
+
+    def _source(
+        self,
+        source: SequenceSource | FileSource,
+        label: str,
+        reads: str,
+        name: str | None,
+        rate_limit: float | None,
+        on_error: str = "fail",
+    ) -> DataStream:
+        """The source operator ``label`` reading ``source`` (``reads`` says what, for its id)."""
+        if rate_limit is not None and (
+            isinstance(rate_limit, bool)
+            or not isinstance(rate_limit, int | float)
+            or not 0 < rate_limit < math.inf
+        ):
+            raise ValueError(
+                f"{name or label}: rate_limit must be a number of records per second greater "
+                f"than zero, not {rate_limit!r}"
+            )
+        operator = self._add(label, SourceLogic(source), [], name, on_error, reads)
+        if rate_limit is not None:
+            self._rate_limits[operator.uid] = float(rate_limit)
+        return DataStream(self, operator)

@@ -1,0 +1,421 @@
+"""Building a job's graph: :class:`DataStream`, :class:`KeyedStream`, and the
+:class:`Dataflow` that holds their operators.
+
+Every operator is added on one path: :meth:`DataStream.transform` (or
+:meth:`KeyedStream.transform`, whose records are partitioned by key) with a *label* (how
+messages call it: ``"map(parse)"``) and a picklable :class:`~cutline.runtime.operators.Logic`
+(what it does in each subtask). ``map``, ``sum``, ``process``, the sinks and the rest are
+that call with a logic of cutline's own, and an operator of a user's own is the same call::
+
+    class Scale(Logic):
+        def __init__(self, factor):
+            self.factor = factor
+
+        def open(self, ctx, state):
+            return ScaleRunning(self.factor)   # a Running: process(batch) -> batch
+
+    env.from_sequence(0, 100).transform("scale(10)", Scale(10)).collect()
+
+**Operator ids.** Checkpoints know an operator's state by its id. ``name=`` gives the id (and
+the name messages use); an unnamed operator's id is its label made safe for file names and a
+digest of what makes the operator what it is: its label (its kind and its function's name;
+a lambda, which has no name, is told by the constants and names in its code), what a source
+reads, and its inputs' ids and partitioning, e.g. ``sum_value-1f0c93ab``. So an
+operator keeps its id when operators are added, removed or reordered elsewhere in the job,
+and changes it when its own function or anything upstream of it changes: name the stateful
+operators you mean to restore across changes. Two unnamed operators that would get one id (a
+second ``map(parse)`` on the same stream) are refused here, asking for ``name=``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import linecache
+import os
+import re
+import types
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+
+from cutline.api.settings import Settings, location
+from cutline.runtime.graph import Edge, GraphError, JobGraph, KeySelector, Operator
+from cutline.runtime.io.sinks import FileSink
+from cutline.runtime.operators import (
+    ON_ERROR,
+    KeyedProcessFunction,
+    Logic,
+    MapBatchesLogic,
+    MapLogic,
+    PassLogic,
+    ProcessLogic,
+    RollingLogic,
+    SinkLogic,
+    function_name,
+)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
+
+
+def operator_id(label: str, inputs: Sequence[Edge], detail: str = "") -> str:
+    """The id of an unnamed operator: ``label`` made safe (at most 40 characters), then 8 hex
+    digits of a digest of the label, ``detail`` (what a source reads; what tells a lambda
+    from another) and the inputs (their ids, partitioning and key, in any order). Nothing
+    else of the job goes into it."""
+    readable = _UNSAFE.sub("_", label).strip("_.")[:40].rstrip("_.") or "operator"
+    edges = sorted([e.upstream, e.partitioning, _key_name(e.key)] for e in inputs)
+    identity = json.dumps([label, detail, edges])
+    return f"{readable}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
+def _key_name(key: KeySelector | None) -> str:
+    if key is None or isinstance(key, str):
+        return key or ""
+    return f"{function_name(key)}({_lambda(key)})"
+
+
+def _lambda(fn: Any) -> str:
+    """What tells a lambda (a function without a name) from another: the text of its code
+    without blanks (``m["kind"]=="label"``, from its source file), else the constants and
+    names in it; not its bytecode, which changes with the version of Python. Empty for a
+    function with a name: its name is its identity, whatever its body."""
+    code = getattr(fn, "__code__", None)
+    if function_name(fn) != "lambda" or not isinstance(code, types.CodeType):
+        return ""
+    return _text(code) or _names(code)
+
+
+def _text(code: types.CodeType) -> str:
+    """The source text of ``code`` without blanks; empty when its file cannot be read."""
+    spans = [
+        (line, end_line, col, end)
+        for line, end_line, col, end in code.co_positions()
+        if line is not None
+        and end_line is not None
+        and col is not None
+        and end is not None
+        and (line, col) != (end_line, end)  # (the frame's set-up: no text)
+    ]
+    lines = linecache.getlines(code.co_filename)
+    if not spans or not lines:
+        return ""
+    first, col = min((p[0], p[2]) for p in spans)
+    last, end = max((p[1], p[3]) for p in spans)
+    text = [line.encode() for line in lines[first - 1 : last]]  # columns count UTF-8 bytes
+    if not text:
+        return ""
+    text[-1] = text[-1][:end]
+    text[0] = text[0][col:]
+    return "".join(b"".join(text).decode(errors="replace").split())
+
+
+def _names(code: types.CodeType) -> str:
+    constants = [
+        _names(c) if isinstance(c, types.CodeType) else repr(c)
+        for c in code.co_consts
+        if c is not None
+    ]
+    return f"{constants} {list(code.co_names)} {list(code.co_varnames)}"
+
+
+class Dataflow:
+    """The graph of a job being built: its operators and their ids, and what ``execute()``
+    needs to know of them (each operator's ``on_error``, the sources' rate limits, the
+    directories of the file sinks, the collect sinks)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.graph = JobGraph()
+        self._on_error: dict[str, str] = {}
+        self._rate_limits: dict[str, float] = {}
+        self._outputs: dict[str, str] = {}
+        """File sink uid -> its directory."""
+        self._collect: dict[str, str] = {}
+        """Collect sink name -> its uid."""
+
+    def _add(
+        self,
+        label: str,
+        logic: Any,
+        inputs: list[Edge],
+        name: str | None = None,
+        on_error: str = "fail",
+        reads: str = "",
+    ) -> Operator:
+        """The one way an operator enters the graph: named ``name`` (its id and what messages
+        call it) or, unnamed, called ``label`` with the id :func:`operator_id` gives it (from
+        ``reads`` for a source, and the lambda of a logic whose function, ``fn``, is one)."""
+        shown = label if name is None else name
+        self._check_on_error(shown, on_error)
+        detail = reads or _lambda(getattr(logic, "fn", None))
+        uid = operator_id(label, inputs, detail) if name is None else name
+        taken = self.graph.operators.get(uid)
+        if taken is not None and name is not None:
+            raise ValueError(
+                f"name={name!r}: another operator ({taken.name}) has this name already; every "
+                "operator's name must be its own (it is its id in checkpoints)"
+            )
+        if taken is not None:
+            raise ValueError(
+                f"{label}: the job has this operator already ({taken.name}: the same kind and "
+                f"function, reading the same input), and both would have the id {uid!r}: give "
+                "them name=... (each its own: the operator's stable id in checkpoints)"
+            )
+        operator = self.graph.add(Operator(uid, shown, logic, inputs))
+        self._on_error[uid] = on_error
+        return operator
+
+    def _check_on_error(self, name: str, on_error: str) -> None:
+        if on_error not in ON_ERROR:
+            raise ValueError(f"{name}: on_error must be 'fail' or 'dead_letter', not {on_error!r}")
+        if on_error == "dead_letter" and self.settings.dead_letter_dir is None:
+            raise ValueError(
+                f"{name}: on_error='dead_letter' needs a dead-letter directory: "
+                "StreamEnvironment(dead_letter_dir=...)"
+            )
+
+    def _location(self, directory: str) -> tuple[str, str]:
+        """(protocol, path) of ``directory``: equal for two spellings of one place."""
+        options = dict(self.settings.storage_options or {})
+        fs, root = fsspec.core.url_to_fs(directory, **options)
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        return protocol, root.rstrip("/") or "/"
+
+    def _check_output(self, directory: str, what: str) -> None:
+        place = self._location(directory)
+        if any(self._location(d) == place for d in self._outputs.values()):
+            raise ValueError(f"{what}: two sinks write to {directory}; give each its own directory")
+
+
+class _Operators:
+    """The operators of :class:`DataStream` and :class:`KeyedStream` alike: each is a
+    :meth:`transform` (on a keyed stream, of records partitioned by key: every batch holds only
+    keys of one subtask)."""
+
+    def transform(
+        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """Add an operator: ``logic`` (a :class:`~cutline.runtime.operators.Logic`) run on
+        every subtask's records, returning the stream of what it emits.
+
+        :param label: what messages, dead letters and the progress call it (``"dedupe(id)"``)
+            when it has no ``name``; an unnamed operator's id is derived from it (see the
+            module's docstring).
+        :param logic: picklable; ``logic.open(ctx, state)`` is called in each subtask and
+            returns a :class:`~cutline.runtime.operators.Running` whose ``process(batch)``
+            returns the records it emits (or ``None``) and whose ``snapshot(checkpoint_id)``
+            returns the state a checkpoint keeps (``state`` at a restore). A keyed logic
+            (``keyed = True``, on a :class:`KeyedStream`) keeps its state in a backend of
+            the subtask's key groups, as cutline's own keyed operators do.
+        :param name: the operator's stable id in checkpoints, and its name in messages.
+        :param on_error: ``"fail"`` or ``"dead_letter"`` (what ``ctx.fail(record, exc)``
+            does with a record the operator cannot process).
+        """
+        raise NotImplementedError
+
+    def map(
+        self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """One record out for every record in: ``fn(record)``."""
+        return self.transform(*_per_record("map", fn), name=name, on_error=on_error)
+
+    def flat_map(
+        self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """Any number of records out for every record in: ``fn(record)`` returns an iterable."""
+        return self.transform(*_per_record("flat_map", fn), name=name, on_error=on_error)
+
+    def filter(
+        self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """The records for which ``fn(record)`` is true."""
+        return self.transform(*_per_record("filter", fn), name=name, on_error=on_error)
+
+    def map_batches(
+        self,
+        fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table],
+        *,
+        name: str | None = None,
+        on_error: str = "fail",
+    ) -> DataStream:
+        """The vectorized path: ``fn`` gets a ``pyarrow.RecordBatch`` and returns a batch or
+        table. (Records that are dicts are turned into a batch first.)"""
+        return self.transform(*_per_record("map_batches", fn), name=name, on_error=on_error)
+
+
+class DataStream(_Operators):
+    """A stream of records: the output of one operator."""
+
+    def __init__(self, env: Dataflow, operator: Operator) -> None:
+        self.env = env
+        self.operator = operator
+
+    def transform(
+        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        return self._through(Edge(self.operator.uid), label, logic, name, on_error)
+
+    def _through(
+        self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: str
+    ) -> DataStream:
+        """The operator ``label`` reading this stream over ``edge``."""
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(f"transform: the label must be a non-empty string, not {label!r}")
+        if not isinstance(logic, Logic):
+            raise TypeError(
+                f"{label}: transform takes a cutline.runtime.operators.Logic, not "
+                f"{type(logic).__name__}"
+            )
+        return DataStream(self.env, self.env._add(label, logic, [edge], name, on_error))
+
+    def key_by(self, key: str | Callable[[Any], Hashable]) -> KeyedStream:
+        """Partition by key: a column name (records are dicts or columns) or a function."""
+        if not (isinstance(key, str) or callable(key)):
+            raise TypeError(f"key_by takes a column name or a function, not {key!r}")
+        return KeyedStream(self, key)
+
+    def union(self, *others: DataStream, name: str | None = None) -> DataStream:
+        """The records of this stream and of ``others``, interleaved."""
+        streams = [self, *others]
+        if not others:
+            raise ValueError("union needs at least one other stream")
+        if any(s.env is not self.env for s in streams):
+            raise ValueError("union of streams from different StreamEnvironments")
+        if len({s.operator.uid for s in streams}) != len(streams):
+            raise ValueError("union of a stream with itself: every record would come twice")
+        inputs = [Edge(s.operator.uid) for s in streams]
+        return DataStream(self.env, self.env._add("union", PassLogic(), inputs, name))
+
+    def iterate(
+        self,
+        body: Callable[[DataStream], tuple[DataStream, DataStream]],
+        *,
+        name: str | None = None,
+    ) -> DataStream:
+        """A loop, for iterative algorithms (label propagation, graph search, PageRank).
+
+        ``body(loop)`` receives the stream of records entering the loop: this stream's records
+        and every record fed back. It returns ``(feedback, output)``: ``feedback`` goes round
+        to the loop's head again, ``output`` leaves the loop (the value returned here). A
+        record circulates until the body stops feeding it back. Checkpoints of every mode stay
+        consistent: records that travel the back edge while a checkpoint goes round are
+        stored with it and replayed after a restore; the final checkpoint of bounded input
+        waits until nothing circulates any more.
+        """
+        if not callable(body):
+            raise TypeError(f"iterate needs a function of the loop's stream, not {body!r}")
+        head = self.env._add("iterate", PassLogic(), [Edge(self.operator.uid)], name)
+        returned = body(DataStream(self.env, head))
+        if (
+            not isinstance(returned, tuple)
+            or len(returned) != 2
+            or not all(isinstance(s, DataStream) for s in returned)
+        ):
+            raise TypeError(
+                f"the body of iterate must return (feedback, output), two streams, not {returned!r}"
+            )
+        feedback, output = returned
+        if feedback.env is not self.env or output.env is not self.env:
+            raise ValueError("iterate: the body returned a stream of another StreamEnvironment")
+        try:
+            self.env.graph.close_loop(head.uid, feedback.operator.uid)
+        except GraphError as exc:
+            raise ValueError(f"iterate: {exc}") from None
+        return output
+
+    def write_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        """Exactly-once Parquet output: part files appear in ``path`` when the checkpoint that
+        covers them completes (pending ones wait in ``path/_pending``, which readers skip)."""
+        self._file_sink(location(path), "parquet", name)
+
+    def write_jsonl(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        """Exactly-once JSON-lines output (as :meth:`write_parquet`)."""
+        self._file_sink(location(path), "jsonl", name)
+
+    def _file_sink(self, path: str, fmt: str, name: str | None) -> None:
+        what = f"write_{fmt}({path})"
+        self.env._check_output(path, what)
+        sink = FileSink(path, fmt, self.env.settings.storage_options)
+        operator = self.transform(what, SinkLogic(sink), name=name).operator
+        self.env._outputs[operator.uid] = path
+
+    def collect(self, name: str = "collect") -> None:
+        """Keep the records: ``execute()`` returns them (``result.output``), exactly once."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"collect name {name!r}: use letters, digits, '_', '-' and '.'")
+        if name in self.env._collect:
+            raise ValueError(f"two collect sinks are named {name!r}")
+        # the directory is fixed at execute(); the sink's logic finds it through the env
+        logic = SinkLogic(FileSink(f"{{collect:{name}}}", "pickle"))
+        operator = self.transform(f"collect({name})", logic).operator
+        self.env._collect[name] = operator.uid
+
+
+class KeyedStream(_Operators):
+    """A stream partitioned by key: keyed state and rolling aggregations per key."""
+
+    def __init__(self, stream: DataStream, key: str | Callable[[Any], Hashable]) -> None:
+        self.stream = stream
+        self.key = key
+
+    def transform(
+        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        edge = Edge(self.stream.operator.uid, "hash", self.key)
+        return self.stream._through(edge, label, logic, name, on_error)
+
+    def process(
+        self, function: KeyedProcessFunction, *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """Run ``function.process(record, ctx)`` for every record, with keyed state in ``ctx``."""
+        if not isinstance(function, KeyedProcessFunction):
+            raise TypeError(
+                "process takes an instance of a KeyedProcessFunction subclass, not "
+                f"{type(function).__name__}"
+            )
+        label = f"process({type(function).__name__})"
+        logic = ProcessLogic(function, self.key)
+        return self.transform(label, logic, name=name, on_error=on_error)
+
+    def reduce(
+        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: str = "fail"
+    ) -> DataStream:
+        """For every record, emit ``fn(previous result of its key, record)`` (the first record of
+        a key is emitted as it is)."""
+        _callable(fn, "reduce")
+        logic = RollingLogic("reduce", self.key, fn=fn)
+        return self.transform(f"reduce({function_name(fn)})", logic, name=name, on_error=on_error)
+
+    def sum(self, field: str | int, *, name: str | None = None) -> DataStream:
+        """For every record, the record with ``field`` replaced by its key's running sum."""
+        return self._rolling("sum", field, name)
+
+    def min(self, field: str | int, *, name: str | None = None) -> DataStream:
+        """For every record, the record with ``field`` replaced by its key's running minimum."""
+        return self._rolling("min", field, name)
+
+    def max(self, field: str | int, *, name: str | None = None) -> DataStream:
+        """For every record, the record with ``field`` replaced by its key's running maximum."""
+        return self._rolling("max", field, name)
+
+    def count(self, *, name: str | None = None) -> DataStream:
+        """For every record, the record with a ``count`` field: its key's running count."""
+        return self.transform("count", RollingLogic("count", self.key), name=name)
+
+    def _rolling(self, kind: str, field: str | int, name: str | None) -> DataStream:
+        return self.transform(f"{kind}({field})", RollingLogic(kind, self.key, field), name=name)
+
+
+def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:
+    """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``."""
+    _callable(fn, kind)
+    logic = MapBatchesLogic(fn) if kind == "map_batches" else MapLogic(fn, kind)
+    return f"{kind}({function_name(fn)})", logic
+
+
+def _callable(fn: Any, what: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{what} takes a function, not {type(fn).__name__}")
