@@ -289,7 +289,7 @@ def simulate(
 
 
 def runtime_counts(histories: list[ChannelHistory]) -> dict[str, dict[str, dict[str, int]]]:
-    """What the subtasks put into their acknowledgements (``_Taking.channel_counts``): every
+    """What the subtasks put into their acknowledgements (``PendingSnapshot.channel_counts``): every
     output channel's ``sent`` and input channel's ``received`` (zeros too), and the recorded
     records per channel where there are any."""
     counts: dict[str, dict[str, dict[str, int]]] = {}

@@ -38,7 +38,6 @@ import time
 from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from cutline.protocol.alignment import (
@@ -83,57 +82,11 @@ from cutline.runtime.operators import (
 )
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.segments import SegmentRef
+from cutline.runtime.task.checkpoints import PendingSnapshot, SubtaskCheckpoints
 from cutline.runtime.task.failures import failed_message, shorten
 from cutline.runtime.task.launch import SlotSetup
 
 JOIN_SECONDS = 10.0
-
-
-@dataclass
-class _Taking:
-    """A checkpoint taken at this subtask and not yet whole: its synchronous part, and the
-    channel state recorded since."""
-
-    parts: dict[str, Any]
-    alignment: float
-    sync_end: float
-    savepoint: bool = False
-    unaligned: bool = False
-    inputs: dict[str, list[Any]] = field(default_factory=dict)
-    outputs: dict[str, list[Any]] = field(default_factory=dict)
-    synchronous: float = 0.0
-    snapshot_at: float = 0.0
-    """Wall clock of the snapshot (statistics compare it across processes)."""
-    first_barrier_at: float = 0.0
-    """Wall clock of the first barrier (a source: of the trigger)."""
-    forwarded_at: float | None = None
-    sent: dict[str, int] = field(default_factory=dict)
-    """Records sent per output channel before the barrier."""
-    received: dict[str, int] = field(default_factory=dict)
-    """Records received per input channel before the snapshot."""
-    arrivals: dict[str, float] = field(default_factory=dict)
-    """Input channel -> wall clock of its barrier."""
-    queued_ahead: dict[str, int] = field(default_factory=dict)
-    """Output channel -> records its (in-line) barrier was sent behind."""
-
-    def keep_output(self, channel: str, overtaken: list[Records]) -> None:
-        """Keep the records an unaligned barrier overtook on output ``channel``."""
-        if overtaken:
-            self.outputs[channel] = [frame.batch for frame in overtaken]
-
-    def channel_counts(self) -> dict[str, dict[str, int]]:
-        """What the consistent-cut verifier checks (``runtime/verify.py``)."""
-        return {
-            "sent": self.sent,
-            "received": self.received,
-            "recorded_inputs": _recorded(self.inputs),
-            "recorded_outputs": _recorded(self.outputs),
-        }
-
-
-def _recorded(channels: dict[str, list[Any]]) -> dict[str, int]:
-    """Records per channel of recorded channel state."""
-    return {c: sum(len(Records(b)) for b in batches) for c, batches in channels.items() if batches}
 
 
 class _ReadSize:
@@ -232,9 +185,8 @@ class SubtaskRunner:
         again after a restore included)."""
         self._received: dict[str, int] = {c: 0 for c in (gate.channels if gate is not None else ())}
         """Records received per input channel from the wire in this generation."""
-        self._arrivals: dict[int, dict[str, float]] = {}
-        """Checkpoint -> input channel -> wall clock of its barrier."""
-        self._trigger_seen: dict[int, float] = {}
+        self.checkpoints = SubtaskCheckpoints()
+        """What this subtask knows of each checkpoint in flight."""
         self._snapshotter = ThreadPoolExecutor(1, thread_name_prefix=f"cutline-snap-{self.name}")
         self._writes: list[futures.Future[None]] = []
         self._last_snapshot: int | None = None
@@ -244,17 +196,7 @@ class SubtaskRunner:
         self._reader: Any = None
         self._dead_letters: DeadLetterOutput | None = None
         self._current = chain.operators[0].name
-        self._first_barrier_at: dict[int, float] = {}
-        self._taking: dict[int, _Taking] = {}
-        self._trigger_times: dict[int, float] = {}
-        """With an alignment timeout: when each checkpoint in flight was triggered."""
-        self._unflushed: dict[int, _Taking] = {}
-        """Checkpoints whole here whose barrier still waits in an output queue."""
         self._timeout = setup.alignment_timeout if setup.checkpointing == "aligned" else None
-        self._forced: set[int] = set()
-        """Checkpoints whose barriers came forced aligned (forwarded so too)."""
-        self._kinds: dict[int, tuple[int | None, bool]] = {}
-        """Checkpoint -> (its base, whether it is a savepoint), from its trigger or barrier."""
         self._restore_location: CheckpointLocation | None = None
         self._draining = setup.drain
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
@@ -498,7 +440,7 @@ class SubtaskRunner:
                 continue
             self._check_timeouts()
             wait = 0.05
-            if self._trigger_times or self._unflushed:
+            if self.checkpoints.watched():
                 wait = 0.01
             if (
                 gate.back_edges
@@ -534,19 +476,19 @@ class SubtaskRunner:
                 self.records_done += len(frame)
             elif isinstance(frame, PriorityBarrier):
                 n = frame.barrier.checkpoint_id
-                self._first_barrier_at.setdefault(n, time.monotonic())
-                self._arrivals.setdefault(n, {}).setdefault(channel, time.time())
-                self._kinds.setdefault(n, (frame.barrier.base, frame.barrier.savepoint))
+                checkpoint = self.checkpoints[n]
+                checkpoint.barrier_came(channel, time.monotonic(), time.time())
+                checkpoint.said(frame.barrier.base, frame.barrier.savepoint)
                 self._carry(
                     handler.barrier_received(n, channel, unaligned=True, overtaken=frame.overtaken)
                 )
             elif isinstance(frame, Barrier):
                 n = frame.checkpoint_id
-                self._first_barrier_at.setdefault(n, time.monotonic())
-                self._arrivals.setdefault(n, {}).setdefault(channel, time.time())
-                self._kinds.setdefault(n, (frame.base, frame.savepoint))
+                checkpoint = self.checkpoints[n]
+                checkpoint.barrier_came(channel, time.monotonic(), time.time())
+                checkpoint.said(frame.base, frame.savepoint)
                 if frame.forced_aligned:
-                    self._forced.add(n)
+                    checkpoint.forced = True
                 self._carry(
                     handler.barrier_received(
                         n, channel, unaligned=frame.unaligned, forced_aligned=frame.forced_aligned
@@ -559,21 +501,22 @@ class SubtaskRunner:
         """Carry out the barrier handler's actions, in order."""
         for action in actions:
             if isinstance(action, RecordMessage):
-                taking = self._taking.get(action.snapshot_id)
-                if taking is not None:
-                    taking.inputs.setdefault(action.channel, []).append(action.message.batch)
+                recording = self.checkpoints.get(action.snapshot_id)
+                if recording is not None and recording.pending is not None:
+                    recording.pending.inputs.setdefault(action.channel, []).append(
+                        action.message.batch
+                    )
             elif isinstance(action, SnapshotState):
                 self._snapshot(action.checkpoint_id)
             elif isinstance(action, ForwardBarrier):
-                forced = action.checkpoint_id in self._forced
-                self._forced.discard(action.checkpoint_id)
+                forwarded = self.checkpoints[action.checkpoint_id]
+                forced, forwarded.forced = forwarded.forced, False
                 self._forward(action.checkpoint_id, action.unaligned, forced)
             elif isinstance(action, SnapshotComplete):
                 self._complete(action.snapshot_id)
             elif isinstance(action, DeclineCheckpoint):
-                self._taking.pop(action.checkpoint_id, None)
-                self._unflushed.pop(action.checkpoint_id, None)
-                self._first_barrier_at.pop(action.checkpoint_id, None)
+                declined = self.checkpoints[action.checkpoint_id]
+                declined.pending = declined.unflushed = declined.first_barrier = None
                 self.control.send(Decline(self.name, action.checkpoint_id, shorten(action.reason)))
             # BlockChannel / UnblockChannels: the handler's blocked_channels says it all
 
@@ -599,15 +542,17 @@ class SubtaskRunner:
                         self._draining = True  # stop reading: the job stops once loops are quiet
                 case Complete(checkpoint=checkpoint):
                     self._last_complete = max(self._last_complete, checkpoint)
-                    for n in [n for n in self._trigger_times if n <= checkpoint]:
-                        del self._trigger_times[n]
+                    for timed in self.checkpoints.timed():
+                        if timed.checkpoint_id <= checkpoint:
+                            timed.triggered = None
                     for _, running in self._operators:
                         running.notify_complete(checkpoint)
                     if self._dead_letters is not None:
                         self._dead_letters.writer.notify_complete(checkpoint)
                 case Abort(checkpoint=checkpoint):
-                    self._trigger_times.pop(checkpoint, None)
-                    self._unflushed.pop(checkpoint, None)  # not written: the driver dropped it
+                    aborted = self.checkpoints[checkpoint]
+                    aborted.triggered = None
+                    aborted.unflushed = None  # not written: the driver dropped it
                     if self._final == checkpoint:
                         self._final = None  # the driver triggers another final checkpoint
                     if self._handler is not None:
@@ -623,14 +568,15 @@ class SubtaskRunner:
 
     def _on_trigger(self, trigger: Trigger) -> None:
         checkpoint, savepoint = trigger.checkpoint, trigger.savepoint
+        triggered = self.checkpoints[checkpoint]
         # what the barrier will say too: a barrier the alignment timeout takes out of an input
         # queue is never seen as a frame here
-        self._kinds.setdefault(checkpoint, (trigger.base, savepoint))
+        triggered.said(trigger.base, savepoint)
         if self._timeout is not None and not trigger.final and not savepoint:
-            self._trigger_times[checkpoint] = time.monotonic()
+            triggered.triggered = time.monotonic()
         if not self.chain.is_source:
             return
-        self._trigger_seen[checkpoint] = time.time()
+        triggered.trigger_seen = time.time()
         if self._hold_from is None and self._holding():
             self._hold_from = checkpoint
         self._snapshot(checkpoint)
@@ -684,8 +630,9 @@ class SubtaskRunner:
     def _forward(self, checkpoint_id: int, unaligned: bool, forced_aligned: bool = False) -> None:
         """Emit ``Barrier(checkpoint_id)`` on every output: in line, or (unaligned) ahead of
         the queued records, which become the output side of the checkpoint's channel state."""
-        base, savepoint = self._kinds.get(checkpoint_id, (None, False))
-        forwarding = self._taking.get(checkpoint_id)
+        checkpoint = self.checkpoints[checkpoint_id]
+        base, savepoint = checkpoint.base, checkpoint.savepoint
+        forwarding = checkpoint.pending
         if forwarding is not None and self.outputs:
             forwarding.forwarded_at = time.time()
         if not unaligned:
@@ -697,11 +644,11 @@ class SubtaskRunner:
                     forwarding.queued_ahead[channel.channel] = channel.records_ahead()
                 channel.send(frame)
             return
-        taking = self._taking[checkpoint_id]
-        taking.unaligned = True
+        assert forwarding is not None  # an unaligned barrier is forwarded after the snapshot
+        forwarding.unaligned = True
         frame = Barrier(checkpoint_id, unaligned=True, savepoint=savepoint, base=base)
         for channel in self.output_channels():
-            taking.keep_output(channel.channel, channel.send_priority(frame))
+            forwarding.keep_output(channel.channel, channel.send_priority(frame))
 
     def _emit_end(self) -> None:
         frame = EndOfInput()
@@ -714,9 +661,10 @@ class SubtaskRunner:
         """The synchronous part: offsets, state copies, the sinks' pending parts."""
         parts: dict[str, Any] = {}
         started, wall = time.monotonic(), time.time()
-        base, savepoint = self._kinds.get(checkpoint_id, (None, False))
-        for older in [n for n in self._kinds if n < checkpoint_id]:
-            del self._kinds[older]
+        checkpoint = self.checkpoints[checkpoint_id]
+        base, savepoint = checkpoint.base, checkpoint.savepoint
+        for older in self.checkpoints.older(checkpoint_id):
+            older.kind = older.first_barrier = older.trigger_seen = None
         if self._reader is not None:
             parts[self.chain.operators[0].uid] = self._reader.offset()
         for uid, running in self._operators:
@@ -726,15 +674,11 @@ class SubtaskRunner:
             parts[DEAD_LETTERS] = self._dead_letters.writer.pre_commit_later(checkpoint_id)
         self._last_snapshot = checkpoint_id
         now = time.monotonic()
-        first = self._first_barrier_at.pop(checkpoint_id, None)
-        for older in [n for n in self._first_barrier_at if n < checkpoint_id]:
-            del self._first_barrier_at[older]
+        first, checkpoint.first_barrier = checkpoint.first_barrier, None
         alignment = max(0.0, started - first) if first is not None else 0.0
-        arrivals = self._arrivals.get(checkpoint_id, {})
-        first_at = min(arrivals.values(), default=self._trigger_seen.pop(checkpoint_id, wall))
-        for older in [n for n in self._trigger_seen if n < checkpoint_id]:
-            del self._trigger_seen[older]
-        self._taking[checkpoint_id] = _Taking(
+        seen, checkpoint.trigger_seen = checkpoint.trigger_seen, None
+        first_at = min(checkpoint.arrivals.values(), default=seen if seen is not None else wall)
+        checkpoint.pending = PendingSnapshot(
             parts,
             alignment,
             now,
@@ -745,23 +689,29 @@ class SubtaskRunner:
             sent=dict(self._sent),
             received=dict(self._received),
         )
+        self.checkpoints.forget_empty()
 
     def _complete(self, checkpoint_id: int) -> None:
         """The checkpoint is whole here (its channel state recorded): write it and ack; with
         an alignment timeout, once its barrier has left every output queue (until then, the
         timeout can still turn it unaligned, and what it overtakes belongs to this state)."""
-        taking = self._taking.pop(checkpoint_id, None)
-        if taking is None:
+        checkpoint = self.checkpoints.get(checkpoint_id)
+        if checkpoint is None or checkpoint.pending is None:
             return
-        taking.arrivals = self._arrivals.pop(checkpoint_id, {})
-        for older in [n for n in self._arrivals if n < checkpoint_id and n not in self._taking]:
-            del self._arrivals[older]
-        if self._timeout is not None and (self._unflushed or self._barrier_queued(checkpoint_id)):
-            self._unflushed[checkpoint_id] = taking  # (behind an earlier one: written in order)
+        taking, checkpoint.pending = checkpoint.pending, None
+        taking.arrivals, checkpoint.arrivals = checkpoint.arrivals, {}
+        for older in self.checkpoints.older(checkpoint_id):
+            if older.pending is None:
+                older.arrivals = {}
+        if self._timeout is not None and (
+            self.checkpoints.unflushed() or self._barrier_queued(checkpoint_id)
+        ):
+            checkpoint.unflushed = taking  # (behind an earlier one: written in order)
             return
+        self.checkpoints.forget_empty()
         self._submit(checkpoint_id, taking)
 
-    def _submit(self, checkpoint_id: int, taking: _Taking) -> None:
+    def _submit(self, checkpoint_id: int, taking: PendingSnapshot) -> None:
         """Write checkpoint ``checkpoint_id`` on the snapshot thread (in order)."""
         self._writes = [w for w in self._writes if not w.done()]
         self._writes.append(self._snapshotter.submit(self._write, checkpoint_id, taking))
@@ -797,10 +747,11 @@ class SubtaskRunner:
         if self._timeout is None:
             return
         now = time.monotonic()
-        for n in sorted(self._unflushed):  # in order: a backend writes its snapshots so
-            taking = self._unflushed[n]
+        for checkpoint in self.checkpoints.unflushed():  # in order: a backend writes its
+            n, taking = checkpoint.checkpoint_id, checkpoint.unflushed  # snapshots so
+            assert taking is not None
             if self._barrier_queued(n):
-                triggered = self._trigger_times.get(n)
+                triggered = checkpoint.triggered
                 if triggered is None or now < triggered + self._timeout:
                     break  # not yet (the later ones wait); or forced aligned: never
                 for channel in self.output_channels():
@@ -808,27 +759,30 @@ class SubtaskRunner:
                     if overtaken is not None:
                         taking.unaligned = True
                         taking.keep_output(channel.channel, overtaken)
-            del self._unflushed[n]
+            checkpoint.unflushed = None
             self._submit(n, taking)
         handler = self._handler
-        for n, triggered in list(self._trigger_times.items()):
+        for checkpoint in self.checkpoints.timed():
+            n, triggered = checkpoint.checkpoint_id, checkpoint.triggered
+            assert triggered is not None
             if now < triggered + self._timeout:
                 continue
             if isinstance(handler, BarrierAligner) and handler.pending_checkpoint not in (None, n):
                 continue  # another checkpoint aligns here first; try again after it
-            del self._trigger_times[n]
+            checkpoint.triggered = None
             if not isinstance(handler, BarrierAligner):
                 continue
             assert self.gate is not None
             self._carry(handler.alignment_timed_out(n))
             if n in handler.recording:
                 for input_channel, ahead in self.gate.promote(n):
-                    self._arrivals.setdefault(n, {}).setdefault(input_channel, time.time())
+                    checkpoint.arrivals.setdefault(input_channel, time.time())
                     self._carry(
                         handler.barrier_received(n, input_channel, unaligned=True, overtaken=ahead)
                     )
+        self.checkpoints.forget_empty()
 
-    def _write(self, checkpoint_id: int, taking: _Taking) -> None:
+    def _write(self, checkpoint_id: int, taking: PendingSnapshot) -> None:
         """The asynchronous part: serialize, store, acknowledge (or decline)."""
         segments: list[SegmentRef] = []
         try:
