@@ -32,8 +32,16 @@ end-of-input markers do not count against the bounds.
   added to the subtask's state (a multiset of the records it processed), passed to
   ``message_received`` and forwarded; a barrier is passed to ``barrier_received``; an
   end of input to ``end_of_input``; a subtask whose inputs have all ended sends its own
-  end of input on. The iteration heads end together, when their regular inputs have all
-  ended and nothing is left in the loop;
+  end of input on. The iteration heads end together, when the census found the loop quiet
+  and none of them is aligning or recording;
+* the census of a loop (:class:`~cutline.protocol.TerminationDetector`, as the runtime's
+  driver runs it): once every input into the loop from outside it ended, the coordinator
+  starts a wave; each subtask of the loop answers at a random later step with its own
+  counts of the records and barriers it sent on channels of the loop and consumed from
+  them (what a restore put on such a channel counts as sent by its sender); when a wave
+  does not find the loop quiet the coordinator starts the next one, at a random step.
+  When nothing but the census can move, two waves are enough (the detector's liveness):
+  after two such waves the run stops, and a loop that did not end is a deadlock;
 * the coordinator triggers checkpoint ``n`` (ids 1, 2, ...): each source records its
   offset and emits ``Barrier(n)`` (a source that already ended just keeps its final
   state); in an acyclic graph while one source is still running, in a loop only while
@@ -93,7 +101,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias, assert_never
 
 from cutline.protocol import (
     BarrierAligner,
@@ -101,10 +109,13 @@ from cutline.protocol import (
     BlockChannel,
     DeclineCheckpoint,
     ForwardBarrier,
+    NextWave,
     ProtocolError,
     RecordMessage,
     SnapshotComplete,
     SnapshotState,
+    Terminated,
+    TerminationDetector,
     UnblockChannels,
 )
 
@@ -414,6 +425,10 @@ class DataflowConfig:
     """Weight of the coordinator aborting the oldest in-flight checkpoint."""
     notice_weight: float = 0.3
     """Weight of delivering each pending abort notice to its subtask."""
+    census_weight: float = 0.2
+    """Weight of the coordinator starting the next census wave of a loop."""
+    count_weight: float = 0.5
+    """Weight of each subtask of the loop answering the census wave (counting then)."""
     unaligned_sources: bool = True
     """In ``unaligned`` mode, sources also emit their barriers ahead of their output buffers."""
     max_steps: int = 200_000
@@ -425,8 +440,17 @@ class DataflowConfig:
             raise ValueError(f"unknown mode {self.mode!r}; one of {MODES}")
         if self.buffer_capacity < 1 or self.input_capacity < 1:
             raise ValueError("buffer capacities must be at least 1")
-        if min(self.trigger_weight, self.timeout_weight, self.notice_weight) <= 0:
-            raise ValueError("the trigger, timeout and notice weights must be positive")
+        weights = (
+            self.trigger_weight,
+            self.timeout_weight,
+            self.notice_weight,
+            self.census_weight,
+            self.count_weight,
+        )
+        if min(weights) <= 0:
+            raise ValueError(
+                "the trigger, timeout, notice, census and count weights must be positive"
+            )
         if self.abort_weight < 0:
             raise ValueError("abort_weight must not be negative")
         if not 0 <= self.trigger_timers <= 1:
@@ -500,6 +524,7 @@ class _Channel:
         "consume_step",
         "in_buf",
         "in_capacity",
+        "in_loop",
         "in_records",
         "out_buf",
         "out_capacity",
@@ -510,10 +535,14 @@ class _Channel:
         "wire",
     )
 
-    def __init__(self, cid: ChannelId, back_edge: bool, out_capacity: int, in_capacity: int):
+    def __init__(
+        self, cid: ChannelId, back_edge: bool, in_loop: bool, out_capacity: int, in_capacity: int
+    ):
         self.cid = cid
         self.sender, self.receiver = cid
         self.back_edge = back_edge
+        self.in_loop = in_loop
+        """Both ends are in the loop: what moves on it is counted for the census."""
         self.out_capacity: int | None = None if back_edge else out_capacity
         self.in_capacity = in_capacity
         self.out_buf: deque[Item] = deque()
@@ -576,6 +605,10 @@ class _Task:
         """Checkpoints it received a barrier, an abort notice or an action of."""
         self.blocked: list[ChannelId] = []
         """The channels blocked by ``BlockChannel`` and not unblocked since."""
+        self.loop_sent = 0
+        """Records and barriers it put on a channel of the loop (its count for the census)."""
+        self.loop_processed = 0
+        """Records and barriers it consumed from a channel of the loop."""
 
     @property
     def is_source(self) -> bool:
@@ -623,8 +656,15 @@ class DataflowModel:
         self.topology = topology
         self.config = config
         self.rng = random.Random(config.seed)
+        loop = topology.loop
         self.channels = {
-            c: _Channel(c, c in topology.back_edges, config.buffer_capacity, config.input_capacity)
+            c: _Channel(
+                c,
+                c in topology.back_edges,
+                c[0] in loop and c[1] in loop,
+                config.buffer_capacity,
+                config.input_capacity,
+            )
             for c in topology.channels
         }
         self.channel_list = list(self.channels.values())
@@ -638,12 +678,23 @@ class DataflowModel:
             self.tasks[name] = _Task(name, -1, inputs, topology.outputs(name), handler)
         self.sources = [self.tasks[n] for n in topology.sources]
         self.heads = [self.tasks[n] for n in topology.heads]
-        loop = topology.loop
-        self.loop_channels = [
-            ch for ch in self.channel_list if ch.sender in loop and ch.receiver in loop
-        ]
+        self.loop_channels = [ch for ch in self.channel_list if ch.in_loop]
         self.loop_entries = [c for c in topology.channels if c[0] not in loop and c[1] in loop]
         self.loop_ended = not self.heads
+        self.loop_names = tuple(n for n in topology.subtasks if n in loop)
+        self.census: TerminationDetector[str] | None = (
+            TerminationDetector(self.loop_names) if self.heads else None
+        )
+        """The coordinator's termination detector of the loop (``None``: no loop)."""
+        self.census_asked: list[tuple[str, int]] = []
+        """The census questions not yet answered: (subtask, wave)."""
+        self.census_open = False
+        self.loop_quiet = False
+        """The detector said ``Terminated``: nothing moves in the loop, nor ever will."""
+        self.frozen = False
+        """Nothing but the census could move at the last pick."""
+        self.frozen_waves = 0
+        """Census waves started while nothing else could move (two show a quiet loop)."""
         self.next_id = 1
         self.triggered: list[int] = []
         self.completed: list[int] = []
@@ -673,6 +724,9 @@ class DataflowModel:
         for cid, items in contents.items():
             ch = self.channels[cid]
             ch.wire.extend(items)
+            # in flight at the checkpoint, so sent again in this run: the census must see them
+            if ch.in_loop:
+                self.tasks[ch.sender].loop_sent += sum(not isinstance(i, EndOfInput) for i in items)
         if self.heads and all(h.finished for h in self.heads):
             self.loop_ended = True
 
@@ -765,7 +819,7 @@ class DataflowModel:
                     if hop is not None and not self.channels[hop[0]].has_room():
                         continue
                 unit.append(ch.consume_step)
-        if not self.loop_ended and self._loop_quiet():
+        if not self.loop_ended and self.loop_quiet and self._heads_idle():
             unit.append(("loop_end",))
         rare: list[_Step] = []
         weights: list[float] = []
@@ -781,6 +835,13 @@ class DataflowModel:
         if cfg.abort_weight > 0 and self._in_flight():
             rare.append(("abort",))
             weights.append(cfg.abort_weight)
+        self.frozen = not (unit or rare)
+        for name, wave in self.census_asked:
+            rare.append(("count", name, wave))
+            weights.append(cfg.count_weight)
+        if self._census_may_start() and (not self.frozen or self.frozen_waves < 2):
+            rare.append(("census",))
+            weights.append(cfg.census_weight)
         return unit, rare, weights
 
     def _pick(self) -> _Step | None:
@@ -814,14 +875,19 @@ class DataflowModel:
         done = set(self.completed)
         return [n for n in self.triggered if n not in done and n not in self.aborted]
 
-    def _loop_quiet(self) -> bool:
-        """The heads may end: every input into the loop from outside it ended, the heads are
-        neither aligning nor recording, and nothing is left on a channel inside the loop."""
+    def _census_may_start(self) -> bool:
+        """The coordinator may start the next census wave of the loop: none is open, the loop
+        was not found quiet yet, and every input into the loop from outside it ended (the
+        subtasks that consumed those ends told it, as the runtime's sources say they are
+        exhausted): from then on, only what moves in the loop makes anything move in it."""
+        if self.census is None or self.census_open or self.loop_quiet:
+            return False
         tasks = self.tasks
-        if any(cid not in tasks[cid[1]].ended for cid in self.loop_entries):
-            return False
-        if not all(ch.empty() for ch in self.loop_channels):
-            return False
+        return all(cid in tasks[cid[1]].ended for cid in self.loop_entries)
+
+    def _heads_idle(self) -> bool:
+        """Each head, told the loop is quiet, ends its outputs once it is neither aligning nor
+        recording (the model has no final checkpoint to wait for, as the runtime has)."""
         for head in self.heads:
             handler = head.handler
             if handler is None or handler.recording:
@@ -834,6 +900,8 @@ class DataflowModel:
 
     def _do(self, step: _Step) -> None:
         kind = step[0]
+        if kind not in ("census", "count"):
+            self.frozen_waves = 0
         if kind == "emit":
             task = self.tasks[step[1]]
             record = self.topology.first_record(task.index, task.offset)
@@ -860,6 +928,11 @@ class DataflowModel:
             self._call(task, f"abort({step[2]})", task.handler.abort, step[2])
         elif kind == "abort":
             self._abort(self._in_flight()[0], "the coordinator aborted it")
+        elif kind == "census":
+            self._census()
+        elif kind == "count":
+            self.census_asked.remove((step[1], step[2]))
+            self._count(self.tasks[step[1]], step[2])
         elif kind == "loop_end":
             self.loop_ended = True
             for head in self.heads:
@@ -878,6 +951,7 @@ class DataflowModel:
         ch.out_buf.append(out)
         ch.out_records += 1
         task.emitted[cid].append(out)
+        task.loop_sent += ch.in_loop
 
     def _send(self, ch: _Channel) -> None:
         item = ch.out_buf.popleft()
@@ -903,11 +977,14 @@ class DataflowModel:
         item = ch.in_buf.popleft()
         cid = ch.cid
         if isinstance(item, Record):
+            if task.finished:
+                self._problem(f"{task.name} consumes {item} after its end of input", halt=True)
             ch.in_records -= 1
             task.consumed[cid].append(item)
             task.state[item] += 1
             self._call(task, f"message_received({item})", handler.message_received, cid, item)
             self._forward(task, item)
+            task.loop_processed += ch.in_loop
         elif isinstance(item, Barrier):
             n = item.checkpoint_id
             # the records it jumped over are right behind it, but for the barriers that
@@ -935,6 +1012,7 @@ class DataflowModel:
                 unaligned=item.unaligned,
                 overtaken=overtaken,
             )
+            task.loop_processed += ch.in_loop
         else:
             task.ended.add(cid)
             actions = self._call(
@@ -982,7 +1060,9 @@ class DataflowModel:
         snap.forwarded = True
         barrier = Barrier(snap.checkpoint_id, unaligned)
         for cid in task.outputs:
-            buf = self.channels[cid].out_buf
+            ch = self.channels[cid]
+            task.loop_sent += ch.in_loop
+            buf = ch.out_buf
             if unaligned:
                 at = _after_last_control(buf)
                 overtaken = [r for r in list(buf)[at:] if isinstance(r, Record)]
@@ -1026,6 +1106,38 @@ class DataflowModel:
                 return
         self.completed.append(n)
         self.stats["completed checkpoints"] += 1
+
+    # ------------------------------------------------------------------ the census
+
+    def _census(self) -> None:
+        """The coordinator asks every subtask of the loop for its counts."""
+        assert self.census is not None
+        wave = self.census.start_wave().wave
+        self.census_open = True
+        self.census_asked += [(name, wave) for name in self.loop_names]
+        if self.frozen:
+            self.frozen_waves += 1
+
+    def _count(self, task: _Task, wave: int) -> None:
+        """``task`` answers wave ``wave`` with what it counted until now."""
+        assert self.census is not None
+        try:
+            actions = self.census.on_counts(task.name, wave, task.loop_sent, task.loop_processed)
+        except ProtocolError as e:
+            self._problem(f"census: {task.name}'s counts raised {type(e).__name__}: {e}", halt=True)
+            raise  # pragma: no cover - _problem raised _Halt
+        for action in actions:
+            self.census_open = False
+            self.stats["census waves"] += 1
+            if self.config.trace:
+                self.trace.append(f"  census -> {action}")
+            match action:
+                case Terminated():
+                    self.loop_quiet = True
+                case NextWave():
+                    pass
+                case _:
+                    assert_never(action)
 
     # -------------------------------------------------------------------- actions
 
