@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cutline import StreamEnvironment
 from cutline.runtime.task.local import ThreadLauncher
-from cutline.runtime.task.subtask import _Pace, _ReadSize
+from cutline.runtime.task.source_subtask import Pace, ReadSize
 
 
 @settings(max_examples=200, deadline=None)
@@ -19,7 +19,7 @@ from cutline.runtime.task.subtask import _Pace, _ReadSize
     steps=st.lists(st.tuples(st.floats(0, 0.3), st.integers(1, 100_000)), max_size=60),
 )
 def test_the_bucket_never_allows_more_than_the_rate_and_a_burst(rate, steps):
-    pace = _Pace(rate)
+    pace = Pace(rate)
     now, read = 100.0, 0
     start = now
     for pause, wanted in steps:
@@ -37,7 +37,7 @@ def test_the_bucket_never_allows_more_than_the_rate_and_a_burst(rate, steps):
 
 
 def test_reads_halve_while_slow_and_double_while_quick():
-    reads = _ReadSize(65_536)
+    reads = ReadSize(65_536)
     assert reads.size == 1_024
     reads.took(1_024, 0.001)
     assert reads.size == 2_048
@@ -45,7 +45,7 @@ def test_reads_halve_while_slow_and_double_while_quick():
     assert reads.size == 1_024
     for _ in range(20):
         reads.took(reads.size, 0.5)
-    assert reads.size == _ReadSize.SMALLEST
+    assert reads.size == ReadSize.SMALLEST
     for _ in range(40):
         reads.took(reads.size, 0.001)
     assert reads.size == 65_536  # (never above batch_size)

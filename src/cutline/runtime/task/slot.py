@@ -1,4 +1,20 @@
-"""The slot: one Spark task of the job's barrier stage, running one subtask of every chain."""
+"""The slot: one Spark task of the job's barrier stage, running one subtask of every chain.
+
+A slot
+
+1. connects to the driver's control server first, and sends heartbeats from then on, from a
+   thread of its own, in every phase; it says each phase it enters (``Phase``);
+2. opens an :class:`~cutline.runtime.network.channel.InputGate` for each of its subtasks that
+   has inputs, and exchanges the gates' addresses with the other slots once (the
+   *rendezvous*: ``BarrierTaskContext.allGather`` on Spark, any function in tests);
+3. restores each subtask's state from the checkpoint the driver chose, connects the output
+   channels, and says ``Ready``;
+4. runs each subtask in its own thread (a
+   :class:`~cutline.runtime.task.source_subtask.SourceSubtask` or an
+   :class:`~cutline.runtime.task.input_subtask.InputSubtask`), routes the driver's messages
+   to them and answers ``Census`` itself;
+5. says ``Finished`` when every subtask ended, or reports the first failure and raises.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +44,9 @@ from cutline.runtime.network.messages import (
     Trigger,
 )
 from cutline.runtime.task.failures import failed_message
+from cutline.runtime.task.input_subtask import InputSubtask
 from cutline.runtime.task.launch import Exchange, SlotSetup
+from cutline.runtime.task.source_subtask import SourceSubtask
 from cutline.runtime.task.subtask import JOIN_SECONDS, SubtaskRunner
 
 
@@ -71,7 +89,8 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
         setup.enter("restore", slot)
         storage = CheckpointStorage(setup.checkpoint_dir, storage_options=setup.storage_options)
         for chain in plan.chains:
-            runner = SubtaskRunner(setup, chain, slot, control, storage, gates.get(chain.uid))
+            kind: type[SubtaskRunner] = SourceSubtask if chain.is_source else InputSubtask
+            runner = kind(setup, chain, slot, control, storage, gates.get(chain.uid))
             runners.append(runner)
             opening = runner.name
             runner.open()

@@ -1,30 +1,21 @@
-"""The subtask loop, and the slot that runs one subtask of every chain.
+"""What every subtask does, whatever its loop: :class:`SubtaskRunner`.
 
-A **slot** is one Spark task of the job's barrier stage. It
+A subtask runs one chain's operators in a thread of its slot. Its loop is its kind's
+(:class:`~cutline.runtime.task.source_subtask.SourceSubtask` reads its splits;
+:class:`~cutline.runtime.task.input_subtask.InputSubtask` reads its input channels); what
+they share is here: opening the operators (restoring their state), connecting the outputs,
+running a batch through the chain and sending what comes out, the driver's messages, and
+checkpoints. A checkpoint's synchronous part (offsets, copy-on-write state copies, the
+sinks' pending parts) runs in the loop; then, for an unaligned checkpoint or a loop's head,
+the channel state is recorded as records arrive; serializing, writing (keyed state
+segments, the sinks' part files) and acknowledging run on the subtask's snapshot thread
+while records keep flowing (what each checkpoint in flight has reached is kept in
+:mod:`cutline.runtime.task.checkpoints`).
 
-1. opens an :class:`~cutline.runtime.network.channel.InputGate` for each of its subtasks that has
-   inputs, and exchanges the gates' addresses with the other slots once (the
-   *rendezvous*: ``BarrierTaskContext.allGather`` on Spark, any function in tests);
-2. connects to the driver's control server, restores each subtask's state from the
-   checkpoint the driver chose, connects the output channels, and says ``ready``;
-3. runs each subtask in its own thread (:class:`SubtaskRunner`), and routes the driver's
-   messages (``trigger``, ``complete``, ``abort``, ``stop``) to them;
-4. says ``finished`` when every subtask ended, or reports the first failure and raises.
-
-A :class:`SubtaskRunner` is the loop of one chain subtask. A source subtask reads
-batches from its reader and takes a checkpoint when the driver triggers one
-(records its offset, emits the barrier). Any other subtask reads the channels that
-its barrier handler (:class:`~cutline.protocol.BarrierAligner` for exactly-once,
-:class:`~cutline.protocol.BarrierTracker` for at-least-once) has not blocked, and
-carries out the handler's actions. A checkpoint's synchronous part (offsets,
-copy-on-write state copies, the sinks' pending parts) runs in the loop; then, for an
-unaligned checkpoint or a loop's head, the channel state is recorded as records
-arrive; serializing, writing (keyed state segments, the sinks' part files) and
-acknowledging run on the subtask's snapshot thread while records keep flowing.
-
-A checkpoint's state file holds the operators' state and its **channel state**: per
-input channel the records recorded on it (consumed again first after a restore), per
-output channel the records an unaligned barrier overtook (sent again first).
+A checkpoint's state file (:mod:`cutline.runtime.checkpoint.state_file`) holds the
+operators' state and its **channel state**: per input channel the records recorded on it
+(consumed again first after a restore), per output channel the records an unaligned barrier
+overtook (sent again first).
 """
 
 from __future__ import annotations
@@ -35,25 +26,16 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, assert_never
 
-from cutline.protocol.alignment import (
-    BarrierAligner,
-    BarrierTracker,
-    DeclineCheckpoint,
-    ForwardBarrier,
-    SnapshotState,
-)
-from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
 from cutline.runtime.checkpoint.restore import gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointStorage
 from cutline.runtime.graph import Chain, subtask_name
 from cutline.runtime.io.sinks import FileSink, PreCommit
-from cutline.runtime.network.channel import InputGate, OutputChannel, PriorityBarrier
+from cutline.runtime.network.channel import InputGate, OutputChannel
 from cutline.runtime.network.control import ControlClient
 from cutline.runtime.network.messages import (
     Abort,
@@ -64,7 +46,6 @@ from cutline.runtime.network.messages import (
     Decline,
     Drain,
     DriverMessage,
-    Exhausted,
     Release,
     Stop,
     Trigger,
@@ -87,60 +68,6 @@ from cutline.runtime.task.failures import failed_message, shorten
 from cutline.runtime.task.launch import SlotSetup
 
 JOIN_SECONDS = 10.0
-
-
-class _ReadSize:
-    """How many records a source subtask reads at once (at most ``batch_size``): halved while a
-    read and its chain's work take longer than :attr:`SLOW` seconds, doubled while they take
-    less than :attr:`FAST`. So the subtask sees the driver's messages (a checkpoint's trigger)
-    about that often however costly its operators are per record, and reads whole batches
-    when they are cheap (or cost the same whatever their size)."""
-
-    SLOW = 0.1
-    FAST = 0.025
-    SMALLEST = 16
-
-    def __init__(self, most: int) -> None:
-        self.most = most
-        self.size = min(most, 1024)
-
-    def took(self, records: int, seconds: float) -> None:
-        """``records`` were read and pushed through the chain in ``seconds``."""
-        if seconds > self.SLOW:
-            self.size = max(self.SMALLEST, min(self.size, records) // 2)
-        elif seconds < self.FAST and records >= self.size:
-            self.size = min(self.most, self.size * 2)
-
-
-class _Pace:
-    """A token bucket: at most ``rate`` records per second, in bursts of at most 0.1 s'
-    worth (or one record)."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.burst = max(1.0, rate * 0.1)
-        self.tokens = 0.0
-        self.at: float | None = None
-
-    def allowed(self, now: float) -> int:
-        """Records that may be read now."""
-        if self.at is None:
-            self.at, self.tokens = now, 1.0
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        return int(self.tokens)
-
-    def took(self, records: int) -> None:
-        self.tokens -= records
-
-    def wait(self) -> float:
-        """Seconds until the next record may be read."""
-        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
-
-
-def _pause(pace: _Pace | None) -> float:
-    """How long a source subtask waits for the driver's messages before its next read."""
-    return 0.0 if pace is None else min(0.1, pace.wait())
 
 
 class Stopped(Exception):
@@ -191,24 +118,16 @@ class SubtaskRunner:
         self._writes: list[futures.Future[None]] = []
         self._last_snapshot: int | None = None
         self._last_complete = -1
-        self._final: int | None = None
         self._operators: list[tuple[str, Running]] = []
         self._reader: Any = None
         self._dead_letters: DeadLetterOutput | None = None
         self._current = chain.operators[0].name
         self._timeout = setup.alignment_timeout if setup.checkpointing == "aligned" else None
         self._restore_location: CheckpointLocation | None = None
-        self._draining = setup.drain
-        self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
         self._restored_inputs: dict[str, list[Any]] = {}
         self._restored_outputs: dict[str, list[Any]] = {}
         self._key_contexts: dict[str, OperatorContext] = {}
         self.thread: threading.Thread | None = None
-        self._hold = setup.hold if chain.is_source else None
-        self._hold_from: int | None = None
-        """The first checkpoint triggered while the source held (only later ones release it)."""
-        self._hold_released = 0
-        """Checkpoints since it held whose completion the driver has announced (``release``)."""
 
     # ----------------------------------------------------------------- set-up
 
@@ -332,10 +251,7 @@ class SubtaskRunner:
 
     def run(self) -> None:
         try:
-            if self.chain.is_source:
-                self._run_source()
-            else:
-                self._run_with_inputs()
+            self._loop()
             self._snapshotter.shutdown(wait=True)
         except Stopped:
             self.stopped.set()
@@ -348,6 +264,10 @@ class SubtaskRunner:
             self._snapshotter.shutdown(wait=False, cancel_futures=True)
             self.close_operators()
 
+    def _loop(self) -> None:
+        """The subtask's loop, until its input ended and its last checkpoint completed."""
+        raise NotImplementedError
+
     def close_operators(self) -> None:
         """Close every operator opened (keyed state backends remove their working files)."""
         for _, running in self._operators:
@@ -357,168 +277,6 @@ class SubtaskRunner:
     def stop(self) -> None:
         self.stopped.set()
         self.inbox.put(Stop())
-
-    def _run_source(self) -> None:
-        exhausted = False
-        source = self.chain.operators[0]
-        rate = self.setup.rate_limits.get(source.uid)
-        pace = _Pace(rate / self.setup.plan.parallelism) if rate else None
-        reads = _ReadSize(self.setup.batch_size)
-        while True:
-            idle = exhausted or self._final is not None or self._holding()
-            self._handle_messages(0.1 if idle else _pause(pace))
-            self._check_timeouts()
-            if self._final is not None and self._last_complete >= self._final:
-                self._emit_end()
-                return
-            if exhausted or self._final is not None or self._holding():
-                continue  # (asked again: a message may have changed it)
-            if not self._has_room():
-                waited = time.monotonic()
-                self._wait_for_room(0.01)  # and see the driver's messages meanwhile
-                self.backpressured += time.monotonic() - waited
-                continue
-            size = reads.size
-            if pace is not None:
-                size = min(size, pace.allowed(time.monotonic()))
-                if size < 1:
-                    continue
-            if self._hold is not None:
-                size = min(size, self._hold.records - self.records_in)
-            self._current = source.name
-            started = time.perf_counter()
-            batch = None if self._draining else self._reader.read(size)
-            if batch is None:
-                exhausted = True
-                self.control.send(Exhausted(self.name))
-                continue
-            self.records_in += batch.num_rows
-            self.operator_records[source.uid][1] += batch.num_rows
-            self._push(batch)
-            reads.took(batch.num_rows, time.perf_counter() - started)
-            if pace is not None:
-                pace.took(batch.num_rows)
-
-    def _holding(self) -> bool:
-        """Whether this source subtask holds (:class:`SourceHold`): it read its records and the
-        checkpoints that release it have not all completed yet."""
-        hold = self._hold
-        if hold is None or self._draining:
-            return False
-        if self._hold_released >= hold.checkpoints:
-            self._hold = None  # released for good
-            return False
-        return self.records_in >= hold.records
-
-    def _run_with_inputs(self) -> None:
-        assert self.gate is not None
-        setup, gate = self.setup, self.gate
-        handler: BarrierAligner[str] | BarrierTracker[str]
-        if setup.checkpointing == "at_least_once":
-            handler = BarrierTracker(gate.channels, back_edges=gate.back_edges, name=self.name)
-        else:
-            handler = BarrierAligner(
-                gate.channels,
-                unaligned=setup.checkpointing == "unaligned",
-                back_edges=gate.back_edges,
-                name=self.name,
-            )
-        self._handler = handler
-        # the records in flight at the restored checkpoint come first
-        for channel in gate.channels:
-            for batch in self._restored_inputs.get(channel, ()):
-                self.records_in += len(Records(batch))
-                self._push(batch)
-                self.records_done += len(Records(batch))
-        self._restored_inputs = {}
-        ended = sent_end = False
-        while True:
-            self._handle_messages(0.1 if ended else 0)
-            if ended:
-                if self._last_snapshot is None or self._last_complete >= self._last_snapshot:
-                    return
-                continue
-            self._check_timeouts()
-            wait = 0.05
-            if self.checkpoints.watched():
-                wait = 0.01
-            if (
-                gate.back_edges
-                and not sent_end
-                and all(c in gate.back_edges for c in handler.live_inputs)
-            ):
-                # Every input but the loop's back edges ended: the driver triggered the final
-                # checkpoint only once the loop was quiet, so nothing more comes round; the
-                # end goes round the loop and ends the back edges too.
-                self._emit_end()
-                sent_end = True
-            # Take in a batch only when every output has room for what it makes: a subtask
-            # never blocks in a send, so it always sees barriers, timeouts and messages.
-            room = self._has_room()
-            waited = time.monotonic()
-            item = gate.poll(
-                handler.blocked_channels, timeout=wait if room else 0.005, priority_only=not room
-            )
-            if not room:
-                self.backpressured += time.monotonic() - waited
-            if item is None:
-                if room and not handler.live_inputs:
-                    if not sent_end:
-                        self._emit_end()
-                    ended = True
-                continue
-            channel, frame = item
-            if isinstance(frame, Records):
-                self.records_in += len(frame)
-                self._received[channel] += len(frame)
-                self._carry(handler.message_received(channel, frame))
-                self._push(frame.batch)
-                self.records_done += len(frame)
-            elif isinstance(frame, PriorityBarrier):
-                n = frame.barrier.checkpoint_id
-                checkpoint = self.checkpoints[n]
-                checkpoint.barrier_came(channel, time.monotonic(), time.time())
-                checkpoint.said(frame.barrier.base, frame.barrier.savepoint)
-                self._carry(
-                    handler.barrier_received(n, channel, unaligned=True, overtaken=frame.overtaken)
-                )
-            elif isinstance(frame, Barrier):
-                n = frame.checkpoint_id
-                checkpoint = self.checkpoints[n]
-                checkpoint.barrier_came(channel, time.monotonic(), time.time())
-                checkpoint.said(frame.base, frame.savepoint)
-                if frame.forced_aligned:
-                    checkpoint.forced = True
-                self._carry(
-                    handler.barrier_received(
-                        n, channel, unaligned=frame.unaligned, forced_aligned=frame.forced_aligned
-                    )
-                )
-            elif isinstance(frame, EndOfInput):
-                self._carry(handler.end_of_input(channel))
-
-    def _carry(self, actions: Sequence[object]) -> None:
-        """Carry out the barrier handler's actions, in order."""
-        for action in actions:
-            if isinstance(action, RecordMessage):
-                recording = self.checkpoints.get(action.snapshot_id)
-                if recording is not None and recording.pending is not None:
-                    recording.pending.inputs.setdefault(action.channel, []).append(
-                        action.message.batch
-                    )
-            elif isinstance(action, SnapshotState):
-                self._snapshot(action.checkpoint_id)
-            elif isinstance(action, ForwardBarrier):
-                forwarded = self.checkpoints[action.checkpoint_id]
-                forced, forwarded.forced = forwarded.forced, False
-                self._forward(action.checkpoint_id, action.unaligned, forced)
-            elif isinstance(action, SnapshotComplete):
-                self._complete(action.snapshot_id)
-            elif isinstance(action, DeclineCheckpoint):
-                declined = self.checkpoints[action.checkpoint_id]
-                declined.pending = declined.unflushed = declined.first_barrier = None
-                self.control.send(Decline(self.name, action.checkpoint_id, shorten(action.reason)))
-            # BlockChannel / UnblockChannels: the handler's blocked_channels says it all
 
     def _handle_messages(self, wait: float) -> None:
         """Carry out the driver's messages (waiting up to ``wait`` seconds for the first)."""
@@ -535,11 +293,9 @@ class SubtaskRunner:
                 case Trigger():
                     self._on_trigger(message)
                 case Release(checkpoint=checkpoint):
-                    if self._hold_from is not None and checkpoint >= self._hold_from:
-                        self._hold_released += 1  # completed, and the listener was told
+                    self._on_release(checkpoint)
                 case Drain():
-                    if self.chain.is_source:
-                        self._draining = True  # stop reading: the job stops once loops are quiet
+                    self._on_drain()
                 case Complete(checkpoint=checkpoint):
                     self._last_complete = max(self._last_complete, checkpoint)
                     for timed in self.checkpoints.timed():
@@ -553,10 +309,7 @@ class SubtaskRunner:
                     aborted = self.checkpoints[checkpoint]
                     aborted.triggered = None
                     aborted.unflushed = None  # not written: the driver dropped it
-                    if self._final == checkpoint:
-                        self._final = None  # the driver triggers another final checkpoint
-                    if self._handler is not None:
-                        self._carry(self._handler.abort(checkpoint))
+                    self._on_abort(checkpoint)
                 case Census():
                     pass  # the slot answers for all its subtasks
                 case _:
@@ -574,18 +327,15 @@ class SubtaskRunner:
         triggered.said(trigger.base, savepoint)
         if self._timeout is not None and not trigger.final and not savepoint:
             triggered.triggered = time.monotonic()
-        if not self.chain.is_source:
-            return
-        triggered.trigger_seen = time.time()
-        if self._hold_from is None and self._holding():
-            self._hold_from = checkpoint
-        self._snapshot(checkpoint)
-        # the final checkpoint and savepoints align: nothing may stay in flight
-        aligned = trigger.final or savepoint
-        self._forward(checkpoint, self.setup.checkpointing == "unaligned" and not aligned, aligned)
-        self._complete(checkpoint)
-        if trigger.final:
-            self._final = checkpoint
+
+    def _on_release(self, checkpoint: int) -> None:
+        """A checkpoint completed and the listener was told (sources held part-way)."""
+
+    def _on_drain(self) -> None:
+        """Sources stop reading (a stop with a final checkpoint, in a job with loops)."""
+
+    def _on_abort(self, checkpoint: int) -> None:
+        """The driver dropped checkpoint ``checkpoint``."""
 
     # ---------------------------------------------------------------- records
 
@@ -761,26 +511,17 @@ class SubtaskRunner:
                         taking.keep_output(channel.channel, overtaken)
             checkpoint.unflushed = None
             self._submit(n, taking)
-        handler = self._handler
-        for checkpoint in self.checkpoints.timed():
-            n, triggered = checkpoint.checkpoint_id, checkpoint.triggered
-            assert triggered is not None
-            if now < triggered + self._timeout:
-                continue
-            if isinstance(handler, BarrierAligner) and handler.pending_checkpoint not in (None, n):
-                continue  # another checkpoint aligns here first; try again after it
-            checkpoint.triggered = None
-            if not isinstance(handler, BarrierAligner):
-                continue
-            assert self.gate is not None
-            self._carry(handler.alignment_timed_out(n))
-            if n in handler.recording:
-                for input_channel, ahead in self.gate.promote(n):
-                    checkpoint.arrivals.setdefault(input_channel, time.time())
-                    self._carry(
-                        handler.barrier_received(n, input_channel, unaligned=True, overtaken=ahead)
-                    )
+        self._time_out(now)
         self.checkpoints.forget_empty()
+
+    def _time_out(self, now: float) -> None:
+        """Checkpoints not aligned here that long after their trigger (a source aligns
+        nothing: the timeout only stops watching them)."""
+        assert self._timeout is not None
+        for checkpoint in self.checkpoints.timed():
+            assert checkpoint.triggered is not None
+            if now >= checkpoint.triggered + self._timeout:
+                checkpoint.triggered = None
 
     def _write(self, checkpoint_id: int, taking: PendingSnapshot) -> None:
         """The asynchronous part: serialize, store, acknowledge (or decline)."""

@@ -1,0 +1,173 @@
+"""A subtask with inputs: reads the channels its barrier handler has not blocked, runs its
+chain on each batch, and carries out the handler's actions.
+
+The handler is :class:`~cutline.protocol.BarrierAligner` for exactly-once (aligned,
+unaligned, with an alignment timeout) and :class:`~cutline.protocol.BarrierTracker` for
+at-least-once. A loop's head has the back edge as an input: once every other input ended
+and the driver found the loop quiet, it sends the end round the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from cutline.protocol.alignment import (
+    BarrierAligner,
+    BarrierTracker,
+    DeclineCheckpoint,
+    ForwardBarrier,
+    SnapshotState,
+)
+from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
+from cutline.runtime.network.channel import PriorityBarrier
+from cutline.runtime.network.messages import Decline
+from cutline.runtime.network.wire import Barrier, EndOfInput, Records
+from cutline.runtime.task.failures import shorten
+from cutline.runtime.task.subtask import SubtaskRunner
+
+
+class InputSubtask(SubtaskRunner):
+    """The loop of one subtask of a chain with inputs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
+
+    def _loop(self) -> None:
+        assert self.gate is not None
+        setup, gate = self.setup, self.gate
+        handler: BarrierAligner[str] | BarrierTracker[str]
+        if setup.checkpointing == "at_least_once":
+            handler = BarrierTracker(gate.channels, back_edges=gate.back_edges, name=self.name)
+        else:
+            handler = BarrierAligner(
+                gate.channels,
+                unaligned=setup.checkpointing == "unaligned",
+                back_edges=gate.back_edges,
+                name=self.name,
+            )
+        self._handler = handler
+        # the records in flight at the restored checkpoint come first
+        for channel in gate.channels:
+            for batch in self._restored_inputs.get(channel, ()):
+                self.records_in += len(Records(batch))
+                self._push(batch)
+                self.records_done += len(Records(batch))
+        self._restored_inputs = {}
+        ended = sent_end = False
+        while True:
+            self._handle_messages(0.1 if ended else 0)
+            if ended:
+                if self._last_snapshot is None or self._last_complete >= self._last_snapshot:
+                    return
+                continue
+            self._check_timeouts()
+            wait = 0.05
+            if self.checkpoints.watched():
+                wait = 0.01
+            if (
+                gate.back_edges
+                and not sent_end
+                and all(c in gate.back_edges for c in handler.live_inputs)
+            ):
+                # Every input but the loop's back edges ended: the driver triggered the final
+                # checkpoint only once the loop was quiet, so nothing more comes round; the
+                # end goes round the loop and ends the back edges too.
+                self._emit_end()
+                sent_end = True
+            # Take in a batch only when every output has room for what it makes: a subtask
+            # never blocks in a send, so it always sees barriers, timeouts and messages.
+            room = self._has_room()
+            waited = time.monotonic()
+            item = gate.poll(
+                handler.blocked_channels, timeout=wait if room else 0.005, priority_only=not room
+            )
+            if not room:
+                self.backpressured += time.monotonic() - waited
+            if item is None:
+                if room and not handler.live_inputs:
+                    if not sent_end:
+                        self._emit_end()
+                    ended = True
+                continue
+            channel, frame = item
+            if isinstance(frame, Records):
+                self.records_in += len(frame)
+                self._received[channel] += len(frame)
+                self._carry(handler.message_received(channel, frame))
+                self._push(frame.batch)
+                self.records_done += len(frame)
+            elif isinstance(frame, PriorityBarrier):
+                n = frame.barrier.checkpoint_id
+                checkpoint = self.checkpoints[n]
+                checkpoint.barrier_came(channel, time.monotonic(), time.time())
+                checkpoint.said(frame.barrier.base, frame.barrier.savepoint)
+                self._carry(
+                    handler.barrier_received(n, channel, unaligned=True, overtaken=frame.overtaken)
+                )
+            elif isinstance(frame, Barrier):
+                n = frame.checkpoint_id
+                checkpoint = self.checkpoints[n]
+                checkpoint.barrier_came(channel, time.monotonic(), time.time())
+                checkpoint.said(frame.base, frame.savepoint)
+                if frame.forced_aligned:
+                    checkpoint.forced = True
+                self._carry(
+                    handler.barrier_received(
+                        n, channel, unaligned=frame.unaligned, forced_aligned=frame.forced_aligned
+                    )
+                )
+            elif isinstance(frame, EndOfInput):
+                self._carry(handler.end_of_input(channel))
+
+    def _carry(self, actions: Sequence[object]) -> None:
+        """Carry out the barrier handler's actions, in order."""
+        for action in actions:
+            if isinstance(action, RecordMessage):
+                recording = self.checkpoints.get(action.snapshot_id)
+                if recording is not None and recording.pending is not None:
+                    recording.pending.inputs.setdefault(action.channel, []).append(
+                        action.message.batch
+                    )
+            elif isinstance(action, SnapshotState):
+                self._snapshot(action.checkpoint_id)
+            elif isinstance(action, ForwardBarrier):
+                forwarded = self.checkpoints[action.checkpoint_id]
+                forced, forwarded.forced = forwarded.forced, False
+                self._forward(action.checkpoint_id, action.unaligned, forced)
+            elif isinstance(action, SnapshotComplete):
+                self._complete(action.snapshot_id)
+            elif isinstance(action, DeclineCheckpoint):
+                declined = self.checkpoints[action.checkpoint_id]
+                declined.pending = declined.unflushed = declined.first_barrier = None
+                self.control.send(Decline(self.name, action.checkpoint_id, shorten(action.reason)))
+            # BlockChannel / UnblockChannels: the handler's blocked_channels says it all
+
+    def _on_abort(self, checkpoint: int) -> None:
+        if self._handler is not None:
+            self._carry(self._handler.abort(checkpoint))
+
+    def _time_out(self, now: float) -> None:
+        """Checkpoints not aligned here that long after their trigger go unaligned."""
+        assert self._timeout is not None
+        handler = self._handler
+        for checkpoint in self.checkpoints.timed():
+            n, triggered = checkpoint.checkpoint_id, checkpoint.triggered
+            assert triggered is not None
+            if now < triggered + self._timeout:
+                continue
+            if isinstance(handler, BarrierAligner) and handler.pending_checkpoint not in (None, n):
+                continue  # another checkpoint aligns here first; try again after it
+            checkpoint.triggered = None
+            if not isinstance(handler, BarrierAligner):
+                continue
+            assert self.gate is not None
+            self._carry(handler.alignment_timed_out(n))
+            if n in handler.recording:
+                for input_channel, ahead in self.gate.promote(n):
+                    checkpoint.arrivals.setdefault(input_channel, time.time())
+                    self._carry(
+                        handler.barrier_received(n, input_channel, unaligned=True, overtaken=ahead)
+                    )
