@@ -1,18 +1,8 @@
 """A deterministic, seeded, I/O-free model of a small dataflow that drives the real barrier
 handlers (:class:`~cutline.protocol.BarrierAligner`, :class:`~cutline.protocol.BarrierTracker`)
-through random schedules, and an independent checker of the checkpoints they take.
-
-The model
-=========
-
-**Graph.** A :class:`Topology` is a set of *subtasks* joined by one-way FIFO *channels*.
-Sources have no inputs; every other subtask (an *operator*) has a barrier handler. A
-subtask with several inputs is a union; one with several outputs hash-partitions its
-records over them (the output is a fixed function of the record, so the path of every
-record through the graph is fixed). A graph may have a loop: an *iteration head* has
-*back edges* coming from *tail* subtasks further on. A record carries a round counter;
-a tail sends a record with ``rounds > 0`` back round a back edge with the counter
-decremented, and any other record on (or drops it, if it has no other output).
+and the termination detector of loops (:class:`~cutline.protocol.TerminationDetector`) through
+random schedules. Its graphs are in :mod:`cutline.sim.dataflow.topology`; what it proves about a
+run is in :mod:`cutline.sim.dataflow.check`.
 
 **Channels.** A record on a channel is in one of three places, in FIFO order: the
 sender's *output buffer* (at most ``buffer_capacity`` records; unbounded on back edges,
@@ -74,24 +64,6 @@ subtask that ends without ever hearing of a checkpoint counts as having complete
 with its final state (the cut passes after its end). Anything out of order (a second
 snapshot, a recording for a snapshot not taken, a handler error, a deadlock) is a
 *problem* of the run.
-
-The checker
-===========
-
-:func:`check_checkpoints` checks every checkpoint at every channel ``S -> R`` where both
-``S`` and ``R`` completed it: the records ``S`` emitted on the channel before its snapshot
-must be exactly, in order, the records ``R`` consumed from it before its snapshot, then
-``R``'s recorded input state of the channel, then ``S``'s recorded output state
-(exactly-once modes). In ``at_least_once`` mode they must be a prefix of the records ``R``
-consumed before its snapshot and recorded (nothing lost, duplicates allowed).
-
-:func:`check_replay` restores every subtask from a globally completed checkpoint (the
-states, the sources' offsets, the subtasks that had ended), puts on every channel first
-the receiver's recorded input state then the sender's recorded output state, runs to the
-end without checkpoints, and compares the final states with those of a failure-free run
-(:func:`reference_states`): equal in exactly-once modes, covering them with duplicates
-allowed in ``at_least_once``. :func:`check_run` does all of this at once, and also checks
-that the run itself ends with the failure-free states.
 """
 
 from __future__ import annotations
@@ -100,8 +72,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
-from typing import Any, Literal, NamedTuple, TypeAlias, assert_never
+from typing import Any, Literal, TypeAlias, assert_never
 
 from cutline.protocol import (
     BarrierAligner,
@@ -118,58 +89,25 @@ from cutline.protocol import (
     TerminationDetector,
     UnblockChannels,
 )
+from cutline.sim.dataflow.topology import (
+    END,
+    Barrier,
+    ChannelId,
+    EndOfInput,
+    Item,
+    Record,
+    Topology,
+)
 
 Mode: TypeAlias = Literal["aligned", "unaligned", "aligned_timeout", "at_least_once"]
 MODES: tuple[Mode, ...] = ("aligned", "unaligned", "aligned_timeout", "at_least_once")
 """The checkpointing modes: the three exactly-once ones, then at-least-once."""
-
-ChannelId: TypeAlias = tuple[str, str]
-"""A channel is named by its ``(sender, receiver)`` pair: at most one channel per pair."""
 
 Handler: TypeAlias = BarrierAligner[ChannelId] | BarrierTracker[ChannelId]
 HandlerFactory: TypeAlias = Callable[
     [str, Sequence[ChannelId], frozenset[ChannelId], Mode], Handler
 ]
 """``(subtask name, inputs, back edges, mode) -> handler``."""
-
-
-class Record(NamedTuple):
-    """A record: emitted by source number ``source`` at offset ``seq``; ``rounds`` is the
-    number of times it still goes round the loop."""
-
-    source: int
-    seq: int
-    rounds: int
-
-    def __str__(self) -> str:
-        return f"r{self.source}.{self.seq}" + (f"^{self.rounds}" if self.rounds else "")
-
-
-@dataclass(frozen=True, slots=True)
-class Barrier:
-    """``Barrier(checkpoint_id)`` on a channel. In an input buffer, ``overtakes`` is the
-    number of records behind an unaligned barrier that it jumped over there (the next ones
-    after it, not counting the unaligned barriers that arrived later and jumped too)."""
-
-    checkpoint_id: int
-    unaligned: bool = False
-    overtakes: int = 0
-
-    def __str__(self) -> str:
-        return f"B{self.checkpoint_id}" + ("u" if self.unaligned else "")
-
-
-class EndOfInput:
-    """The end of a channel: nothing follows it."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "END"
-
-
-END = EndOfInput()
-Item: TypeAlias = Record | Barrier | EndOfInput
 
 
 def default_handler(
@@ -179,225 +117,6 @@ def default_handler(
     if mode == "at_least_once":
         return BarrierTracker(inputs, back_edges=back_edges, name=name)
     return BarrierAligner(inputs, unaligned=mode == "unaligned", back_edges=back_edges, name=name)
-
-
-# ---------------------------------------------------------------------------- topology
-
-
-@dataclass(frozen=True)
-class Topology:
-    """A dataflow graph and its input.
-
-    :param sources: the source subtasks; source ``i`` emits ``Record(i, 0..records-1, r)``.
-    :param operators: the other subtasks, in an order where each comes after the
-        senders of its regular (not back-edge) inputs.
-    :param channels: every channel, as ``(sender, receiver)``.
-    :param back_edges: the channels that close a loop (from a tail to an iteration head).
-    :param records: how many records each source emits.
-    :param max_rounds: a record's initial round counter is ``seq % (max_rounds + 1)``.
-    """
-
-    sources: tuple[str, ...]
-    operators: tuple[str, ...]
-    channels: tuple[ChannelId, ...]
-    back_edges: frozenset[ChannelId] = frozenset()
-    records: int = 8
-    max_rounds: int = 0
-
-    def __post_init__(self) -> None:
-        names = (*self.sources, *self.operators)
-        if len(set(names)) != len(names):
-            raise ValueError(f"a subtask name is used twice: {names!r}")
-        if len(set(self.channels)) != len(self.channels):
-            raise ValueError("a channel is listed twice")
-        known = set(names)
-        for sender, receiver in self.channels:
-            if sender not in known or receiver not in known:
-                raise ValueError(f"channel {sender}->{receiver} names an unknown subtask")
-            if receiver in self.sources:
-                raise ValueError(f"channel {sender}->{receiver} goes into a source")
-        if not self.back_edges <= set(self.channels):
-            raise ValueError("a back edge is not a channel")
-        order = {name: i for i, name in enumerate(names)}
-        for c in self.channels:
-            if c not in self.back_edges and order[c[0]] >= order[c[1]]:
-                raise ValueError(f"channel {c[0]}->{c[1]} goes backwards but is no back edge")
-
-    @property
-    def subtasks(self) -> tuple[str, ...]:
-        return (*self.sources, *self.operators)
-
-    def inputs(self, name: str) -> tuple[ChannelId, ...]:
-        return tuple(c for c in self.channels if c[1] == name)
-
-    def outputs(self, name: str) -> tuple[ChannelId, ...]:
-        return tuple(c for c in self.channels if c[0] == name)
-
-    @property
-    def heads(self) -> tuple[str, ...]:
-        """The iteration heads: the subtasks with a back-edge input."""
-        return tuple(n for n in self.operators if any(c[1] == n for c in self.back_edges))
-
-    @property
-    def loop(self) -> frozenset[str]:
-        """The subtasks on a cycle through a head (reachable from a head and reaching one)."""
-        heads = set(self.heads)
-        forward = _reach(heads, _adjacency(self.channels, 0))
-        backward = _reach(heads, _adjacency(self.channels, 1))
-        return frozenset(forward & backward)
-
-    @cached_property
-    def _split_outputs(self) -> dict[str, tuple[tuple[ChannelId, ...], tuple[ChannelId, ...]]]:
-        """Per subtask, its regular outputs and its back-edge outputs."""
-        return {
-            name: (
-                tuple(c for c in self.outputs(name) if c not in self.back_edges),
-                tuple(c for c in self.outputs(name) if c in self.back_edges),
-            )
-            for name in self.subtasks
-        }
-
-    def route(self, name: str, record: Record) -> tuple[ChannelId, Record] | None:
-        """Where subtask ``name`` sends ``record`` (after processing it), or ``None``."""
-        outputs, back = self._split_outputs[name]
-        if record.rounds > 0 and back:
-            record = record._replace(rounds=record.rounds - 1)
-            return back[_key(record) % len(back)], record
-        if not outputs:
-            return None
-        return outputs[_key(record) % len(outputs)], record
-
-    def first_record(self, source: int, seq: int) -> Record:
-        return Record(source, seq, seq % (self.max_rounds + 1))
-
-    def describe(self) -> str:
-        """The graph on one line, for failure messages."""
-        edges = ", ".join(
-            f"{s}->{r}" + (" (back)" if (s, r) in self.back_edges else "") for s, r in self.channels
-        )
-        return f"{self.records} records/source, max_rounds {self.max_rounds}: {edges}"
-
-
-def _key(record: Record) -> int:
-    return record.seq * 31 + record.source * 7 + record.rounds * 3
-
-
-def _adjacency(channels: Iterable[ChannelId], side: int) -> dict[str, list[str]]:
-    adj: dict[str, list[str]] = {}
-    for c in channels:
-        adj.setdefault(c[side], []).append(c[1 - side])
-    return adj
-
-
-def _reach(start: set[str], adj: Mapping[str, list[str]]) -> set[str]:
-    seen = set(start)
-    todo = list(start)
-    while todo:
-        for nxt in adj.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
-
-
-def dag_topology(
-    rng: random.Random,
-    *,
-    sources: int = 2,
-    layers: int = 2,
-    width: int = 3,
-    records: int = 8,
-) -> Topology:
-    """A random layered acyclic graph: ``sources`` sources, then ``layers`` layers of 1 to
-    ``width`` subtasks, each with 1 to 3 inputs from the layer before (and now and then one
-    from further back), so that there are unions, partitions and diamonds."""
-    src = [f"src{i}" for i in range(sources)]
-    levels: list[list[str]] = [src]
-    channels: list[ChannelId] = []
-    for depth in range(1, layers + 1):
-        level = [f"op{depth}.{i}" for i in range(rng.randint(1, width))]
-        prev = levels[-1]
-        for name in level:
-            k = rng.randint(1, min(3, len(prev)))
-            ins = rng.sample(prev, k)
-            earlier = [n for lv in levels[:-1] for n in lv]
-            if earlier and rng.random() < 0.3:
-                ins.append(rng.choice(earlier))
-            channels.extend((s, name) for s in ins)
-        # every subtask of the layer before sends somewhere
-        for s in prev:
-            if not any(c[0] == s for c in channels):
-                channels.append((s, rng.choice(level)))
-        levels.append(level)
-    operators = [n for lv in levels[1:] for n in lv]
-    return Topology(tuple(src), tuple(operators), tuple(channels), records=records)
-
-
-def loop_topology(
-    rng: random.Random,
-    *,
-    sources: int = 2,
-    heads: int = 1,
-    body: int = 1,
-    tails: int = 1,
-    records: int = 6,
-    max_rounds: int = 2,
-) -> Topology:
-    """A random graph with a loop: sources feed ``heads`` iteration heads, then an
-    optional ``body`` layer, then ``tails`` tails; each tail has back edges to some heads
-    and a channel to the sink ``out``. A head may take back edges from a tail that none of
-    its own records reach (so a barrier can come round before the head snapshotted)."""
-    src = [f"src{i}" for i in range(sources)]
-    hs = [f"head{i}" for i in range(heads)]
-    bs = [f"body{i}" for i in range(body)]
-    ts = [f"tail{i}" for i in range(tails)]
-    channels: list[ChannelId] = []
-
-    def connect(senders: list[str], receivers: list[str]) -> None:
-        for r in receivers:
-            for s in rng.sample(senders, rng.randint(1, min(3, len(senders)))):
-                channels.append((s, r))
-        for s in senders:
-            if not any(c[0] == s for c in channels):
-                channels.append((s, rng.choice(receivers)))
-
-    connect(src, hs)
-    connect(hs, bs or ts)
-    if bs:
-        connect(bs, ts)
-    back: list[ChannelId] = []
-    for t in ts:
-        for h in rng.sample(hs, rng.randint(1, len(hs))):
-            back.append((t, h))
-        channels.append((t, "out"))
-    if rng.random() < 0.3:
-        channels.append((rng.choice(src), "out"))
-    channels.extend(back)
-    return Topology(
-        tuple(src),
-        (*hs, *bs, *ts, "out"),
-        tuple(channels),
-        frozenset(back),
-        records=records,
-        max_rounds=max_rounds,
-    )
-
-
-def reference_states(topology: Topology) -> dict[str, Counter[Record]]:
-    """The final state of every operator in a failure-free run.
-
-    A record's path is a fixed function of the record, and a state is the multiset of
-    records processed, so every failure-free schedule ends in these states.
-    """
-    states: dict[str, Counter[Record]] = {name: Counter() for name in topology.operators}
-    for i, source in enumerate(topology.sources):
-        for seq in range(topology.records):
-            hop = topology.route(source, topology.first_record(i, seq))
-            while hop is not None:
-                (_, receiver), record = hop
-                states[receiver][record] += 1
-                hop = topology.route(receiver, record)
-    return states
 
 
 # ------------------------------------------------------------------------------- config
@@ -492,7 +211,7 @@ class TaskSnapshot:
 
 @dataclass
 class DataflowRun:
-    """Everything a run did, for the checkers."""
+    """Everything a run did, for the checker (:mod:`cutline.sim.dataflow.check`)."""
 
     topology: Topology
     config: DataflowConfig
@@ -640,8 +359,8 @@ class DataflowModel:
 
     :param handler_factory: makes each operator's handler (the real ones by default).
     :param restore: start from these snapshots (one per subtask, all of the same checkpoint,
-        from :func:`restore_point`) and this content of each channel, instead of from
-        scratch.
+        from :func:`~cutline.sim.dataflow.check.restore_point`) and this content of each
+        channel, instead of from scratch.
     """
 
     def __init__(
@@ -1262,147 +981,3 @@ def run_dataflow(
 ) -> DataflowRun:
     """Run ``topology`` once under ``config``."""
     return DataflowModel(topology, config, handler_factory=handler_factory).run()
-
-
-# ------------------------------------------------------------------------------ checker
-
-
-def _show(records: Sequence[Record]) -> str:
-    return "[" + " ".join(map(str, records)) + "]"
-
-
-def check_checkpoints(run: DataflowRun) -> list[str]:
-    """The channel-state identity for every checkpoint at every channel whose two ends
-    completed it (see the module docstring), plus: a checkpoint counted as completed is
-    complete at every subtask. Returns the problems found, as sentences."""
-    problems: list[str] = []
-    exactly_once = run.config.exactly_once
-    topo = run.topology
-    for n in run.triggered:
-        if n in run.completed:
-            missing = [s for s in topo.subtasks if not _complete(run, s, n)]
-            if missing:
-                problems.append(f"checkpoint {n} counted complete but not at {missing}")
-        for cid in topo.channels:
-            sender, receiver = cid
-            ss = run.snapshots[sender].get(n)
-            rs = run.snapshots[receiver].get(n)
-            if ss is None or rs is None or not _complete(run, sender, n):
-                continue
-            if not _complete(run, receiver, n):
-                continue
-            sent = run.emitted[sender][cid][: ss.emitted[cid]]
-            consumed = run.consumed[receiver][cid][: rs.consumed[cid]]
-            recorded_in = rs.input_state.get(cid, [])
-            recorded_out = ss.output_state.get(cid, [])
-            cut = consumed + recorded_in + recorded_out
-            ok = cut == sent if exactly_once else cut[: len(sent)] == sent and not recorded_out
-            if not ok:
-                problems.append(
-                    f"checkpoint {n}, channel {sender}->{receiver}: {sender} sent "
-                    f"{_show(sent)} before its snapshot, but the cut holds {_show(cut)} "
-                    f"(consumed by {receiver} before its snapshot {_show(consumed)}, recorded "
-                    f"by {receiver} {_show(recorded_in)}, recorded by {sender} "
-                    f"{_show(recorded_out)})"
-                )
-        for name in topo.subtasks:
-            snap = run.snapshots[name].get(n)
-            if snap is not None and snap.complete:
-                extra = set(snap.input_state) - set(topo.inputs(name))
-                if extra:
-                    problems.append(f"checkpoint {n}: {name} recorded channels {extra}")
-    return problems
-
-
-def _complete(run: DataflowRun, name: str, n: int) -> bool:
-    snap = run.snapshots[name].get(n)
-    return snap is not None and snap.complete and not snap.declined
-
-
-def restore_point(
-    run: DataflowRun, checkpoint_id: int
-) -> tuple[dict[str, TaskSnapshot], dict[ChannelId, list[Item]]]:
-    """The snapshots of checkpoint ``checkpoint_id`` (completed at every subtask) and the
-    content of each channel to restore: the receiver's recorded input state, then the
-    sender's recorded output state, then the end of input if the sender had ended. A
-    channel into a subtask that had ended is left empty."""
-    snaps = {name: run.snapshots[name][checkpoint_id] for name in run.topology.subtasks}
-    contents: dict[ChannelId, list[Item]] = {}
-    for cid in run.topology.channels:
-        sender, receiver = cid
-        if snaps[receiver].finished:
-            continue
-        items: list[Item] = [*snaps[receiver].input_state.get(cid, [])]
-        items += snaps[sender].output_state.get(cid, [])
-        if snaps[sender].finished:
-            items.append(END)
-        contents[cid] = items
-    return snaps, contents
-
-
-def replay(run: DataflowRun, checkpoint_id: int, *, seed: int | None = None) -> DataflowRun:
-    """Restore every subtask from ``checkpoint_id`` and run to the end without
-    checkpoints (with another schedule: ``seed``, by default derived from the run's)."""
-    if checkpoint_id not in run.completed:
-        raise ValueError(f"checkpoint {checkpoint_id} did not complete")
-    cfg = run.config
-    config = replace(
-        cfg,
-        seed=cfg.seed * 1009 + checkpoint_id if seed is None else seed,
-        max_checkpoints=0,
-        abort_weight=0.0,
-    )
-    return DataflowModel(run.topology, config, restore=restore_point(run, checkpoint_id)).run()
-
-
-def compare_states(
-    got: Mapping[str, Counter[Record]],
-    want: Mapping[str, Counter[Record]],
-    *,
-    exactly_once: bool,
-    what: str,
-) -> list[str]:
-    """Problems where the final states ``got`` differ from the failure-free ``want``:
-    any difference (exactly-once), or a record missing or foreign (at-least-once)."""
-    problems: list[str] = []
-    for name, ref in want.items():
-        state = got.get(name, Counter())
-        missing = sorted(r for r in ref if state[r] < ref[r])
-        foreign = sorted(r for r in state if r not in ref)
-        dup = sorted(r for r in ref if state[r] > ref[r]) if exactly_once else []
-        for label, records in (("missing", missing), ("duplicated", dup), ("foreign", foreign)):
-            if records:
-                problems.append(f"{what}: {name} has {label} records {_show(records[:8])}")
-    return problems
-
-
-def check_replay(run: DataflowRun, checkpoint_id: int, *, seed: int | None = None) -> list[str]:
-    """Replay from ``checkpoint_id`` and compare the final states with the failure-free
-    ones."""
-    again = replay(run, checkpoint_id, seed=seed)
-    what = f"replay from checkpoint {checkpoint_id}"
-    problems = [f"{what}: {p}" for p in again.problems]
-    return problems + compare_states(
-        again.final_states,
-        reference_states(run.topology),
-        exactly_once=run.config.exactly_once,
-        what=what,
-    )
-
-
-def check_run(run: DataflowRun, *, replays: Literal["all", "last", "none"] = "all") -> list[str]:
-    """Every check at once: the run's own problems, its final states against the
-    failure-free ones (every mode processes each record exactly once without failures),
-    :func:`check_checkpoints`, and :func:`check_replay` from every completed checkpoint
-    (or the last one, or none)."""
-    problems = list(run.problems)
-    if problems:
-        return problems
-    problems += compare_states(
-        run.final_states, reference_states(run.topology), exactly_once=True, what="the run"
-    )
-    problems += check_checkpoints(run)
-    chosen = run.completed if replays == "all" else run.completed[-1:] if replays == "last" else []
-    for n in chosen:
-        problems += check_replay(run, n)
-    return problems

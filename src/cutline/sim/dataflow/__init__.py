@@ -1,0 +1,71 @@
+"""The dataflow model of barrier checkpoints: a seeded model of a small dataflow that drives the
+real barrier handlers and the termination detector of loops through random schedules, and an
+independent checker of what they did.
+
+* :mod:`cutline.sim.dataflow.topology` — the graphs, their records, barriers and ends of input;
+* :mod:`cutline.sim.dataflow.model` — one run of a graph under a schedule (:func:`run_dataflow`);
+* :mod:`cutline.sim.dataflow.check` — what a run must show: every checkpoint a consistent cut,
+  every restore replaying to the failure-free result (:func:`check_run`).
+"""
+
+from cutline.sim.dataflow.check import (
+    check_checkpoints,
+    check_replay,
+    check_run,
+    compare_states,
+    reference_states,
+    replay,
+    restore_point,
+)
+from cutline.sim.dataflow.model import (
+    MODES,
+    DataflowConfig,
+    DataflowModel,
+    DataflowRun,
+    Handler,
+    HandlerFactory,
+    Mode,
+    TaskSnapshot,
+    default_handler,
+    run_dataflow,
+)
+from cutline.sim.dataflow.topology import (
+    END,
+    Barrier,
+    ChannelId,
+    EndOfInput,
+    Item,
+    Record,
+    Topology,
+    dag_topology,
+    loop_topology,
+)
+
+__all__ = [
+    "END",
+    "MODES",
+    "Barrier",
+    "ChannelId",
+    "DataflowConfig",
+    "DataflowModel",
+    "DataflowRun",
+    "EndOfInput",
+    "Handler",
+    "HandlerFactory",
+    "Item",
+    "Mode",
+    "Record",
+    "TaskSnapshot",
+    "Topology",
+    "check_checkpoints",
+    "check_replay",
+    "check_run",
+    "compare_states",
+    "dag_topology",
+    "default_handler",
+    "loop_topology",
+    "reference_states",
+    "replay",
+    "restore_point",
+    "run_dataflow",
+]
