@@ -169,15 +169,6 @@ class StreamEnvironment(Sources):
         del arguments["self"], arguments["__class__"]
         super().__init__(Settings.check(arguments))
 
-    def __getattr__(self, name: str) -> Any:
-        """The settings as attributes: ``env.parallelism``, ``env.checkpoint_dir``, ..."""
-        if name == "settings":  # (not made yet: no settings to look in)
-            raise AttributeError(name)
-        try:
-            return getattr(self.settings, name)
-        except AttributeError:
-            raise AttributeError(f"'StreamEnvironment' object has no attribute {name!r}") from None
-
     # ----------------------------------------------------------------- running
 
     def plan(self) -> ExecutionPlan:
@@ -248,7 +239,7 @@ class StreamEnvironment(Sources):
         if hold_sources is not None:
             if not isinstance(hold_sources, SourceHold):
                 raise TypeError(f"hold_sources takes a SourceHold, not {hold_sources!r}")
-            if settings.checkpoint_settings.interval is None:
+            if settings.checkpoints.interval is None:
                 raise ValueError(
                     "hold_sources waits for a periodic checkpoint: give the job a "
                     "checkpoint_interval"
@@ -300,28 +291,21 @@ class StreamEnvironment(Sources):
             config = JobConfig(
                 parallelism=settings.parallelism,
                 checkpoint_dir=checkpoint_dir,
-                checkpoints=settings.checkpoint_settings,
+                checkpoints=settings.checkpoints,
+                barriers=settings.barriers,
+                state=settings.state,
+                restart=settings.restart,
+                deadlines=settings.deadlines,
                 storage_options=settings.storage_options,
-                restart_attempts=settings.restart_attempts,
-                restart_delay=settings.restart_delay,
                 batch_size=settings.batch_size,
                 buffer_capacity=settings.buffer_capacity,
                 dead_letter_dir=settings.dead_letter_dir,
                 on_error=dict(self._on_error),
-                heartbeat_timeout=settings.heartbeat_timeout,
-                start_timeout=settings.start_timeout,
-                restore_timeout=settings.restore_timeout,
-                commit_timeout=settings.commit_timeout,
                 rate_limits=dict(self._rate_limits),
                 hold=hold_sources,
                 phase_hook=phase_hook,
-                slot_timeout=settings.slot_timeout,
-                on_host_loss=settings.on_host_loss,
                 collect=collect_dirs,
                 stop_after=seconds(stop_after, "stop_after"),
-                checkpointing=settings.checkpointing,
-                alignment_timeout=settings.alignment_timeout,
-                state=settings.state,
                 restore_from=restore,
                 allow_non_restored_state=allow_non_restored_state,
                 savepoint_dir=settings.savepoint_dir,

@@ -123,7 +123,7 @@ class JobAttempt:
         """The sources were told to stop reading (a stop, in a job with loops)."""
         self.failures = FailureDetector(self.slots, run.config, self.hosts.get)
         self.stats = CheckpointStatsTracker(
-            generation, run.run_id, run.started, run.config.checkpointing
+            generation, run.run_id, run.started, run.config.barriers.mode
         )
         self.savepoints = SavepointRequests(run.config, run.storage, run.run_id)
         self.progress_due = 0.0
@@ -510,7 +510,7 @@ class JobAttempt:
     ) -> CheckpointMetadata:
         """The checkpoint's metadata; ``ValueError`` if its channels do not form a consistent
         cut (``protocol/cut.py``): such a checkpoint is never completed."""
-        plan, mode = self.run.plan, self.run.config.checkpointing
+        plan, mode = self.run.plan, self.run.config.barriers.mode
         operators = [op for chain in plan.chains for op in chain.operators]
         metadata = CheckpointMetadata(
             checkpoint_id=action.checkpoint_id,

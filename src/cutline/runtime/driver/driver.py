@@ -50,9 +50,8 @@ from cutline.runtime.checkpoint.storage import (
 )
 from cutline.runtime.driver.attempt import JobAttempt
 from cutline.runtime.driver.client import JobEndpoint
-from cutline.runtime.driver.config import LATEST, JobConfig, check_host_loss
+from cutline.runtime.driver.config import LATEST, JobConfig
 from cutline.runtime.driver.metrics import JobMetrics
-from cutline.runtime.driver.restart import RestartStrategy
 from cutline.runtime.driver.result import (
     CheckpointWarning,
     Failure,
@@ -75,8 +74,7 @@ class JobDriver:
         listener: Listener | None = None,
     ) -> None:
         self.plan, self.config, self.launcher = plan, config, launcher
-        self.restart = RestartStrategy(config.restart_attempts, config.restart_delay)
-        check_host_loss(config.on_host_loss)
+        self.restart = config.restart
         storage = CheckpointStorage(config.checkpoint_dir, storage_options=config.storage_options)
         existing = storage.checkpoint_ids()
         known = existing + storage.stats_checkpoint_ids()  # ids are never used twice
@@ -227,7 +225,7 @@ class JobDriver:
             run=self.job.run_id,
             started=time.time(),
             parallelism=plan.parallelism,
-            checkpointing=self.config.checkpointing,
+            checkpointing=self.config.barriers.mode,
             operators={op.uid: op.name for chain in plan.chains for op in chain.operators},
             subtasks=plan.subtasks(),
             channels=channels,
@@ -375,12 +373,12 @@ class JobDriver:
         """Wait for the generation's task slots (and, after a lost host with
         ``on_host_loss="wait"``, for the hosts the failed generation ran on)."""
         hosts: frozenset[str] = frozenset()
-        if self.config.on_host_loss == "wait":
+        if self.config.restart.on_host_loss == "wait":
             hosts = frozenset(h for h in self.result.hosts.get(generation - 1, {}).values() if h)
         error = self.launcher.wait_for_slots(
             self.plan.parallelism,
             hosts,
-            self.config.slot_timeout,
+            self.config.deadlines.slots,
             lambda message: self.listener("slots", message),
         )
         return None if error is None else Failure("launcher", error)
@@ -416,8 +414,7 @@ class JobDriver:
             dead_letter_dir=config.dead_letter_dir,
             on_error=config.on_error,
             run=self.job.run_id,
-            checkpointing=config.checkpointing,
-            alignment_timeout=config.alignment_timeout,
+            barriers=config.barriers,
             rate_limits=config.rate_limits,
             hold=config.hold if generation == 1 else None,
             phase_hook=config.phase_hook,

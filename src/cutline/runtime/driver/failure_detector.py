@@ -115,20 +115,20 @@ class FailureDetector:
         return self._late(now, finished, final)
 
     def _late(self, now: float, finished: set[str], final: int | None) -> Failure | None:
-        config = self._config
+        deadlines = self._config.deadlines
         for slot in sorted(set(self.phases) - finished):
-            if now - self._last_beat.get(slot, now) > config.heartbeat_timeout:
+            if now - self._last_beat.get(slot, now) > deadlines.heartbeat:
                 return Failure(
                     "lost",
-                    f"stopped answering (no heartbeat for {config.heartbeat_timeout:g} s, "
+                    f"stopped answering (no heartbeat for {deadlines.heartbeat:g} s, "
                     f"{self._phase_text(slot, final)}){self.on_host(slot)}",
                     subtask=slot,
                 )
         absent = sorted(self._slots - set(self.phases))
-        if absent and now - self.launched > config.start_timeout:
+        if absent and now - self.launched > deadlines.start:
             return Failure(
                 "deadline",
-                f"{slots_text(absent)} did not start within {config.start_timeout:g} s "
+                f"{slots_text(absent)} did not start within {deadlines.start:g} s "
                 "(start_timeout): Spark did not run the task, or its Python worker stopped "
                 "before it reached the driver",
             )
@@ -136,17 +136,17 @@ class FailureDetector:
             return None
         last_arrival = max(since for _, since in self.phases.values())
         meeting = sorted(s for s, (phase, _) in self.phases.items() if phase == "rendezvous")
-        if meeting and now - last_arrival > config.start_timeout:
+        if meeting and now - last_arrival > deadlines.start:
             return Failure(
                 "deadline",
                 f"{slots_text(meeting)} did not finish the rendezvous (exchanging addresses with "
-                f"the other slots) within {config.start_timeout:g} s (start_timeout)",
+                f"the other slots) within {deadlines.start:g} s (start_timeout)",
             )
         for slot, (phase, since) in sorted(self.phases.items()):
-            if phase == "restore" and now - since > config.restore_timeout:
+            if phase == "restore" and now - since > deadlines.restore:
                 return Failure(
                     "deadline",
-                    f"did not report running within {config.restore_timeout:g} s of starting "
+                    f"did not report running within {deadlines.restore:g} s of starting "
                     "its restore (restore_timeout): restoring its state, opening its operators "
                     f"or connecting its outputs took longer{self.on_host(slot)}",
                     subtask=slot,
@@ -154,11 +154,11 @@ class FailureDetector:
         if self.committing is not None:
             checkpoint, since = self.committing
             ending = sorted(self._slots - finished)
-            if ending and now - since > config.commit_timeout:
+            if ending and now - since > deadlines.commit:
                 return Failure(
                     "deadline",
                     f"{slots_text(ending)} did not publish and end within "
-                    f"{config.commit_timeout:g} s of the final checkpoint {checkpoint}'s "
+                    f"{deadlines.commit:g} s of the final checkpoint {checkpoint}'s "
                     "completion (commit_timeout)",
                 )
         return None

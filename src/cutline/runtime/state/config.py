@@ -32,7 +32,7 @@ class StateConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(
-                f"state backend must be one of {', '.join(map(repr, BACKENDS))}, "
+                f"state_backend must be one of {', '.join(map(repr, BACKENDS))}, "
                 f"not {self.backend!r}"
             )
         if type(self.incremental) is not bool:

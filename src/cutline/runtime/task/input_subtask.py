@@ -39,12 +39,12 @@ class InputSubtask(SubtaskRunner):
         assert self.gate is not None
         setup, gate = self.setup, self.gate
         handler: BarrierAligner[str] | BarrierTracker[str]
-        if setup.checkpointing == "at_least_once":
+        if setup.barriers.mode == "at_least_once":
             handler = BarrierTracker(gate.channels, back_edges=gate.back_edges, name=self.name)
         else:
             handler = BarrierAligner(
                 gate.channels,
-                unaligned=setup.checkpointing == "unaligned",
+                unaligned=setup.barriers.unaligned,
                 back_edges=gate.back_edges,
                 name=self.name,
             )

@@ -16,6 +16,56 @@ CHECKPOINTING_MODES = ("aligned", "unaligned", "at_least_once")
 
 
 @dataclass(frozen=True)
+class BarrierHandling:
+    """How the subtasks handle a checkpoint's barriers, checked when it is made.
+
+    :param mode: ``aligned`` or ``unaligned`` (exactly-once both), or ``at_least_once``.
+    :param alignment_timeout: with ``aligned``: seconds from a checkpoint's trigger after which
+        it goes unaligned at a subtask where it has not aligned yet (or whose barrier still
+        waits in an output queue); ``None``: never.
+    """
+
+    mode: str = "aligned"
+    alignment_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in CHECKPOINTING_MODES:
+            raise ValueError(
+                f"checkpointing must be one of {', '.join(map(repr, CHECKPOINTING_MODES))}, "
+                f"not {self.mode!r}"
+            )
+        timeout = self.alignment_timeout
+        if timeout is None:
+            return
+        if type(timeout) not in (int, float) or not 0 <= timeout < float("inf"):
+            raise ValueError(
+                f"alignment_timeout must be a finite duration of 0 or more, not {timeout!r}"
+            )
+        if self.mode != "aligned":
+            raise ValueError(
+                f"alignment_timeout applies to aligned checkpoints only, not {self.mode!r}"
+            )
+
+    @property
+    def unaligned(self) -> bool:
+        return self.mode == "unaligned"
+
+    def check_concurrency(self, max_concurrent: int) -> None:
+        """Checkpoints are taken one at a time when unaligned, and with an alignment timeout (as
+        in Flink: a barrier that goes unaligned overtakes the barriers of the checkpoints
+        queued before it, which could then never complete): ``ValueError`` otherwise."""
+        if max_concurrent == 1 or (self.mode != "unaligned" and self.alignment_timeout is None):
+            return
+        why = (
+            "unaligned checkpoints are taken one at a time"
+            if self.mode == "unaligned"
+            else "with an alignment_timeout checkpoints may go unaligned, and those are taken "
+            "one at a time"
+        )
+        raise ValueError(f"{why}: max_concurrent_checkpoints must be 1, not {max_concurrent!r}")
+
+
+@dataclass(frozen=True)
 class SlotSetup:
     """Everything a slot needs, sent (pickled) from the driver with the Spark job."""
 
@@ -36,11 +86,7 @@ class SlotSetup:
     heartbeat_interval: float = 0.25
     run: str = "r0"
     """The id of this run of the job (one ``execute()``), in every output file's name."""
-    checkpointing: str = "aligned"
-    """``aligned``, ``unaligned`` (exactly-once both) or ``at_least_once``."""
-    alignment_timeout: float | None = None
-    """With ``aligned``: seconds from a checkpoint's trigger after which it goes unaligned at a
-    subtask where it has not aligned yet (or whose barrier still waits in an output queue)."""
+    barriers: BarrierHandling = field(default_factory=BarrierHandling)
     drain: bool = False
     """The sources read nothing: the job publishes what it restored and ends (it restores the
     savepoint it was stopped with)."""

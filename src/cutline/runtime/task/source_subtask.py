@@ -147,7 +147,7 @@ class SourceSubtask(SubtaskRunner):
         self._snapshot(checkpoint)
         # the final checkpoint and savepoints align: nothing may stay in flight
         aligned = trigger.final or trigger.savepoint
-        self._forward(checkpoint, self.setup.checkpointing == "unaligned" and not aligned, aligned)
+        self._forward(checkpoint, self.setup.barriers.unaligned and not aligned, aligned)
         self._complete(checkpoint)
         if trigger.final:
             self._final = checkpoint

@@ -122,7 +122,7 @@ class SubtaskRunner:
         self._reader: Any = None
         self._dead_letters: DeadLetterOutput | None = None
         self._current = chain.operators[0].name
-        self._timeout = setup.alignment_timeout if setup.checkpointing == "aligned" else None
+        self._timeout = setup.barriers.alignment_timeout
         self._restore_location: CheckpointLocation | None = None
         self._restored_inputs: dict[str, list[Any]] = {}
         self._restored_outputs: dict[str, list[Any]] = {}
