@@ -83,7 +83,7 @@ def _execute_killing(env: StreamEnvironment, spark, killer: WorkerKiller, hold: 
         result = env.execute(
             spark,
             on_ready=killer.on_ready,
-            listener=killer.on_checkpoint,
+            listener=killer,
             hold_sources=SourceHold(records=hold),
         )
     finally:

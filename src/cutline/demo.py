@@ -28,7 +28,13 @@ import pyarrow.parquet as pq
 
 from cutline.api.environment import StreamEnvironment
 from cutline.api.progress import wanted
-from cutline.runtime.driver.attempt import parse_running
+from cutline.runtime.driver.events import (
+    CheckpointCompleted,
+    GenerationRunning,
+    JobEvent,
+    JobListener,
+    SavepointCompleted,
+)
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.task.launch import SourceHold
 
@@ -95,7 +101,7 @@ def b1_job(
     return env
 
 
-class WorkerKiller:
+class WorkerKiller(JobListener):
     """Kills one slot's Python worker (SIGKILL) when ``when`` says so, in generation 1 only."""
 
     def __init__(self, slot: str = "slot-1") -> None:
@@ -132,12 +138,16 @@ class WorkerKiller:
             self.killed_at = time.monotonic()
             return True
 
-    def on_checkpoint(self, kind: str, message: str) -> None:
-        """A listener: kill on the first checkpoint completed, unless :meth:`after`'s timer
-        killed already. With the sources held part-way (``execute(hold_sources=...)``) the job
-        is then still running, however fast the machine."""
-        if kind == "checkpoint" and "(final)" not in message:
-            self.kill()
+    def on_event(self, event: JobEvent) -> None:
+        """As a job's listener: kill on the first checkpoint completed (not the final one, not
+        a savepoint), unless :meth:`after`'s timer killed already. With the sources held
+        part-way (``execute(hold_sources=...)``) the job is then still running, however fast
+        the machine."""
+        match event:
+            case SavepointCompleted():
+                pass
+            case CheckpointCompleted(final=False):
+                self.kill()
 
     def describe(self) -> str:
         """What :meth:`kill` did."""
@@ -235,13 +245,20 @@ def run_demo(
     hold = SourceHold(records=events // (2 * parallelism)) if kill and not resume else None
     start = time.monotonic()
 
-    def listener(kind: str, message: str) -> None:
-        echo(f"[{time.monotonic() - start:6.2f} s] {kind} {message}")
-        if kind == "running":
-            generation, running_on = parse_running(message)
-            hosts[generation] = running_on
-        if kill and kind == "checkpoint" and "(final)" not in message and killer.kill():
-            echo(f"[{time.monotonic() - start:6.2f} s] {killer.describe()}")
+    class Listener(JobListener):
+        """Say every event; note where each generation runs; kill on the first checkpoint."""
+
+        def on_event(self, event: JobEvent) -> None:
+            echo(f"[{time.monotonic() - start:6.2f} s] {event}")
+            match event:
+                case GenerationRunning(generation=generation, hosts=running_on):
+                    hosts[generation] = running_on
+                case SavepointCompleted():
+                    pass
+                case CheckpointCompleted(final=False) if kill and killer.kill():
+                    echo(f"[{time.monotonic() - start:6.2f} s] {killer.describe()}")
+
+    listener = Listener()
 
     where = "local Spark" if local else f"Spark at {launcher.spark.sparkContext.master}"
     echo(

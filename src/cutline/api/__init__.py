@@ -1,5 +1,8 @@
 """The user's API: build a dataflow on a :class:`StreamEnvironment` and ``execute()`` it.
 
+A job tells what happens to a listener: ``(kind, message)``, or a :class:`JobListener` that
+gets the events typed (:class:`CheckpointCompleted`, :class:`Restarting`, ...).
+
 An operator of one's own is a :class:`Logic` (opened in every subtask into a
 :class:`Running`) added with ``stream.transform(label, logic)``.
 """
@@ -7,6 +10,19 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.driver.client import JobClient, JobClientError
+from cutline.runtime.driver.events import (
+    CheckpointAborted,
+    CheckpointCompleted,
+    CheckpointSlow,
+    GenerationRunning,
+    JobEvent,
+    JobFailure,
+    JobListener,
+    JobWarning,
+    Restarting,
+    SavepointCompleted,
+    WaitingForSlots,
+)
 from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
 from cutline.runtime.io.sources import InputWarning, SourceError
 from cutline.runtime.operators import (
@@ -20,22 +36,33 @@ from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import SparkSetupError
 
 __all__ = [
+    "CheckpointAborted",
+    "CheckpointCompleted",
+    "CheckpointSlow",
     "CheckpointWarning",
     "DataStream",
+    "GenerationRunning",
     "InputWarning",
     "JobClient",
     "JobClientError",
+    "JobEvent",
     "JobFailedError",
+    "JobFailure",
+    "JobListener",
     "JobResult",
+    "JobWarning",
     "KeyedProcessFunction",
     "KeyedStream",
     "Logic",
     "OperatorContext",
     "ProcessContext",
+    "Restarting",
     "RestoreError",
     "Running",
+    "SavepointCompleted",
     "SourceError",
     "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",
+    "WaitingForSlots",
 ]

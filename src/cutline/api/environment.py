@@ -39,8 +39,14 @@ from cutline.api.streams import DataStream, KeyedStream
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.config import LATEST, JobConfig
 from cutline.runtime.driver.driver import JobDriver
+from cutline.runtime.driver.events import (
+    EventListener,
+    JobEvent,
+    JobWarning,
+    Listener,
+    event_listener,
+)
 from cutline.runtime.driver.result import JobInterrupted, JobResult
-from cutline.runtime.driver.run import Listener
 from cutline.runtime.graph import ExecutionPlan, plan
 from cutline.runtime.io.sinks import FileSink
 from cutline.runtime.network.net import port_range
@@ -51,13 +57,12 @@ from cutline.runtime.task.launch import Launcher, PhaseHook, SourceHold
 __all__ = ["DataStream", "KeyedStream", "StreamEnvironment"]
 
 
-def _both(first: Listener, second: Listener | None) -> Listener:
-    """A listener that tells ``first``, then ``second`` (if any)."""
+def _both(first: EventListener, second: EventListener) -> EventListener:
+    """A listener that tells ``first``, then ``second``."""
 
-    def both(kind: str, message: str) -> None:
-        first(kind, message)
-        if second is not None:
-            second(kind, message)
+    def both(event: JobEvent) -> None:
+        first(event)
+        second(event)
 
     return both
 
@@ -192,8 +197,10 @@ class StreamEnvironment(Sources):
 
         :param spark: a ``SparkSession`` to run on; by default a local one with
             ``local[parallelism]`` (created once, reused).
-        :param listener: called with ``(kind, message)`` for checkpoints, aborts, restarts and
-            warnings, e.g. ``lambda kind, msg: print(kind, msg)``.
+        :param listener: told of checkpoints, aborts, restarts and warnings: a callable taking
+            ``(kind, message)``, e.g. ``lambda kind, msg: print(kind, msg)``, or a
+            :class:`~cutline.JobListener`, whose ``on_event`` gets each event typed (see
+            :mod:`cutline.runtime.driver.events`).
         :param stop_after: stop the job this long after it started (``"30s"``), gracefully: the
             sources stop reading, a final checkpoint completes, and everything read until then
             is processed and published exactly once. For unbounded sources; without it such
@@ -244,16 +251,17 @@ class StreamEnvironment(Sources):
                     "hold_sources waits for a periodic checkpoint: give the job a "
                     "checkpoint_interval"
                 )
+        told = event_listener(listener)
         restore = _restore_url(restore_from)
         if restore == LATEST and not self._has_checkpoint():
             # nothing completed, so nothing was published: a fresh start is the resumption
             # (and an output directory that holds files then says this is not the same job)
-            if listener is not None:
-                listener(
-                    "warning",
+            told(
+                JobWarning(
                     f"no complete checkpoint in {settings.checkpoint_dir} yet: "
-                    "starting from the beginning",
+                    "starting from the beginning"
                 )
+            )
             restore = None
             fresh = "no complete checkpoint to resume from"
         else:
@@ -311,8 +319,8 @@ class StreamEnvironment(Sources):
                 savepoint_dir=settings.savepoint_dir,
             )
             if progress is None and not wanted(None):  # no terminal: a line per event
-                listener = _both(ProgressLines(), listener)
-            driver = JobDriver(execution_plan, config, launcher, listener)
+                told = _both(event_listener(ProgressLines()), told)
+            driver = JobDriver(execution_plan, config, launcher, told)
             driver.on_ready = on_ready
             try:
                 if not wanted(progress):

@@ -48,6 +48,14 @@ from cutline.runtime.checkpoint.storage import (
     StateHandle,
     StorageError,
 )
+from cutline.runtime.driver.events import (
+    CheckpointAborted,
+    CheckpointCompleted,
+    CheckpointSlow,
+    GenerationRunning,
+    JobWarning,
+    SavepointCompleted,
+)
 from cutline.runtime.driver.failure_detector import FailureDetector
 from cutline.runtime.driver.result import Failure
 from cutline.runtime.driver.run import JobRun
@@ -217,14 +225,14 @@ class JobAttempt:
         )
         run.metrics.waiting = slow[1] if slow is not None else None
         if slow is not None and self.stats.first_said_slow(slow[0]):
-            run.listener("waiting", slow[1])
+            run.listener(CheckpointSlow(slow[0], slow[1]))
         if run.on_progress is None:
             return
         try:
             run.on_progress(run.metrics.snapshot(run.elapsed()))
         except Exception as exc:  # a display that fails must not fail the job
             run.on_progress = None
-            run.listener("warning", f"the progress display failed and stopped: {exc}")
+            run.listener(JobWarning(f"the progress display failed and stopped: {exc}"))
 
     # ----------------------------------------------------------------- events
 
@@ -243,7 +251,7 @@ class JobAttempt:
                 self._on_host(slot, message.host)
                 if len(self.ready) == len(self.slots):
                     self.ready_at = now
-                    run.listener("running", running_message(self.generation, self.hosts))
+                    run.listener(GenerationRunning(self.generation, dict(self.hosts)))
                     if run.on_ready is not None:
                         run.on_ready(self.generation, dict(self.ready))
             case Exhausted():
@@ -422,11 +430,10 @@ class JobAttempt:
         if len(kept) > SUBTASK_DETAILS:  # the older ones' details are in the files
             older = len(kept) - SUBTASK_DETAILS - 1
             kept[older] = dataclasses.replace(kept[older], subtasks={})
-        run.listener(  # "checkpoint 3 complete in 0.08 s", said as kind + message
-            "savepoint" if target is not None else "checkpoint",
-            f"{checkpoint} complete in {info.duration:.2f} s"
-            + (" (final)" if info.final else "")
-            + (f": {info.savepoint}" if info.savepoint else ""),
+        run.listener(
+            SavepointCompleted(checkpoint, info.duration, info.final, info.savepoint)
+            if info.savepoint is not None
+            else CheckpointCompleted(checkpoint, info.duration, info.final)
         )
         if info.final:
             self.failures.committing = (checkpoint, self.now())
@@ -444,7 +451,7 @@ class JobAttempt:
         stop_failed = self.savepoints.aborted(n, action.reason)
         if not action.subsumed:
             run.result.aborted.append((n, action.reason))
-            run.listener("abort", f"checkpoint {n}: {action.reason}")
+            run.listener(CheckpointAborted(n, action.reason))
         if n == self.final and self.failure is None:
             self.final = None
             stop = run.config.stop_after
@@ -545,22 +552,6 @@ class JobAttempt:
         for slot in sorted(self.slots):
             with contextlib.suppress(ControlError):
                 self.server.send(slot, message)
-
-
-def running_message(generation: int, hosts: dict[str, str]) -> str:
-    """The ``running`` listener message: ``generation 2: slot-0 on 10.0.0.11, ...``."""
-    where = ", ".join(f"{slot} on {hosts[slot] or '?'}" for slot in sorted(hosts))
-    return f"generation {generation}: {where}"
-
-
-def parse_running(message: str) -> tuple[int, dict[str, str]]:
-    """The generation and the slots' hosts in a ``running`` message."""
-    head, _, rest = message.partition(": ")
-    hosts = {}
-    for part in rest.split(", "):
-        slot, _, host = part.partition(" on ")
-        hosts[slot] = host
-    return int(head.rsplit(" ", 1)[-1]), hosts
 
 
 def _kind(op: Operator) -> str:

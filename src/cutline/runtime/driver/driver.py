@@ -51,6 +51,13 @@ from cutline.runtime.checkpoint.storage import (
 from cutline.runtime.driver.attempt import JobAttempt
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.config import LATEST, JobConfig
+from cutline.runtime.driver.events import (
+    EventListener,
+    JobFailure,
+    JobWarning,
+    Restarting,
+    WaitingForSlots,
+)
 from cutline.runtime.driver.metrics import JobMetrics
 from cutline.runtime.driver.result import (
     CheckpointWarning,
@@ -59,7 +66,7 @@ from cutline.runtime.driver.result import (
     JobInterrupted,
     JobResult,
 )
-from cutline.runtime.driver.run import JobRun, Listener
+from cutline.runtime.driver.run import JobRun
 from cutline.runtime.graph import ExecutionPlan, subtask_name
 from cutline.runtime.network.control import ControlServer
 from cutline.runtime.task.launch import Launcher, SlotSetup
@@ -71,7 +78,7 @@ class JobDriver:
         plan: ExecutionPlan,
         config: JobConfig,
         launcher: Launcher,
-        listener: Listener | None = None,
+        listener: EventListener | None = None,
     ) -> None:
         self.plan, self.config, self.launcher = plan, config, launcher
         self.restart = config.restart
@@ -80,7 +87,7 @@ class JobDriver:
         known = existing + storage.stats_checkpoint_ids()  # ids are never used twice
         first_id = max(known) + 1 if known else 1
         registry = SharedStateRegistry(_shared_references(storage, existing))
-        listener = listener or (lambda kind, message: None)
+        listener = listener or (lambda event: None)
         self.job = JobRun(plan, config, storage, registry, listener, first_id)
         restore_from = config.restore_from
         if restore_from == LATEST:
@@ -98,7 +105,7 @@ class JobDriver:
         return self.job.result
 
     @property
-    def listener(self) -> Listener:
+    def listener(self) -> EventListener:
         return self.job.listener
 
     @property
@@ -143,9 +150,10 @@ class JobDriver:
         try:
             if lock.took_over is not None:
                 self.listener(
-                    "warning",
-                    f"took the checkpoint directory over from {lock.took_over.describe()}, "
-                    "which ended without releasing it",
+                    JobWarning(
+                        "took the checkpoint directory over from "
+                        f"{lock.took_over.describe()}, which ended without releasing it"
+                    )
                 )
             return self._run_locked()
         finally:
@@ -164,7 +172,7 @@ class JobDriver:
                 self.config.storage_options,
             )
         except (OSError, ValueError) as exc:  # the job runs; savepoints on request do not
-            self.listener("warning", f"cannot open the job's endpoint for savepoints: {exc}")
+            self.listener(JobWarning(f"cannot open the job's endpoint for savepoints: {exc}"))
         run_info = job.run_info = self._run_info()
         job.record(run_info)
         outcome = "failed"
@@ -259,7 +267,7 @@ class JobDriver:
                         generation, failure.describe(), None, self.job.elapsed(), restarted=False
                     )
                 )
-                self.listener("failure", failure.describe())
+                self.listener(JobFailure(failure.describe()))
                 raise JobFailedError(
                     f"the job failed after {restarts + 1} attempt(s) "
                     f"(restart_attempts={self.restart.attempts}): {failure.describe()}",
@@ -270,12 +278,7 @@ class JobDriver:
             self._restarted(
                 RestartInfo(generation, failure.describe(), restored, self.job.elapsed())
             )
-            self.listener(
-                "restart",
-                f"generation {generation} failed: {failure.describe()}\n"
-                f"restarting in {self.restart.delay:g} s from "
-                + (f"checkpoint {restored}" if restored is not None else "the start"),
-            )
+            self.listener(Restarting(generation, failure.describe(), self.restart.delay, restored))
             time.sleep(self.restart.delay)
 
     def _choose_checkpoint(self) -> RestoreSpec | None:
@@ -319,7 +322,7 @@ class JobDriver:
 
     def _warn(self, message: str) -> None:
         warnings.warn(message, CheckpointWarning, stacklevel=3)
-        self.listener("warning", message)
+        self.listener(JobWarning(message))
 
     def _resolve(self, url: str) -> RestoreSpec:
         """The checkpoint or savepoint ``url`` names (a folder with metadata, or a checkpoint
@@ -379,7 +382,7 @@ class JobDriver:
             self.plan.parallelism,
             hosts,
             self.config.deadlines.slots,
-            lambda message: self.listener("slots", message),
+            lambda message: self.listener(WaitingForSlots(message)),
         )
         return None if error is None else Failure("launcher", error)
 

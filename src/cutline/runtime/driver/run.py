@@ -3,7 +3,8 @@
 The :class:`~cutline.runtime.driver.driver.JobDriver` makes one :class:`JobRun` and hands it
 to each :class:`~cutline.runtime.driver.attempt.JobAttempt`: the job's plan and
 configuration, its checkpoint storage and the registry of its shared files, the result and
-the figures it builds up, the listener that tells the user, and the few facts one attempt
+the figures it builds up, the listener that tells the user (typed events,
+:mod:`cutline.runtime.driver.events`), and the few facts one attempt
 leaves to the next (the savepoints taken, the next checkpoint id, the checkpoints of earlier
 runs still to retire).
 """
@@ -21,17 +22,10 @@ from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo, RunIn
 from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.config import JobConfig
+from cutline.runtime.driver.events import EventListener, JobWarning
 from cutline.runtime.driver.metrics import JobMetrics, MetricsCollector
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.graph import ExecutionPlan
-
-Listener = Callable[[str, str], None]
-"""Called with (kind, message) for what a user may want to see: ``checkpoint`` (``"3 complete
-in 0.08 s"``), ``savepoint`` (``"4 complete in 0.10 s: FOLDER"``), ``abort`` (``"checkpoint 5:
-REASON"``), ``restart``, ``slots`` (waiting for task slots or lost hosts), ``running`` (every
-slot of a generation ready, and where), ``waiting`` (a checkpoint in flight longer than its
-interval: what for, and behind how many records), ``warning``, ``failure``.
-``print(kind, message)`` reads as a sentence."""
 
 
 class JobRun:
@@ -43,7 +37,7 @@ class JobRun:
         config: JobConfig,
         storage: CheckpointStorage,
         registry: SharedStateRegistry,
-        listener: Listener,
+        listener: EventListener,
         first_id: int,
     ) -> None:
         self.plan, self.config, self.storage = plan, config, storage
@@ -89,7 +83,7 @@ class JobRun:
             if isinstance(record, CheckpointStats):
                 self.storage.prune_stats(self.config.stats_history)
         except StorageError as exc:
-            self.listener("warning", f"cannot keep checkpoint statistics: {exc}")
+            self.listener(JobWarning(f"cannot keep checkpoint statistics: {exc}"))
 
     def delete_shared(self, paths: list[str]) -> None:
         """Remove shared files no retained checkpoint names any more."""
