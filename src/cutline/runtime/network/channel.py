@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from cutline.runtime.network.frames import FrameSizer
-from cutline.runtime.network.net import Listener, close_socket
+from cutline.runtime.network.net import Listener, close_socket, connect
 from cutline.runtime.network.wire import (
     Barrier,
     CreditDecoder,
@@ -351,14 +351,15 @@ class OutputChannel:
         if capacity < 1:
             raise ValueError(f"capacity must be 1 or more, not {capacity}")
         self.capacity = capacity
-        try:
-            self._sock = socket.create_connection(address, timeout=connect_timeout)
-        except OSError as exc:
-            raise ChannelError(
-                f"channel {channel!r}: cannot connect to {address[0]}:{address[1]}: "
-                f"{exc.strerror or exc}"
-            ) from exc
-        self._sock.settimeout(None)
+        self._sock = connect(
+            address,
+            encode(Hello(channel, generation, token)),
+            timeout=connect_timeout,
+            error=ChannelError,
+            who=f"channel {channel!r}",
+            unreachable="cannot connect to",
+            peer="the downstream subtask",
+        )
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lock = threading.Condition()
         self._queue: deque[Frame] = deque()
@@ -375,11 +376,6 @@ class OutputChannel:
         self._error: ChannelError | None = None
         self._closed = False
         self._ended = False
-        try:
-            self._write(Hello(channel, generation, token))
-        except ChannelError:
-            close_socket(self._sock)
-            raise
         self._reader = threading.Thread(
             target=self._read_credits, name=f"cutline-credit-{channel}", daemon=True
         )

@@ -35,7 +35,7 @@ from cutline.runtime.network.messages import (
     encode,
     encode_line,
 )
-from cutline.runtime.network.net import Listener, close_socket
+from cutline.runtime.network.net import Listener, close_socket, connect
 
 
 @dataclass(frozen=True)
@@ -221,26 +221,18 @@ class ControlClient:
         connect_timeout: float = 30.0,
     ) -> None:
         self.task = task
-        try:
-            self._sock = socket.create_connection(address, timeout=connect_timeout)
-        except OSError as exc:
-            raise ControlError(
-                f"task {task!r}: cannot reach the driver at {address[0]}:{address[1]}: "
-                f"{exc.strerror or exc}"
-            ) from exc
-        self._sock.settimeout(None)
+        hello = {"task": task, "generation": generation, "token": _ascii_token(token).decode()}
+        self._sock = connect(
+            address,
+            encode_line("hello", hello),
+            timeout=connect_timeout,
+            error=ControlError,
+            who=f"task {task!r}",
+            unreachable="cannot reach the driver at",
+            peer="the driver",
+        )
         self._send_lock = threading.Lock()
         self._inbox: queue.Queue[DriverMessage | None] = queue.Queue()
-        try:
-            hello = {"task": task, "generation": generation, "token": _ascii_token(token).decode()}
-            self._sock.sendall(encode_line("hello", hello))
-        except (OSError, ValueError) as exc:
-            close_socket(self._sock)
-            if isinstance(exc, ValueError):
-                raise
-            raise ControlError(
-                f"task {task!r}: cannot say hello to the driver: {exc.strerror or exc}"
-            ) from exc
         threading.Thread(target=self._read, name="cutline-control-client", daemon=True).start()
 
     def send(self, message: SlotMessage) -> None:

@@ -1,4 +1,6 @@
-"""Socket helpers shared by the channels and the control connection."""
+"""Socket helpers shared by the channels and the control connection: closing a socket so
+that its peer and its other threads notice, connecting to a peer and saying hello, and
+listening on the ports ``CUTLINE_PORTS`` allows."""
 
 from __future__ import annotations
 
@@ -22,6 +24,47 @@ def close_socket(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def connect(
+    address: tuple[str, int],
+    hello: bytes,
+    *,
+    timeout: float,
+    error: Callable[[str], Exception],
+    who: str,
+    unreachable: str,
+    peer: str,
+) -> socket.socket:
+    """A connection to ``peer`` at ``address`` that has said ``hello`` (the opening bytes: the
+    channel's or the control connection's hello, which carries the job's generation and
+    token), in blocking mode; the two ends of the job that connect to another both start so.
+
+    A failure raises ``error(message)``, naming the one who connects (``who``: ``"channel
+    'a'"``, ``"task 't'"``), the peer and its address, and the system's reason:
+
+    - no connection within ``timeout`` seconds: ``"{who}: {unreachable} HOST:PORT: why"``,
+      where ``unreachable`` is the caller's own words (``"cannot connect to"``, ``"cannot
+      reach the driver at"``);
+    - the hello not sent: ``"{who}: cannot say hello to {peer} at HOST:PORT: why"``, after
+      closing the socket (nothing half-open is left behind).
+
+    Encode ``hello`` before calling: a token that cannot be sent is then refused before any
+    connection is made."""
+    host, port = address
+    try:
+        sock = socket.create_connection(address, timeout=timeout)
+    except OSError as exc:
+        raise error(f"{who}: {unreachable} {host}:{port}: {exc.strerror or exc}") from exc
+    sock.settimeout(None)
+    try:
+        sock.sendall(hello)
+    except OSError as exc:
+        close_socket(sock)
+        raise error(
+            f"{who}: cannot say hello to {peer} at {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+    return sock
 
 
 PORTS_VARIABLE = "CUTLINE_PORTS"
