@@ -129,7 +129,7 @@ class KeyedStateBackend:
             raise ValueError(f"max_parallelism must be 1 or more, not {max_parallelism}")
         self.max_parallelism = max_parallelism
         self.key_groups = key_groups if key_groups is not None else range(max_parallelism)
-        self.config = config or StateConfig()
+        self.config = config or StateConfig(backend=self.kind)
         self._tables: dict[str, Any] = {}
         self._key: Hashable = None
         self._has_key = False
@@ -148,6 +148,15 @@ class KeyedStateBackend:
         """Checkpoint id -> the number of its snapshot (its place among the frozen layers)."""
         self._group_cache: dict[Hashable, int] = {}
         self._group_cache_size = GROUP_CACHE
+        self._spilled: dict[str, set[Hashable]] = {}
+        """Disk backend: keys written to the database early since the last snapshot (per state
+        name); the next snapshot's frozen layer takes them."""
+        self._open()
+
+    def _open(self) -> None:
+        """Take what the backend holds beyond its Python objects (the disk backend's database),
+        the last step of the constructor; :meth:`close` gives it back. The memory backend holds
+        nothing more."""
 
     # ------------------------------------------------------------- current key
 
@@ -249,7 +258,9 @@ class KeyedStateBackend:
         for name, table in list(self._tables.items()):
             tables[name] = (table.kind, table.freeze())
         with self._lock:
-            self._frozen.append(Frozen(self._snapshots, checkpoint_id, tables))
+            # constant time: the spilled keys are looked at when the segment is written
+            spilled, self._spilled = self._spilled, {}
+            self._frozen.append(Frozen(self._snapshots, checkpoint_id, tables, spilled=spilled))
             self._publish_frozen()
         return KeyedSnapshot(self, self._snapshots, checkpoint_id, base, savepoint)
 

@@ -23,8 +23,7 @@ from cutline.runtime.state.backend import (
     KeyedStateBackend,
     Layers,
 )
-from cutline.runtime.state.config import StateConfig
-from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM, StateError, encode_key
+from cutline.runtime.state.keygroups import StateError, encode_key
 from cutline.runtime.state.segments import DELETED, Group, Groups, SegmentStore
 
 _DB_KEY = struct.Struct(">HH")  # key group, state id
@@ -107,13 +106,9 @@ class DiskStateBackend(KeyedStateBackend):
 
     kind = "disk"
 
-    def __init__(
-        self,
-        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-        key_groups: range | None = None,
-        config: StateConfig | None = None,
-    ) -> None:
-        super().__init__(max_parallelism, key_groups, config or StateConfig(backend="disk"))
+    def _open(self) -> None:
+        """Create and open this subtask's database in a fresh folder of ``config.local_dir``
+        (the system's temporary folder by default), first removing those of dead processes."""
         import rocksdict
 
         self._rocksdict = rocksdict
@@ -144,8 +139,6 @@ class DiskStateBackend(KeyedStateBackend):
         self._names: dict[int, str] = {}
         self._spill_at = max(memory // _SPILL_ENTRY_BYTES, 16)
         self._group_cache_size = min(GROUP_CACHE, memory // 128)  # (about 100 bytes a key)
-        self._spilled: dict[str, set[Hashable]] = {}
-        """Keys written to the database early since the last snapshot (per state name)."""
         self._db_lock = threading.RLock()
         self.spills = 0
 
@@ -195,18 +188,6 @@ class DiskStateBackend(KeyedStateBackend):
             self.spills += 1
         finally:
             self._db_lock.release()
-
-    def snapshot(
-        self,
-        checkpoint_id: int | None = None,
-        *,
-        base: int | None = None,
-        savepoint: bool = False,
-    ) -> KeyedSnapshot:
-        snapshot = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
-        if self._spilled:  # constant time: the keys are looked at when the segment is written
-            self._frozen[-1].spilled, self._spilled = self._spilled, {}
-        return snapshot
 
     def _merge(self, frozen: Frozen) -> None:
         with self._db_lock:
