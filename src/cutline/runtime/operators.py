@@ -269,22 +269,34 @@ class _PerRecord(Running):
                     out.append(fn(record))
                 except Exception as exc:
                     self.ctx.fail(record, exc)
-        elif self.kind == "filter":
+            return out
+        if self.kind == "filter":
             for record in rows(batch):
                 try:
                     if fn(record):
                         out.append(record)
                 except Exception as exc:
                     self.ctx.fail(record, exc)
-        else:
-            for record in rows(batch):
-                try:
-                    produced = fn(record)
-                    if produced is not None:
-                        out.extend(list(produced))  # all of a record's output, or none of it
-                except Exception as exc:
-                    self.ctx.fail(record, exc)
-        return out
+            return out
+        return _flat_map(batch, fn, self.ctx)
+
+
+def _flat_map(
+    batch: Batch, produce: Callable[[Any], Iterable[Any] | None], ctx: OperatorContext
+) -> list[Any]:
+    """What ``produce`` makes of each record of ``batch``, in order (``None``: nothing), for
+    flat_map and the keyed process function. A record's output counts whole or not at all: a
+    record whose ``produce`` fails, even halfway through yielding, goes to ``ctx.fail`` (the
+    job's error policy) and adds nothing."""
+    out: list[Any] = []
+    for record in rows(batch):
+        try:
+            produced = produce(record)
+            if produced is not None:
+                out.extend(list(produced))  # all of a record's output, or none of it
+        except Exception as exc:
+            ctx.fail(record, exc)
+    return out
 
 
 @dataclass(frozen=True)
@@ -445,22 +457,18 @@ class _Process(_Keyed):
             ctx.fail("(none: in open())", exc)
 
     def process(self, batch: Batch) -> Batch | None:
-        out: list[Any] = []
         set_key, get_key, fn, pctx = (
             self.backend.set_current_key,
             self.get_key,
             self.function.process,
             self.pctx,
         )
-        for record in rows(batch):
-            try:
-                set_key(get_key(record))
-                produced = fn(record, pctx)
-                if produced is not None:
-                    out.extend(list(produced))  # all of a record's output, or none of it
-            except Exception as exc:
-                self.ctx.fail(record, exc)
-        return out
+
+        def produce(record: Any) -> Iterable[Any] | None:
+            set_key(get_key(record))  # (a key not of this subtask fails the record too)
+            return fn(record, pctx)
+
+        return _flat_map(batch, produce, self.ctx)
 
 
 @dataclass(frozen=True)
