@@ -268,6 +268,18 @@ class CheckpointStorage:
     def checkpoint_path(self, checkpoint_id: int) -> str:
         return f"{self.root}/chk-{checkpoint_id}"
 
+    def _names_in(self, folder: str, what: str) -> list[str]:
+        """The names (without the path) of what ``folder`` holds, sorted; none when it does not
+        exist yet. A folder that cannot be listed raises :class:`StorageError` naming it as
+        ``what`` ("the shared folder") and where it is."""
+        try:
+            paths = self.fs.ls(folder, detail=False) if self.fs.exists(folder) else []
+        except OSError as exc:
+            raise StorageError(
+                f"cannot list {what} {self._where(folder)}: {exc.strerror or exc}"
+            ) from exc
+        return sorted(str(path).rstrip("/").rsplit("/", 1)[-1] for path in paths)
+
     def _where(self, path: str) -> str:
         """``path`` as the user would write it (with the URL's protocol)."""
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
@@ -375,12 +387,8 @@ class CheckpointStorage:
 
     def shared_files(self) -> list[str]:
         """Every file in the shared folder, as ``../shared/NAME``."""
-        folder = f"{self.root}/{SHARED}"
-        try:
-            names = self.fs.ls(folder, detail=False) if self.fs.exists(folder) else []
-        except OSError as exc:
-            raise StorageError(f"cannot list {self._where(folder)}: {exc.strerror or exc}") from exc
-        return sorted(SHARED_PREFIX + str(n).rstrip("/").rsplit("/", 1)[-1] for n in names)
+        names = self._names_in(f"{self.root}/{SHARED}", "the shared folder")
+        return [SHARED_PREFIX + name for name in names]
 
     def remove_shared(self, path: str) -> None:
         """Delete a shared file (``../shared/NAME``); quiet when it is already gone."""
@@ -410,12 +418,7 @@ class CheckpointStorage:
         self._replace_file(f"{self.root}/{STATS_FOLDER}", name, encode(record), "statistics")
 
     def _stats_names(self) -> list[str]:
-        folder = f"{self.root}/{STATS_FOLDER}"
-        try:
-            names = self.fs.ls(folder, detail=False) if self.fs.exists(folder) else []
-        except OSError as exc:
-            raise StorageError(f"cannot list {self._where(folder)}: {exc.strerror or exc}") from exc
-        return sorted(str(n).rstrip("/").rsplit("/", 1)[-1] for n in names)
+        return self._names_in(f"{self.root}/{STATS_FOLDER}", "the statistics folder")
 
     def stats_checkpoint_ids(self) -> list[int]:
         """Ids of the checkpoints with statistics (also those whose folders are gone)."""
@@ -447,15 +450,9 @@ class CheckpointStorage:
 
     def checkpoint_ids(self) -> list[int]:
         """Ids of every checkpoint folder, complete or not, in increasing order."""
-        try:
-            entries = self.fs.ls(self.root, detail=False) if self.fs.exists(self.root) else []
-        except OSError as exc:
-            raise StorageError(
-                f"cannot list checkpoint directory {self._where(self.root)}: {exc.strerror or exc}"
-            ) from exc
         ids = []
-        for entry in entries:
-            match = _CHECKPOINT_DIR.fullmatch(str(entry).rstrip("/").rsplit("/", 1)[-1])
+        for name in self._names_in(self.root, "the checkpoint directory"):
+            match = _CHECKPOINT_DIR.fullmatch(name)
             if match:
                 ids.append(int(match.group(1)))
         return sorted(ids)
