@@ -29,7 +29,7 @@ import bisect
 import io
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -831,6 +831,32 @@ def _settle(
     return settled
 
 
+def _settle_rows(
+    records: list[Any],
+    attempt: Callable[[list[Any]], pa.Table],
+    empty: Callable[[], pa.Table],
+    refused: Iterable[tuple[int, bytes, str]] = (),
+) -> _Rows:
+    """The rows of ``records`` (tuples of a line number, its text, then what ``attempt``
+    parses) when a block did not parse whole: :func:`_settle` finds the runs ``attempt`` turns
+    into a table and the records it refuses, which follow those ``refused`` before (line,
+    text, reason). The tables are joined in order, each row knowing its line and text;
+    ``empty()`` is the table when no record parsed."""
+    bad = list(refused)
+    tables: list[pa.Table] = []
+    lines: list[int] = []
+    texts: list[bytes] = []
+    for group, table, reason in _settle(records, attempt):
+        if reason is None:
+            tables.append(table)
+            lines += [record[0] for record in group]
+            texts += [record[1] for record in group]
+        else:
+            bad.append((group[0][0], group[0][1], reason))
+    table = pa.concat_tables(tables) if tables else empty()
+    return _Rows(table, lines, texts, bad)
+
+
 # ------------------------------------------------------------------------------- CSV
 
 
@@ -925,20 +951,7 @@ class _Csv:
                 raise _Refused(f"{table.num_rows} CSV records in one line")
             return table
 
-        tables: list[pa.Table] = []
-        lines: list[int] = []
-        texts: list[bytes] = []
-        bad: list[tuple[int, bytes, str]] = []
-        for group, table, reason in _settle(records, attempt):
-            if reason is None:
-                tables.append(table)
-                lines += [r[0] for r in group]
-                texts += [r[1] for r in group]
-            else:
-                bad.append((group[0][0], group[0][1], reason))
-        if not tables:
-            tables.append(self.strings(b"")[0])
-        return _Rows(pa.concat_tables(tables), lines, texts, bad)
+        return _settle_rows(records, attempt, lambda: self.strings(b"")[0])
 
 
 def _fields(row: Any) -> str:
@@ -1177,18 +1190,7 @@ class _Json:
                 raise _Refused(f"{table.num_rows} JSON values in one line")
             return table
 
-        tables: list[pa.Table] = []
-        lines: list[int] = []
-        texts: list[bytes] = []
-        for group, table, reason in _settle(items, attempt):
-            if reason is None:
-                tables.append(table)
-                lines += [i[0] for i in group]
-                texts += [i[1] for i in group]
-            else:
-                bad.append((group[0][0], group[0][1], reason))
-        table = pa.concat_tables(tables) if tables else self._empty()
-        return _Rows(table, lines, texts, bad)
+        return _settle_rows(items, attempt, self._empty, bad)
 
 
 _KINDS = {
