@@ -47,7 +47,7 @@ from rich.table import Table
 import cutline
 from cutline.sim.checker import check_run
 from cutline.sim.generate import strongly_connected_topology
-from cutline.sim.log import Kind, SimRun
+from cutline.sim.log import EventKind, SimRun
 from cutline.sim.scenario import Event, Initiate, Scenario, Send, Tick, Topology
 from cutline.sim.simulator import SimConfig, simulate
 
@@ -341,9 +341,9 @@ def snapshot_timing(run: SimRun) -> dict[str, Any]:
     started: dict[int, tuple[int, int]] = {}
     done: dict[int, tuple[int, int]] = {}
     for index, event in enumerate(run.log):
-        if event.kind is Kind.INITIATE and event.snapshot is not None:
+        if event.kind is EventKind.INITIATE and event.snapshot is not None:
             started.setdefault(event.snapshot, (index, event.time))
-        elif event.kind is Kind.COMPLETE and event.snapshot is not None:
+        elif event.kind is EventKind.COMPLETE and event.snapshot is not None:
             done[event.snapshot] = (index, event.time)
     edges = sorted(
         [(started[s][0], 1) for s in started if s in done] + [(done[s][0], -1) for s in done]

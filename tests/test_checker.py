@@ -10,8 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutline.protocol import Action, ChandyLamportRecorder, SnapshotComplete, SnapshotStatus
-from cutline.sim.checker import PROPERTIES, Violation, _ChannelHistory, check_run, verify
-from cutline.sim.log import Kind, Payment, SimRun
+from cutline.sim.checker import (
+    PROPERTIES,
+    Violation,
+    _ChannelHistory,
+    check_run,
+    simulate_and_check,
+)
+from cutline.sim.log import EventKind, Payment, SimRun
 from cutline.sim.scenario import Channel, scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
 
@@ -135,7 +141,9 @@ def test_a_channel_that_never_closed_is_named() -> None:
     run.log = [
         e
         for e in run.log
-        if not (e.kind is Kind.CHANNEL_RECORDED and e.snapshot == 1 and e.channel == ("N1", "N2"))
+        if not (
+            e.kind is EventKind.CHANNEL_RECORDED and e.snapshot == 1 and e.channel == ("N1", "N2")
+        )
     ]
     failures = check_run(run).failed("termination")
     assert [(v.snapshot, v.channel, v.process, v.detail) for v in failures] == [
@@ -146,7 +154,7 @@ def test_a_channel_that_never_closed_is_named() -> None:
 
 def test_a_second_recording_is_named() -> None:
     run, _ = good_run()
-    record = next(e for e in run.log if e.kind is Kind.RECORD and e.process == "N3")
+    record = next(e for e in run.log if e.kind is EventKind.RECORD and e.process == "N3")
     run.log.append(record)
     failures = check_run(run).failed("termination")
     assert any(v.process == "N3" and "recorded 2 times" in v.detail for v in failures)
@@ -180,7 +188,7 @@ def test_a_different_run_without_snapshots_is_interference() -> None:
 
 def test_verify_runs_both_and_reports_as_data() -> None:
     scenario = scenario_from_text(LINE, CONCURRENT)
-    run, verdict = verify(scenario, SimConfig(seed=4))
+    run, verdict = simulate_and_check(scenario, SimConfig(seed=4))
     assert verdict.ok
     data = verdict.to_dict()
     assert data["ok"] is True

@@ -380,14 +380,14 @@ def test_missing_arguments_are_usage_errors(files: list[str]) -> None:
 
 
 def _failing_verify(monkeypatch: pytest.MonkeyPatch, violations: list[Violation]) -> None:
-    real = cutline.cli.verify
+    real = cutline.cli.simulate_and_check
 
-    def verify(*args: Any, **kwargs: Any) -> tuple[Any, Verdict]:
+    def simulate_and_check(*args: Any, **kwargs: Any) -> tuple[Any, Verdict]:
         run, verdict = real(*args, **kwargs)
         verdict.violations.extend(violations)
         return run, verdict
 
-    monkeypatch.setattr(cutline.cli, "verify", verify)
+    monkeypatch.setattr(cutline.cli, "simulate_and_check", simulate_and_check)
 
 
 def test_failed_verification_exits_1_and_names_the_property(

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from cutline.sim.diagram import _layout, diagram_figure, draw_diagram
 from cutline.sim.generate import random_scenario
-from cutline.sim.log import Kind, SimRun
+from cutline.sim.log import EventKind, SimRun
 from cutline.sim.scenario import scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
 
@@ -72,7 +72,7 @@ def marker_gids(fig: Figure) -> list[str]:
 def test_small_run_has_two_concurrent_snapshots(small_run: SimRun) -> None:
     # the premise of the tests below: both snapshots are in progress at once
     records = {
-        s: [e.time for e in small_run.log if e.kind is Kind.RECORD and e.snapshot == s]
+        s: [e.time for e in small_run.log if e.kind is EventKind.RECORD and e.snapshot == s]
         for s in (0, 1)
     }
     assert set(small_run.snapshots) == {0, 1}
@@ -109,12 +109,12 @@ def test_svg_names_every_process_and_snapshot(small_run: SimRun, tmp_path: Path)
         assert texts.count(f"snapshot {s}") == 1
         assert f"cut-{s}" in groups
     assert "two snapshots" in texts
-    payments = [e.message for e in small_run.log if e.kind is Kind.SEND]
+    payments = [e.message for e in small_run.log if e.kind is EventKind.SEND]
     assert payments
     for message in payments:
         assert f"payment-{message}" in groups
     markers = [g for g in groups if g.startswith("marker-")]
-    assert len(markers) == sum(1 for e in small_run.log if e.kind is Kind.MARKER_DELIVER)
+    assert len(markers) == sum(1 for e in small_run.log if e.kind is EventKind.MARKER_DELIVER)
 
 
 def test_svg_is_byte_identical_for_the_same_run(small_run: SimRun, tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_unknown_suffix(small_run: SimRun, tmp_path: Path, name: str) -> None:
 def test_one_marker_arrow_per_marker_delivery(seed: int) -> None:
     run = simulate(random_scenario(seed))
     fig = diagram_figure(run)
-    delivered = [e for e in run.log if e.kind is Kind.MARKER_DELIVER]
+    delivered = [e for e in run.log if e.kind is EventKind.MARKER_DELIVER]
     found = marker_gids(fig)
     assert len(found) == len(delivered)
     assert len(set(found)) == len(found)
@@ -200,7 +200,7 @@ def test_one_marker_arrow_per_marker_delivery(seed: int) -> None:
     }
     assert set(found) == expected
     payments = [g for g in gids(fig) if g.startswith("payment-") and "label" not in g]
-    assert len(payments) == sum(1 for e in run.log if e.kind is Kind.DELIVER)
+    assert len(payments) == sum(1 for e in run.log if e.kind is EventKind.DELIVER)
     cuts = [g for g in gids(fig) if g.startswith("cut-")]
     assert sorted(cuts) == sorted(f"cut-{s}" for s in run.snapshots)
 
@@ -225,7 +225,9 @@ def test_cut_goes_through_the_record_entries(small_run: SimRun) -> None:
         xs: list[float] = np.asarray(cut.get_xdata(), dtype=float).tolist()
         ys: list[float] = np.asarray(cut.get_ydata(), dtype=float).tolist()
         recorded = {
-            e.process: e.time for e in small_run.log if e.kind is Kind.RECORD and e.snapshot == s
+            e.process: e.time
+            for e in small_run.log
+            if e.kind is EventKind.RECORD and e.snapshot == s
         }
         assert len(xs) == len(processes)
         # top to bottom in topology order, each point inside its step
@@ -251,22 +253,22 @@ def test_events_sharing_a_step_do_not_overlap() -> None:
 def test_undelivered_and_duplicate_markers_are_handled(small_run: SimRun) -> None:
     log = list(small_run.log)
     # drop the first marker delivery: its marker is then never delivered
-    first = next(i for i, e in enumerate(log) if e.kind is Kind.MARKER_DELIVER)
+    first = next(i for i, e in enumerate(log) if e.kind is EventKind.MARKER_DELIVER)
     dropped = log[first]
     del log[first]
     # and send a second snapshot-0 marker on a channel, delivered twice at the end
-    extra = next(e for e in log if e.kind is Kind.MARKER_DELIVER and e.snapshot == 0)
+    extra = next(e for e in log if e.kind is EventKind.MARKER_DELIVER and e.snapshot == 0)
     assert extra.channel is not None
     end = small_run.end_time + 1
     log.append(
-        dataclasses.replace(extra, time=end, kind=Kind.MARKER_SEND, process=extra.channel[0])
+        dataclasses.replace(extra, time=end, kind=EventKind.MARKER_SEND, process=extra.channel[0])
     )
     log.append(dataclasses.replace(extra, time=end + 1))
     # and a delivery of a marker nobody sent
     log.append(dataclasses.replace(extra, time=end + 2, snapshot=99))
     run = dataclasses.replace(small_run, log=log, end_time=end + 2)
     found = marker_gids(diagram_figure(run))
-    delivered = sum(1 for e in small_run.log if e.kind is Kind.MARKER_DELIVER)
+    delivered = sum(1 for e in small_run.log if e.kind is EventKind.MARKER_DELIVER)
     assert len(found) == delivered  # one lost, one extra, the stray one skipped
     assert f"marker-0-{extra.channel[0]}-{extra.channel[1]}-1" in found
     assert not any(g.startswith("marker-99-") for g in found)
@@ -290,7 +292,7 @@ def test_runs_without_snapshots_or_log(tmp_path: Path) -> None:
 
 def test_few_payments_are_labelled(small_run: SimRun) -> None:
     texts = [t.get_text() for t in diagram_figure(small_run).axes[0].texts]
-    amounts = [e.amount for e in small_run.log if e.kind is Kind.SEND]
+    amounts = [e.amount for e in small_run.log if e.kind is EventKind.SEND]
     assert sorted(t for t in texts if t.startswith("token(")) == sorted(
         f"token({a})" for a in amounts
     )

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline.sim.checker import PROPERTIES, check_run, verify
-from cutline.sim.log import Kind
+from cutline.sim.checker import PROPERTIES, check_run, simulate_and_check
+from cutline.sim.log import EventKind
 from cutline.sim.scenario import Scenario
 from cutline.sim.simulator import SimConfig, simulate
 
@@ -33,7 +33,7 @@ def test_every_snapshot_of_every_run_is_consistent(
     scenario: Scenario, seed: int, delay: tuple[int, int]
 ) -> None:
     config = SimConfig(seed=seed, min_delay=delay[0], max_delay=delay[1])
-    run, verdict = verify(scenario, config)
+    run, verdict = simulate_and_check(scenario, config)
     assert verdict.properties == PROPERTIES
     for prop in PROPERTIES:
         assert verdict.failed(prop) == [], prop
@@ -64,9 +64,9 @@ def _recorded_by_marker(scenario: Scenario, seed: int) -> bool:
     run = simulate(scenario, SimConfig(seed=seed))
     initiated: set[tuple[str, int | None]] = set()
     for event in run.log:
-        if event.kind is Kind.INITIATE:
+        if event.kind is EventKind.INITIATE:
             initiated.add((event.process, event.snapshot))
-        elif event.kind is Kind.RECORD and (event.process, event.snapshot) not in initiated:
+        elif event.kind is EventKind.RECORD and (event.process, event.snapshot) not in initiated:
             return True
     return False
 
@@ -137,6 +137,8 @@ def test_soak_larger_graphs_and_more_snapshots(
     scenario: Scenario, seed: int, delay: tuple[int, int]
 ) -> None:
     """`make soak`: 20,000 runs on graphs of up to 30 processes with up to 8 snapshots."""
-    run, verdict = verify(scenario, SimConfig(seed=seed, min_delay=delay[0], max_delay=delay[1]))
+    run, verdict = simulate_and_check(
+        scenario, SimConfig(seed=seed, min_delay=delay[0], max_delay=delay[1])
+    )
     assert verdict.ok, verdict.summary()
     assert all(snap.complete for snap in run.snapshots.values())

@@ -45,13 +45,13 @@ from cutline.sim.dataflow import (
     MODES,
     ChannelId,
     DataflowConfig,
+    DataflowGraph,
     Handler,
     HandlerFactory,
     Mode,
     Record,
-    Topology,
     check_checkpoints,
-    check_run,
+    check_dataflow_run,
     dag_topology,
     loop_topology,
     reference_states,
@@ -133,8 +133,8 @@ def test_overtaken_records_also_belong_to_a_later_checkpoint_still_recording_the
     assert acts(h.barrier_received(1, "a")) == snapshot(1, unaligned=True)
     assert acts(h.barrier_received(2, "a")) == snapshot(2, unaligned=True)
     assert acts(h.message_received("b", "m")) == [*recorded(1, "b", "m"), *recorded(2, "b", "m")]
-    # Barrier(1) jumps over x on b: x is in checkpoint 1's state of b, and, once received,
-    # in checkpoint 2's too (it was sent before Barrier(2) as well)
+    # BarrierItem(1) jumps over x on b: x is in checkpoint 1's state of b, and, once received,
+    # in checkpoint 2's too (it was sent before BarrierItem(2) as well)
     assert acts(h.barrier_received(1, "b", unaligned=True, overtaken=["x"])) == [
         *recorded(1, "b", "x"),
         SnapshotComplete(1),
@@ -156,7 +156,7 @@ def test_unaligned_barrier_of_an_aborted_checkpoint_is_ignored_with_its_overtake
     assert acts(h.abort(1)) == []
     assert acts(h.barrier_received(1, "a", unaligned=True, overtaken=["x"])) == []
     assert acts(h.barrier_received(2, "b")) == snapshot(2, unaligned=True)
-    # x was sent before Barrier(2) on a: received now, it is in checkpoint 2's state
+    # x was sent before BarrierItem(2) on a: received now, it is in checkpoint 2's state
     assert acts(h.message_received("a", "x")) == recorded(2, "a", "x")
 
 
@@ -244,7 +244,7 @@ def test_a_newer_unaligned_barrier_declines_the_pending_alignment_then_snapshots
         UnblockChannels(("a",)),
         *snapshot(2, unaligned=True),
     ]
-    # a delivered Barrier(1) only: it is recorded for 2 like c
+    # a delivered BarrierItem(1) only: it is recorded for 2 like c
     assert h.recorded_channels(2) == {"a", "c"}
 
 
@@ -375,7 +375,7 @@ def test_abort_at_least_once_declines_pending_and_recording_checkpoints() -> Non
 def test_a_newer_barrier_on_a_recorded_channel_declines_the_older_recording() -> None:
     h: BarrierAligner[str] = BarrierAligner(["a", "b"], unaligned=True, name="t")
     h.barrier_received(1, "a")
-    # b skipped Barrier(1) (checkpoint 1 was declined upstream): 1 can never complete here
+    # b skipped BarrierItem(1) (checkpoint 1 was declined upstream): 1 can never complete here
     assert acts(h.barrier_received(2, "b")) == [
         DeclineCheckpoint(1, "checkpoint 2 overtook it on channel 'b' before its barrier came"),
         *snapshot(2, unaligned=True),
@@ -425,7 +425,7 @@ def test_tracker_subsumes_a_checkpoint_whose_barrier_was_skipped() -> None:
     h: BarrierTracker[str] = BarrierTracker(["a", "b"], name="t")
     h.barrier_received(1, "a")
     h.barrier_received(2, "a")
-    # b skipped Barrier(1): 2 completes its barriers first and subsumes 1
+    # b skipped BarrierItem(1): 2 completes its barriers first and subsumes 1
     assert acts(h.barrier_received(2, "b")) == [
         DeclineCheckpoint(1, "checkpoint 2 completed its barriers first"),
         *snapshot(2),
@@ -562,7 +562,7 @@ def test_recorder_abandon() -> None:
 
 
 def test_reference_states_of_a_small_loop() -> None:
-    topo = Topology(
+    topo = DataflowGraph(
         sources=("s",),
         operators=("h", "t", "out"),
         channels=(("s", "h"), ("h", "t"), ("t", "out"), ("t", "h")),
@@ -583,7 +583,7 @@ def test_reference_states_of_a_small_loop() -> None:
 
 def test_topology_rejects_a_backwards_channel_that_is_no_back_edge() -> None:
     with pytest.raises(ValueError, match="no back edge"):
-        Topology(("s",), ("a", "b"), (("s", "a"), ("a", "b"), ("b", "a")))
+        DataflowGraph(("s",), ("a", "b"), (("s", "a"), ("a", "b"), ("b", "a")))
 
 
 def test_a_run_is_determined_by_its_seed() -> None:
@@ -596,7 +596,7 @@ def test_a_run_is_determined_by_its_seed() -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_diamond_with_every_checkpoint_replayed(mode: Mode) -> None:
-    topo = Topology(
+    topo = DataflowGraph(
         sources=("s0", "s1"),
         operators=("a", "b", "j"),
         channels=(("s0", "a"), ("s0", "b"), ("s1", "b"), ("a", "j"), ("b", "j"), ("s1", "j")),
@@ -606,7 +606,7 @@ def test_a_diamond_with_every_checkpoint_replayed(mode: Mode) -> None:
         config = DataflowConfig(mode=mode, seed=seed, max_checkpoints=4, trigger_weight=0.3)
         run = run_dataflow(topo, config)
         assert run.completed, f"seed {seed}: no checkpoint completed"
-        assert check_run(run) == [], f"seed {seed}"
+        assert check_dataflow_run(run) == [], f"seed {seed}"
 
 
 # ------------------------------------------------------------------- random dataflows
@@ -614,7 +614,7 @@ def test_a_diamond_with_every_checkpoint_replayed(mode: Mode) -> None:
 
 def build(
     seed: int, mode: Mode, loop: bool, shape: Sequence[int], knobs: Sequence[Any]
-) -> tuple[Topology, DataflowConfig]:
+) -> tuple[DataflowGraph, DataflowConfig]:
     """A topology and a config from a seed and a few drawn sizes and weights."""
     rng = random.Random(seed)
     sources, a, b, c, records, rounds = shape
@@ -667,9 +667,9 @@ knobs = st.tuples(
 seeds = st.integers(0, 2**32 - 1)
 
 
-def assert_no_problem(topo: Topology, config: DataflowConfig) -> None:
+def assert_no_problem(topo: DataflowGraph, config: DataflowConfig) -> None:
     run = run_dataflow(topo, config)
-    problems = check_run(run)
+    problems = check_dataflow_run(run)
     assert not problems, (
         f"{config}\n{topo.describe()}\ncompleted {run.completed}, aborted {sorted(run.aborted)}\n"
         + "\n".join(problems[:10])
@@ -738,7 +738,7 @@ def test_random_runs_exercise_every_behaviour() -> None:
 def test_a_back_edge_from_a_tail_the_head_does_not_feed(mode: Mode) -> None:
     """``t`` gets its barriers through ``h0`` and sends them round to ``h1``, which may not
     have snapshotted yet: aligned, ``h1`` then blocks its back edge."""
-    topo = Topology(
+    topo = DataflowGraph(
         sources=("s0", "s1"),
         operators=("h0", "t", "h1", "out"),
         channels=(
@@ -757,7 +757,7 @@ def test_a_back_edge_from_a_tail_the_head_does_not_feed(mode: Mode) -> None:
     for seed in range(40):
         config = DataflowConfig(mode=mode, seed=seed, trigger_weight=0.5, max_checkpoints=4)
         run = run_dataflow(topo, config)
-        assert check_run(run) == [], f"seed {seed}"
+        assert check_dataflow_run(run) == [], f"seed {seed}"
         blocked += run.stats["blocked back edges"]
     assert (blocked > 0) is (mode in ("aligned", "aligned_timeout"))
 
@@ -765,7 +765,7 @@ def test_a_back_edge_from_a_tail_the_head_does_not_feed(mode: Mode) -> None:
 def test_at_least_once_replay_can_duplicate_records() -> None:
     """The at-least-once checks allow duplicates, and they do happen: the checks are not
     just the exactly-once ones."""
-    topo = Topology(
+    topo = DataflowGraph(
         sources=("s0", "s1"),
         operators=("j",),
         channels=(("s0", "j"), ("s1", "j")),
@@ -774,7 +774,7 @@ def test_at_least_once_replay_can_duplicate_records() -> None:
     for seed in range(100):
         config = DataflowConfig(mode="at_least_once", seed=seed, trigger_weight=0.5)
         run = run_dataflow(topo, config)
-        assert check_run(run) == []
+        assert check_dataflow_run(run) == []
         for n in run.completed:
             final = replay(run, n).final_states["j"]
             if final != reference_states(topo)["j"]:

@@ -35,8 +35,8 @@ from cutline.protocol import (
 from cutline.sim.dataflow import (
     MODES,
     DataflowConfig,
-    Topology,
-    check_run,
+    DataflowGraph,
+    check_dataflow_run,
     loop_topology,
     model,
     run_dataflow,
@@ -420,7 +420,7 @@ def test_the_random_loop_catches_a_detector_that_trusts_one_wave() -> None:
 # ------------------------------------------------------------ the dataflow model's loops
 
 
-def dataflow_loops(seeds: range) -> list[tuple[Topology, DataflowConfig]]:
+def dataflow_loops(seeds: range) -> list[tuple[DataflowGraph, DataflowConfig]]:
     """Random graphs with a loop, each under a random mode."""
     runs = []
     for seed in seeds:
@@ -441,7 +441,7 @@ def dataflow_loops(seeds: range) -> list[tuple[Topology, DataflowConfig]]:
 def test_the_dataflow_model_ends_its_loops_by_the_census() -> None:
     for topology, config in dataflow_loops(range(60)):
         run = run_dataflow(topology, config)
-        assert check_run(run, replays="last") == [], (config, topology.describe())
+        assert check_dataflow_run(run, replays="last") == [], (config, topology.describe())
         assert run.stats["census waves"] >= 2
 
 
@@ -468,5 +468,5 @@ def test_a_dataflow_loop_ended_too_early_is_caught(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(model, "TerminationDetector", FirstWave)
     caught = 0
     for topology, config in dataflow_loops(range(40)):
-        caught += bool(check_run(run_dataflow(topology, config), replays="none"))
+        caught += bool(check_dataflow_run(run_dataflow(topology, config), replays="none"))
     assert caught >= 10

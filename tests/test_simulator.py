@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cutline.sim.checker import check_run
 from cutline.sim.generate import random_scenario
-from cutline.sim.log import Kind
+from cutline.sim.log import EventKind
 from cutline.sim.scenario import Initiate, Scenario, ScenarioError, Tick, scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
 
@@ -31,13 +31,13 @@ def test_channels_are_fifo_and_delays_stay_in_range(scenario: Scenario, seed: in
     sent: dict[object, list[tuple[bool, int | None, int]]] = defaultdict(list)
     received: dict[object, list[tuple[bool, int | None, int]]] = defaultdict(list)
     for event in run.log:
-        if event.kind is Kind.SEND:
+        if event.kind is EventKind.SEND:
             sent[event.channel].append((False, event.message, event.time))
-        elif event.kind is Kind.MARKER_SEND:
+        elif event.kind is EventKind.MARKER_SEND:
             sent[event.channel].append((True, event.snapshot, event.time))
-        elif event.kind is Kind.DELIVER:
+        elif event.kind is EventKind.DELIVER:
             received[event.channel].append((False, event.message, event.time))
-        elif event.kind is Kind.MARKER_DELIVER:
+        elif event.kind is EventKind.MARKER_DELIVER:
             received[event.channel].append((True, event.snapshot, event.time))
     assert set(received) <= set(sent)
     for channel, items in sent.items():
@@ -108,8 +108,8 @@ def test_markers_never_delay_payments() -> None:
     for seed in range(30):
         with_snapshots = simulate(scenario, SimConfig(seed=seed, max_delay=9))
         without = simulate(scenario, SimConfig(seed=seed, max_delay=9, snapshots=False))
-        times = [(e.message, e.time) for e in with_snapshots.log if e.kind is Kind.DELIVER]
-        assert times == [(e.message, e.time) for e in without.log if e.kind is Kind.DELIVER]
+        times = [(e.message, e.time) for e in with_snapshots.log if e.kind is EventKind.DELIVER]
+        assert times == [(e.message, e.time) for e in without.log if e.kind is EventKind.DELIVER]
         assert check_run(with_snapshots, without).ok
 
 
@@ -164,7 +164,7 @@ def test_only_initiations_that_took_effect_are_listed() -> None:
     )
     run = simulate(scenario, SimConfig(seed=0))
     assert run.snapshots[3].initiators == ["A"]
-    assert [e.process for e in run.log if e.kind is Kind.INITIATE] == ["A", "A", "B"]
+    assert [e.process for e in run.log if e.kind is EventKind.INITIATE] == ["A", "A", "B"]
 
 
 def test_a_run_without_payments_or_markers_still_needs_its_log() -> None:

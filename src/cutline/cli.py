@@ -17,7 +17,7 @@ import click
 
 from cutline import __version__
 from cutline.cli_checkpoints import checkpoints, report
-from cutline.sim.checker import verify
+from cutline.sim.checker import simulate_and_check
 from cutline.sim.output import format_snapshots, run_to_dict
 from cutline.sim.scenario import Scenario, ScenarioError, load_scenario
 from cutline.sim.simulator import SimConfig
@@ -105,7 +105,7 @@ def sim(
         else:
             assert topology is not None and events is not None
             scenario = load_scenario(topology, events)
-        run, verdict = verify(
+        run, verdict = simulate_and_check(
             scenario, SimConfig(seed=seed, min_delay=min_delay, max_delay=max_delay)
         )
     except ScenarioError as exc:

@@ -9,8 +9,8 @@
 * :mod:`cutline.sim.generate` — random strongly connected scenarios.
 """
 
-from cutline.sim.checker import Verdict, Violation, check_run, verify
-from cutline.sim.log import Kind, LogEvent, Payment, RecordedSnapshot, SimRun
+from cutline.sim.checker import Verdict, Violation, check_run, simulate_and_check
+from cutline.sim.log import EventKind, LogEvent, Payment, RecordedSnapshot, SimRun
 from cutline.sim.scenario import (
     Initiate,
     Scenario,
@@ -24,8 +24,8 @@ from cutline.sim.scenario import (
 from cutline.sim.simulator import SimConfig, simulate
 
 __all__ = [
+    "EventKind",
     "Initiate",
-    "Kind",
     "LogEvent",
     "Payment",
     "RecordedSnapshot",
@@ -42,5 +42,5 @@ __all__ = [
     "load_scenario",
     "scenario_from_text",
     "simulate",
-    "verify",
+    "simulate_and_check",
 ]

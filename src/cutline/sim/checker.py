@@ -33,7 +33,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from cutline.sim.log import Kind, RecordedSnapshot, SimRun
+from cutline.sim.log import EventKind, RecordedSnapshot, SimRun
 from cutline.sim.scenario import Channel, Scenario, Topology
 from cutline.sim.simulator import SimConfig, simulate
 
@@ -186,14 +186,14 @@ def _read_log(run: SimRun) -> _Log:
     out = _Log()
     for i, event in enumerate(run.log):
         kind, p = event.kind, event.process
-        if kind is Kind.SEND:
+        if kind is EventKind.SEND:
             assert event.message is not None and event.amount is not None
             balance[p] -= event.amount
             clock[p][index[p]] += 1
             sent_clock[event.message] = clock[p][:]
             out.sent_at[event.message] = i
             out.amounts[event.message] = event.amount
-        elif kind is Kind.DELIVER:
+        elif kind is EventKind.DELIVER:
             assert event.message is not None and event.amount is not None and event.channel
             balance[p] += event.amount
             mine = clock[p]
@@ -202,20 +202,20 @@ def _read_log(run: SimRun) -> _Log:
                     mine[k] = v
             mine[index[p]] += 1
             out.delivered[event.channel].append((i, event.message))
-        elif kind is Kind.RECORD:
+        elif kind is EventKind.RECORD:
             assert event.snapshot is not None
             rec = out.recordings[event.snapshot]
             rec.record_at[p].append(i)
             if p not in rec.vector:
                 rec.vector[p] = clock[p][:]
                 rec.balance[p] = balance[p]
-        elif kind is Kind.CHANNEL_RECORDED:
+        elif kind is EventKind.CHANNEL_RECORDED:
             assert event.snapshot is not None and event.channel is not None
             out.recordings[event.snapshot].closed_at[event.channel].append(i)
-        elif kind is Kind.COMPLETE:
+        elif kind is EventKind.COMPLETE:
             assert event.snapshot is not None
             out.recordings[event.snapshot].completed_at[p].append(i)
-        elif kind is Kind.MARKER_SEND:
+        elif kind is EventKind.MARKER_SEND:
             assert event.snapshot is not None and event.channel is not None
             out.recordings[event.snapshot].markers_sent[event.channel] += 1
     return out
@@ -453,7 +453,9 @@ def _non_interference(run: SimRun, baseline: SimRun) -> list[Violation]:
     return out
 
 
-def verify(scenario: Scenario, config: SimConfig | None = None) -> tuple[SimRun, Verdict]:
+def simulate_and_check(
+    scenario: Scenario, config: SimConfig | None = None
+) -> tuple[SimRun, Verdict]:
     """Run ``scenario`` with and without snapshots and check every property."""
     config = config or SimConfig()
     run = simulate(scenario, config)

@@ -41,7 +41,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from cutline import drawing
-from cutline.sim.log import Kind, LogEvent, SimRun
+from cutline.sim.log import EventKind, LogEvent, SimRun
 from cutline.sim.scenario import Channel
 
 __all__ = ["FORMATS", "diagram_figure", "draw_diagram"]
@@ -49,7 +49,15 @@ __all__ = ["FORMATS", "diagram_figure", "draw_diagram"]
 FORMATS = drawing.FORMATS
 """The suffixes a diagram can be written to, and the format of each (``drawing``'s)."""
 
-_DRAWN = frozenset({Kind.SEND, Kind.DELIVER, Kind.MARKER_SEND, Kind.MARKER_DELIVER, Kind.RECORD})
+_DRAWN = frozenset(
+    {
+        EventKind.SEND,
+        EventKind.DELIVER,
+        EventKind.MARKER_SEND,
+        EventKind.MARKER_DELIVER,
+        EventKind.RECORD,
+    }
+)
 """Log entries that get a place on their process's line."""
 
 _SALT = "cutline-diagram"
@@ -104,9 +112,9 @@ def _layout(run: SimRun) -> _Layout:
     for i, e in enumerate(log):
         if e.message is None:
             continue
-        if e.kind is Kind.SEND:
+        if e.kind is EventKind.SEND:
             sent.setdefault(e.message, i)
-        elif e.kind is Kind.DELIVER:
+        elif e.kind is EventKind.DELIVER:
             delivered.setdefault(e.message, i)
     for message, s in sorted(sent.items(), key=lambda item: item[1]):
         d = delivered.get(message)
@@ -120,9 +128,9 @@ def _layout(run: SimRun) -> _Layout:
         if e.channel is None or e.snapshot is None:
             continue
         key = (e.channel, e.snapshot)
-        if e.kind is Kind.MARKER_SEND and i in lay.x:
+        if e.kind is EventKind.MARKER_SEND and i in lay.x:
             pending[key].append(i)
-        elif e.kind is Kind.MARKER_DELIVER and pending[key] and i in lay.x:
+        elif e.kind is EventKind.MARKER_DELIVER and pending[key] and i in lay.x:
             s = pending[key].popleft()
             k = paired[key]
             paired[key] += 1
@@ -135,9 +143,9 @@ def _layout(run: SimRun) -> _Layout:
     for i, e in enumerate(log):
         if e.snapshot is None:
             continue
-        if e.kind is Kind.RECORD and i in lay.x:
+        if e.kind is EventKind.RECORD and i in lay.x:
             lay.records.setdefault(e.snapshot, {}).setdefault(e.process, i)
-        elif e.kind is Kind.INITIATE:
+        elif e.kind is EventKind.INITIATE:
             initiated.append((i, e))
     for i, e in initiated:
         assert e.snapshot is not None
@@ -163,7 +171,7 @@ def _figure_size(processes: int, span: float) -> tuple[float, float]:
 
 def _default_title(run: SimRun, snapshots: int) -> str:
     topo = run.scenario.topology
-    payments = sum(1 for e in run.log if e.kind is Kind.SEND)
+    payments = sum(1 for e in run.log if e.kind is EventKind.SEND)
     name = run.scenario.events_path
     if name is None or name == "<events>":
         about = ""

@@ -14,7 +14,7 @@ from enum import StrEnum
 from cutline.sim.scenario import Channel, Scenario
 
 
-class Kind(StrEnum):
+class EventKind(StrEnum):
     """The kinds of log entries."""
 
     SEND = "send"
@@ -40,7 +40,7 @@ class LogEvent:
     """One entry of a run's event log."""
 
     time: int
-    kind: Kind
+    kind: EventKind
     process: str
     channel: Channel | None = None
     snapshot: int | None = None
@@ -119,5 +119,5 @@ class SimRun:
         return [
             (e.time, e.process, e.message)  # type: ignore[misc]
             for e in self.log
-            if e.kind is Kind.DELIVER
+            if e.kind is EventKind.DELIVER
         ]

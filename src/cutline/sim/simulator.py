@@ -33,7 +33,7 @@ from cutline.protocol import (
     SendMarker,
     SnapshotComplete,
 )
-from cutline.sim.log import Kind, LogEvent, Payment, RecordedSnapshot, SimRun
+from cutline.sim.log import EventKind, LogEvent, Payment, RecordedSnapshot, SimRun
 from cutline.sim.scenario import Channel, Initiate, Scenario, ScenarioError, Send
 
 Recorder = ChandyLamportRecorder[Channel, Payment]
@@ -102,19 +102,21 @@ class BankProcess:
 
     # events the simulator feeds in
     def initiate(self, snapshot_id: int) -> None:
-        self.sim.log(Kind.INITIATE, self.pid, snapshot=snapshot_id)
+        self.sim.log(EventKind.INITIATE, self.pid, snapshot=snapshot_id)
         actions = self.recorder.initiate(snapshot_id)
         if actions:  # empty when this process already recorded for that id
             self.sim.snapshot(snapshot_id).initiators.append(self.pid)
         self.apply(actions)
 
     def receive_marker(self, channel: Channel, snapshot_id: int) -> None:
-        self.sim.log(Kind.MARKER_DELIVER, self.pid, channel, snapshot=snapshot_id)
+        self.sim.log(EventKind.MARKER_DELIVER, self.pid, channel, snapshot=snapshot_id)
         self.apply(self.recorder.marker_received(snapshot_id, channel))
 
     def receive_payment(self, channel: Channel, payment: Payment) -> None:
         self.balance += payment.amount
-        self.sim.log(Kind.DELIVER, self.pid, channel, message=payment.id, amount=payment.amount)
+        self.sim.log(
+            EventKind.DELIVER, self.pid, channel, message=payment.id, amount=payment.amount
+        )
         actions = self.recorder.message_received(channel, payment)
         if actions:
             self.apply(actions)
@@ -141,15 +143,20 @@ class BankProcess:
                 sim.send_marker(action.channel, action.snapshot_id)
             elif isinstance(action, RecordState):
                 sim.snapshot(action.snapshot_id).states[self.pid] = self.balance
-                sim.log(Kind.RECORD, self.pid, snapshot=action.snapshot_id, amount=self.balance)
+                sim.log(
+                    EventKind.RECORD, self.pid, snapshot=action.snapshot_id, amount=self.balance
+                )
             elif isinstance(action, ChannelRecorded):
                 sim.snapshot(action.snapshot_id).closed.append(action.channel)
                 sim.log(
-                    Kind.CHANNEL_RECORDED, self.pid, action.channel, snapshot=action.snapshot_id
+                    EventKind.CHANNEL_RECORDED,
+                    self.pid,
+                    action.channel,
+                    snapshot=action.snapshot_id,
                 )
             elif isinstance(action, SnapshotComplete):
                 sim.snapshot(action.snapshot_id).completed.append(self.pid)
-                sim.log(Kind.COMPLETE, self.pid, snapshot=action.snapshot_id)
+                sim.log(EventKind.COMPLETE, self.pid, snapshot=action.snapshot_id)
             else:  # pragma: no cover - the protocol has no other actions
                 raise TypeError(f"unknown action {action!r}")
 
@@ -203,7 +210,7 @@ class Simulator:
 
     def log(
         self,
-        kind: Kind,
+        kind: EventKind,
         process: str,
         channel: Channel | None = None,
         *,
@@ -225,7 +232,7 @@ class Simulator:
         link = self._link_of[channel]
         payment = Payment(self._payments, amount)
         self._payments += 1
-        self.log(Kind.SEND, channel[0], channel, message=payment.id, amount=amount)
+        self.log(EventKind.SEND, channel[0], channel, message=payment.id, amount=amount)
         cfg = self.config
         due = max(
             self.now + cfg.min_delay + int(self._payment_random() * self._delay_span),
@@ -246,7 +253,7 @@ class Simulator:
     def send_marker(self, channel: Channel, snapshot_id: int) -> None:
         link = self._link_of[channel]
         self._markers += 1
-        self.log(Kind.MARKER_SEND, channel[0], channel, snapshot=snapshot_id)
+        self.log(EventKind.MARKER_SEND, channel[0], channel, snapshot=snapshot_id)
         cfg = self.config
         due = self.now + cfg.min_delay + int(self._marker_random() * self._delay_span)
         if link.queue:

@@ -2,20 +2,31 @@
 real barrier handlers and the termination detector of loops through random schedules, and an
 independent checker of what they did.
 
-* :mod:`cutline.sim.dataflow.topology` — the graphs, their records, barriers and ends of input;
+* :mod:`cutline.sim.dataflow.graph` — the graphs, their records, barriers and ends of input;
 * :mod:`cutline.sim.dataflow.model` — one run of a graph under a schedule (:func:`run_dataflow`);
 * :mod:`cutline.sim.dataflow.check` — what a run must show: every checkpoint a consistent cut,
-  every restore replaying to the failure-free result (:func:`check_run`).
+  every restore replaying to the failure-free result (:func:`check_dataflow_run`).
 """
 
 from cutline.sim.dataflow.check import (
     check_checkpoints,
+    check_dataflow_run,
     check_replay,
-    check_run,
     compare_states,
     reference_states,
     replay,
     restore_point,
+)
+from cutline.sim.dataflow.graph import (
+    END,
+    BarrierItem,
+    ChannelId,
+    DataflowGraph,
+    EndItem,
+    Item,
+    Record,
+    dag_topology,
+    loop_topology,
 )
 from cutline.sim.dataflow.model import (
     MODES,
@@ -29,37 +40,26 @@ from cutline.sim.dataflow.model import (
     default_handler,
     run_dataflow,
 )
-from cutline.sim.dataflow.topology import (
-    END,
-    Barrier,
-    ChannelId,
-    EndOfInput,
-    Item,
-    Record,
-    Topology,
-    dag_topology,
-    loop_topology,
-)
 
 __all__ = [
     "END",
     "MODES",
-    "Barrier",
+    "BarrierItem",
     "ChannelId",
     "DataflowConfig",
+    "DataflowGraph",
     "DataflowModel",
     "DataflowRun",
-    "EndOfInput",
+    "EndItem",
     "Handler",
     "HandlerFactory",
     "Item",
     "Mode",
     "Record",
     "TaskSnapshot",
-    "Topology",
     "check_checkpoints",
+    "check_dataflow_run",
     "check_replay",
-    "check_run",
     "compare_states",
     "dag_topology",
     "default_handler",

@@ -13,7 +13,7 @@ states, the sources' offsets, the subtasks that had ended), puts on every channe
 the receiver's recorded input state then the sender's recorded output state, runs to the
 end without checkpoints, and compares the final states with those of a failure-free run
 (:func:`reference_states`): equal in exactly-once modes, covering them with duplicates
-allowed in ``at_least_once``. :func:`check_run` does all of this at once, and also checks
+allowed in ``at_least_once``. :func:`check_dataflow_run` does all of this at once, and also checks
 that the run itself ends with the failure-free states.
 """
 
@@ -24,11 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
+from cutline.sim.dataflow.graph import END, ChannelId, DataflowGraph, Item, Record
 from cutline.sim.dataflow.model import DataflowModel, DataflowRun, TaskSnapshot
-from cutline.sim.dataflow.topology import END, ChannelId, Item, Record, Topology
 
 
-def reference_states(topology: Topology) -> dict[str, Counter[Record]]:
+def reference_states(topology: DataflowGraph) -> dict[str, Counter[Record]]:
     """The final state of every operator in a failure-free run.
 
     A record's path is a fixed function of the record, and a state is the multiset of
@@ -168,7 +168,9 @@ def check_replay(run: DataflowRun, checkpoint_id: int, *, seed: int | None = Non
     )
 
 
-def check_run(run: DataflowRun, *, replays: Literal["all", "last", "none"] = "all") -> list[str]:
+def check_dataflow_run(
+    run: DataflowRun, *, replays: Literal["all", "last", "none"] = "all"
+) -> list[str]:
     """Every check at once: the run's own problems, its final states against the
     failure-free ones (every mode processes each record exactly once without failures),
     :func:`check_checkpoints`, and :func:`check_replay` from every completed checkpoint

@@ -1,7 +1,7 @@
 """A deterministic, seeded, I/O-free model of a small dataflow that drives the real barrier
 handlers (:class:`~cutline.protocol.BarrierAligner`, :class:`~cutline.protocol.BarrierTracker`)
 and the termination detector of loops (:class:`~cutline.protocol.TerminationDetector`) through
-random schedules. Its graphs are in :mod:`cutline.sim.dataflow.topology`; what it proves about a
+random schedules. Its graphs are in :mod:`cutline.sim.dataflow.graph`; what it proves about a
 run is in :mod:`cutline.sim.dataflow.check`.
 
 **Channels.** A record on a channel is in one of three places, in FIFO order: the
@@ -33,7 +33,7 @@ end-of-input markers do not count against the bounds.
   When nothing but the census can move, two waves are enough (the detector's liveness):
   after two such waves the run stops, and a loop that did not end is a deadlock;
 * the coordinator triggers checkpoint ``n`` (ids 1, 2, ...): each source records its
-  offset and emits ``Barrier(n)`` (a source that already ended just keeps its final
+  offset and emits ``BarrierItem(n)`` (a source that already ended just keeps its final
   state); in an acyclic graph while one source is still running, in a loop only while
   every source is (a loop head whose inputs ended cannot take part any more);
 * an alignment timer fires (``aligned_timeout`` mode): every alignment that blocked a
@@ -89,14 +89,14 @@ from cutline.protocol import (
     TerminationDetector,
     UnblockChannels,
 )
-from cutline.sim.dataflow.topology import (
+from cutline.sim.dataflow.graph import (
     END,
-    Barrier,
+    BarrierItem,
     ChannelId,
-    EndOfInput,
+    DataflowGraph,
+    EndItem,
     Item,
     Record,
-    Topology,
 )
 
 Mode: TypeAlias = Literal["aligned", "unaligned", "aligned_timeout", "at_least_once"]
@@ -213,7 +213,7 @@ class TaskSnapshot:
 class DataflowRun:
     """Everything a run did, for the checker (:mod:`cutline.sim.dataflow.check`)."""
 
-    topology: Topology
+    topology: DataflowGraph
     config: DataflowConfig
     consumed: dict[str, dict[ChannelId, list[Record]]]
     """Per subtask and input, every record consumed, in order."""
@@ -355,7 +355,7 @@ _Step: TypeAlias = tuple[Any, ...]
 
 
 class DataflowModel:
-    """One run of a :class:`Topology` under a :class:`DataflowConfig`.
+    """One run of a :class:`DataflowGraph` under a :class:`DataflowConfig`.
 
     :param handler_factory: makes each operator's handler (the real ones by default).
     :param restore: start from these snapshots (one per subtask, all of the same checkpoint,
@@ -365,7 +365,7 @@ class DataflowModel:
 
     def __init__(
         self,
-        topology: Topology,
+        topology: DataflowGraph,
         config: DataflowConfig,
         *,
         handler_factory: HandlerFactory = default_handler,
@@ -445,7 +445,7 @@ class DataflowModel:
             ch.wire.extend(items)
             # in flight at the checkpoint, so sent again in this run: the census must see them
             if ch.in_loop:
-                self.tasks[ch.sender].loop_sent += sum(not isinstance(i, EndOfInput) for i in items)
+                self.tasks[ch.sender].loop_sent += sum(not isinstance(i, EndItem) for i in items)
         if self.heads and all(h.finished for h in self.heads):
             self.loop_ended = True
 
@@ -683,7 +683,7 @@ class DataflowModel:
         if isinstance(item, Record):
             ch.in_records += 1
             ch.in_buf.append(item)
-        elif isinstance(item, Barrier) and item.unaligned:
+        elif isinstance(item, BarrierItem) and item.unaligned:
             at = _after_last_control(ch.in_buf)
             ch.in_buf.insert(at, replace(item, overtakes=len(ch.in_buf) - at))
         else:
@@ -704,7 +704,7 @@ class DataflowModel:
             self._call(task, f"message_received({item})", handler.message_received, cid, item)
             self._forward(task, item)
             task.loop_processed += ch.in_loop
-        elif isinstance(item, Barrier):
+        elif isinstance(item, BarrierItem):
             n = item.checkpoint_id
             # the records it jumped over are right behind it, but for the barriers that
             # arrived after it and jumped over them too
@@ -777,7 +777,7 @@ class DataflowModel:
 
     def _emit_barrier(self, task: _Task, snap: TaskSnapshot, unaligned: bool) -> None:
         snap.forwarded = True
-        barrier = Barrier(snap.checkpoint_id, unaligned)
+        barrier = BarrierItem(snap.checkpoint_id, unaligned)
         for cid in task.outputs:
             ch = self.channels[cid]
             task.loop_sent += ch.in_loop
@@ -974,7 +974,7 @@ class DataflowModel:
 
 
 def run_dataflow(
-    topology: Topology,
+    topology: DataflowGraph,
     config: DataflowConfig,
     *,
     handler_factory: HandlerFactory = default_handler,

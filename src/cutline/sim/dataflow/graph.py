@@ -1,7 +1,7 @@
 """The graphs of the dataflow model (:mod:`cutline.sim.dataflow.model`) and what moves on
 their channels: records, barriers, ends of input.
 
-**Graph.** A :class:`Topology` is a set of *subtasks* joined by one-way FIFO *channels*.
+**Graph.** A :class:`DataflowGraph` is a set of *subtasks* joined by one-way FIFO *channels*.
 Sources have no inputs; every other subtask (an *operator*) has a barrier handler. A
 subtask with several inputs is a union; one with several outputs hash-partitions its
 records over them (the output is a fixed function of the record, so the path of every
@@ -38,8 +38,8 @@ class Record(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class Barrier:
-    """``Barrier(checkpoint_id)`` on a channel. In an input buffer, ``overtakes`` is the
+class BarrierItem:
+    """``BarrierItem(checkpoint_id)`` on a channel. In an input buffer, ``overtakes`` is the
     number of records behind an unaligned barrier that it jumped over there (the next ones
     after it, not counting the unaligned barriers that arrived later and jumped too)."""
 
@@ -51,7 +51,7 @@ class Barrier:
         return f"B{self.checkpoint_id}" + ("u" if self.unaligned else "")
 
 
-class EndOfInput:
+class EndItem:
     """The end of a channel: nothing follows it."""
 
     __slots__ = ()
@@ -60,12 +60,12 @@ class EndOfInput:
         return "END"
 
 
-END = EndOfInput()
-Item: TypeAlias = Record | Barrier | EndOfInput
+END = EndItem()
+Item: TypeAlias = Record | BarrierItem | EndItem
 
 
 @dataclass(frozen=True)
-class Topology:
+class DataflowGraph:
     """A dataflow graph and its input.
 
     :param sources: the source subtasks; source ``i`` emits ``Record(i, 0..records-1, r)``.
@@ -187,7 +187,7 @@ def dag_topology(
     layers: int = 2,
     width: int = 3,
     records: int = 8,
-) -> Topology:
+) -> DataflowGraph:
     """A random layered acyclic graph: ``sources`` sources, then ``layers`` layers of 1 to
     ``width`` subtasks, each with 1 to 3 inputs from the layer before (and now and then one
     from further back), so that there are unions, partitions and diamonds."""
@@ -210,7 +210,7 @@ def dag_topology(
                 channels.append((s, rng.choice(level)))
         levels.append(level)
     operators = [n for lv in levels[1:] for n in lv]
-    return Topology(tuple(src), tuple(operators), tuple(channels), records=records)
+    return DataflowGraph(tuple(src), tuple(operators), tuple(channels), records=records)
 
 
 def loop_topology(
@@ -222,7 +222,7 @@ def loop_topology(
     tails: int = 1,
     records: int = 6,
     max_rounds: int = 2,
-) -> Topology:
+) -> DataflowGraph:
     """A random graph with a loop: sources feed ``heads`` iteration heads, then an
     optional ``body`` layer, then ``tails`` tails; each tail has back edges to some heads
     and a channel to the sink ``out``. A head may take back edges from a tail that none of
@@ -253,7 +253,7 @@ def loop_topology(
     if rng.random() < 0.3:
         channels.append((rng.choice(src), "out"))
     channels.extend(back)
-    return Topology(
+    return DataflowGraph(
         tuple(src),
         (*hs, *bs, *ts, "out"),
         tuple(channels),
