@@ -63,7 +63,7 @@ class RefusedConnectionError(WireError):
     """A hello from another job (wrong token) or from a stale generation of this one."""
 
 
-class Kind(IntEnum):
+class FrameKind(IntEnum):
     HELLO = 1
     RECORDS = 2
     BARRIER = 3
@@ -135,8 +135,8 @@ def encode(frame: Frame) -> bytes:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, frame.batch.schema) as writer:
                 writer.write_batch(frame.batch)
-            return _frame(Kind.RECORDS, sink.getvalue().to_pybytes(), _ARROW)
-        return _frame(Kind.RECORDS, pickle.dumps(frame.batch, protocol=pickle.HIGHEST_PROTOCOL))
+            return _frame(FrameKind.RECORDS, sink.getvalue().to_pybytes(), _ARROW)
+        return _frame(FrameKind.RECORDS, pickle.dumps(frame.batch, protocol=pickle.HIGHEST_PROTOCOL))
     if isinstance(frame, Barrier):
         flags = (
             (_UNALIGNED if frame.unaligned else 0)
@@ -144,9 +144,9 @@ def encode(frame: Frame) -> bytes:
             | (_SAVEPOINT if frame.savepoint else 0)
         )
         base = 0 if frame.base is None else frame.base + 1
-        return _frame(Kind.BARRIER, _U64.pack(frame.checkpoint_id) + _U64.pack(base), flags)
+        return _frame(FrameKind.BARRIER, _U64.pack(frame.checkpoint_id) + _U64.pack(base), flags)
     if isinstance(frame, EndOfInput):
-        return _frame(Kind.END_OF_INPUT, b"")
+        return _frame(FrameKind.END_OF_INPUT, b"")
     if isinstance(frame, Hello):
         if len(frame.token) > 0xFFFF:
             raise WireError("a channel token is limited to 65535 bytes")
@@ -156,7 +156,7 @@ def encode(frame: Frame) -> bytes:
             + frame.token
             + frame.channel.encode("utf-8")
         )
-        return MAGIC + bytes([VERSION]) + _frame(Kind.HELLO, payload)
+        return MAGIC + bytes([VERSION]) + _frame(FrameKind.HELLO, payload)
     raise TypeError(f"not a frame: {frame!r}")
 
 
@@ -164,7 +164,7 @@ def encode_credit(count: int) -> bytes:
     """The bytes of one :class:`Credit` frame."""
     if not 0 < count <= 0xFFFFFFFF:
         raise WireError(f"a credit must be 1 to {0xFFFFFFFF}, not {count}")
-    return _frame(Kind.CREDIT, _U32.pack(count))
+    return _frame(FrameKind.CREDIT, _U32.pack(count))
 
 
 class CreditDecoder:
@@ -179,7 +179,7 @@ class CreditDecoder:
         size = _HEADER.size + _U32.size
         while len(self._buffer) >= _HEADER.size:
             kind, _, length = _HEADER.unpack_from(self._buffer)
-            if kind != Kind.CREDIT or length != _U32.size:
+            if kind != FrameKind.CREDIT or length != _U32.size:
                 raise WireError(f"the receiver sent a frame of kind {kind}, not a credit")
             if len(self._buffer) < size:
                 break
@@ -188,7 +188,7 @@ class CreditDecoder:
         return credits
 
 
-def _frame(kind: Kind, payload: bytes, flags: int = 0) -> bytes:
+def _frame(kind: FrameKind, payload: bytes, flags: int = 0) -> bytes:
     if len(payload) > MAX_PAYLOAD:
         raise WireError(f"a frame of {len(payload)} bytes is larger than {MAX_PAYLOAD}")
     return _HEADER.pack(kind, flags, len(payload)) + payload
@@ -256,7 +256,7 @@ class FrameDecoder:
 
     def _decode(self, kind: int, flags: int, payload: bytes) -> Frame:
         if not self._greeted:
-            if kind != Kind.HELLO:
+            if kind != FrameKind.HELLO:
                 raise WireError("the first frame of a channel must be its hello")
             fixed = _U64.size + _U16.size
             if len(payload) < fixed:
@@ -284,7 +284,7 @@ class FrameDecoder:
                 raise RefusedConnectionError(f"channel {channel!r} is not an input here")
             self.hello = hello
             return hello
-        if kind == Kind.RECORDS:
+        if kind == FrameKind.RECORDS:
             try:
                 if flags & _ARROW:
                     with pa.ipc.open_stream(payload) as reader:
@@ -295,7 +295,7 @@ class FrameDecoder:
             if not isinstance(batch, list):
                 raise WireError("a records frame does not hold a list of records")
             return Records(batch)
-        if kind == Kind.BARRIER:
+        if kind == FrameKind.BARRIER:
             if len(payload) != 2 * _U64.size:
                 raise WireError("a barrier frame must hold a checkpoint id and its base")
             checkpoint_id, base = _U64.unpack_from(payload)[0], _U64.unpack_from(payload, 8)[0]
@@ -306,8 +306,8 @@ class FrameDecoder:
                 bool(flags & _SAVEPOINT),
                 base - 1 if base else None,
             )
-        if kind == Kind.END_OF_INPUT:
+        if kind == FrameKind.END_OF_INPUT:
             return EndOfInput()
-        if kind == Kind.HELLO:
+        if kind == FrameKind.HELLO:
             raise WireError("a second hello on one connection")
         raise WireError(f"unknown frame kind {kind}")
