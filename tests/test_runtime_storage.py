@@ -243,7 +243,7 @@ def test_round_trip_of_states_and_metadata(url: str) -> None:
         assert handle.size == len(data)
         assert handle.generation == 3
         assert storage.read_state(7, handle) == data
-    assert storage.verify(7) == written
+    assert storage.checked_metadata(7) == written
 
 
 def test_write_state_returns_a_handle_with_size_and_sha256(url: str) -> None:
@@ -334,7 +334,7 @@ def test_only_incomplete_checkpoints_give_nothing(url: str) -> None:
     write_checkpoint(storage, 2, complete=False)
     assert storage.completed_ids() == []
     assert storage.latest() == (None, [])
-    assert storage.latest(verify=False) == (None, [])
+    assert storage.latest(check_files=False) == (None, [])
 
 
 def test_empty_directory_has_no_checkpoint(url: str) -> None:
@@ -368,12 +368,12 @@ def test_latest_falls_back_past_a_corrupt_checkpoint(url: str, corruption: str) 
     metadata, skipped = storage.latest()
     assert metadata is not None
     assert metadata.checkpoint_id == 2
-    assert metadata == storage.verify(2)
+    assert metadata == storage.checked_metadata(2)
     assert [s.checkpoint_id for s in skipped] == [3]
     assert where(url, 3, damaged) in skipped[0].reason
     assert fragment in skipped[0].reason
     with raises_naming(CorruptCheckpointError, where(url, 3, damaged), fragment):
-        storage.verify(3)
+        storage.checked_metadata(3)
 
 
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
@@ -413,7 +413,7 @@ def test_latest_without_verify_does_not_read_state_files(url: str, corruption: s
     write_checkpoint(storage, 1)
     write_checkpoint(storage, 2)
     CORRUPTIONS[corruption](storage, 2)
-    metadata, skipped = storage.latest(verify=False)
+    metadata, skipped = storage.latest(check_files=False)
     assert metadata is not None
     assert (metadata.checkpoint_id, skipped) == (2, [])
 
@@ -424,7 +424,7 @@ def test_latest_without_verify_still_checks_metadata(url: str, corruption: str) 
     write_checkpoint(storage, 1)
     write_checkpoint(storage, 2)
     CORRUPTIONS[corruption](storage, 2)
-    metadata, skipped = storage.latest(verify=False)
+    metadata, skipped = storage.latest(check_files=False)
     assert metadata is not None
     assert metadata.checkpoint_id == 1
     assert [s.checkpoint_id for s in skipped] == [2]
@@ -510,7 +510,7 @@ def test_discard_removes_the_folder(url: str) -> None:
     assert not storage.fs.exists(storage.checkpoint_path(3))
     assert storage.checkpoint_ids() == [1]
     assert storage.completed_ids() == [1]
-    assert storage.verify(1).checkpoint_id == 1
+    assert storage.checked_metadata(1).checkpoint_id == 1
     storage.discard(2)  # again: already gone
     storage.discard(99)  # never existed
     assert storage.checkpoint_ids() == [1]
@@ -636,7 +636,7 @@ def test_memory_errors_name_the_url() -> None:
         write_checkpoint(storage, 1)
         state_truncated(storage, 1)
         with raises_naming(CorruptCheckpointError, f"{url}/chk-1/{state_name('sum-1')}"):
-            storage.verify(1)
+            storage.checked_metadata(1)
 
 
 # ------------------------------------------------------------------ property
@@ -750,7 +750,7 @@ def test_a_completed_checkpoint_whose_metadata_was_deleted_is_skipped_and_named(
     )
     assert storage.missing_metadata_reason(3) == reason
     for verify in (True, False):
-        metadata, skipped = storage.latest(verify=verify)
+        metadata, skipped = storage.latest(check_files=verify)
         assert metadata is not None and metadata.checkpoint_id == 2
         assert skipped == [Skipped(3, reason)]
 

@@ -189,7 +189,7 @@ def test_stop_with_savepoint_then_restart_at_another_parallelism_is_exact(
     before = published(first)
     assert 0 < len(before) < n, "the job stopped in the middle"
     location = CheckpointLocation.open(path)
-    metadata = location.verify()
+    metadata = location.checked_metadata()
     assert metadata.extra["savepoint"] and metadata.extra["parallelism"] == 2
     assert not any(h.shared for h in metadata.handles.values()), "a savepoint owns its files"
 
@@ -270,7 +270,7 @@ def test_a_savepoint_while_running_leaves_the_job_running(
     assert result.savepoints == answer
     assert result.checkpoints[-1].final and result.checkpoints[-1].savepoint is None
     exactly_once(published(tmp_path / "out"), n)  # the job went on to the end
-    assert CheckpointLocation.open(answer[0]).verify().extra["savepoint"]
+    assert CheckpointLocation.open(answer[0]).checked_metadata().extra["savepoint"]
     # retention never deletes it
     assert Path(answer[0], "_metadata").exists()
 

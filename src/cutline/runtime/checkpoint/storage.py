@@ -529,12 +529,12 @@ class CheckpointStorage:
         """One subtask's state, checked against its handle's size and digest."""
         return self.location(checkpoint_id).read_state(handle)
 
-    def verify(self, checkpoint_id: int) -> CheckpointMetadata:
+    def checked_metadata(self, checkpoint_id: int) -> CheckpointMetadata:
         """Read the metadata and check every file it names; raise if anything is off."""
-        return self.location(checkpoint_id).verify(checkpoint_id)
+        return self.location(checkpoint_id).checked_metadata(checkpoint_id)
 
     def latest(
-        self, *, verify: bool = True, since: int = 0, run: str | None = None
+        self, *, check_files: bool = True, since: int = 0, run: str | None = None
     ) -> tuple[CheckpointMetadata | None, list[Skipped]]:
         """The newest complete checkpoint that is intact, and the newer ones passed over (with
         the reason each was skipped, to warn about).
@@ -560,7 +560,9 @@ class CheckpointStorage:
                 continue
             try:
                 metadata = (
-                    self.verify(checkpoint_id) if verify else self.read_metadata(checkpoint_id)
+                    self.checked_metadata(checkpoint_id)
+                    if check_files
+                    else self.read_metadata(checkpoint_id)
                 )
             except CorruptCheckpointError as exc:
                 skipped.append(
@@ -759,7 +761,7 @@ class CheckpointLocation:
                 f"{what} {where} does not match the digest in the metadata"
             )
 
-    def verify(self, checkpoint_id: int | None = None) -> CheckpointMetadata:
+    def checked_metadata(self, checkpoint_id: int | None = None) -> CheckpointMetadata:
         """The metadata, once every state file it names is intact (size and digest) and every
         segment is there with its size (segments are read whole, and their digests checked,
         when restored)."""

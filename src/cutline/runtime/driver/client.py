@@ -22,7 +22,7 @@ from typing import Any
 
 import fsspec
 
-from cutline.runtime.network.net import Listener
+from cutline.runtime.network.net import Acceptor
 
 JOB_FILE = "_job.json"
 _MAX_LINE = 64 * 1024
@@ -60,10 +60,10 @@ class JobEndpoint:
         self._closed = False
         self._fs, root = fsspec.core.url_to_fs(checkpoint_dir, **dict(storage_options or {}))
         self._path = f"{root.rstrip('/')}/{JOB_FILE}"
-        self._listener = Listener(self._serve, host=host, backlog=8, name="cutline-endpoint")
+        self._acceptor = Acceptor(self._serve, host=host, backlog=8, name="cutline-endpoint")
         info = {
             "host": host,
-            "port": self._listener.port,
+            "port": self._acceptor.port,
             "token": self._token,
             "run": run,
             "pid": os.getpid(),
@@ -79,12 +79,12 @@ class JobEndpoint:
                 with self._fs.open(self._path, "w") as out:
                     out.write(text)
         except BaseException:
-            self._listener.close()
+            self._acceptor.close()
             raise
 
     def close(self) -> None:
         self._closed = True
-        self._listener.close()
+        self._acceptor.close()
         with contextlib.suppress(OSError):
             self._fs.rm(self._path)
         while True:  # nobody will answer these any more

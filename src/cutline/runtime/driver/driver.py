@@ -306,7 +306,7 @@ class JobDriver:
                 self.job.savepoints[savepoint_id], storage_options=self.config.storage_options
             )
             try:
-                metadata, url, own = location.verify(savepoint_id), location.url, False
+                metadata, url, own = location.checked_metadata(savepoint_id), location.url, False
                 break
             except CorruptCheckpointError as exc:
                 self._warn(f"savepoint {savepoint_id} is damaged: {exc} (skipped)")
@@ -335,7 +335,7 @@ class JobDriver:
             raise RestoreError(f"cannot read {url}: {exc}") from None
         if has_metadata:
             try:
-                metadata = location.verify()
+                metadata = location.checked_metadata()
             except CorruptCheckpointError as exc:
                 raise RestoreError(f"cannot restore {url}: {exc}") from None
         else:

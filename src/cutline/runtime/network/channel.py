@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from cutline.runtime.network.frames import FrameSizer
-from cutline.runtime.network.net import Listener, close_socket, connect
+from cutline.runtime.network.net import Acceptor, close_socket, connect
 from cutline.runtime.network.wire import (
     Barrier,
     CreditDecoder,
@@ -124,13 +124,13 @@ class InputGate:
         self._lock = threading.Condition()
         self._closed = False
         self._next = 0  # round-robin start, for fairness between channels
-        self._listener = Listener(
+        self._acceptor = Acceptor(
             self._read, host=host, backlog=max(8, len(self.channels)), name="cutline-channel"
         )
 
     @property
     def port(self) -> int:
-        return self._listener.port
+        return self._acceptor.port
 
     def buffered(self, channel: str) -> int:
         """Frames of ``channel`` received and not yet polled."""
@@ -223,7 +223,7 @@ class InputGate:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        self._listener.close()
+        self._acceptor.close()
 
     def __enter__(self) -> InputGate:
         return self
@@ -274,7 +274,7 @@ class InputGate:
                 self._fail(f"channel {decoder.hello.channel!r}: {exc}")
         except Exception as exc:  # a reader must never die silently: poll() would wait forever
             self._fail(f"channel {channel!r}: {type(exc).__name__}: {exc}")
-        # the listener closes the connection when this returns
+        # the acceptor closes the connection when this returns
 
     def _greet(self, hello: Hello, conn: socket.socket) -> str | None:
         with self._lock:

@@ -35,7 +35,7 @@ from cutline.runtime.network.messages import (
     encode,
     encode_line,
 )
-from cutline.runtime.network.net import Listener, close_socket, connect
+from cutline.runtime.network.net import Acceptor, close_socket, connect
 
 
 @dataclass(frozen=True)
@@ -102,13 +102,13 @@ class ControlServer:
         self._lock = threading.Lock()
         self.refused: list[str] = []
         self._closed = False
-        self._listener = Listener(
+        self._acceptor = Acceptor(
             self._serve, host=host, backlog=max(8, len(self.tasks)), name="cutline-control"
         )
 
     @property
     def port(self) -> int:
-        return self._listener.port
+        return self._acceptor.port
 
     @property
     def connected(self) -> frozenset[str]:
@@ -143,7 +143,7 @@ class ControlServer:
 
     def close(self) -> None:
         self._closed = True
-        self._listener.close()  # closes every connection, greeted or not
+        self._acceptor.close()  # closes every connection, greeted or not
 
     def __enter__(self) -> ControlServer:
         return self
@@ -176,7 +176,7 @@ class ControlServer:
                 self._events.put(Event(task, Lost(str(exc))))
                 reported = True
         finally:
-            close_socket(conn)  # before reporting it lost: the listener would close it too late
+            close_socket(conn)  # before reporting it lost: the acceptor would close it too late
             if task is not None:
                 with self._lock:
                     self._conns.pop(task, None)

@@ -116,7 +116,7 @@ def listen(host: str, backlog: int) -> socket.socket:
     )
 
 
-class Listener:
+class Acceptor:
     """A listening TCP socket that hands each accepted connection to ``handle`` on a thread of
     its own, closes the connection when ``handle`` returns, and closes every connection still
     open (said hello or not) on :meth:`close`."""

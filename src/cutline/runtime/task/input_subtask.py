@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, assert_never
 
 from cutline.protocol.alignment import (
+    BarrierAction,
     BarrierAligner,
     BarrierTracker,
+    BlockChannel,
     DeclineCheckpoint,
     ForwardBarrier,
     SnapshotState,
+    UnblockChannels,
 )
 from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
 from cutline.runtime.network.channel import PriorityBarrier
@@ -96,7 +99,7 @@ class InputSubtask(SubtaskRunner):
             if isinstance(frame, Records):
                 self.records_in += len(frame)
                 self._received[channel] += len(frame)
-                self._carry(handler.message_received(channel, frame))
+                self._carry_out(handler.message_received(channel, frame))
                 self._push(frame.batch)
                 self.records_done += len(frame)
             elif isinstance(frame, PriorityBarrier):
@@ -104,7 +107,7 @@ class InputSubtask(SubtaskRunner):
                 checkpoint = self.checkpoints[n]
                 checkpoint.barrier_came(channel, time.monotonic(), time.time())
                 checkpoint.said(frame.barrier.base, frame.barrier.savepoint)
-                self._carry(
+                self._carry_out(
                     handler.barrier_received(n, channel, unaligned=True, overtaken=frame.overtaken)
                 )
             elif isinstance(frame, Barrier):
@@ -114,40 +117,45 @@ class InputSubtask(SubtaskRunner):
                 checkpoint.said(frame.base, frame.savepoint)
                 if frame.forced_aligned:
                     checkpoint.forced = True
-                self._carry(
+                self._carry_out(
                     handler.barrier_received(
                         n, channel, unaligned=frame.unaligned, forced_aligned=frame.forced_aligned
                     )
                 )
             elif isinstance(frame, EndOfInput):
-                self._carry(handler.end_of_input(channel))
+                self._carry_out(handler.end_of_input(channel))
 
-    def _carry(self, actions: Sequence[object]) -> None:
+    def _carry_out(self, actions: Sequence[BarrierAction[str]]) -> None:
         """Carry out the barrier handler's actions, in order."""
         for action in actions:
-            if isinstance(action, RecordMessage):
-                recording = self.checkpoints.get(action.snapshot_id)
-                if recording is not None and recording.pending is not None:
-                    recording.pending.inputs.setdefault(action.channel, []).append(
-                        action.message.batch
-                    )
-            elif isinstance(action, SnapshotState):
-                self._snapshot(action.checkpoint_id)
-            elif isinstance(action, ForwardBarrier):
-                forwarded = self.checkpoints[action.checkpoint_id]
-                forced, forwarded.forced = forwarded.forced, False
-                self._forward(action.checkpoint_id, action.unaligned, forced)
-            elif isinstance(action, SnapshotComplete):
-                self._complete(action.snapshot_id)
-            elif isinstance(action, DeclineCheckpoint):
-                declined = self.checkpoints[action.checkpoint_id]
-                declined.pending = declined.unflushed = declined.first_barrier = None
-                self.control.send(Decline(self.name, action.checkpoint_id, shorten(action.reason)))
-            # BlockChannel / UnblockChannels: the handler's blocked_channels says it all
+            match action:
+                case RecordMessage():
+                    recording = self.checkpoints.get(action.snapshot_id)
+                    if recording is not None and recording.pending is not None:
+                        recording.pending.inputs.setdefault(action.channel, []).append(
+                            action.message.batch
+                        )
+                case SnapshotState():
+                    self._snapshot(action.checkpoint_id)
+                case ForwardBarrier():
+                    forwarded = self.checkpoints[action.checkpoint_id]
+                    forced, forwarded.forced = forwarded.forced, False
+                    self._forward(action.checkpoint_id, action.unaligned, forced)
+                case SnapshotComplete():
+                    self._complete(action.snapshot_id)
+                case DeclineCheckpoint():
+                    declined = self.checkpoints[action.checkpoint_id]
+                    declined.pending = declined.unflushed = declined.first_barrier = None
+                    reason = shorten(action.reason)
+                    self.control.send(Decline(self.name, action.checkpoint_id, reason))
+                case BlockChannel() | UnblockChannels():
+                    pass  # the handler's blocked_channels says it all
+                case _:
+                    assert_never(action)
 
     def _on_abort(self, checkpoint: int) -> None:
         if self._handler is not None:
-            self._carry(self._handler.abort(checkpoint))
+            self._carry_out(self._handler.abort(checkpoint))
 
     def _time_out(self, now: float) -> None:
         """Checkpoints not aligned here that long after their trigger go unaligned."""
@@ -164,10 +172,10 @@ class InputSubtask(SubtaskRunner):
             if not isinstance(handler, BarrierAligner):
                 continue
             assert self.gate is not None
-            self._carry(handler.alignment_timed_out(n))
+            self._carry_out(handler.alignment_timed_out(n))
             if n in handler.recording:
                 for input_channel, ahead in self.gate.promote(n):
                     checkpoint.arrivals.setdefault(input_channel, time.time())
-                    self._carry(
+                    self._carry_out(
                         handler.barrier_received(n, input_channel, unaligned=True, overtaken=ahead)
                     )
