@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from cutline import Logic, OperatorContext, RestoreError, Running, SourceHold, StreamEnvironment
+from cutline import (
+    Logic,
+    OperatorContext,
+    RestoreError,
+    RunningOperator,
+    SourceHold,
+    StreamEnvironment,
+)
 from cutline.runtime.task.local import ThreadLauncher
 from test_runtime_jobs import FailAfterCheckpoint, environment, mark_checkpoints
 
@@ -28,11 +35,11 @@ class Scale(Logic):
 
     factor: int
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return _Scaling(self.factor)
 
 
-class _Scaling(Running):
+class _Scaling(RunningOperator):
     def __init__(self, factor: int) -> None:
         self.factor = factor
 
@@ -46,11 +53,11 @@ class Numbering(Logic):
     """Numbers the records each subtask sees, 1, 2, ...: its count is state of its own, in
     every checkpoint and restored after a failure (at the same parallelism)."""
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return _Numbering(ctx.subtask, state or 0)
 
 
-class _Numbering(Running):
+class _Numbering(RunningOperator):
     def __init__(self, subtask: int, seen: int) -> None:
         self.subtask, self.seen = subtask, seen
 
@@ -70,11 +77,11 @@ class _Numbering(Running):
 class WhereAmI(Logic):
     """Tags each record with the subtask that processed it."""
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return _Tagging(ctx.subtask)
 
 
-class _Tagging(Running):
+class _Tagging(RunningOperator):
     def __init__(self, subtask: int) -> None:
         self.subtask = subtask
 

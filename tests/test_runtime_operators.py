@@ -29,7 +29,7 @@ from cutline.runtime.operators import (
     ProcessLogic,
     RecordError,
     RollingLogic,
-    Running,
+    RunningOperator,
     UserFunctionError,
 )
 from cutline.runtime.state.keygroups import key_group, subtask_for_key_group
@@ -730,7 +730,7 @@ def test_without_a_dead_letter_output_dead_letter_mode_still_fails() -> None:
 
 
 def test_running_defaults_do_nothing_at_checkpoints() -> None:
-    running = Running()
+    running = RunningOperator()
     assert running.snapshot(1) is None
     running.notify_complete(1)
     running.close()

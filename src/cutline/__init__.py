@@ -36,7 +36,7 @@ _API = (
     "ProcessContext",
     "Restarting",
     "RestoreError",
-    "Running",
+    "RunningOperator",
     "SavepointCompleted",
     "SourceError",
     "SourceHold",

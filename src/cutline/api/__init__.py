@@ -4,7 +4,7 @@ A job tells what happens to a listener: ``(kind, message)``, or a :class:`JobLis
 gets the events typed (:class:`CheckpointCompleted`, :class:`Restarting`, ...).
 
 An operator of one's own is a :class:`Logic` (opened in every subtask into a
-:class:`Running`) added with ``stream.transform(label, logic)``.
+:class:`RunningOperator`) added with ``stream.transform(label, logic)``.
 """
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
@@ -30,7 +30,7 @@ from cutline.runtime.operators import (
     Logic,
     OperatorContext,
     ProcessContext,
-    Running,
+    RunningOperator,
 )
 from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import SparkSetupError
@@ -58,7 +58,7 @@ __all__ = [
     "ProcessContext",
     "Restarting",
     "RestoreError",
-    "Running",
+    "RunningOperator",
     "SavepointCompleted",
     "SourceError",
     "SourceHold",

@@ -12,7 +12,7 @@ that call with a logic of cutline's own, and an operator of a user's own is the 
             self.factor = factor
 
         def open(self, ctx, state):
-            return ScaleRunning(self.factor)   # a Running: process(batch) -> batch
+            return ScaleRunning(self.factor)   # a RunningOperator: process(batch) -> batch
 
     env.from_sequence(0, 100).transform("scale(10)", Scale(10)).collect()
 
@@ -205,7 +205,7 @@ class _Operators:
             when it has no ``name``; an unnamed operator's id is derived from it (see the
             module's docstring).
         :param logic: picklable; ``logic.open(ctx, state)`` is called in each subtask and
-            returns a :class:`~cutline.runtime.operators.Running` whose ``process(batch)``
+            returns a :class:`~cutline.runtime.operators.RunningOperator` whose ``process(batch)``
             returns the records it emits (or ``None``) and whose ``snapshot(checkpoint_id)``
             returns the state a checkpoint keeps (``state`` at a restore). A keyed logic
             (``keyed = True``, on a :class:`KeyedStream`) keeps its state in a backend of

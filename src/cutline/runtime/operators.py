@@ -173,7 +173,7 @@ class DeadLetterOutput:
         self.count += 1
 
 
-class Running:
+class RunningOperator:
     """A running operator; the default does nothing at checkpoints."""
 
     def process(self, batch: Batch) -> Batch | None:
@@ -192,7 +192,7 @@ class Running:
 
 
 @dataclass(frozen=True)
-class Adopted:
+class RescaledStates:
     """The state a sink subtask takes over on a restore at another parallelism: the states
     of the previous run's subtasks it stands in for (old subtask index -> state)."""
 
@@ -204,7 +204,7 @@ class Logic:
 
     keyed = False
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         raise NotImplementedError
 
 
@@ -239,11 +239,11 @@ class SourceLogic:
 class PassLogic(Logic):
     """Records pass unchanged (``union``)."""
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return _Pass()
 
 
-class _Pass(Running):
+class _Pass(RunningOperator):
     def process(self, batch: Batch) -> Batch | None:
         return batch
 
@@ -253,11 +253,11 @@ class MapLogic(Logic):
     fn: Callable[[Any], Any]
     kind: str = "map"  # map, flat_map or filter
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return _PerRecord(self.fn, self.kind, ctx)
 
 
-class _PerRecord(Running):
+class _PerRecord(RunningOperator):
     def __init__(self, fn: Callable[[Any], Any], kind: str, ctx: OperatorContext) -> None:
         self.fn, self.kind, self.ctx = fn, kind, ctx
 
@@ -303,11 +303,11 @@ def _flat_map(
 class MapBatchesLogic(Logic):
     fn: Callable[[pa.RecordBatch], Any]
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return _MapBatches(self.fn, ctx)
 
 
-class _MapBatches(Running):
+class _MapBatches(RunningOperator):
     def __init__(self, fn: Callable[[pa.RecordBatch], Any], ctx: OperatorContext) -> None:
         self.fn, self.ctx = fn, ctx
 
@@ -352,7 +352,7 @@ def key_getter(key: str | Callable[[Any], Hashable]) -> Callable[[Any], Hashable
     return column
 
 
-class _Keyed(Running):
+class _Keyed(RunningOperator):
     """A running keyed operator: its state backend owns this subtask's key groups."""
 
     def __init__(self, ctx: OperatorContext, state: Any, key: str | Callable[[Any], Hashable]):
@@ -441,7 +441,7 @@ class ProcessLogic(Logic):
     key: str | Callable[[Any], Hashable]
     keyed = True
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         # every subtask gets its own copy: open() binds state handles to this subtask's backend
         return _Process(copy.deepcopy(self.function), ctx, state, self.key)
 
@@ -482,7 +482,7 @@ class RollingLogic(Logic):
     fn: Callable[[Any, Any], Any] | None = None
     keyed = True
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return _Rolling(self, ctx, state)
 
 
@@ -645,15 +645,15 @@ class SinkLogic(Logic):
 
     sink: FileSink
 
-    def open(self, ctx: OperatorContext, state: Any) -> Running:
-        if isinstance(state, Adopted):
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
+        if isinstance(state, RescaledStates):
             writer = self.sink.open(ctx.subtask, ctx.generation, None, ctx.run, state.states)
         else:
             writer = self.sink.open(ctx.subtask, ctx.generation, state, ctx.run)
         return _Sink(writer, self.sink.format, ctx)
 
 
-class _Sink(Running):
+class _Sink(RunningOperator):
     def __init__(self, writer: FileSinkWriter, fmt: str, ctx: OperatorContext) -> None:
         self.writer, self.format, self.ctx = writer, fmt, ctx
 

@@ -32,11 +32,11 @@ from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointMet
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.io.sources import SourceError, merge_offsets
 from cutline.runtime.operators import (
-    Adopted,
     MapBatchesLogic,
     MapLogic,
     PassLogic,
     RecordError,
+    RescaledStates,
     SinkLogic,
 )
 from cutline.runtime.state.keygroups import key_group_range
@@ -254,4 +254,4 @@ def _adopt(
         _index(n): state_of(n).operators[uid] for n in names if _index(n) % parallelism == index
     }
     if adopted:
-        gathered.parts[uid] = Adopted(adopted)
+        gathered.parts[uid] = RescaledStates(adopted)

@@ -136,7 +136,9 @@ def encode(frame: Frame) -> bytes:
             with pa.ipc.new_stream(sink, frame.batch.schema) as writer:
                 writer.write_batch(frame.batch)
             return _frame(FrameKind.RECORDS, sink.getvalue().to_pybytes(), _ARROW)
-        return _frame(FrameKind.RECORDS, pickle.dumps(frame.batch, protocol=pickle.HIGHEST_PROTOCOL))
+        return _frame(
+            FrameKind.RECORDS, pickle.dumps(frame.batch, protocol=pickle.HIGHEST_PROTOCOL)
+        )
     if isinstance(frame, Barrier):
         flags = (
             (_UNALIGNED if frame.unaligned else 0)

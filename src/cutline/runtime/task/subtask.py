@@ -52,13 +52,13 @@ from cutline.runtime.network.messages import (
 )
 from cutline.runtime.network.wire import Barrier, EndOfInput, Records
 from cutline.runtime.operators import (
-    Adopted,
     Batch,
     DeadLetterOutput,
     OperatorContext,
     Partitioner,
     RecordError,
-    Running,
+    RescaledStates,
+    RunningOperator,
     function_name,
 )
 from cutline.runtime.state.backend import KeyedSnapshot
@@ -118,7 +118,7 @@ class SubtaskRunner:
         self._writes: list[futures.Future[None]] = []
         self._last_snapshot: int | None = None
         self._last_complete = -1
-        self._operators: list[tuple[str, Running]] = []
+        self._operators: list[tuple[str, RunningOperator]] = []
         self._reader: Any = None
         self._dead_letters: DeadLetterOutput | None = None
         self._current = chain.operators[0].name
@@ -157,7 +157,7 @@ class SubtaskRunner:
                 setup.storage_options,
             )
             dead = restored.get(DEAD_LETTERS)
-            if isinstance(dead, Adopted):  # a restore at another parallelism
+            if isinstance(dead, RescaledStates):  # a restore at another parallelism
                 writer = sink.open(self.index, setup.generation, None, setup.run, dead.states)
             else:
                 writer = sink.open(self.index, setup.generation, dead, setup.run)
