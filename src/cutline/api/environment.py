@@ -48,9 +48,8 @@ from cutline.runtime.driver.events import (
 )
 from cutline.runtime.driver.result import JobInterrupted, JobResult
 from cutline.runtime.graph import ExecutionPlan, plan
-from cutline.runtime.io.sinks import FileSink
+from cutline.runtime.io.sinks import collect_directory
 from cutline.runtime.network.net import port_range
-from cutline.runtime.operators import SinkLogic
 from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM
 from cutline.runtime.task.launch import Launcher, PhaseHook, SourceHold
 
@@ -289,13 +288,11 @@ class StreamEnvironment(Sources):
         try:
             collect_dirs = {}
             for name in self._collect:
-                directory = f"{checkpoint_dir.rstrip('/')}/_collect/{name}"
+                directory = collect_directory(checkpoint_dir, name)
                 fs, root = fsspec.core.url_to_fs(directory, **dict(settings.storage_options or {}))
                 if fs.exists(root):
                     fs.rm(root, recursive=True)
                 collect_dirs[name] = directory
-                operator = self.graph.operators[self._collect[name]]
-                operator.logic = SinkLogic(FileSink(directory, "pickle", settings.storage_options))
             config = JobConfig(
                 parallelism=settings.parallelism,
                 checkpoint_dir=checkpoint_dir,

@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from cutline.api.settings import Settings, location
 from cutline.runtime.graph import Edge, GraphError, JobGraph, KeySelector, Operator
-from cutline.runtime.io.sinks import FileSink
+from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.operators import (
     ON_ERROR,
     KeyedProcessFunction,
@@ -348,8 +348,7 @@ class DataStream(_Operators):
             raise ValueError(f"collect name {name!r}: use letters, digits, '_', '-' and '.'")
         if name in self.env._collect:
             raise ValueError(f"two collect sinks are named {name!r}")
-        # the directory is fixed at execute(); the sink's logic finds it through the env
-        logic = SinkLogic(FileSink(f"{{collect:{name}}}", "pickle"))
+        logic = SinkLogic(CollectSink(name))  # (in the checkpoint directory, when the job runs)
         operator = self.transform(f"collect({name})", logic).operator
         self.env._collect[name] = operator.uid
 

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.runtime.io.sinks import FileSink, FileSinkWriter
+from cutline.runtime.io.sinks import CollectSink, FileSink, FileSinkWriter
 from cutline.runtime.io.sources import FileSource, SequenceSource, SourceReader
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
@@ -134,6 +134,10 @@ class OperatorContext:
     restore_checkpoint: int | None = None
     """The restored checkpoint, when it is one of this job's directory (incremental
     checkpoints may build on its files)."""
+    checkpoint_dir: str = ""
+    """The job's checkpoint directory (the collect sinks write there)."""
+    storage_options: Mapping[str, Any] | None = None
+    """The fsspec options of the checkpoint directory."""
 
     def fail(self, record: Any, exc: BaseException) -> None:
         """A record could not be processed: raise, or send it to the dead-letter output."""
@@ -643,14 +647,17 @@ class _Rolling(_Keyed):
 class SinkLogic(Logic):
     """An exactly-once file sink (Parquet, JSON lines, or pickled records for ``collect``)."""
 
-    sink: FileSink
+    sink: FileSink | CollectSink
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
+        sink = self.sink
+        if isinstance(sink, CollectSink):
+            sink = sink.in_directory(ctx.checkpoint_dir, ctx.storage_options)
         if isinstance(state, RescaledStates):
-            writer = self.sink.open(ctx.subtask, ctx.generation, None, ctx.run, state.states)
+            writer = sink.open(ctx.subtask, ctx.generation, None, ctx.run, state.states)
         else:
-            writer = self.sink.open(ctx.subtask, ctx.generation, state, ctx.run)
-        return _Sink(writer, self.sink.format, ctx)
+            writer = sink.open(ctx.subtask, ctx.generation, state, ctx.run)
+        return _Sink(writer, sink.format, ctx)
 
 
 class _Sink(RunningOperator):

@@ -52,6 +52,30 @@ _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "pickle": ".pickle"}
 """``pickle`` parts hold lists of Python records: the collect sink's output."""
 
 
+COLLECT_FOLDER = "_collect"
+"""The collect sinks write their parts under ``CHECKPOINT_DIR/_collect/NAME``."""
+
+
+def collect_directory(checkpoint_dir: str, name: str) -> str:
+    """Where the collect sink ``name`` of a job with this checkpoint directory writes."""
+    return f"{checkpoint_dir.rstrip('/')}/{COLLECT_FOLDER}/{name}"
+
+
+@dataclass(frozen=True)
+class CollectSink:
+    """The sink of ``stream.collect(name)``: pickled records in the job's checkpoint directory
+    (:func:`collect_directory`), read back by the driver when the job ends. Where that is is
+    known only when the job runs: :meth:`in_directory` makes the file sink there."""
+
+    name: str
+    format: str = "pickle"
+
+    def in_directory(
+        self, checkpoint_dir: str, storage_options: Mapping[str, Any] | None
+    ) -> FileSink:
+        return FileSink(collect_directory(checkpoint_dir, self.name), "pickle", storage_options)
+
+
 class SinkError(Exception):
     """The sink cannot write or publish its output; the message names the file."""
 

@@ -213,6 +213,8 @@ class SubtaskRunner:
                 if setup.restore is not None and setup.restore.own
                 else None
             ),
+            checkpoint_dir=setup.checkpoint_dir,
+            storage_options=setup.storage_options,
         )
 
     def connect(self, addresses: dict[tuple[int, str], tuple[str, int]]) -> None:
