@@ -16,6 +16,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
+from paths import GROUPS, TESTS, import_path
+
+sys.path[:0] = [p for p in import_path() if p not in sys.path]
 
 settings.register_profile(
     "ci",
@@ -38,9 +41,8 @@ def spark():
     The workers import the test modules' functions by name, so the tests folder goes on
     their PYTHONPATH before Spark starts.
     """
-    tests = str(Path(__file__).parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (tests, os.environ.get("PYTHONPATH")) if p
+        p for p in (*import_path(), os.environ.get("PYTHONPATH")) if p
     )
     from cutline.spark.launcher import local_session
 
@@ -101,3 +103,11 @@ def pytest_terminal_summary(terminalreporter):
         f"cutline: {VERIFIED[0]} checkpoints taken by the tests' jobs were "
         "verified (files intact, a consistent cut on every channel)"
     )
+
+
+def pytest_collection_modifyitems(items):
+    """Each test carries the marker of its group (its folder): ``pytest -m jobs``."""
+    for item in items:
+        folder = Path(item.path).resolve().parent
+        if folder.parent == TESTS and folder.name in GROUPS:
+            item.add_marker(getattr(pytest.mark, folder.name))

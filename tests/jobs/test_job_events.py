@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from test_checkpointing_modes import HALF, FailOnceAfter, environment, keyed_job
+
 from cutline import (
     CheckpointCompleted,
     GenerationRunning,
@@ -18,7 +20,6 @@ from cutline import (
     SavepointCompleted,
 )
 from cutline.runtime.task.local import ThreadLauncher
-from test_checkpointing_modes import HALF, FailOnceAfter, environment, keyed_job
 
 
 class Recorder(JobListener):

@@ -35,7 +35,7 @@ from cutline.runtime.checkpoint.verify import verify_checkpoint
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]  # one worker: one cluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "cluster.sh"
 CUTLINE = Path(sys.executable).parent / "cutline"
 NAME, SUBNET = "cltest", "10.78.0"

@@ -17,6 +17,7 @@ from cutline.sim.generate import random_scenario
 from cutline.sim.log import EventKind
 from cutline.sim.scenario import Initiate, Scenario, ScenarioError, Tick, scenario_from_text
 from cutline.sim.simulator import SimConfig, simulate
+from paths import SCENARIOS
 
 from strategies import scenarios
 
@@ -63,7 +64,7 @@ def test_same_seed_gives_the_same_run_and_seeds_differ() -> None:
 
 
 def test_output_does_not_depend_on_hash_randomization(tmp_path: Path) -> None:
-    scenario_dir = Path(__file__).parent / "scenarios"
+    scenario_dir = SCENARIOS
     outputs = set()
     for hash_seed in ("0", "1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)

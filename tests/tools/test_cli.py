@@ -24,8 +24,8 @@ from click.testing import CliRunner, Result
 import cutline.cli
 from cutline.cli import main
 from cutline.sim.checker import Verdict, Violation
+from paths import SCENARIOS
 
-SCENARIOS = Path(__file__).parent / "scenarios"
 FIXED_DELAY = ["--min-delay", "1", "--max-delay", "1"]
 
 try:

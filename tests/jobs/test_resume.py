@@ -25,6 +25,7 @@ from cutline import CheckpointWarning, StreamEnvironment
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.task.local import ThreadLauncher
+from paths import import_path
 
 RECORDS = 3000
 
@@ -74,7 +75,7 @@ def freeze_after(workdir: Path, checkpoints: int) -> Callable[[str, str], None]:
 DRIVER = """
 import sys
 from pathlib import Path
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from test_resume import RECORDS, build, freeze_after
 from cutline import SourceHold
 from cutline.runtime.task.local import ThreadLauncher
@@ -108,7 +109,7 @@ def kill_driver_after(workdir: Path, checkpoints: int, retained: int = 1) -> lis
     so that checkpoints with output complete before the sources hold: the freeze comes while
     they hold at the latest."""
     script = DRIVER.format(
-        tests=str(Path(__file__).parent),
+        tests=import_path(),
         workdir=str(workdir),
         retained=retained,
         checkpoints=checkpoints,

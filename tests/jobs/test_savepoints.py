@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from test_runtime_jobs import FailAfterCheckpoint as FailOnceAfter  # raises once, after marker
 
 from cutline import (
     JobClient,
@@ -31,7 +32,6 @@ from cutline.runtime.checkpoint.storage import SHARED, CheckpointLocation, Check
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.task.local import ThreadLauncher
-from test_runtime_jobs import FailAfterCheckpoint as FailOnceAfter  # raises once, after marker
 
 KEYS = 7
 

@@ -21,6 +21,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from test_checkpointing_modes import FailOnceAfter
+from test_loops import touch_on_checkpoint
+from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 import checkpoint_verification
 from cutline import JobClient, JobResult, SourceHold, StreamEnvironment
@@ -44,9 +47,6 @@ from cutline.runtime.graph import ExecutionPlan, subtask_name
 from cutline.runtime.network.channel import InputGate, OutputChannel, PriorityBarrier
 from cutline.runtime.network.wire import Barrier, Records
 from cutline.runtime.task.local import ThreadLauncher
-from test_checkpointing_modes import FailOnceAfter
-from test_loops import touch_on_checkpoint
-from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 N = 2_000
 KEYS = 16

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_runtime_jobs import FailAfterCheckpoint, environment, mark_checkpoints
 
 from cutline import (
     Logic,
@@ -21,7 +22,6 @@ from cutline import (
     StreamEnvironment,
 )
 from cutline.runtime.task.local import ThreadLauncher
-from test_runtime_jobs import FailAfterCheckpoint, environment, mark_checkpoints
 
 N = 400
 

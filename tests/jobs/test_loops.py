@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_runtime_jobs import FirstBatch, once_something_was_read
 
 from cutline import JobResult, SourceHold, StreamEnvironment
 from cutline.examples.connected_components import (
@@ -34,7 +35,6 @@ from cutline.examples.connected_components import (
 )
 from cutline.runtime.graph import GraphError
 from cutline.runtime.task.local import ThreadLauncher
-from test_runtime_jobs import FirstBatch, once_something_was_read
 
 EDGES, VERTICES = 3_000, 2_000
 MODES = ["aligned", "unaligned", "at_least_once"]

@@ -442,7 +442,6 @@ def test_stop_with_savepoint_and_restore_at_another_parallelism_on_spark(
     """A job on Spark stopped with a savepoint restarts at parallelism 3 and 1 (rescaled keyed
     state, source splits and sink output), each exactly once together with the first run. The
     savepoint is asked for while the sources hold half-way: always with input left."""
-    from cutline import JobClient
     from test_savepoints import (
         SavepointOnHold,
         build,
@@ -451,6 +450,8 @@ def test_stop_with_savepoint_and_restore_at_another_parallelism_on_spark(
         half_of_each_subtask,
         published,
     )
+
+    from cutline import JobClient
 
     n = 4000
     env = build(tmp_path, 2, tmp_path / "out1", n, batch_size=32)

@@ -18,11 +18,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_runtime_jobs import FailAfterCheckpoint, dead_letters
 
 from cutline import JobFailedError, JobResult, SourceHold, StreamEnvironment
 from cutline.runtime.io.sources import CsvOptions, InputWarning, SourceError, as_schema
 from cutline.runtime.task.local import ThreadLauncher
-from test_runtime_jobs import FailAfterCheckpoint, dead_letters
 
 SCHEMA = {"user": "string", "value": "int64"}
 

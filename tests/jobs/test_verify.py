@@ -21,6 +21,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from test_checkpoint_stats import N, environment, keyed_job
+from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 import checkpoint_verification
 from cutline import JobClient, SourceHold, StreamEnvironment
@@ -44,8 +46,6 @@ from cutline.runtime.checkpoint.storage import (
 )
 from cutline.runtime.checkpoint.verify import Verification, verify_checkpoint
 from cutline.runtime.task.local import ThreadLauncher
-from test_checkpoint_stats import N, environment, keyed_job
-from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 JOBS = [
     "aligned",
