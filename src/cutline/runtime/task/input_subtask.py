@@ -26,7 +26,7 @@ from cutline.protocol.alignment import (
 from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
 from cutline.runtime.network.channel import PriorityBarrier
 from cutline.runtime.network.messages import Decline
-from cutline.runtime.network.wire import Barrier, EndOfInput, Records
+from cutline.runtime.network.wire import Barrier, EndOfInput, Hello, Records
 from cutline.runtime.task.failures import shorten
 from cutline.runtime.task.subtask import SubtaskRunner
 
@@ -96,34 +96,42 @@ class InputSubtask(SubtaskRunner):
                     ended = True
                 continue
             channel, frame = item
-            if isinstance(frame, Records):
-                self.records_in += len(frame)
-                self._received[channel] += len(frame)
-                self._carry_out(handler.message_received(channel, frame))
-                self._push(frame.batch)
-                self.records_done += len(frame)
-            elif isinstance(frame, PriorityBarrier):
-                n = frame.barrier.checkpoint_id
-                checkpoint = self.checkpoints[n]
-                checkpoint.barrier_came(channel, time.monotonic(), time.time())
-                checkpoint.said(frame.barrier.base, frame.barrier.savepoint)
-                self._carry_out(
-                    handler.barrier_received(n, channel, unaligned=True, overtaken=frame.overtaken)
-                )
-            elif isinstance(frame, Barrier):
-                n = frame.checkpoint_id
-                checkpoint = self.checkpoints[n]
-                checkpoint.barrier_came(channel, time.monotonic(), time.time())
-                checkpoint.said(frame.base, frame.savepoint)
-                if frame.forced_aligned:
-                    checkpoint.forced = True
-                self._carry_out(
-                    handler.barrier_received(
-                        n, channel, unaligned=frame.unaligned, forced_aligned=frame.forced_aligned
+            match frame:
+                case Records():
+                    self.records_in += len(frame)
+                    self._received[channel] += len(frame)
+                    self._carry_out(handler.message_received(channel, frame))
+                    self._push(frame.batch)
+                    self.records_done += len(frame)
+                case PriorityBarrier(barrier=barrier, overtaken=overtaken):
+                    n = barrier.checkpoint_id
+                    checkpoint = self.checkpoints[n]
+                    checkpoint.barrier_came(channel, time.monotonic(), time.time())
+                    checkpoint.said(barrier.base, barrier.savepoint)
+                    self._carry_out(
+                        handler.barrier_received(n, channel, unaligned=True, overtaken=overtaken)
                     )
-                )
-            elif isinstance(frame, EndOfInput):
-                self._carry_out(handler.end_of_input(channel))
+                case Barrier():
+                    n = frame.checkpoint_id
+                    checkpoint = self.checkpoints[n]
+                    checkpoint.barrier_came(channel, time.monotonic(), time.time())
+                    checkpoint.said(frame.base, frame.savepoint)
+                    if frame.forced_aligned:
+                        checkpoint.forced = True
+                    self._carry_out(
+                        handler.barrier_received(
+                            n,
+                            channel,
+                            unaligned=frame.unaligned,
+                            forced_aligned=frame.forced_aligned,
+                        )
+                    )
+                case EndOfInput():
+                    self._carry_out(handler.end_of_input(channel))
+                case Hello():
+                    raise AssertionError("a gate keeps the hellos of its channels")
+                case _:
+                    assert_never(frame)
 
     def _carry_out(self, actions: Sequence[BarrierAction[str]]) -> None:
         """Carry out the barrier handler's actions, in order."""
