@@ -9,7 +9,7 @@ checkpoint directory.
   its channel state.
 * ``diff DIR A B`` — the keyed state that differs between checkpoints A and B, key by key.
 * ``verify DIR [ID]`` — every file intact and a consistent cut on every channel
-  (``runtime/verify.py``); exit status 1 if one is not, or if a checkpoint's folder lost its
+  (``runtime/checkpoint/verify.py``); exit status 1 if one is not, or if a checkpoint's folder lost its
   ``_metadata`` though its statistics say it completed.
 * ``report DIR -o report.html`` — the page with plots, the critical paths and a space-time
   diagram of one checkpoint's barriers.

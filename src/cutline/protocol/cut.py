@@ -19,7 +19,7 @@ records from the inputs whose barrier came first. Of those only *nothing lost* c
 ``received + recorded >= sent`` (the surplus is replayed after a restore: duplicates; a
 loop's back edge is recorded in that mode too, so that nothing going round is lost).
 
-Pure functions over the counts; ``runtime/verify.py`` reads them (and the recorded
+Pure functions over the counts; ``runtime/checkpoint/verify.py`` reads them (and the recorded
 records themselves) from a checkpoint's files.
 """
 

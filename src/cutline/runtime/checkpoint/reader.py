@@ -4,7 +4,7 @@ the records in flight it recorded (channel state).
 :class:`CheckpointReader` opens one checkpoint or savepoint folder (or a checkpoint
 directory's ``chk-N``) and reads only what is asked, one subtask's files at a time, each
 checked against the metadata's size and digest. The CLI (``cutline checkpoints show``,
-``diff``), the Spark data source (``spark/datasource.py``) and the verifier use it.
+``diff``), the Spark data source (``spark/datasource/``) and the verifier use it.
 """
 
 from __future__ import annotations
