@@ -21,7 +21,7 @@ import pytest
 from test_runtime_jobs import FailAfterCheckpoint, dead_letters
 
 from cutline import JobFailedError, JobResult, SourceHold, StreamEnvironment
-from cutline.runtime.io.sources import CsvOptions, InputWarning, SourceError, as_schema
+from cutline.runtime.io.formats import CsvOptions, InputWarning, SourceError, as_schema
 from cutline.runtime.task.local import ThreadLauncher
 
 SCHEMA = {"user": "string", "value": "int64"}

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline.runtime.io.sources import FileSource, SequenceSource, SourceError, merge_offsets
+from cutline.runtime.io.formats import SourceError
+from cutline.runtime.io.sources import FileSource, SequenceSource, merge_offsets
 
 
 def read_all(reader: Any, max_rows: int = 7, limit: int | None = None) -> list[dict[str, Any]]:

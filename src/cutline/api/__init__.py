@@ -24,7 +24,7 @@ from cutline.runtime.driver.events import (
     WaitingForSlots,
 )
 from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
-from cutline.runtime.io.sources import InputWarning, SourceError
+from cutline.runtime.io.formats import InputWarning, SourceError
 from cutline.runtime.operators import (
     KeyedProcessFunction,
     Logic,

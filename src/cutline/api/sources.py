@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from cutline.api.settings import location
 from cutline.api.streams import Dataflow, DataStream
-from cutline.runtime.io.sources import CsvOptions, FileSource, InputWarning, SequenceSource
+from cutline.runtime.io.formats import CsvOptions, InputWarning
+from cutline.runtime.io.sources import FileSource, SequenceSource
 from cutline.runtime.operators import SourceLogic
 
 

@@ -30,7 +30,8 @@ from typing import Any
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointMetadata, StateHandle
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
-from cutline.runtime.io.sources import SourceError, merge_offsets
+from cutline.runtime.io.formats import SourceError
+from cutline.runtime.io.sources import merge_offsets
 from cutline.runtime.operators import (
     MapBatchesLogic,
     MapLogic,
