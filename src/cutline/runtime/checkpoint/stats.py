@@ -23,11 +23,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import types
-import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
+
+from cutline.runtime.fields import conforms, field_types
 
 STATS_FOLDER = "_stats"
 STATS_FORMAT = 1
@@ -37,26 +37,6 @@ STATS_HISTORY = 1000
 _CHECKPOINT_FILE = re.compile(r"checkpoint-(0|[1-9][0-9]*)\.json")
 _RUN_FILE = re.compile(r"run-([0-9a-f]+)\.json")
 _RESTART_FILE = re.compile(r"restart-([0-9a-f]+)-([0-9]+)\.json")
-
-
-def _conforms(value: Any, hint: Any) -> bool:
-    """Whether JSON ``value`` is of the type ``hint`` (of a statistics record's field)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
-        return any(_conforms(value, arg) for arg in args)
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return type(value) in (int, float)
-    if hint in (int, str, bool):
-        return type(value) is hint
-    if origin is dict:
-        return isinstance(value, dict) and all(
-            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
-        )
-    if origin is list:
-        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
-    return True
 
 
 class _Record:
@@ -74,13 +54,13 @@ class _Record:
     def _values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         """The fields of ``cls`` in ``data`` (others, e.g. of a newer version, are ignored),
         each checked to be of its type (``ValueError`` naming the field if not)."""
-        hints = typing.get_type_hints(cls)
+        hints = field_types(cls)
         values = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             if f.name not in data:
                 continue
             value = data[f.name]
-            if f.name != "subtasks" and not _conforms(value, hints[f.name]):
+            if f.name != "subtasks" and not conforms(value, hints[f.name]):
                 raise ValueError(f"{f.name} is {value!r}, not of type {hints[f.name]}")
             values[f.name] = value
         return values

@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
+
+from cutline.runtime.fields import conforms, field_types
 
 
 class ControlError(Exception):
@@ -236,7 +236,7 @@ def decode(data: dict[str, Any], side: dict[str, type[Any]], sender: str) -> Any
     if cls is None:
         raise ControlError(f"{sender} sent an unknown message {kind!r}")
     kind = str(kind)
-    hints = _hints(cls)
+    hints = field_types(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:
@@ -244,38 +244,13 @@ def decode(data: dict[str, Any], side: dict[str, type[Any]], sender: str) -> Any
                 raise ControlError(f"{sender} sent {_a(kind)} message without {f.name!r}")
             continue
         value = data[f.name]
-        if not _fits(value, hints[f.name]):
+        if not conforms(value, hints[f.name]):
             raise ControlError(
                 f"{sender} sent {_a(kind)} message whose {f.name!r} is {value!r}, "
                 f"not {_name(hints[f.name])}"
             )
         values[f.name] = value
     return cls(**values)
-
-
-_HINTS: dict[type[Any], dict[str, Any]] = {}
-
-
-def _hints(cls: type[Any]) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
-
-
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether a JSON value fits a field's type (the outer type; containers not looked into)."""
-    if hint is Any:
-        return True
-    if isinstance(hint, types.UnionType):
-        return any(_fits(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    origin = typing.get_origin(hint) or hint
-    if origin is float:
-        return type(value) in (int, float)
-    if origin is int:
-        return type(value) is int
-    return isinstance(value, origin)
 
 
 def _a(kind: str) -> str:
