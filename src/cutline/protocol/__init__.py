@@ -10,7 +10,9 @@ drive the very same objects.
 * :mod:`cutline.protocol.coordinator` — the checkpoint coordinator of one job;
 * :mod:`cutline.protocol.registry` — the shared files of incremental checkpoints;
 * :mod:`cutline.protocol.cut` — is a checkpoint a consistent cut?;
-* :mod:`cutline.protocol.termination` — the end of a loop (termination detection in waves).
+* :mod:`cutline.protocol.termination` — the end of a loop (termination detection in waves);
+* :mod:`cutline.protocol.watermarks` — event time's progress: watermarks per source split and
+  per subtask, idleness.
 """
 
 from cutline.protocol.alignment import (
@@ -66,8 +68,20 @@ from cutline.protocol.termination import (
     TerminationDetector,
     UnknownParticipantError,
 )
+from cutline.protocol.watermarks import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    EmitStatus,
+    EmitWatermark,
+    SplitWatermarks,
+    WatermarkAction,
+    WatermarkError,
+    WatermarkValve,
+)
 
 __all__ = [
+    "MAX_WATERMARK",
+    "MIN_WATERMARK",
     "AbortCheckpoint",
     "Action",
     "AskCounts",
@@ -87,6 +101,8 @@ __all__ = [
     "DiscardState",
     "DuplicateAcknowledgementError",
     "DuplicateMarkerError",
+    "EmitStatus",
+    "EmitWatermark",
     "FailJob",
     "ForwardBarrier",
     "InvalidCheckpointIdError",
@@ -101,6 +117,7 @@ __all__ = [
     "SnapshotComplete",
     "SnapshotState",
     "SnapshotStatus",
+    "SplitWatermarks",
     "Terminated",
     "TerminationAction",
     "TerminationDetector",
@@ -110,5 +127,8 @@ __all__ = [
     "UnknownCheckpointError",
     "UnknownParticipantError",
     "UnknownTaskError",
+    "WatermarkAction",
+    "WatermarkError",
+    "WatermarkValve",
     "WriteMetadata",
 ]

@@ -1,0 +1,337 @@
+"""Event time's progress: watermarks, generated per source split and combined per subtask, as
+sans-IO state machines.
+
+A **watermark** ``W`` is a promise about event time: no record with a timestamp ``<= W`` is
+to come any more (timestamps and watermarks are integers, epoch milliseconds as in Flink).
+Watermarks travel the dataflow in band, like barriers: a subtask sends ``Watermark(W)`` on
+every output after the records it sent before, and each operator fires what ``W`` completes
+(an event-time window whose end it passed, a timer due). A record whose timestamp is at or
+below the watermark of the operator that receives it is **late**.
+
+Two objects make the watermarks; the runtime feeds them events and carries out the actions
+they return, in order:
+
+* :class:`SplitWatermarks`, beside a source subtask: one generator per **split** (a file, a
+  partition) with *bounded out-of-orderness* (Flink's ``WatermarkStrategy
+  .forBoundedOutOfOrderness``): a split that has shown timestamps up to ``T`` promises
+  ``T - bound - 1``. The subtask's watermark is the minimum over its splits, so a slow split
+  holds it back and one file's records never become late because another file was read
+  further. A split not started yet holds the watermark at the lowest timestamp it is known
+  to hold, minus one (``split_added(split, lowest)``), or, when that is not known, at
+  :data:`MIN_WATERMARK`; a finished split holds nothing. A split that showed no record for
+  ``idle_timeout`` (processing time, given by the host: :meth:`SplitWatermarks.tick`) is
+  **idle** and stops holding the watermark back until it has records again; when every
+  split is idle the subtask says so downstream (``EmitStatus(idle=True)``).
+* :class:`WatermarkValve`, beside a subtask with inputs (Flink's ``StatusWatermarkValve``):
+  its watermark is the minimum over its input channels' watermarks. An idle channel does not
+  hold it back; a channel that becomes active again holds it back only once its own
+  watermark caught up with the valve's (until then its records may be late: they came after
+  the watermark moved on without them). An ended channel holds nothing; once every channel
+  ended the valve emits :data:`MAX_WATERMARK`, which fires everything.
+
+=====================================================  =========================================
+event (method)                                         actions it may return
+=====================================================  =========================================
+``SplitWatermarks.split_added(split, lowest)``         none (a split held back from the start)
+``SplitWatermarks.records(split, highest, now)``       ``EmitStatus(idle=False)`` if the subtask
+                                                       was idle, then ``EmitWatermark(W)`` if
+                                                       its watermark advanced
+``SplitWatermarks.split_finished(split)``              ``EmitWatermark(W)`` if it advanced
+``SplitWatermarks.tick(now)``                          ``EmitWatermark(W)`` (a split went idle),
+                                                       ``EmitStatus(idle=True)`` (all did)
+``SplitWatermarks.exhausted()``                        ``EmitWatermark(MAX_WATERMARK)``
+``WatermarkValve.watermark_received(c, w)``            ``EmitWatermark(W)`` if it advanced
+``WatermarkValve.status_received(c, idle)``            ``EmitStatus``, ``EmitWatermark``
+``WatermarkValve.end_of_input(c)``                     ``EmitStatus(idle=False)``,
+                                                       ``EmitWatermark(W)``
+=====================================================  =========================================
+
+**Invariants** (tested over random interleavings in ``tests/protocol/test_protocol_watermarks.py``):
+the watermarks emitted only increase; a valve's emitted watermark never exceeds the
+watermark of any channel that is active, caught up and not ended; every emitted status
+differs from the one before; once every split finished (or every channel ended),
+:data:`MAX_WATERMARK` has been emitted.
+
+**Checkpoints.** Neither object is part of a checkpoint (as in Flink): after a restore the
+sources read their splits again from their offsets and make the watermarks anew, starting
+from :data:`MIN_WATERMARK`, which is never wrong (only late). The watermarks inside channel
+state an unaligned checkpoint recorded are recorded with the records, in order, and replayed
+in that order. Barrier alignment needs nothing of its own here: a channel blocked for
+alignment is not read, so its watermarks hold the valve back until it is unblocked.
+
+The objects never read a clock: processing time comes in as ``now`` (seconds, any origin).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeAlias, TypeVar
+
+from cutline.protocol.errors import ProtocolError, UnknownChannelError
+
+C = TypeVar("C", bound=Hashable)
+S = TypeVar("S", bound=Hashable)
+
+MIN_WATERMARK = -(2**63)
+"""The watermark before any: nothing is promised."""
+MAX_WATERMARK = 2**63 - 1
+"""The watermark at the end of the input: every timestamp has passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmitWatermark:
+    """Send ``Watermark(watermark)`` downstream (after the records sent before it), and fire
+    what it completes here."""
+
+    watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmitStatus:
+    """Tell downstream that this subtask is idle (holds no watermark back) or active again."""
+
+    idle: bool
+
+
+WatermarkAction: TypeAlias = EmitWatermark | EmitStatus
+
+
+class WatermarkError(ProtocolError):
+    """An event the watermark rules do not allow (a split or channel used after its end)."""
+
+
+def bounded_out_of_orderness(highest: int, bound: int) -> int:
+    """The watermark of a split that showed timestamps up to ``highest`` and whose records come
+    at most ``bound`` milliseconds out of order (Flink: ``highest - bound - 1``)."""
+    return max(MIN_WATERMARK, highest - bound - 1)
+
+
+@dataclass
+class _Split:
+    held: int
+    """What this split promises: no more record at or below it."""
+    last_records: float | None = None
+    """When it last had records (processing time), once started."""
+    idle: bool = False
+
+
+class SplitWatermarks(Generic[S]):
+    """The watermark of one source subtask, from the splits it reads (see the module's table).
+
+    :param bound: the records' out-of-orderness, in milliseconds (``max_out_of_orderness``).
+    :param idle_timeout: seconds without a record after which a split is idle (``None``: never).
+    """
+
+    def __init__(self, bound: int, idle_timeout: float | None = None) -> None:
+        if bound < 0:
+            raise ValueError(f"the out-of-orderness bound cannot be negative, not {bound}")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError(f"an idle timeout must be positive, not {idle_timeout}")
+        self.bound = bound
+        self.idle_timeout = idle_timeout
+        self._splits: dict[S, _Split] = {}
+        self._finished: set[S] = set()
+        self.watermark = MIN_WATERMARK
+        """The watermark emitted last (``MIN_WATERMARK`` before any)."""
+        self.idle = False
+        """Whether the subtask said it is idle (every split it has idle)."""
+
+    @property
+    def splits(self) -> list[S]:
+        """The splits that hold the watermark (added, not finished)."""
+        return list(self._splits)
+
+    def split_added(self, split: S, lowest: int | None = None) -> list[WatermarkAction]:
+        """A split this subtask will read; ``lowest``: the lowest timestamp it holds, if known
+        (a Parquet file's statistics). Until it shows records it holds the watermark there."""
+        if split in self._splits or split in self._finished:
+            raise WatermarkError(f"split {split!r} was added twice")
+        held = MIN_WATERMARK if lowest is None else max(MIN_WATERMARK, lowest - 1)
+        self._splits[split] = _Split(held)
+        return []
+
+    def records(self, split: S, highest: int, now: float) -> list[WatermarkAction]:
+        """The subtask read records of ``split`` whose highest timestamp is ``highest``."""
+        state = self._live(split)
+        state.last_records = now
+        state.idle = False
+        state.held = max(state.held, bounded_out_of_orderness(highest, self.bound))
+        actions: list[WatermarkAction] = []
+        if self.idle:
+            self.idle = False
+            actions.append(EmitStatus(idle=False))
+        return actions + self._advance()
+
+    def split_finished(self, split: S) -> list[WatermarkAction]:
+        """Every record of ``split`` was read: it holds nothing any more."""
+        self._live(split)
+        del self._splits[split]
+        self._finished.add(split)
+        if not self._splits:
+            return self.exhausted()
+        return self._advance()
+
+    def tick(self, now: float) -> list[WatermarkAction]:
+        """Processing time is ``now``: splits without records for ``idle_timeout`` go idle."""
+        timeout = self.idle_timeout
+        if timeout is None or not self._splits or self.watermark == MAX_WATERMARK:
+            return []
+        changed = False
+        for state in self._splits.values():
+            started = state.last_records
+            if not state.idle and started is not None and now - started >= timeout:
+                state.idle = changed = True
+        if not changed:
+            return []
+        actions = self._advance()
+        if all(s.idle for s in self._splits.values()) and not self.idle:
+            self.idle = True
+            actions.append(EmitStatus(idle=True))
+        return actions
+
+    def exhausted(self) -> list[WatermarkAction]:
+        """The subtask has no more records (every split finished, or the input ended)."""
+        self._finished.update(self._splits)
+        self._splits.clear()
+        actions: list[WatermarkAction] = []
+        if self.idle:
+            self.idle = False
+            actions.append(EmitStatus(idle=False))
+        if self.watermark < MAX_WATERMARK:
+            self.watermark = MAX_WATERMARK
+            actions.append(EmitWatermark(MAX_WATERMARK))
+        return actions
+
+    def _live(self, split: S) -> _Split:
+        state = self._splits.get(split)
+        if state is None:
+            if split in self._finished:
+                raise WatermarkError(f"split {split!r} is used after it finished")
+            raise WatermarkError(f"split {split!r} was never added")
+        return state
+
+    def _advance(self) -> list[WatermarkAction]:
+        active = [s.held for s in self._splits.values() if not s.idle]
+        if not active:  # every split idle: none holds the watermark back
+            return []
+        low = min(active)
+        if low > self.watermark:
+            self.watermark = low
+            return [EmitWatermark(low)]
+        return []
+
+
+@dataclass
+class _Channel:
+    watermark: int = MIN_WATERMARK
+    idle: bool = False
+    caught_up: bool = True
+    """Its watermark is not behind the valve's: it holds the valve back (a channel that comes
+    back from idleness behind the valve does not until it catches up)."""
+    ended: bool = False
+
+
+class WatermarkValve(Generic[C]):
+    """The watermark of a subtask with inputs: the minimum over its input channels (see the
+    module's table)."""
+
+    def __init__(self, channels: Iterable[C]) -> None:
+        self._channels: dict[C, _Channel] = {c: _Channel() for c in channels}
+        if not self._channels:
+            raise ValueError("a watermark valve needs at least one input channel")
+        self.watermark = MIN_WATERMARK
+        """The watermark emitted last."""
+        self.idle = False
+        """Whether the valve said it is idle (every input channel not ended is idle)."""
+
+    def channel_watermark(self, channel: C) -> int:
+        return self._channel(channel).watermark
+
+    def watermark_received(self, channel: C, watermark: int) -> list[WatermarkAction]:
+        """``Watermark(watermark)`` arrived on ``channel`` (a lower one than it sent before is
+        ignored: a channel's watermarks only increase)."""
+        state = self._live(channel)
+        if watermark <= state.watermark:
+            return []
+        state.watermark = watermark
+        if not state.caught_up and watermark >= self.watermark:
+            state.caught_up = True
+        if state.idle:
+            return []  # (an idle channel's watermark counts once it is active again)
+        return self._advance()
+
+    def status_received(self, channel: C, idle: bool) -> list[WatermarkAction]:
+        """``channel`` says it is idle (``idle=True``) or active again."""
+        state = self._live(channel)
+        if state.idle == idle:
+            return []
+        state.idle = idle
+        if not idle:
+            state.caught_up = state.watermark >= self.watermark
+            actions: list[WatermarkAction] = []
+            if self.idle:
+                self.idle = False
+                actions.append(EmitStatus(idle=False))
+            return actions + self._advance()
+        return self._went_idle()
+
+    def end_of_input(self, channel: C) -> list[WatermarkAction]:
+        """``channel`` ended: it holds nothing any more."""
+        state = self._live(channel)
+        state.ended = True
+        state.watermark = MAX_WATERMARK
+        actions: list[WatermarkAction] = []
+        if all(s.ended for s in self._channels.values()):
+            if self.idle:
+                self.idle = False
+                actions.append(EmitStatus(idle=False))
+            if self.watermark < MAX_WATERMARK:
+                self.watermark = MAX_WATERMARK
+                actions.append(EmitWatermark(MAX_WATERMARK))
+            return actions
+        return self._went_idle()  # (the channels left may all be idle)
+
+    def _channel(self, channel: C) -> _Channel:
+        try:
+            return self._channels[channel]
+        except KeyError:
+            raise UnknownChannelError(f"{channel!r} is not an input channel here") from None
+
+    def _live(self, channel: C) -> _Channel:
+        state = self._channel(channel)
+        if state.ended:
+            raise WatermarkError(f"channel {channel!r} sent something after its end of input")
+        return state
+
+    def _holding(self) -> list[_Channel]:
+        return [s for s in self._channels.values() if not s.ended and not s.idle and s.caught_up]
+
+    def _advance(self) -> list[WatermarkAction]:
+        holding = self._holding()
+        if not holding:
+            return []
+        low = min(s.watermark for s in holding)
+        if low <= self.watermark:
+            return []
+        self.watermark = low
+        for state in self._channels.values():  # channels behind it that caught up now
+            if not state.caught_up and state.watermark >= low:
+                state.caught_up = True
+        return [EmitWatermark(low)]
+
+    def _went_idle(self) -> list[WatermarkAction]:
+        live = [s for s in self._channels.values() if not s.ended]
+        if live and all(s.idle for s in live):
+            # every input idle: as Flink does, move on to the highest watermark any of them
+            # reached (nothing holds it back), then say so downstream
+            actions: list[WatermarkAction] = []
+            high = max(s.watermark for s in live)
+            if high > self.watermark:
+                self.watermark = high
+                actions.append(EmitWatermark(high))
+            if not self.idle:
+                self.idle = True
+                actions.append(EmitStatus(idle=True))
+            return actions
+        return self._advance()
