@@ -17,6 +17,8 @@ from cutline.runtime.network.wire import (
     Hello,
     Records,
     RefusedConnectionError,
+    Watermark,
+    WatermarkStatus,
     WireError,
     encode,
 )
@@ -40,6 +42,8 @@ frames = st.lists(
         ),
         st.lists(st.one_of(st.integers(), st.text(), st.none()), max_size=5).map(Records),
         st.integers(0, 50).map(lambda n: Records(batch(n))),
+        st.integers(-(2**63), 2**63 - 1).map(Watermark),
+        st.booleans().map(WatermarkStatus),
     ),
     max_size=12,
 ).map(lambda body: [Hello("src-0->sum-1", 3, TOKEN), *body, EndOfInput()])
@@ -102,7 +106,7 @@ def test_another_jobs_token_is_refused_before_any_record_is_unpickled() -> None:
         (b"CUTL\x09" + b"\x00" * 9, "protocol version 9"),
         (b"CUTL\x01" + encode(Barrier(1)), "first frame of a channel must be its hello"),
         (encode(Hello("c", 0)) + encode(Hello("c", 0))[5:], "a second hello"),
-        (encode(Hello("c", 0)) + b"\x07\x00\x00\x00\x00\x00", "unknown frame kind 7"),
+        (encode(Hello("c", 0)) + b"\x63\x00\x00\x00\x00\x00", "unknown frame kind 99"),
         (encode(Hello("c", 0)) + b"\x03\x00\x00\x00\x00\x02ab", "a checkpoint id and its base"),
         (encode(Hello("c", 0)) + b"\x02\x00\xff\xff\xff\xff", "more than"),
         (encode(Hello("c", 0)) + b"\x02\x00\x00\x00\x00\x03abc", "cannot be read"),

@@ -53,6 +53,9 @@ class Edge:
     """For ``hash`` edges: how to get a record's key."""
     back: bool = False
     """A loop's back edge (from the loop's body to its head)."""
+    side: str | None = None
+    """It carries a side output of its upstream operator (``"late"``: the records a window
+    found too late), not its main output. Never chained."""
 
 
 @dataclass
@@ -142,6 +145,8 @@ class OutputEdge:
     """Names the edge in channel ids: ``UPSTREAM>DOWNSTREAM``."""
     back: bool = False
     """A loop's back edge."""
+    side: str | None = None
+    """The side output of the tail it carries (``None``: the main output)."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,7 @@ def plan(graph: JobGraph, parallelism: int, max_parallelism: int) -> ExecutionPl
         chained = (
             len(op.inputs) == 1
             and op.inputs[0].partitioning == "forward"
+            and op.inputs[0].side is None
             and len(consumers[op.inputs[0].upstream]) == 1
         )
         if chained:
@@ -266,10 +272,11 @@ def plan(graph: JobGraph, parallelism: int, max_parallelism: int) -> ExecutionPl
                             edge.key,
                             f"{tail.uid}>{consumer}",
                             edge.back,
+                            edge.side,
                         )
                     )
         inputs = tuple(
-            Edge(head_of[e.upstream], e.partitioning, e.key, e.back)
+            Edge(head_of[e.upstream], e.partitioning, e.key, e.back, e.side)
             for e in graph.operators[head].inputs
         )
         chains.append(Chain(head, tuple(ops), inputs, tuple(outputs)))

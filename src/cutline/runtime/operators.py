@@ -35,12 +35,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.runtime.io.sinks import CollectSink, FileSink, FileSinkWriter
-from cutline.runtime.io.sources import FileSource, SequenceSource, SourceReader
+from cutline.runtime.io.sources import FileReader, FileSource, SequenceSource, SourceReader
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.factory import new_backend
 from cutline.runtime.state.keygroups import key_group, key_group_range, subtask_for_key_group
 from cutline.runtime.state.segments import SegmentSource
+from cutline.runtime.time import SourceClock, WatermarkStrategy
 
 Batch: TypeAlias = Any
 """A ``pyarrow.RecordBatch`` or a ``list`` of records (pyarrow has no type hints)."""
@@ -178,10 +179,27 @@ class DeadLetterOutput:
 
 
 class RunningOperator:
-    """A running operator; the default does nothing at checkpoints."""
+    """A running operator; the default does nothing at checkpoints, nor with event time."""
+
+    makes_watermarks = False
+    """It makes its own watermarks from its records (``assign_timestamps``): those from
+    upstream stop at it (but the end's), and :meth:`take_watermark` says when it has one."""
 
     def process(self, batch: Batch) -> Batch | None:
         raise NotImplementedError
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        """Event time reached ``watermark`` here (epoch ms; it only increases): return what
+        that completes (an event-time window's result), or ``None``."""
+        return None
+
+    def take_watermark(self) -> int | None:
+        """(``makes_watermarks``) A watermark newer than the last one taken, if any."""
+        return None
+
+    def side_output(self, side: str) -> Batch | None:
+        """What went to side output ``side`` (``"late"``) since the last call."""
+        return None
 
     def snapshot(
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
@@ -207,6 +225,8 @@ class Logic:
     """The picklable description of an operator's work."""
 
     keyed = False
+    makes_watermarks = False
+    """Its running operator makes watermarks from its records (``assign_timestamps``)."""
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         raise NotImplementedError
@@ -222,6 +242,21 @@ class SourceLogic:
     go to the dead-letter output: the line's text, and ``file:line: why`` as the error."""
 
     source: SequenceSource | FileSource
+    watermarks: WatermarkStrategy | None = None
+    """How its subtasks make watermarks (``event_time=``); ``None``: they make none."""
+
+    def clock(self, reader: Any) -> SourceClock | None:
+        """The watermarks of the subtask reading with ``reader`` (per file of a file source,
+        a file not started yet held at its lowest timestamp when its footer says it)."""
+        strategy = self.watermarks
+        if strategy is None:
+            return None
+        if isinstance(reader, FileReader):
+            column = strategy.event_time
+            if column.offset == 0:
+                return SourceClock(strategy, list(reader.lowest_timestamps(column.column)))
+            return SourceClock(strategy, [(f, None) for f in reader.splits])
+        return SourceClock(strategy, [("all", None)])
 
     def open(self, ctx: OperatorContext, offset: Mapping[str, Any] | None) -> SourceReader:
         if not isinstance(self.source, FileSource):

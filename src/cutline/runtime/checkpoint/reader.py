@@ -22,7 +22,7 @@ from cutline.runtime.checkpoint.storage import (
     StateHandle,
     StorageError,
 )
-from cutline.runtime.network.wire import Records
+from cutline.runtime.network.wire import Watermark, WatermarkStatus, recorded_records
 from cutline.runtime.state.backend import KEYED_FORMAT
 from cutline.runtime.state.keygroups import StateError, key_group
 from cutline.runtime.state.memory import MemoryStateBackend
@@ -268,11 +268,7 @@ class CheckpointReader:
             return {}, {}
         state = self.state_file(subtask)
         inputs, outputs = (
-            {
-                str(c): sum(len(Records(b)) for b in batches)
-                for c, batches in side.items()
-                if batches
-            }
+            {str(c): recorded_records(batches) for c, batches in side.items() if batches}
             for side in (state.inputs, state.outputs)
         )
         return inputs, outputs
@@ -280,6 +276,8 @@ class CheckpointReader:
 
 def _records(batch: Any) -> Iterator[Any]:
     """The records of a recorded batch: dicts for a columnar (Arrow) batch."""
+    if isinstance(batch, Watermark | WatermarkStatus):
+        return  # (event time's progress, recorded in order with the records: not a record)
     if hasattr(batch, "to_pylist"):
         yield from batch.to_pylist()
     else:

@@ -57,3 +57,35 @@ def check_castable(present: pa.Schema, schema: pa.Schema, path: str) -> None:
                 f"{path}: column {target.name!r} is {have} in this file, which cannot be read "
                 f"as {target.type} (the job's schema): {exc}"
             ) from exc
+
+
+def lowest_timestamp(fs: Any, path: str, column: str) -> int | None:
+    """The lowest value of ``column`` in a Parquet file, in epoch milliseconds, from its
+    footer's statistics (no row is read); ``None`` when a row group has none, or the column
+    is neither a timestamp nor integers. A source subtask holds its watermark there for a
+    file it has not started yet."""
+    try:
+        with fs.open(path, "rb") as stream:
+            parquet = pq.ParquetFile(stream)
+            index = parquet.schema_arrow.get_field_index(column)
+            if index < 0:
+                return None
+            type_ = parquet.schema_arrow.field(index).type
+            if not (pa.types.is_timestamp(type_) or pa.types.is_integer(type_)):
+                return None
+            leaf = parquet.schema.to_arrow_schema().get_field_index(column)
+            lowest: int | None = None
+            for group in range(parquet.metadata.num_row_groups):
+                stats = parquet.metadata.row_group(group).column(leaf).statistics
+                if stats is None or not stats.has_min_max:
+                    return None
+                raw = stats.min_raw
+                if not isinstance(raw, int):
+                    return None
+                lowest = raw if lowest is None else min(lowest, raw)
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+    if lowest is None:
+        return None
+    unit = str(type_.unit) if pa.types.is_timestamp(type_) else "ms"
+    return {"s": lowest * 1000, "ms": lowest, "us": lowest // 1000, "ns": lowest // 1_000_000}[unit]

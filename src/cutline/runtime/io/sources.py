@@ -51,7 +51,7 @@ from cutline.runtime.io.formats import (
 )
 from cutline.runtime.io.inference import infer_schema, parquet_schema
 from cutline.runtime.io.jsonl import jsonl_blocks
-from cutline.runtime.io.parquet import check_castable, parquet_blocks
+from cutline.runtime.io.parquet import check_castable, lowest_timestamp, parquet_blocks
 from cutline.runtime.io.rows import Block, Reject
 
 _GLOB = re.compile(r"[*?[]")
@@ -340,6 +340,20 @@ class FileReader:
         self._index = 0
         self._blocks: Iterator[Block] | None = None
         self._block: Block | None = None
+        self.split: str | None = None
+        """The file the last batch came from (files are read in order: those before it are
+        finished)."""
+
+    @property
+    def splits(self) -> list[str]:
+        """This reader's files, in the order it reads them."""
+        return list(self._files)
+
+    def lowest_timestamps(self, column: str) -> list[tuple[str, int | None]]:
+        """Per file, the lowest value of ``column`` when its footer says it (Parquet)."""
+        if self._source.format != "parquet":
+            return [(f, None) for f in self._files]
+        return [(f, lowest_timestamp(self._fs, f, column)) for f in self._files]
 
     def offset(self) -> dict[str, Any]:
         return {"rows": {f: n for f, n in self._rows.items() if n}}
@@ -354,6 +368,7 @@ class FileReader:
                 self._pass_over(path, self._rows[path])
             batch = self._take(path, max_rows)
             if batch is not None:
+                self.split = path
                 return batch
             self.close()
             self._index += 1

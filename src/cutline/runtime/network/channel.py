@@ -53,7 +53,10 @@ from cutline.runtime.network.wire import (
     Frame,
     FrameDecoder,
     Hello,
+    InBand,
     Records,
+    Watermark,
+    WatermarkStatus,
     WireError,
     encode,
     encode_credit,
@@ -65,13 +68,17 @@ UNBOUNDED_CREDIT = 0x7FFFFFFF
 """The credit a back edge gets: a loop must not wait for itself."""
 
 
+_IN_BAND = (Records, Watermark, WatermarkStatus)
+
+
 @dataclass(frozen=True, slots=True)
 class PriorityBarrier:
     """An unaligned barrier, handed to the subtask ahead of ``overtaken``: the records frames
-    of its channel that were queued before it (still queued, consumed later)."""
+    (and watermarks, in order) of its channel that were queued before it (still queued,
+    consumed later)."""
 
     barrier: Barrier
-    overtaken: tuple[Records, ...]
+    overtaken: tuple[InBand, ...]
 
 
 class ChannelError(Exception):
@@ -137,13 +144,14 @@ class InputGate:
         with self._lock:
             return len(self._queues[channel])
 
-    def promote(self, checkpoint_id: int) -> list[tuple[str, tuple[Records, ...]]]:
+    def promote(self, checkpoint_id: int) -> list[tuple[str, tuple[InBand, ...]]]:
         """Take ``Barrier(checkpoint_id)`` out of every channel queue it waits in (behind
-        records) as if it had come unaligned: per channel, the records frames it overtakes."""
+        records) as if it had come unaligned: per channel, the records frames (and watermarks)
+        it overtakes."""
         promoted = []
         with self._lock:
             for channel, queue in self._queues.items():
-                ahead: list[Records] = []
+                ahead: list[InBand] = []
                 older: list[Frame] = []
                 for frame in queue:
                     if isinstance(frame, Barrier) and frame.checkpoint_id == checkpoint_id:
@@ -152,7 +160,7 @@ class InputGate:
                             queue.remove(old)
                         promoted.append((channel, tuple(ahead)))
                         break
-                    if isinstance(frame, Records):
+                    if isinstance(frame, _IN_BAND):
                         ahead.append(frame)
                     elif isinstance(frame, Barrier) and frame.checkpoint_id < checkpoint_id:
                         older.append(frame)
@@ -304,7 +312,7 @@ class InputGate:
             queue = self._queues[channel]
             if isinstance(frame, Barrier) and frame.unaligned:
                 # ahead of the frames queued before it; in-line barriers it overtook are void
-                overtaken = tuple(f for f in queue if isinstance(f, Records))
+                overtaken = tuple(f for f in queue if isinstance(f, _IN_BAND))
                 for old in [f for f in queue if isinstance(f, Barrier)]:
                     if old.checkpoint_id < frame.checkpoint_id:
                         queue.remove(old)
@@ -407,6 +415,13 @@ class OutputChannel:
                 self._lock.wait()  # (a subtask that checked has_room never waits here)
             if self._error is not None:
                 raise self._error
+            if (
+                isinstance(frame, Watermark)
+                and self._queue
+                and isinstance(self._queue[-1], Watermark)
+            ):
+                self._queue[-1] = frame  # waiting for credit: only the newest watermark matters
+                return
             frames = self._cut(frame) if isinstance(frame, Records) else [frame]
             self._queue.extend(frames)
             self._queued_records += sum(isinstance(f, Records) for f in frames)
@@ -440,14 +455,14 @@ class OutputChannel:
                     self._queued_records += 1
             self._drain()
 
-    def send_priority(self, barrier: Barrier) -> list[Records]:
-        """Send ``barrier`` ahead of the queued frames; return the records frames it
-        overtook (they stay queued and are sent later). Queued barriers older than it
-        are dropped: the receiver would ignore them."""
+    def send_priority(self, barrier: Barrier) -> list[InBand]:
+        """Send ``barrier`` ahead of the queued frames; return the records frames (and
+        watermarks) it overtook (they stay queued and are sent later). Queued barriers older
+        than it are dropped: the receiver would ignore them."""
         with self._lock:
             if self._error is not None:
                 raise self._error
-            overtaken = [f for f in self._queue if isinstance(f, Records)]
+            overtaken: list[InBand] = [f for f in self._queue if isinstance(f, _IN_BAND)]
             for old in [f for f in self._queue if isinstance(f, Barrier)]:
                 if old.checkpoint_id < barrier.checkpoint_id:
                     self._queue.remove(old)
@@ -468,11 +483,12 @@ class OutputChannel:
                 isinstance(f, Barrier) and f.checkpoint_id == checkpoint_id for f in self._queue
             )
 
-    def promote(self, checkpoint_id: int) -> list[Records] | None:
+    def promote(self, checkpoint_id: int) -> list[InBand] | None:
         """Turn ``Barrier(checkpoint_id)``, if it still waits in the queue, into an unaligned
-        one sent now; return the records frames queued ahead of it (``None``: not queued)."""
+        one sent now; return the records frames (and watermarks) queued ahead of it (``None``:
+        not queued)."""
         with self._lock:
-            ahead: list[Records] = []
+            ahead: list[InBand] = []
             older: list[Frame] = []
             for frame in self._queue:
                 if isinstance(frame, Barrier) and frame.checkpoint_id == checkpoint_id:
@@ -482,7 +498,7 @@ class OutputChannel:
                     # the same barrier, unaligned: its base and savepoint flag go with it
                     self._write(dataclasses.replace(frame, unaligned=True, forced_aligned=False))
                     return ahead
-                if isinstance(frame, Records):
+                if isinstance(frame, _IN_BAND):
                     ahead.append(frame)
                 elif isinstance(frame, Barrier) and frame.checkpoint_id < checkpoint_id:
                     older.append(frame)

@@ -7,23 +7,27 @@ attempt's connection, and the job's secret **token**, so that a receiver
 refuses anyone else before it reads (and unpickles) a single record. Then come frames, each a 9-byte header (kind, flags,
 payload length) and a payload:
 
-==============  ==========================================================
-frame           payload
-==============  ==========================================================
-``Hello``       generation (8 bytes), token length (2 bytes), token, then
-                the channel id as UTF-8
-``Records``     a batch of records: an Arrow IPC stream of one record batch
-                (columnar records), or a pickled list (any Python objects)
-``Barrier``     checkpoint id (8 bytes), then its base plus one (8 bytes; 0:
-                none): the newest complete checkpoint when it was triggered,
-                which incremental state may build on; flag ``unaligned``: it
-                was sent ahead of the records queued before it (an unaligned
-                checkpoint); flag ``forced aligned``: align it whatever the
-                mode; flag ``savepoint``: the state goes in full, owned by it
-``EndOfInput``  nothing: the upstream subtask has no more records
-``Credit``      (receiver to sender) how many more ``Records`` frames the
-                receiver has room for (4 bytes)
-==============  ==========================================================
+===================  ==========================================================
+frame                payload
+===================  ==========================================================
+``Hello``            generation (8 bytes), token length (2 bytes), token, then
+                     the channel id as UTF-8
+``Records``          a batch of records: an Arrow IPC stream of one record batch
+                     (columnar records), or a pickled list (any Python objects)
+``Barrier``          checkpoint id (8 bytes), then its base plus one (8 bytes; 0:
+                     none): the newest complete checkpoint when it was triggered,
+                     which incremental state may build on; flag ``unaligned``: it
+                     was sent ahead of the records queued before it (an unaligned
+                     checkpoint); flag ``forced aligned``: align it whatever the
+                     mode; flag ``savepoint``: the state goes in full, owned by it
+``EndOfInput``       nothing: the upstream subtask has no more records
+``Watermark``        a timestamp (8 bytes, signed, epoch ms): no record at or below it
+                     follows on this channel (event time's progress)
+``WatermarkStatus``  nothing; flag ``idle``: the upstream subtask holds no watermark
+                     back (until it says it is active again)
+``Credit``           (receiver to sender) how many more ``Records`` frames the
+                     receiver has room for (4 bytes)
+===================  ==========================================================
 
 The receiver answers on the same connection with :class:`Credit` frames (no
 hello: the sender knows whom it connected to); :class:`CreditDecoder` reads them.
@@ -69,13 +73,17 @@ class FrameKind(IntEnum):
     BARRIER = 3
     END_OF_INPUT = 4
     CREDIT = 5
+    WATERMARK = 6
+    WATERMARK_STATUS = 7
 
 
 _ARROW = 1  # flag: the Records payload is an Arrow IPC stream
 _UNALIGNED = 1  # flag: the barrier overtook the records queued before it
 _FORCED_ALIGNED = 2  # flag: the barrier must be aligned whatever the mode
 _SAVEPOINT = 4  # flag: the checkpoint is a savepoint
+_IDLE = 1  # flag: the watermark status is idle
 _U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +127,48 @@ class EndOfInput:
 
 
 @dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event time's progress: no record with a timestamp at or below ``timestamp`` (epoch
+    milliseconds) follows on this channel."""
+
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkStatus:
+    """The upstream subtask is idle (it holds no watermark back), or active again."""
+
+    idle: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Credit:
     """From the receiver: room for ``count`` more ``Records`` frames."""
 
     count: int
 
 
-Frame = Hello | Records | Barrier | EndOfInput
+Frame = Hello | Records | Barrier | EndOfInput | Watermark | WatermarkStatus
+
+InBand = Records | Watermark | WatermarkStatus
+"""What a channel carries between its barriers, in order: what an unaligned checkpoint records
+as channel state."""
+
+
+def recorded(frame: InBand) -> Any:
+    """How channel state keeps ``frame``: a records frame as its batch, a watermark (or its
+    status) as it is."""
+    return frame.batch if isinstance(frame, Records) else frame
+
+
+def replayed(item: Any) -> InBand:
+    """The frame an item of channel state was (:func:`recorded`)."""
+    return item if isinstance(item, Watermark | WatermarkStatus) else Records(item)
+
+
+def recorded_records(items: list[Any]) -> int:
+    """How many records items of channel state hold (watermarks are none)."""
+    return sum(len(Records(i)) for i in items if not isinstance(i, Watermark | WatermarkStatus))
 
 
 def encode(frame: Frame) -> bytes:
@@ -149,6 +192,10 @@ def encode(frame: Frame) -> bytes:
         return _frame(FrameKind.BARRIER, _U64.pack(frame.checkpoint_id) + _U64.pack(base), flags)
     if isinstance(frame, EndOfInput):
         return _frame(FrameKind.END_OF_INPUT, b"")
+    if isinstance(frame, Watermark):
+        return _frame(FrameKind.WATERMARK, _I64.pack(frame.timestamp))
+    if isinstance(frame, WatermarkStatus):
+        return _frame(FrameKind.WATERMARK_STATUS, b"", _IDLE if frame.idle else 0)
     if isinstance(frame, Hello):
         if len(frame.token) > 0xFFFF:
             raise WireError("a channel token is limited to 65535 bytes")
@@ -310,6 +357,12 @@ class FrameDecoder:
             )
         if kind == FrameKind.END_OF_INPUT:
             return EndOfInput()
+        if kind == FrameKind.WATERMARK:
+            if len(payload) != _I64.size:
+                raise WireError("a watermark frame must hold one timestamp")
+            return Watermark(_I64.unpack(payload)[0])
+        if kind == FrameKind.WATERMARK_STATUS:
+            return WatermarkStatus(bool(flags & _IDLE))
         if kind == FrameKind.HELLO:
             raise WireError("a second hello on one connection")
         raise WireError(f"unknown frame kind {kind}")

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutline.runtime.network.wire import Records
+from cutline.runtime.network.wire import InBand, recorded, recorded_records
 
 
 @dataclass
@@ -59,10 +59,11 @@ class PendingSnapshot:
     queued_ahead: dict[str, int] = field(default_factory=dict)
     """Output channel -> records its (in-line) barrier was sent behind."""
 
-    def keep_output(self, channel: str, overtaken: list[Records]) -> None:
-        """Keep the records an unaligned barrier overtook on output ``channel``."""
+    def keep_output(self, channel: str, overtaken: list[InBand]) -> None:
+        """Keep the records (and watermarks) an unaligned barrier overtook on output
+        ``channel``."""
         if overtaken:
-            self.outputs[channel] = [frame.batch for frame in overtaken]
+            self.outputs[channel] = [recorded(frame) for frame in overtaken]
 
     def channel_counts(self) -> dict[str, dict[str, int]]:
         """What the consistent-cut verifier checks (``runtime/checkpoint/verify.py``)."""
@@ -76,7 +77,7 @@ class PendingSnapshot:
 
 def _recorded(channels: dict[str, list[Any]]) -> dict[str, int]:
     """Records per channel of recorded channel state."""
-    return {c: sum(len(Records(b)) for b in batches) for c, batches in channels.items() if batches}
+    return {c: recorded_records(batches) for c, batches in channels.items() if batches}
 
 
 @dataclass

@@ -24,9 +24,19 @@ from cutline.protocol.alignment import (
     UnblockChannels,
 )
 from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
+from cutline.protocol.watermarks import WatermarkValve
 from cutline.runtime.network.channel import PriorityBarrier
 from cutline.runtime.network.messages import Decline
-from cutline.runtime.network.wire import Barrier, EndOfInput, Hello, Records
+from cutline.runtime.network.wire import (
+    Barrier,
+    EndOfInput,
+    Hello,
+    Records,
+    Watermark,
+    WatermarkStatus,
+    recorded,
+    replayed,
+)
 from cutline.runtime.task.failures import shorten
 from cutline.runtime.task.subtask import SubtaskRunner
 
@@ -37,6 +47,7 @@ class InputSubtask(SubtaskRunner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
+        self._valve: WatermarkValve[str] | None = None
 
     def _loop(self) -> None:
         assert self.gate is not None
@@ -52,12 +63,19 @@ class InputSubtask(SubtaskRunner):
                 name=self.name,
             )
         self._handler = handler
-        # the records in flight at the restored checkpoint come first
+        # event time: the minimum over the inputs (a loop's back edge holds nothing back)
+        timed = [c for c in gate.channels if c not in gate.back_edges]
+        valve = self._valve = WatermarkValve(timed) if timed else None
+        # the records (and watermarks) in flight at the restored checkpoint come first
         for channel in gate.channels:
-            for batch in self._restored_inputs.get(channel, ()):
-                self.records_in += len(Records(batch))
-                self._push(batch)
-                self.records_done += len(Records(batch))
+            for item in self._restored_inputs.get(channel, ()):
+                match replayed(item):
+                    case Records() as restored:
+                        self.records_in += len(restored)
+                        self._push(restored.batch)
+                        self.records_done += len(restored)
+                    case Watermark() | WatermarkStatus() as mark:
+                        self._in_band(channel, mark)
         self._restored_inputs = {}
         ended = sent_end = False
         while True:
@@ -126,7 +144,12 @@ class InputSubtask(SubtaskRunner):
                             forced_aligned=frame.forced_aligned,
                         )
                     )
+                case Watermark() | WatermarkStatus():
+                    self._carry_out(handler.message_received(channel, frame))  # (recorded too)
+                    self._in_band(channel, frame)
                 case EndOfInput():
+                    if valve is not None and channel not in gate.back_edges:
+                        self._carry_out_watermarks(valve.end_of_input(channel))
                     self._carry_out(handler.end_of_input(channel))
                 case Hello():
                     raise AssertionError("a gate keeps the hellos of its channels")
@@ -141,7 +164,7 @@ class InputSubtask(SubtaskRunner):
                     recording = self.checkpoints.get(action.snapshot_id)
                     if recording is not None and recording.pending is not None:
                         recording.pending.inputs.setdefault(action.channel, []).append(
-                            action.message.batch
+                            recorded(action.message)
                         )
                 case SnapshotState():
                     self._snapshot(action.checkpoint_id)
@@ -160,6 +183,16 @@ class InputSubtask(SubtaskRunner):
                     pass  # the handler's blocked_channels says it all
                 case _:
                     assert_never(action)
+
+    def _in_band(self, channel: str, frame: Watermark | WatermarkStatus) -> None:
+        """A watermark (or an idleness status) from ``channel`` goes to the valve."""
+        valve = self._valve
+        if valve is None or (self.gate is not None and channel in self.gate.back_edges):
+            return  # (event time does not go round a loop)
+        if isinstance(frame, Watermark):
+            self._carry_out_watermarks(valve.watermark_received(channel, frame.timestamp))
+        else:
+            self._carry_out_watermarks(valve.status_received(channel, frame.idle))
 
     def _on_abort(self, checkpoint: int) -> None:
         if self._handler is not None:

@@ -92,10 +92,13 @@ class SourceSubtask(SubtaskRunner):
         rate = self.setup.rate_limits.get(source.uid)
         pace = Pace(rate / self.setup.plan.parallelism) if rate else None
         reads = ReadSize(self.setup.batch_size)
+        clock = source.logic.clock(self._reader)
         while True:
             idle = exhausted or self._final is not None or self._holding()
             self._handle_messages(0.1 if idle else _pause(pace))
             self._check_timeouts()
+            if clock is not None and not exhausted:
+                self._carry_out_watermarks(clock.tick(time.monotonic()))
             if self._final is not None and self._last_complete >= self._final:
                 self._emit_end()
                 return
@@ -118,11 +121,18 @@ class SourceSubtask(SubtaskRunner):
             batch = None if self._draining else self._reader.read(size)
             if batch is None:
                 exhausted = True
+                if clock is not None and not self._draining:
+                    # the end of the input: every window fires, before the final checkpoint
+                    self._carry_out_watermarks(clock.exhausted())
                 self.control.send(Exhausted(self.name))
                 continue
             self.records_in += batch.num_rows
             self.operator_records[source.uid][1] += batch.num_rows
             self._push(batch)
+            if clock is not None:
+                split = getattr(self._reader, "split", None)
+                self._current = source.name
+                self._carry_out_watermarks(clock.read(batch, split, time.monotonic()))
             reads.took(batch.num_rows, time.perf_counter() - started)
             if pace is not None:
                 pace.took(batch.num_rows)

@@ -30,6 +30,7 @@ from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, assert_never
 
+from cutline.protocol.watermarks import MIN_WATERMARK, EmitStatus, EmitWatermark, WatermarkAction
 from cutline.runtime.checkpoint.restore import gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointStorage
@@ -50,7 +51,15 @@ from cutline.runtime.network.messages import (
     Stop,
     Trigger,
 )
-from cutline.runtime.network.wire import Barrier, EndOfInput, Records
+from cutline.runtime.network.wire import (
+    Barrier,
+    EndOfInput,
+    Records,
+    Watermark,
+    WatermarkStatus,
+    recorded_records,
+    replayed,
+)
 from cutline.runtime.operators import (
     Batch,
     DeadLetterOutput,
@@ -94,7 +103,19 @@ class SubtaskRunner:
         self.storage = storage
         self.gate = gate
         self.inbox: queue.SimpleQueue[DriverMessage] = queue.SimpleQueue()
-        self.outputs: list[tuple[str, list[OutputChannel], Partitioner | None]] = []
+        self.outputs: list[tuple[str, list[OutputChannel], Partitioner | None, str | None]] = []
+        """Per output edge: the downstream chain, its channels, how records are split between
+        them, and the side output it carries (``"late"``; ``None``: the main output)."""
+        self._sides: tuple[str, ...] = ()
+        """The side outputs of the chain's tail that an edge carries."""
+        self.watermark = MIN_WATERMARK
+        """The watermark this subtask's chain has reached (epoch ms)."""
+        self.idle = False
+        """Whether this subtask said downstream that it is idle."""
+        self._assigners = any(
+            op.logic.makes_watermarks for op in chain.operators if not op.is_source
+        )
+        """Whether an operator of the chain makes watermarks from its records."""
         self.stopped = threading.Event()
         self.failure: BaseException | None = None
         self.records_in = 0
@@ -148,7 +169,7 @@ class SubtaskRunner:
             # the records in flight at the checkpoint count as sent in this generation (and as
             # done once replayed): the census of a loop must see them
             self.records_sent += sum(
-                len(Records(b)) for batches in self._restored_inputs.values() for b in batches
+                recorded_records(batches) for batches in self._restored_inputs.values()
             )
         if setup.dead_letter_dir is not None:
             sink = FileSink(
@@ -232,10 +253,10 @@ class SubtaskRunner:
                 for channel, target in plan.output_channels(out, self.index)
             ]
             for channel in channels:  # the restored channel state goes first
-                restored = [Records(b) for b in self._restored_outputs.get(channel.channel, ())]
-                self.records_sent += sum(len(r) for r in restored)
-                self._sent[channel.channel] = sum(len(r) for r in restored)
-                channel.preload(restored)
+                items = self._restored_outputs.get(channel.channel, [])
+                self.records_sent += recorded_records(items)
+                self._sent[channel.channel] = recorded_records(items)
+                channel.preload([replayed(item) for item in items])
             partitioner = None
             if out.partitioning == "hash":
                 assert out.key is not None
@@ -247,7 +268,8 @@ class SubtaskRunner:
                     f"key_by({key}) of {head.name}", head.uid
                 )
             assert out.partitioning == "hash" or len(channels) == 1
-            self.outputs.append((out.downstream, channels, partitioner))
+            self.outputs.append((out.downstream, channels, partitioner, out.side))
+        self._sides = tuple(sorted({side for *_, side in self.outputs if side is not None}))
 
     # ------------------------------------------------------------------- loop
 
@@ -341,23 +363,93 @@ class SubtaskRunner:
 
     # ---------------------------------------------------------------- records
 
-    def _push(self, batch: Batch) -> None:
-        """Run ``batch`` through the chain's operators and send what comes out."""
+    def _push(self, batch: Batch, start: int = 0) -> None:
+        """Run ``batch`` through the chain's operators (from the ``start``-th) and send what
+        comes out."""
         current: Batch = batch
         counts = self.operator_records
-        for uid, running in self._operators:
+        operators = self._operators[start:] if start else self._operators
+        for uid, running in operators:
             self._current = uid
             counted = counts[uid]
             counted[0] += len(current)
             out = running.process(current)
             if out is None or not len(out):
+                if self._sides:
+                    self._emit_sides()
+                if self._assigners:
+                    self._assigned_watermarks(start)
                 return
             current = out
             counted[1] += len(current)
         self._emit(current)
+        if self._sides:
+            self._emit_sides()
+        if self._assigners:
+            self._assigned_watermarks(start)
 
-    def _emit(self, batch: Batch) -> None:
-        for downstream, channels, partitioner in self.outputs:
+    def _assigned_watermarks(self, start: int) -> None:
+        """The watermarks the chain's ``assign_timestamps`` operators made from the records
+        just pushed go on from them."""
+        for index in range(start, len(self._operators)):
+            running = self._operators[index][1]
+            if running.makes_watermarks:
+                watermark = running.take_watermark()
+                if watermark is not None:
+                    self._advance_watermark(watermark, index + 1)
+
+    def _emit_sides(self) -> None:
+        """Send what the chain's tail put in its side outputs (a window's late records)."""
+        _, tail = self._operators[-1]
+        for side in self._sides:
+            batch = tail.side_output(side)
+            if batch is not None and len(batch):
+                self._emit(batch, side)
+
+    # ------------------------------------------------------------ event time
+
+    def _carry_out_watermarks(self, actions: list[WatermarkAction]) -> None:
+        """Carry out what the source's clock or the input valve decided, in order."""
+        for action in actions:
+            match action:
+                case EmitWatermark(watermark=watermark):
+                    self._advance_watermark(watermark)
+                case EmitStatus(idle=idle):
+                    self.idle = idle
+                    for channel in self.output_channels():
+                        channel.send(WatermarkStatus(idle))
+                case _:
+                    assert_never(action)
+
+    def _advance_watermark(self, watermark: int, start: int = 0) -> None:
+        """Event time reached ``watermark`` at the ``start``-th operator of the chain: each
+        operator from there fires what it completes (its output goes through the rest of the
+        chain first), then the watermark goes on every output, after those records. An
+        operator that makes its own watermarks (``assign_timestamps``) takes only the end
+        (:data:`MAX_WATERMARK`) from upstream."""
+        for index in range(start, len(self._operators)):
+            uid, running = self._operators[index]
+            self._current = uid
+            if running.makes_watermarks:
+                out = running.on_watermark(watermark)
+                if out is not None and len(out):
+                    self._push(out, index + 1)
+                return  # (it sends its own, from its records, through _push)
+            out = running.on_watermark(watermark)
+            if out is not None and len(out):
+                self.operator_records[uid][1] += len(out)
+                self._push(out, index + 1)
+            elif self._sides and index == len(self._operators) - 1:
+                self._emit_sides()
+        self.watermark = watermark
+        frame = Watermark(watermark)
+        for channel in self.output_channels():
+            channel.send(frame)
+
+    def _emit(self, batch: Batch, side: str | None = None) -> None:
+        for downstream, channels, partitioner, carries in self.outputs:
+            if carries != side:
+                continue
             if partitioner is None:
                 records = Records(batch)
                 self.records_sent += len(records)
@@ -478,7 +570,7 @@ class SubtaskRunner:
 
     def output_channels(self) -> list[OutputChannel]:
         """Every output channel of this subtask, of every output edge."""
-        return [channel for _, channels, _ in self.outputs for channel in channels]
+        return [channel for _, channels, _, _ in self.outputs for channel in channels]
 
     def _has_room(self) -> bool:
         """Whether every output channel can take a batch without blocking."""

@@ -1,0 +1,281 @@
+"""Event time in the runtime: durations, where a record's timestamp is, and the watermarks of a
+source subtask.
+
+A record's **event time** is a column (or field) of it: an Arrow timestamp (any unit, any time
+zone) or integers of epoch milliseconds, as in Flink. Inside cutline every timestamp and
+watermark is an integer of epoch milliseconds; what goes back into records (a window's
+``window_start`` and ``window_end``) is given the column's own type again
+(:meth:`EventTime.to_column`). Anything else in an event-time column is refused naming the
+column and the type found.
+
+:class:`WatermarkStrategy` is what ``event_time=``, ``max_out_of_orderness=`` and
+``idle_timeout=`` say (Flink's ``WatermarkStrategy``); :class:`SourceClock` drives a
+:class:`~cutline.protocol.watermarks.SplitWatermarks` from a source subtask's reads: which
+split each batch came from, the highest timestamp in it, the splits that finished.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutline.protocol.watermarks import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    SplitWatermarks,
+    WatermarkAction,
+)
+
+__all__ = [
+    "MAX_WATERMARK",
+    "MIN_WATERMARK",
+    "EventTime",
+    "EventTimeError",
+    "SourceClock",
+    "WatermarkStrategy",
+    "duration_ms",
+]
+
+_UNITS = {
+    "ms": 1,
+    "millisecond": 1,
+    "milliseconds": 1,
+    "s": 1000,
+    "sec": 1000,
+    "second": 1000,
+    "seconds": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
+}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*")
+_PER_MS = {"s": 1000, "ms": 1, "us": 1 / 1000, "ns": 1 / 1_000_000}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class EventTimeError(ValueError):
+    """An event-time setting or column that cannot be used (named in the message)."""
+
+
+def duration_ms(value: Any, what: str, *, zero: bool = False) -> int:
+    """``value`` in milliseconds: ``"10s"``, ``"1 min"``, ``"500ms"``, ``"2h"``, a
+    ``datetime.timedelta``, or an integer of milliseconds. ``what`` names the setting in the
+    error; ``zero``: whether 0 is allowed."""
+    if isinstance(value, dt.timedelta):
+        ms = value / dt.timedelta(milliseconds=1)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        ms = value
+    elif isinstance(value, str) and (match := _DURATION.fullmatch(value.lower())):
+        number, unit = match.groups()
+        if unit not in _UNITS:
+            raise EventTimeError(
+                f"{what}={value!r}: unknown unit {unit!r} (use ms, s, min, h or d, e.g. '10s')"
+            )
+        ms = float(number) * _UNITS[unit]
+    else:
+        raise EventTimeError(
+            f"{what}={value!r}: give a duration such as '10s', '1 min' or '500ms', a "
+            "datetime.timedelta, or an integer of milliseconds"
+        )
+    if ms != int(ms):
+        raise EventTimeError(f"{what}={value!r} is not a whole number of milliseconds")
+    if ms < 0 or (ms == 0 and not zero):
+        raise EventTimeError(f"{what}={value!r} must be {'0 or more' if zero else 'positive'}")
+    return int(ms)
+
+
+def _unit_of(type_: pa.DataType) -> str | None:
+    """The unit of an Arrow timestamp type; ``None`` for integers (epoch ms)."""
+    if pa.types.is_timestamp(type_):
+        return str(type_.unit)
+    return None
+
+
+def check_time_type(column: str, type_: pa.DataType) -> None:
+    """Refuse a column that is neither an Arrow timestamp nor integers (epoch ms)."""
+    if not (pa.types.is_timestamp(type_) or pa.types.is_integer(type_)):
+        raise EventTimeError(
+            f"event_time={column!r}: the column is {type_}, but event time must be an Arrow "
+            "timestamp or integers of epoch milliseconds"
+        )
+
+
+@dataclass(frozen=True)
+class EventTime:
+    """Where a record's event time is: column ``column``, plus ``offset`` milliseconds (a
+    window's results carry ``window_end - 1``: ``EventTime("window_end", -1)``); ``type`` is
+    the column's Arrow type when known when the job is built (``None``: found from the
+    records)."""
+
+    column: str
+    offset: int = 0
+    type: pa.DataType | None = None
+
+    def __post_init__(self) -> None:
+        if self.type is not None:
+            check_time_type(self.column, self.type)
+
+    def timestamps(self, batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """The timestamps of ``batch`` (epoch ms, int64), and a mask of the records without one
+        (``None``: every record has one). A column of another type raises
+        :class:`EventTimeError`; a record without the field is one without a timestamp."""
+        if isinstance(batch, pa.RecordBatch):
+            index = batch.schema.get_field_index(self.column)
+            if index < 0:
+                raise EventTimeError(
+                    f"event_time={self.column!r}: the records have no such column (columns: "
+                    f"{', '.join(batch.schema.names)})"
+                )
+            return self._arrow(batch.column(index))
+        values = np.zeros(len(batch), dtype=np.int64)
+        missing = np.zeros(len(batch), dtype=bool)
+        for i, record in enumerate(batch):
+            try:
+                value = record[self.column]
+            except (KeyError, IndexError, TypeError):
+                missing[i] = True
+                continue
+            ms = self.of_value(value)
+            if ms is None:
+                missing[i] = True
+            else:
+                values[i] = ms
+        return values, (missing if missing.any() else None)
+
+    def _arrow(self, column: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+        check_time_type(self.column, column.type)
+        unit = _unit_of(column.type)
+        missing = None
+        if column.null_count:
+            missing = np.asarray(column.is_null().to_numpy(zero_copy_only=False))
+            column = pc.fill_null(column, pa.scalar(0, column.type))
+        raw = column.cast(pa.int64()) if unit is not None else column
+        values = np.asarray(raw.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
+        if unit == "s":
+            values = values * 1000
+        elif unit == "us":
+            values = values // 1000
+        elif unit == "ns":
+            values = values // 1_000_000
+        if self.offset:
+            values = values + self.offset
+        return values, missing
+
+    def of_value(self, value: Any) -> int | None:
+        """The timestamp of one field value (``None`` for a null)."""
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            raise self._bad(type(value).__name__)
+        if isinstance(value, int | np.integer):
+            return int(value) + self.offset
+        if isinstance(value, dt.datetime):
+            aware = value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+            return (aware - _EPOCH) // dt.timedelta(milliseconds=1) + self.offset
+        raise self._bad(type(value).__name__)
+
+    def _bad(self, found: str) -> EventTimeError:
+        return EventTimeError(
+            f"event_time={self.column!r}: a record's value is {found}, but event time must be "
+            "a timestamp (datetime) or an integer of epoch milliseconds"
+        )
+
+    def to_column(self, values: Sequence[int] | np.ndarray) -> pa.Array:
+        """Timestamps (epoch ms) as an Arrow array of the column's type (int64 when unknown)."""
+        array = np.asarray(values, dtype=np.int64)
+        type_ = self.type
+        if type_ is None or pa.types.is_integer(type_):
+            return pa.array(array, pa.int64()).cast(type_ or pa.int64())
+        unit = str(type_.unit)
+        if unit == "s":
+            array = array // 1000
+        elif unit == "us":
+            array = array * 1000
+        elif unit == "ns":
+            array = array * 1_000_000
+        return pa.array(array, pa.int64()).cast(type_)
+
+    def to_value(self, ms: int) -> Any:
+        """One timestamp as a record's field: a ``datetime`` for a timestamp column, else ms."""
+        type_ = self.type
+        if type_ is None or pa.types.is_integer(type_):
+            return ms
+        stamp = _EPOCH + dt.timedelta(milliseconds=ms)
+        return stamp if getattr(type_, "tz", None) else stamp.replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class WatermarkStrategy:
+    """How a source (or ``assign_timestamps``) makes watermarks: the records' event time, how
+    far out of order they come (``bound``, ms), and after how long without records a split is
+    idle (``idle_timeout``, seconds; ``None``: never)."""
+
+    event_time: EventTime
+    bound: int = 0
+    idle_timeout: float | None = None
+
+
+@dataclass
+class SourceClock:
+    """The watermarks of one source subtask: a :class:`SplitWatermarks` fed from its reads.
+
+    ``splits``: the subtask's splits, in the order it reads them, with the lowest timestamp of
+    each when known (a Parquet file's statistics), else ``None``. A source read as one split
+    (a sequence) passes ``[("all", None)]``."""
+
+    strategy: WatermarkStrategy
+    splits: list[tuple[Hashable, int | None]]
+
+    def __post_init__(self) -> None:
+        strategy = self.strategy
+        self.generator: SplitWatermarks[Hashable] = SplitWatermarks(
+            strategy.bound, strategy.idle_timeout
+        )
+        for split, lowest in self.splits:
+            self.generator.split_added(split, lowest)
+        self._order = [split for split, _ in self.splits]
+        self._next = 0
+        """The index of the split being read (those before it finished)."""
+
+    def read(self, batch: Any, split: Hashable | None, now: float) -> list[WatermarkAction]:
+        """``batch`` was read from ``split`` (``None``: the subtask's only split)."""
+        actions = self._finish_before(split)
+        if not len(batch):
+            return actions
+        values, missing = self.strategy.event_time.timestamps(batch)
+        if missing is not None:
+            values = values[~missing]
+        if not len(values):
+            return actions
+        key = self._order[0] if split is None else split
+        return actions + self.generator.records(key, int(values.max()), now)
+
+    def _finish_before(self, split: Hashable | None) -> list[WatermarkAction]:
+        """Splits are read in order: those before ``split`` finished."""
+        if split is None:
+            return []
+        actions: list[WatermarkAction] = []
+        while self._next < len(self._order) and self._order[self._next] != split:
+            actions += self.generator.split_finished(self._order[self._next])
+            self._next += 1
+        return actions
+
+    def tick(self, now: float) -> list[WatermarkAction]:
+        return self.generator.tick(now)
+
+    def exhausted(self) -> list[WatermarkAction]:
+        return self.generator.exhausted()
