@@ -14,6 +14,14 @@ from typing import Any
 __version__ = "0.1.0"
 
 _API = (
+    "WindowedStream",
+    "WindowedResult",
+    "Window",
+    "Tumbling",
+    "Sliding",
+    "Session",
+    "EventTimeError",
+    "AggregateFunction",
     "CheckpointAborted",
     "CheckpointCompleted",
     "CheckpointSlow",

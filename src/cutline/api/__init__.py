@@ -8,6 +8,7 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 """
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
+from cutline.api.streams import WindowedResult, WindowedStream
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.driver.client import JobClient, JobClientError
 from cutline.runtime.driver.events import (
@@ -33,14 +34,18 @@ from cutline.runtime.operators import (
     RunningOperator,
 )
 from cutline.runtime.task.launch import SourceHold
+from cutline.runtime.time import EventTimeError
+from cutline.runtime.windows import AggregateFunction, Session, Sliding, Tumbling, Window
 from cutline.spark.launcher import SparkSetupError
 
 __all__ = [
+    "AggregateFunction",
     "CheckpointAborted",
     "CheckpointCompleted",
     "CheckpointSlow",
     "CheckpointWarning",
     "DataStream",
+    "EventTimeError",
     "GenerationRunning",
     "InputWarning",
     "JobClient",
@@ -60,9 +65,15 @@ __all__ = [
     "RestoreError",
     "RunningOperator",
     "SavepointCompleted",
+    "Session",
+    "Sliding",
     "SourceError",
     "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",
+    "Tumbling",
     "WaitingForSlots",
+    "Window",
+    "WindowedResult",
+    "WindowedStream",
 ]

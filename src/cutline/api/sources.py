@@ -21,6 +21,7 @@ from cutline.api.streams import Dataflow, DataStream
 from cutline.runtime.io.formats import CsvOptions, InputWarning
 from cutline.runtime.io.sources import FileSource, SequenceSource
 from cutline.runtime.operators import SourceLogic
+from cutline.runtime.time import EventTime, EventTimeError, WatermarkStrategy, duration_ms
 
 
 class Sources(Dataflow):
@@ -35,17 +36,33 @@ class Sources(Dataflow):
         column: str = "value",
         name: str | None = None,
         rate_limit: float | None = None,
+        event_time: str | None = None,
+        max_out_of_orderness: Any = 0,
+        idle_timeout: Any = None,
     ) -> DataStream:
         """The integers ``start, start+1, ...`` up to ``end`` (excluded; ``None``: unbounded), as
         records with one column.
 
         :param rate_limit: at most this many records per second (for the whole source: each of
             its subtasks reads its share), e.g. for a demo or a load test; ``None``: as fast as
-            the job takes them."""
+            the job takes them.
+        :param event_time: the column holding each record's event time (an Arrow timestamp,
+            or integers of epoch milliseconds): the source then makes **watermarks**, per
+            split, which windows and timers downstream fire on.
+            ``max_out_of_orderness``: how late a record may come after a later one of its
+            split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
+            default 0). ``idle_timeout``: a split without records that long (processing
+            time) stops holding the watermark back until it has records again (default:
+            never).
+        """
         if type(start) is not int or (end is not None and type(end) is not int):
             raise ValueError(f"from_sequence needs integers, got start={start!r}, end={end!r}")
         source = SequenceSource(start, end, column)
-        return self._source(source, "sequence", f"{start}..{end} as {column}", name, rate_limit)
+        what = name or "from_sequence"
+        schema = pa.schema([(column, pa.int64())])
+        time = _strategy(what, schema, event_time, max_out_of_orderness, idle_timeout)
+        reads = f"{start}..{end} as {column}"
+        return self._source(source, "sequence", reads, name, rate_limit, time=time)
 
     def read_parquet(
         self,
@@ -55,6 +72,9 @@ class Sources(Dataflow):
         on_error: str = "fail",
         name: str | None = None,
         rate_limit: float | None = None,
+        event_time: str | None = None,
+        max_out_of_orderness: Any = 0,
+        idle_timeout: Any = None,
     ) -> DataStream:
         """The records of Parquet files, as Arrow batches with one schema.
 
@@ -81,11 +101,20 @@ class Sources(Dataflow):
         :param name: the operator's name (and uid, which checkpoints know it by).
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
+        :param event_time: the column holding each record's event time (an Arrow timestamp,
+            or integers of epoch milliseconds): the source then makes **watermarks**, per
+            split (a file), which windows and timers downstream fire on.
+            ``max_out_of_orderness``: how late a record may come after a later one of its
+            split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
+            default 0). ``idle_timeout``: a split without records that long (processing
+            time) stops holding the watermark back until it has records again (default:
+            never).
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore passes over exactly those.
         """
-        return self._files(path, "parquet", name, schema, on_error, rate_limit)
+        time = (event_time, max_out_of_orderness, idle_timeout)
+        return self._files(path, "parquet", name, schema, on_error, rate_limit, time=time)
 
     def read_csv(
         self,
@@ -100,6 +129,9 @@ class Sources(Dataflow):
         on_error: str = "fail",
         name: str | None = None,
         rate_limit: float | None = None,
+        event_time: str | None = None,
+        max_out_of_orderness: Any = 0,
+        idle_timeout: Any = None,
     ) -> DataStream:
         """The records of CSV files, as Arrow batches with one schema.
 
@@ -145,6 +177,14 @@ class Sources(Dataflow):
         :param name: the operator's name (and uid, which checkpoints know it by).
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
+        :param event_time: the column holding each record's event time (an Arrow timestamp,
+            or integers of epoch milliseconds): the source then makes **watermarks**, per
+            split (a file), which windows and timers downstream fire on.
+            ``max_out_of_orderness``: how late a record may come after a later one of its
+            split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
+            default 0). ``idle_timeout``: a split without records that long (processing
+            time) stops holding the watermark back until it has records again (default:
+            never).
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore parses the file again and passes over exactly those (a
@@ -157,7 +197,8 @@ class Sources(Dataflow):
             null_values=tuple(null_values),
             column_names=tuple(column_names) if column_names is not None else None,
         )
-        return self._files(path, "csv", name, schema, on_error, rate_limit, options)
+        time = (event_time, max_out_of_orderness, idle_timeout)
+        return self._files(path, "csv", name, schema, on_error, rate_limit, options, time=time)
 
     def read_jsonl(
         self,
@@ -167,6 +208,9 @@ class Sources(Dataflow):
         on_error: str = "fail",
         name: str | None = None,
         rate_limit: float | None = None,
+        event_time: str | None = None,
+        max_out_of_orderness: Any = 0,
+        idle_timeout: Any = None,
     ) -> DataStream:
         """The records of JSON-lines files (one JSON object per line), as Arrow batches with
         one schema.
@@ -201,11 +245,20 @@ class Sources(Dataflow):
         :param name: the operator's name (and uid, which checkpoints know it by).
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
+        :param event_time: the column holding each record's event time (an Arrow timestamp,
+            or integers of epoch milliseconds): the source then makes **watermarks**, per
+            split (a file), which windows and timers downstream fire on.
+            ``max_out_of_orderness``: how late a record may come after a later one of its
+            split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
+            default 0). ``idle_timeout``: a split without records that long (processing
+            time) stops holding the watermark back until it has records again (default:
+            never).
 
         Replayable: the offset in each checkpoint is, per file, the lines consumed (handed
         out or rejected); a restore passes over exactly those.
         """
-        return self._files(path, "jsonl", name, schema, on_error, rate_limit)
+        time = (event_time, max_out_of_orderness, idle_timeout)
+        return self._files(path, "jsonl", name, schema, on_error, rate_limit, time=time)
 
     def _files(
         self,
@@ -216,6 +269,8 @@ class Sources(Dataflow):
         on_error: str,
         rate_limit: float | None,
         csv: CsvOptions | None = None,
+        *,
+        time: tuple[str | None, Any, Any] = (None, 0, None),
     ) -> DataStream:
         label = f"read_{fmt}"
         what = name or label
@@ -228,9 +283,11 @@ class Sources(Dataflow):
         source, notes = source.prepare()
         for note in notes:
             warnings.warn(f"{what}({path}): {note}", InputWarning, stacklevel=3)
+        assert source.schema is not None
+        strategy = _strategy(what, source.schema, *time)
         # what it reads, for its id: the files, and how they are read (as given)
         reads = f"{url} schema={schema!r} {csv!r}" if csv else f"{url} schema={schema!r}"
-        return self._source(source, label, reads, name, rate_limit, on_error)
+        return self._source(source, label, reads, name, rate_limit, on_error, time=strategy)
 
     def _source(
         self,
@@ -240,8 +297,11 @@ class Sources(Dataflow):
         name: str | None,
         rate_limit: float | None,
         on_error: str = "fail",
+        *,
+        time: WatermarkStrategy | None = None,
     ) -> DataStream:
-        """The source operator ``label`` reading ``source`` (``reads`` says what, for its id)."""
+        """The source operator ``label`` reading ``source`` (``reads`` says what, for its id;
+        event time does not change it), making watermarks with ``time``."""
         if rate_limit is not None and (
             isinstance(rate_limit, bool)
             or not isinstance(rate_limit, int | float)
@@ -251,7 +311,36 @@ class Sources(Dataflow):
                 f"{name or label}: rate_limit must be a number of records per second greater "
                 f"than zero, not {rate_limit!r}"
             )
-        operator = self._add(label, SourceLogic(source), [], name, on_error, reads)
+        operator = self._add(label, SourceLogic(source, time), [], name, on_error, reads)
         if rate_limit is not None:
             self._rate_limits[operator.uid] = float(rate_limit)
-        return DataStream(self, operator)
+        return DataStream(self, operator, time.event_time if time is not None else None)
+
+
+def _strategy(
+    what: str, schema: pa.Schema, event_time: str | None, bound: Any, idle: Any
+) -> WatermarkStrategy | None:
+    """The watermark strategy of a source (``None`` without ``event_time``): the column must
+    be one of ``schema``'s, a timestamp or integers."""
+    if event_time is None:
+        if bound not in (0, None) or idle is not None:
+            raise ValueError(
+                f"{what}: max_out_of_orderness= and idle_timeout= need event_time= (the column "
+                "of each record's event time)"
+            )
+        return None
+    if not isinstance(event_time, str) or not event_time:
+        raise ValueError(f"{what}: event_time must be a column name, not {event_time!r}")
+    index = schema.get_field_index(event_time)
+    if index < 0:
+        raise EventTimeError(
+            f"{what}: event_time={event_time!r}: no such column (columns: "
+            f"{', '.join(schema.names) or 'none'})"
+        )
+    try:
+        column = EventTime(event_time, 0, schema.field(index).type)
+    except EventTimeError as exc:
+        raise EventTimeError(f"{what}: {exc}") from None
+    bound_ms = duration_ms(bound or 0, f"{what}: max_out_of_orderness", zero=True)
+    idle_s = None if idle is None else duration_ms(idle, f"{what}: idle_timeout") / 1000
+    return WatermarkStrategy(column, bound_ms, idle_s)

@@ -46,6 +46,7 @@ from cutline.runtime.graph import Edge, GraphError, JobGraph, KeySelector, Opera
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.operators import (
     ON_ERROR,
+    AssignTimestampsLogic,
     KeyedProcessFunction,
     Logic,
     MapBatchesLogic,
@@ -55,6 +56,17 @@ from cutline.runtime.operators import (
     RollingLogic,
     SinkLogic,
     function_name,
+)
+from cutline.runtime.time import EventTime, WatermarkStrategy, duration_ms
+from cutline.runtime.windows import (
+    LATE,
+    AggregateFunction,
+    Aggregation,
+    Session,
+    Sliding,
+    Tumbling,
+    Window,
+    WindowLogic,
 )
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
@@ -249,9 +261,13 @@ class _Operators:
 class DataStream(_Operators):
     """A stream of records: the output of one operator."""
 
-    def __init__(self, env: Dataflow, operator: Operator) -> None:
+    def __init__(self, env: Dataflow, operator: Operator, event_time: EventTime | None = None):
         self.env = env
         self.operator = operator
+        self.event_time = event_time
+        """Where its records' event time is (``None``: it has none; see ``event_time=`` of the
+        sources, :meth:`assign_timestamps`). Operators that change records keep it: a record
+        that lost the column fails in the window that needs it."""
 
     def transform(
         self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
@@ -269,7 +285,44 @@ class DataStream(_Operators):
                 f"{label}: transform takes a cutline.runtime.operators.Logic, not "
                 f"{type(logic).__name__}"
             )
-        return DataStream(self.env, self.env._add(label, logic, [edge], name, on_error))
+        operator = self.env._add(label, logic, [edge], name, on_error)
+        return DataStream(self.env, operator, self.event_time)
+
+    def assign_timestamps(
+        self,
+        column_or_fn: str | Callable[[Any], Any],
+        *,
+        max_out_of_orderness: Any = 0,
+        name: str | None = None,
+    ) -> DataStream:
+        """This stream's records with event time, and watermarks made from it (for a stream
+        after a ``map``; a source takes ``event_time=`` instead, per split).
+
+        :param column_or_fn: the column holding the event time (an Arrow timestamp, a
+            ``datetime`` or integers of epoch milliseconds), or a function of the record that
+            returns it (records must be dicts: it is stored in their ``event_time`` field).
+        :param max_out_of_orderness: how late a record may come after a later one (a duration:
+            ``"2s"``, a ``timedelta`` or milliseconds). Each subtask makes its own watermarks
+            from the records it sees; those from upstream stop here (but the end's).
+        """
+        what = name or "assign_timestamps"
+        bound = duration_ms(max_out_of_orderness or 0, f"{what}: max_out_of_orderness", zero=True)
+        if isinstance(column_or_fn, str):
+            if not column_or_fn:
+                raise ValueError(f"{what}: the event-time column must be a non-empty name")
+            column, fn, label = column_or_fn, None, f"assign_timestamps({column_or_fn})"
+        elif callable(column_or_fn):
+            column, fn = "event_time", column_or_fn
+            label = f"assign_timestamps({function_name(column_or_fn)})"
+        else:
+            raise TypeError(
+                f"{what}: assign_timestamps takes a column name or a function, not "
+                f"{type(column_or_fn).__name__}"
+            )
+        strategy = WatermarkStrategy(EventTime(column), bound)
+        stream = self.transform(label, AssignTimestampsLogic(strategy, fn), name=name)
+        stream.event_time = strategy.event_time
+        return stream
 
     def key_by(self, key: str | Callable[[Any], Hashable]) -> KeyedStream:
         """Partition by key: a column name (records are dicts or columns) or a function."""
@@ -287,7 +340,9 @@ class DataStream(_Operators):
         if len({s.operator.uid for s in streams}) != len(streams):
             raise ValueError("union of a stream with itself: every record would come twice")
         inputs = [Edge(s.operator.uid) for s in streams]
-        return DataStream(self.env, self.env._add("union", PassLogic(), inputs, name))
+        times = {s.event_time for s in streams}
+        event_time = times.pop() if len(times) == 1 else None  # (else: assign_timestamps)
+        return DataStream(self.env, self.env._add("union", PassLogic(), inputs, name), event_time)
 
     def iterate(
         self,
@@ -406,6 +461,138 @@ class KeyedStream(_Operators):
 
     def _rolling(self, kind: str, field: str | int, name: str | None) -> DataStream:
         return self.transform(f"{kind}({field})", RollingLogic(kind, self.key, field), name=name)
+
+    def window(
+        self, assigner: Tumbling | Sliding | Session, *, allowed_lateness: Any = 0
+    ) -> WindowedStream:
+        """Windows of event time per key: ``Tumbling("1 min")``, ``Sliding("10 min",
+        every="1 min")`` or ``Session(gap="30 min")``; then say what each computes
+        (``.count()``, ``.sum("amount")``, ``.aggregate(fn)``, ...).
+
+        A window fires once the watermark passes its end; its result carries ``window_start``
+        and ``window_end``. ``allowed_lateness`` (a duration): a record that comes that long
+        after its window fired still updates it, and the window fires again; a later one goes
+        to ``.late()`` of the result, and is counted."""
+        if not isinstance(assigner, Tumbling | Sliding | Session):
+            raise TypeError(
+                "window takes Tumbling(size), Sliding(size, every=...) or Session(gap=...), "
+                f"not {assigner!r}"
+            )
+        event_time = self.stream.event_time
+        if event_time is None:
+            raise ValueError(
+                f"window({assigner}): the stream has no event time: give the source "
+                "event_time='column' (and max_out_of_orderness=...), or call "
+                "assign_timestamps(...) on the stream before key_by"
+            )
+        lateness = duration_ms(allowed_lateness or 0, "allowed_lateness", zero=True)
+        return WindowedStream(self, assigner, event_time, lateness)
+
+
+class WindowedStream:
+    """A keyed stream cut into windows (``keyed.window(...)``): say what each window
+    computes. Every method returns a :class:`WindowedResult`: one record per key and window
+    (``key, window_start, window_end``, then the result), whose ``.late()`` is the stream of
+    the records too late for their windows."""
+
+    def __init__(
+        self,
+        keyed: KeyedStream,
+        assigner: Tumbling | Sliding | Session,
+        event_time: EventTime,
+        lateness: int,
+    ) -> None:
+        self.keyed = keyed
+        self.assigner = assigner
+        self.event_time = event_time
+        self.lateness = lateness
+
+    def count(self, *, name: str | None = None) -> WindowedResult:
+        """The number of records of each window, in a ``count`` column."""
+        return self._apply(Aggregation("count"), "count", name)
+
+    def sum(self, field: str, *, name: str | None = None) -> WindowedResult:
+        """The sum of ``field`` over each window, in a column of that name."""
+        return self._builtin("sum", field, name)
+
+    def min(self, field: str, *, name: str | None = None) -> WindowedResult:
+        """The smallest ``field`` of each window."""
+        return self._builtin("min", field, name)
+
+    def max(self, field: str, *, name: str | None = None) -> WindowedResult:
+        """The largest ``field`` of each window."""
+        return self._builtin("max", field, name)
+
+    def mean(self, field: str, *, name: str | None = None) -> WindowedResult:
+        """The mean of ``field`` over each window (a float)."""
+        return self._builtin("mean", field, name)
+
+    def aggregate(
+        self, fn: AggregateFunction, *, name: str | None = None, on_error: str = "fail"
+    ) -> WindowedResult:
+        """An incremental aggregation (an :class:`AggregateFunction`: ``create_accumulator``,
+        ``add``, ``merge``, ``get_result``); a dict result's fields go into the output
+        record, another value into a ``result`` field."""
+        if not isinstance(fn, AggregateFunction):
+            raise TypeError(
+                "aggregate takes an instance of an AggregateFunction subclass, not "
+                f"{type(fn).__name__}"
+            )
+        label = f"aggregate({type(fn).__name__})"
+        return self._apply(Aggregation("aggregate", fn=fn), label, name, on_error)
+
+    def reduce(
+        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: str = "fail"
+    ) -> WindowedResult:
+        """``fn(a, b)`` folds each window's records into one (a dict: the output record,
+        with the key, ``window_start`` and ``window_end``)."""
+        _callable(fn, "reduce")
+        label = f"reduce({function_name(fn)})"
+        return self._apply(Aggregation("reduce", fn=fn), label, name, on_error)
+
+    def process(
+        self,
+        fn: Callable[[Any, Window, list[Any]], Iterable[Any] | None],
+        *,
+        name: str | None = None,
+        on_error: str = "fail",
+    ) -> WindowedResult:
+        """``fn(key, window, records)`` with all of a window's records once it fires
+        (``window.start``, ``window.end``); it returns (or yields) the records to emit."""
+        _callable(fn, "process")
+        label = f"process({function_name(fn)})"
+        return self._apply(Aggregation("process", fn=fn), label, name, on_error)
+
+    def _builtin(self, kind: str, field: str, name: str | None) -> WindowedResult:
+        if not isinstance(field, str) or not field:
+            raise TypeError(f"{kind} of a window takes a column name, not {field!r}")
+        return self._apply(Aggregation(kind, field), f"{kind}({field})", name)
+
+    def _apply(
+        self, aggregation: Aggregation, what: str, name: str | None, on_error: str = "fail"
+    ) -> WindowedResult:
+        keyed = self.keyed
+        logic = WindowLogic(self.assigner, aggregation, keyed.key, self.event_time, self.lateness)
+        label = f"window({self.assigner}).{what}"
+        stream = keyed.transform(label, logic, name=name, on_error=on_error)
+        # results carry event time window_end - 1 (Flink's): a second window regroups them
+        result_time = EventTime("window_end", -1, self.event_time.type)
+        return WindowedResult(stream.env, stream.operator, result_time)
+
+
+class WindowedResult(DataStream):
+    """The results of a window operator; :meth:`late` is the side output of its late
+    records."""
+
+    def late(self, *, name: str | None = None) -> DataStream:
+        """The records that came too late for their windows (after the allowed lateness), as
+        they came in: write them anywhere. They are counted in the job's statistics either
+        way."""
+        edge = Edge(self.operator.uid, side=LATE)
+        source_time = self.operator.logic.event_time
+        stream = self._through(edge, "late", PassLogic(), name, "fail")
+        stream.event_time = source_time
+        return stream
 
 
 def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:

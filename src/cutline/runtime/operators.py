@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.protocol.watermarks import MAX_WATERMARK, EmitWatermark, SplitWatermarks
 from cutline.runtime.io.sinks import CollectSink, FileSink, FileSinkWriter
 from cutline.runtime.io.sources import FileReader, FileSource, SequenceSource, SourceReader
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
@@ -371,6 +372,85 @@ class _MapBatches(RunningOperator):
             for record in columns.to_pylist():  # the whole batch failed: each record goes
                 self.ctx.fail(record, exc)
             return None
+
+
+# ------------------------------------------------------------------------ event time
+
+
+@dataclass(frozen=True)
+class AssignTimestampsLogic(Logic):
+    """``assign_timestamps``: the records' event time (a column, or ``fn(record)`` stored in
+    the ``event_time`` field), and watermarks made from it with bounded out-of-orderness, per
+    subtask. Watermarks from upstream stop here, but the end's."""
+
+    strategy: WatermarkStrategy
+    fn: Callable[[Any], Any] | None = None
+    makes_watermarks = True
+
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
+        return _AssignTimestamps(self, ctx)
+
+
+class _AssignTimestamps(RunningOperator):
+    makes_watermarks = True
+
+    def __init__(self, logic: AssignTimestampsLogic, ctx: OperatorContext) -> None:
+        self.logic, self.ctx = logic, ctx
+        self.clock: SplitWatermarks[str] = SplitWatermarks(logic.strategy.bound)
+        self.clock.split_added("records")
+        self._pending: int | None = None
+
+    def process(self, batch: Batch) -> Batch | None:
+        fn, event_time = self.logic.fn, self.logic.strategy.event_time
+        if fn is not None:
+            out = []
+            for record in rows(batch):
+                try:
+                    if not isinstance(record, dict):
+                        raise RecordError(
+                            f"assign_timestamps with a function needs records that are dicts "
+                            f"(it stores the time in 'event_time'), got {_repr.repr(record)}",
+                            record,
+                        )
+                    out.append({**record, "event_time": fn(record)})
+                except Exception as exc:
+                    self.ctx.fail(record, exc)
+            batch = out
+        if not len(batch):
+            return None
+        try:
+            values, missing = event_time.timestamps(batch)
+        except ValueError as exc:
+            raise RecordError(str(exc)) from None
+        if missing is not None:
+            records = rows(batch)
+            for i in np.flatnonzero(missing).tolist():
+                self.ctx.fail(
+                    records[i],
+                    RecordError(
+                        f"the record has no event time (no value in {event_time.column!r})"
+                    ),
+                )
+            keep = ~missing
+            values = values[keep]
+            if isinstance(batch, pa.RecordBatch):
+                batch = batch.filter(pa.array(keep))
+            else:
+                batch = [r for r, k in zip(records, keep.tolist(), strict=True) if k]
+        if len(values):
+            for action in self.clock.records("records", int(values.max()), 0.0):
+                if isinstance(action, EmitWatermark):
+                    self._pending = action.watermark
+        return batch
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        if watermark == MAX_WATERMARK:  # the end of the input: everything fires downstream
+            self._pending = MAX_WATERMARK
+        return None
+
+    def take_watermark(self) -> int | None:
+        pending, self._pending = self._pending, None
+        return pending
 
 
 # ----------------------------------------------------------------------------- keyed

@@ -430,11 +430,14 @@ class SubtaskRunner:
         for index in range(start, len(self._operators)):
             uid, running = self._operators[index]
             self._current = uid
-            if running.makes_watermarks:
+            if running.makes_watermarks:  # (it sends its own, made from its records)
                 out = running.on_watermark(watermark)
                 if out is not None and len(out):
                     self._push(out, index + 1)
-                return  # (it sends its own, from its records, through _push)
+                own = running.take_watermark()
+                if own is not None:
+                    self._advance_watermark(own, index + 1)
+                return
             out = running.on_watermark(watermark)
             if out is not None and len(out):
                 self.operator_records[uid][1] += len(out)

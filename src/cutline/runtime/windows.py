@@ -1,0 +1,786 @@
+"""Windows on event time: which windows a record belongs to, what a window keeps, and when it
+fires.
+
+**Window assigners** (what ``keyed.window(...)`` takes; sizes are durations: ``"10s"``,
+``"1 min"``, a ``timedelta`` or milliseconds; windows are aligned to the epoch, as in Flink):
+
+* :class:`Tumbling` ``(size)``: ``[start, start + size)``, every record in exactly one.
+* :class:`Sliding` ``(size, every=slide)``: windows of ``size`` starting every ``slide``; a
+  record is in ``size / slide`` of them.
+* :class:`Session` ``(gap=...)``: per key, records less than ``gap`` apart are one session;
+  sessions merge when a record bridges them. A session's ``window_end`` is its last
+  record's time plus the gap.
+
+A window **fires** when the watermark reaches its last millisecond (``window_end - 1``): its
+result is emitted with ``window_start`` and ``window_end`` (in the type of the event-time
+column) and carries event time ``window_end - 1`` downstream, so a second window regroups
+results (Flink's rules). A record is **late** when every window it belongs to fired more than
+``allowed_lateness`` ago (a window whose end, minus one, plus the lateness, is at or below the
+watermark); for a session: when the session the record alone would open is so. Late records
+within the lateness update their window, which fires again with the new result; later ones go
+to the **side output** ``"late"`` (``.late()``), as they came in, and are counted.
+
+**What a window keeps** is keyed state of the window operator (checkpointed, restored, and
+redistributed by key group with the rest): per key, ``{window start: (accumulator, fired)}``,
+or for sessions a tuple of ``(start, end, accumulator, fired)``. The timers (when each window
+fires, and when a fired one is dropped) are rebuilt from it when the operator opens. Values in
+state are never changed in place: every update stores a new one.
+
+**Aggregations** (:class:`Aggregation`): the built-ins ``count``, ``sum``, ``min``, ``max`` and
+``mean`` of a numeric column, which take a vectorized path on Arrow batches (windows assigned
+and grouped with NumPy and Arrow, then one state update per key and window); a user's
+:class:`AggregateFunction`, ``reduce(fn)`` and ``process(fn)`` take the per-record path.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
+from cutline.runtime.operators import (
+    Batch,
+    Logic,
+    OperatorContext,
+    RecordError,
+    _Keyed,
+    rows,
+)
+from cutline.runtime.time import EventTime, EventTimeError, duration_ms
+
+WINDOWS = "windows"
+"""The name of the window operator's keyed state."""
+LATE = "late"
+"""The side output of the records too late for their windows."""
+
+
+# ----------------------------------------------------------------------------- assigners
+
+
+@dataclass(frozen=True)
+class Tumbling:
+    """Windows of ``size`` one after another: ``Tumbling("1 min")``."""
+
+    size: Any
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", duration_ms(self.size, "Tumbling size"))
+
+    def __str__(self) -> str:
+        return f"Tumbling({_shown(self.size)})"
+
+
+@dataclass(frozen=True)
+class Sliding:
+    """Windows of ``size`` starting every ``every``: ``Sliding("10 min", every="1 min")``."""
+
+    size: Any
+    every: Any
+
+    def __post_init__(self) -> None:
+        size = duration_ms(self.size, "Sliding size")
+        every = duration_ms(self.every, "Sliding every")
+        if every > size:
+            raise EventTimeError(
+                f"Sliding({_shown(size)}, every={_shown(every)}): the slide is longer than the "
+                "window, so some records would be in no window; use Tumbling for a slide equal "
+                "to the size"
+            )
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "every", every)
+
+    def __str__(self) -> str:
+        return f"Sliding({_shown(self.size)}, every={_shown(self.every)})"
+
+
+@dataclass(frozen=True)
+class Session:
+    """Per key, records less than ``gap`` apart: ``Session(gap="30 min")``."""
+
+    gap: Any
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gap", duration_ms(self.gap, "Session gap"))
+
+    def __str__(self) -> str:
+        return f"Session(gap={_shown(self.gap)})"
+
+
+Assigner = Tumbling | Sliding | Session
+
+
+def _shown(ms: int) -> str:
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def assign(assigner: Tumbling | Sliding, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The windows of timestamps ``ts``: (index of the record, window start) per pair."""
+    if isinstance(assigner, Tumbling):
+        size = assigner.size
+        return np.arange(len(ts)), ts - np.mod(ts, size)
+    size, slide = assigner.size, assigner.every
+    count = math.ceil(size / slide)
+    last = ts - np.mod(ts, slide)
+    starts = last[:, None] - slide * np.arange(count, dtype=np.int64)[None, :]
+    inside = starts + size > ts[:, None]
+    index = np.broadcast_to(np.arange(len(ts))[:, None], starts.shape)
+    return index[inside], starts[inside]
+
+
+def window_size(assigner: Tumbling | Sliding) -> int:
+    return assigner.size  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- aggregations
+
+
+class AggregateFunction:
+    """An incremental aggregation of a window's records (Flink's ``AggregateFunction``).
+    Subclass it and pass an instance to ``.window(...).aggregate(fn)``.
+
+    An accumulator may be changed in place and returned: cutline gives each call its own
+    copy (a shallow ``copy.copy``) of what state holds."""
+
+    def create_accumulator(self) -> Any:
+        raise NotImplementedError
+
+    def add(self, record: Any, accumulator: Any) -> Any:
+        """The accumulator with ``record`` added."""
+        raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """One accumulator of two (session windows merge)."""
+        raise NotImplementedError
+
+    def get_result(self, accumulator: Any) -> Any:
+        """The window's result: a dict (its fields go into the output record, beside the key,
+        ``window_start`` and ``window_end``) or a value (in a ``result`` field)."""
+        raise NotImplementedError
+
+
+BUILTINS = ("count", "sum", "min", "max", "mean")
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """What a window computes: a built-in (``kind`` in :data:`BUILTINS`, of ``field``), or a
+    user's ``aggregate`` (an :class:`AggregateFunction`), ``reduce`` (a function of two
+    records) or ``process`` (a function of the key, the window and its records)."""
+
+    kind: str
+    field: str | None = None
+    fn: Any = None
+
+    @property
+    def builtin(self) -> bool:
+        return self.kind in BUILTINS
+
+    @property
+    def output(self) -> str:
+        """The output column of a built-in: ``count``, or the aggregated field."""
+        return "count" if self.kind == "count" else str(self.field)
+
+    # the accumulator of one window, record by record
+
+    def create(self) -> Any:
+        if self.kind == "count":
+            return 0
+        if self.kind == "mean":
+            return (0, 0)
+        if self.kind == "aggregate":
+            return self.fn.create_accumulator()
+        if self.kind == "process":
+            return ()
+        return None  # sum, min, max, reduce: the first value
+
+    def add(self, acc: Any, record: Any) -> Any:
+        kind = self.kind
+        if kind == "count":
+            return acc + 1
+        if kind == "process":
+            return (*acc, record)
+        if kind == "aggregate":
+            return self.fn.add(record, copy.copy(acc))
+        if kind == "reduce":
+            return record if acc is None else self.fn(copy.copy(acc), record)
+        value = _number(record, self.field, kind)
+        if kind == "mean":
+            return (acc[0] + value, acc[1] + 1)
+        return self.combine(acc, value)
+
+    def combine(self, acc: Any, value: Any) -> Any:
+        """A built-in's accumulator with ``value`` (a partial result of the same kind) in."""
+        kind = self.kind
+        if acc is None:
+            return value
+        if kind in ("sum", "count"):
+            return acc + value
+        if kind == "min":
+            return value if value < acc else acc
+        if kind == "max":
+            return value if value > acc else acc
+        if kind == "mean":
+            return (acc[0] + value[0], acc[1] + value[1])
+        raise AssertionError(kind)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """One accumulator of two windows' (sessions that merge)."""
+        kind = self.kind
+        if kind == "process":
+            return (*a, *b)
+        if kind == "aggregate":
+            return self.fn.merge(copy.copy(a), copy.copy(b))
+        if kind == "reduce":
+            if a is None or b is None:
+                return b if a is None else a
+            return self.fn(copy.copy(a), b)
+        if b is None:
+            return a
+        return self.combine(a, b)
+
+    def result(self, acc: Any) -> Any:
+        if self.kind == "mean":
+            return acc[0] / acc[1] if acc[1] else None
+        if self.kind == "aggregate":
+            return self.fn.get_result(acc)
+        return acc
+
+
+def _number(record: Any, field_name: str | None, kind: str) -> Any:
+    try:
+        value = record[field_name]
+    except (KeyError, IndexError, TypeError):
+        raise RecordError(f"the record has no field {field_name!r}: {record!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+        raise RecordError(
+            f"{field_name!r} is {type(value).__name__} {value!r}, not a number ({kind} of a "
+            "window needs numbers)"
+        )
+    return value
+
+
+# ------------------------------------------------------------------------------- logic
+
+
+@dataclass(frozen=True)
+class WindowLogic(Logic):
+    """A keyed window operator: ``assigner`` windows of records keyed by ``key``, on event
+    time ``event_time``, computing ``aggregation``."""
+
+    assigner: Tumbling | Sliding | Session
+    aggregation: Aggregation
+    key: str | Callable[[Any], Hashable]
+    event_time: EventTime
+    allowed_lateness: int = 0
+    keyed = True
+
+    def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
+        return WindowOperator(self, ctx, state)
+
+    @property
+    def key_column(self) -> str:
+        """What the output calls the key: the key's column, or ``key``."""
+        return self.key if isinstance(self.key, str) else "key"
+
+
+@dataclass
+class _Timers:
+    """Due times (epoch ms) -> what is due then, with a heap of the due times (entries whose
+    set emptied are skipped when they come up)."""
+
+    due: dict[int, set[Any]] = field(default_factory=dict)
+    heap: list[int] = field(default_factory=list)
+
+    def add(self, when: int, what: Any) -> None:
+        entries = self.due.get(when)
+        if entries is None:
+            entries = self.due[when] = set()
+            heapq.heappush(self.heap, when)
+        entries.add(what)
+
+    def discard(self, when: int, what: Any) -> None:
+        entries = self.due.get(when)
+        if entries is not None:
+            entries.discard(what)
+
+    def pop_due(self, watermark: int) -> Iterable[tuple[int, set[Any]]]:
+        """Every entry due at or before ``watermark``, earliest first."""
+        heap = self.heap
+        while heap and heap[0] <= watermark:
+            when = heapq.heappop(heap)
+            entries = self.due.pop(when, None)
+            if entries:
+                yield when, entries
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self.due.values())
+
+
+class WindowOperator(_Keyed):
+    """The running window operator of one subtask."""
+
+    def __init__(self, logic: WindowLogic, ctx: OperatorContext, state: Any) -> None:
+        super().__init__(ctx, state, logic.key)
+        self.logic = logic
+        self.assigner = logic.assigner
+        self.aggregation = logic.aggregation
+        self.event_time = logic.event_time
+        self.lateness = logic.allowed_lateness
+        self.table = self.backend.value_table(WINDOWS)
+        self.watermark = MIN_WATERMARK
+        self.fire = _Timers()
+        """Windows not fired yet, by their last millisecond: (key, start)."""
+        self.clean = _Timers()
+        """Fired windows kept for late records, by when they are dropped: (key, start)."""
+        self.late_records = 0
+        """Records too late for their windows (sent to the side output ``late``)."""
+        self._late: list[Batch] = []
+        self._session = isinstance(self.assigner, Session)
+        self._rebuild_timers()
+
+    # ------------------------------------------------------------------ timers
+
+    def _end(self, start: int) -> int:
+        assert not isinstance(self.assigner, Session)
+        return start + window_size(self.assigner)
+
+    def _rebuild_timers(self) -> None:
+        """From the restored windows: each one not fired fires at its end, each fired one is
+        dropped after the lateness."""
+        for key in list(self.backend.keys(WINDOWS)):
+            value = self.table.get(key)
+            for start, end, fired in self._windows_of(value):
+                self._register(key, start, end, fired)
+
+    def _windows_of(self, value: Any) -> Iterable[tuple[int, int, bool]]:
+        if value is None:
+            return
+        if self._session:
+            for start, end, _, fired in value:
+                yield start, end, fired
+        else:
+            for start, (_, fired) in value.items():
+                yield start, self._end(start), fired
+
+    def _register(self, key: Hashable, start: int, end: int, fired: bool) -> None:
+        if fired:
+            self.clean.add(_add(end - 1, self.lateness), (key, start, end))
+        else:
+            self.fire.add(end - 1, (key, start, end))
+
+    @property
+    def open_windows(self) -> int:
+        """Windows not fired yet."""
+        return len(self.fire)
+
+    # ------------------------------------------------------------------ records
+
+    def _late_window(self, end: int) -> bool:
+        return _add(end - 1, self.lateness) <= self.watermark
+
+    def process(self, batch: Batch) -> Batch | None:
+        if not len(batch):
+            return None
+        try:
+            ts, missing = self.event_time.timestamps(batch)
+        except EventTimeError as exc:
+            raise RecordError(str(exc)) from None
+        if missing is not None:
+            batch, ts = self._without_time(batch, ts, missing)
+            if not len(batch):
+                return None
+        if (
+            self.aggregation.builtin
+            and isinstance(batch, pa.RecordBatch)
+            and isinstance(self.key, str)
+            and self._vectorizable(batch)
+        ):
+            if self._session:
+                return self._sessions_vectorized(batch, ts)
+            return self._windows_vectorized(batch, ts)
+        return self._per_record(rows(batch), ts)
+
+    def _without_time(
+        self, batch: Batch, ts: np.ndarray, missing: np.ndarray
+    ) -> tuple[Batch, np.ndarray]:
+        """Records without an event time fail (``on_error``); the rest go on."""
+        records = rows(batch)
+        column = self.event_time.column
+        for i in np.flatnonzero(missing).tolist():
+            self.ctx.fail(
+                records[i], RecordError(f"the record has no event time (no value in {column!r})")
+            )
+        keep = ~missing
+        if isinstance(batch, pa.RecordBatch):
+            return batch.filter(pa.array(keep)), ts[keep]
+        return [r for r, k in zip(records, keep.tolist(), strict=True) if k], ts[keep]
+
+    def _vectorizable(self, batch: pa.RecordBatch) -> bool:
+        names = batch.schema.names
+        assert isinstance(self.key, str)
+        if self.key not in names or batch.column(self.key).null_count:
+            return False
+        if self.aggregation.kind == "count":
+            return True
+        if self.aggregation.field not in names:
+            return False
+        column = batch.column(self.aggregation.field)
+        numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+        return numeric and not column.null_count
+
+    def _windows_vectorized(self, batch: pa.RecordBatch, ts: np.ndarray) -> Batch | None:
+        assigner = self.assigner
+        assert not isinstance(assigner, Session)
+        index, starts = assign(assigner, ts)
+        ends = starts + window_size(assigner)
+        on_time = _add_array(ends - 1, self.lateness) > self.watermark
+        self._note_late(batch, index, on_time)
+        if not on_time.all():
+            index, starts = index[on_time], starts[on_time]
+        if not len(index):
+            return None
+        aggregation = self.aggregation
+        assert isinstance(self.key, str)
+        columns = {"k": batch.column(self.key).take(pa.array(index)), "s": pa.array(starts)}
+        kind = aggregation.kind
+        if kind != "count":
+            assert aggregation.field is not None
+            columns["v"] = batch.column(aggregation.field).take(pa.array(index))
+        table = pa.table(columns)
+        if kind == "count":
+            grouped = table.group_by(["k", "s"]).aggregate([("s", "count")])
+            parts = grouped.column("s_count").to_pylist()
+        elif kind == "mean":
+            grouped = table.group_by(["k", "s"]).aggregate([("v", "sum"), ("v", "count")])
+            parts = list(
+                zip(
+                    grouped.column("v_sum").to_pylist(),
+                    grouped.column("v_count").to_pylist(),
+                    strict=True,
+                )
+            )
+        else:
+            grouped = table.group_by(["k", "s"]).aggregate([("v", kind)])
+            parts = grouped.column(f"v_{kind}").to_pylist()
+        keys = grouped.column("k").to_pylist()
+        group_starts = grouped.column("s").to_pylist()
+        # one state update per key: a new dict for it (values in state are never changed)
+        changes: dict[Hashable, list[tuple[int, Any]]] = {}
+        for key, start, part in zip(keys, group_starts, parts, strict=True):
+            changes.setdefault(key, []).append((start, part))
+        refired: list[tuple[Hashable, int, int, Any]] = []
+        size = window_size(assigner)
+        table_state = self.table
+        combine = aggregation.combine
+        for key, updates in changes.items():
+            old = table_state.get(key)
+            windows = dict(old) if old else {}
+            for start, part in updates:
+                entry = windows.get(start)
+                if entry is None:
+                    windows[start] = (part, False)
+                    self.fire.add(start + size - 1, (key, start, start + size))
+                else:
+                    acc, fired = entry
+                    acc = combine(acc, part)
+                    windows[start] = (acc, fired)
+                    if fired:  # a late record within the lateness: the window fires again
+                        refired.append((key, start, start + size, acc))
+            table_state[key] = windows
+        return self._results(refired) if refired else None
+
+    def _note_late(self, batch: Batch, index: np.ndarray, on_time: np.ndarray) -> None:
+        """Records none of whose windows is on time go to the side output, counted."""
+        if on_time.all():
+            return
+        count = len(batch)
+        alive = np.zeros(count, dtype=bool)
+        alive[index[on_time]] = True
+        late = ~alive
+        if not late.any():
+            return
+        self.late_records += int(late.sum())
+        if isinstance(batch, pa.RecordBatch):
+            self._late.append(batch.filter(pa.array(late)))
+        else:
+            self._late.append([r for r, x in zip(batch, late.tolist(), strict=True) if x])
+
+    def _sessions_vectorized(self, batch: pa.RecordBatch, ts: np.ndarray) -> Batch | None:
+        assigner = self.assigner
+        assert isinstance(assigner, Session) and isinstance(self.key, str)
+        gap = assigner.gap
+        on_time = _add_array(ts + gap - 1, self.lateness) > self.watermark
+        self._note_late(batch, np.arange(len(ts)), on_time)
+        if not on_time.any():
+            return None
+        if not on_time.all():
+            batch, ts = batch.filter(pa.array(on_time)), ts[on_time]
+        encoded = pc.dictionary_encode(batch.column(self.key))
+        codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False))
+        uniques = encoded.dictionary.to_pylist()
+        order = np.lexsort((ts, codes))
+        codes, ts_sorted = codes[order], ts[order]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (codes[1:] != codes[:-1]) | (ts_sorted[1:] - ts_sorted[:-1] >= gap)
+        starts_at = np.flatnonzero(new)
+        firsts = ts_sorted[starts_at]
+        lasts = np.maximum.reduceat(ts_sorted, starts_at)
+        kind = self.aggregation.kind
+        if kind == "count":
+            parts: list[Any] = np.diff(np.r_[starts_at, len(order)]).tolist()
+        else:
+            assert self.aggregation.field is not None
+            values = np.asarray(
+                batch.column(self.aggregation.field).to_numpy(zero_copy_only=False)
+            )[order]
+            if kind in ("sum", "mean"):
+                sums = np.add.reduceat(values, starts_at).tolist()
+                if kind == "mean":
+                    counts = np.diff(np.r_[starts_at, len(order)]).tolist()
+                    parts = list(zip(sums, counts, strict=True))
+                else:
+                    parts = sums
+            elif kind == "min":
+                parts = np.minimum.reduceat(values, starts_at).tolist()
+            else:
+                parts = np.maximum.reduceat(values, starts_at).tolist()
+        refired: list[tuple[Hashable, int, int, Any]] = []
+        for code, first, last, part in zip(
+            codes[starts_at].tolist(), firsts.tolist(), lasts.tolist(), parts, strict=True
+        ):
+            refired += self._merge_session(uniques[code], first, last + gap, part)
+        return self._results(refired) if refired else None
+
+    def _merge_session(
+        self, key: Hashable, start: int, end: int, acc: Any
+    ) -> list[tuple[Hashable, int, int, Any]]:
+        """Add the session ``[start, end)`` with ``acc`` to ``key``'s, merging those it
+        overlaps; returns the merged session if it fired already (to fire again)."""
+        sessions = self.table.get(key) or ()
+        kept = []
+        fired = False
+        merge = self.aggregation.merge
+        for s_start, s_end, s_acc, s_fired in sessions:
+            if s_start < end and start < s_end:  # overlaps: merge into one
+                start, end = min(start, s_start), max(end, s_end)
+                acc = merge(s_acc, acc)
+                fired = fired or s_fired
+                if s_fired:
+                    self.clean.discard(_add(s_end - 1, self.lateness), (key, s_start, s_end))
+                else:
+                    self.fire.discard(s_end - 1, (key, s_start, s_end))
+            else:
+                kept.append((s_start, s_end, s_acc, s_fired))
+        # a fired session that grew past the watermark fires again when its new end passes
+        refire_now = fired and self.watermark >= end - 1
+        if fired and not refire_now:
+            fired = False
+        kept.append((start, end, acc, fired))
+        kept.sort()
+        self.table[key] = tuple(kept)
+        self._register(key, start, end, fired)
+        return [(key, start, end, acc)] if refire_now else []
+
+    def _per_record(self, records: list[Any], ts: np.ndarray) -> Batch | None:
+        aggregation, get_key = self.aggregation, self.get_key
+        refired: dict[tuple[Hashable, int], tuple[Hashable, int, int, Any]] = {}
+        late: list[Any] = []
+        for record, stamp in zip(records, ts.tolist(), strict=True):
+            try:
+                key = get_key(record)
+                self.backend.set_current_key(key)  # (checks the key belongs here)
+                if self._session:
+                    assert isinstance(self.assigner, Session)
+                    end = stamp + self.assigner.gap
+                    if self._late_window(end):
+                        late.append(record)
+                        continue
+                    acc = aggregation.add(aggregation.create(), record)
+                    for hit in self._merge_session(key, stamp, end, acc):
+                        refired[(key, hit[1])] = hit
+                    continue
+                starts = self._starts(stamp)
+                windows = dict(self.table.get(key) or {})
+                size = window_size(self.assigner)  # type: ignore[arg-type]
+                on_time = False
+                for start in starts:
+                    end = start + size
+                    if self._late_window(end):
+                        continue
+                    on_time = True
+                    entry = windows.get(start)
+                    if entry is None:
+                        windows[start] = (aggregation.add(aggregation.create(), record), False)
+                        self.fire.add(end - 1, (key, start, end))
+                    else:
+                        acc = aggregation.add(entry[0], record)
+                        windows[start] = (acc, entry[1])
+                        if entry[1]:
+                            refired[(key, start)] = (key, start, end, acc)
+                if not on_time:
+                    late.append(record)
+                    continue
+                self.table[key] = windows
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        if late:
+            self.late_records += len(late)
+            self._late.append(late)
+        return self._results(list(refired.values())) if refired else None
+
+    def _starts(self, stamp: int) -> list[int]:
+        assigner = self.assigner
+        if isinstance(assigner, Tumbling):
+            return [stamp - stamp % assigner.size]
+        assert isinstance(assigner, Sliding)
+        last = stamp - stamp % assigner.every
+        out = []
+        start = last
+        while start + assigner.size > stamp:
+            out.append(start)
+            start -= assigner.every
+        return out
+
+    # ------------------------------------------------------------------ firing
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        self.watermark = watermark
+        results: list[tuple[Hashable, int, int, Any]] = []
+        for _, due in self.fire.pop_due(watermark):
+            for key, start, end in sorted(due, key=_order):
+                acc = self._fire(key, start, end)
+                if acc is not _GONE:
+                    results.append((key, start, end, acc))
+        for _, due in self.clean.pop_due(watermark):
+            for key, start, _end in due:
+                self._drop(key, start)
+        return self._results(results) if results else None
+
+    def _fire(self, key: Hashable, start: int, end: int) -> Any:
+        """Window ``[start, end)`` of ``key`` fires: its accumulator (dropped from state, or
+        marked fired and kept for the lateness)."""
+        value = self.table.get(key)
+        keep = self.lateness > 0 and self.watermark != MAX_WATERMARK
+        if self._session:
+            sessions = list(value or ())
+            for i, (s_start, s_end, acc, _) in enumerate(sessions):
+                if s_start == start and s_end == end:
+                    if keep:
+                        sessions[i] = (s_start, s_end, acc, True)
+                        self.clean.add(_add(end - 1, self.lateness), (key, start, end))
+                    else:
+                        del sessions[i]
+                    self._store(key, tuple(sessions))
+                    return acc
+            return _GONE
+        windows = dict(value or {})
+        entry = windows.get(start)
+        if entry is None:
+            return _GONE
+        if keep:
+            windows[start] = (entry[0], True)
+            self.clean.add(_add(end - 1, self.lateness), (key, start, end))
+        else:
+            del windows[start]
+        self._store(key, windows)
+        return entry[0]
+
+    def _drop(self, key: Hashable, start: int) -> None:
+        value = self.table.get(key)
+        if value is None:
+            return
+        if self._session:
+            self._store(key, tuple(s for s in value if s[0] != start or not s[3]))
+        else:
+            windows = dict(value)
+            windows.pop(start, None)
+            self._store(key, windows)
+
+    def _store(self, key: Hashable, value: Any) -> None:
+        if value:
+            self.table[key] = value
+        else:
+            self.table.delete(key)
+
+    def _results(self, fired: list[tuple[Hashable, int, int, Any]]) -> Batch:
+        """The output records of fired windows: key, window_start, window_end, the result."""
+        aggregation, key_column = self.aggregation, self.logic.key_column
+        event_time = EventTime(self.event_time.column, 0, self.event_time.type)
+        if aggregation.builtin:
+            return pa.record_batch(
+                {
+                    key_column: pa.array([f[0] for f in fired]),
+                    "window_start": event_time.to_column([f[1] for f in fired]),
+                    "window_end": event_time.to_column([f[2] for f in fired]),
+                    aggregation.output: pa.array([aggregation.result(f[3]) for f in fired]),
+                }
+            )
+        out: list[Any] = []
+        for key, start, end, acc in fired:
+            window_start, window_end = event_time.to_value(start), event_time.to_value(end)
+            if aggregation.kind == "process":
+                try:
+                    produced = aggregation.fn(key, Window(window_start, window_end), list(acc))
+                    if produced is not None:
+                        out.extend(list(produced))
+                except Exception as exc:
+                    self.ctx.fail(f"window {window_start}..{window_end} of key {key!r}", exc)
+                continue
+            try:
+                result = aggregation.result(acc)
+            except Exception as exc:
+                self.ctx.fail(f"window {window_start}..{window_end} of key {key!r}", exc)
+                continue
+            fields = {key_column: key, "window_start": window_start, "window_end": window_end}
+            if isinstance(result, dict):
+                out.append({**fields, **result})
+            else:
+                out.append({**fields, "result": result})
+        return out
+
+    def side_output(self, side: str) -> Batch | None:
+        if side != LATE or not self._late:
+            return None
+        late, self._late = self._late, []
+        if len(late) == 1:
+            return late[0]
+        if all(isinstance(b, pa.RecordBatch) for b in late):
+            return pa.concat_batches(late)
+        return [r for b in late for r in rows(b)]
+
+
+@dataclass(frozen=True)
+class Window:
+    """The window a ``process`` function is given: its start and end (in the event-time
+    column's type: ``datetime`` or epoch milliseconds)."""
+
+    start: Any
+    end: Any
+
+
+_GONE = object()
+
+
+def _order(entry: tuple[Hashable, int, int]) -> tuple[str, int]:
+    """A stable order of the windows that fire at once (keys of any type)."""
+    return (repr(entry[0]), entry[1])
+
+
+def _add(a: int, b: int) -> int:
+    """``a + b`` within the watermarks' range."""
+    return min(MAX_WATERMARK, a + b)
+
+
+def _add_array(a: np.ndarray, b: int) -> np.ndarray:
+    return a + b if b else a

@@ -1,0 +1,385 @@
+"""Event time in whole jobs (threads): windows give exact results under random out-of-orderness,
+late records go to the side output exactly once, window state survives restores.
+
+Every input here is made of Parquet files whose records come at most ``BOUND`` ms out of order
+within each file, while the files overlap in time (each covers the same span): a watermark per
+subtask instead of per file would make records late; per file, none is, and every window's
+result must equal the one computed here in plain Python.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cutline import (
+    AggregateFunction,
+    EventTimeError,
+    JobResult,
+    Session,
+    Sliding,
+    StreamEnvironment,
+    Tumbling,
+    Window,
+)
+from cutline.runtime.task.local import ThreadLauncher
+
+BOUND = 300
+"""How far out of order (ms) the records of one file come."""
+USERS = 7
+Row = dict[str, Any]
+
+
+def write_clicks(
+    directory: Path, seed: int, files: int = 4, per_file: int = 400, disorder: int = BOUND
+) -> list[Row]:
+    """``files`` Parquet files of clicks (user, ts in epoch ms, amount) over the same span of
+    time, each at most ``disorder`` ms out of order; small row groups (several batches)."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    everything = []
+    for f in range(files):
+        records = []
+        t = 1_700_000_000_000
+        for _ in range(per_file):
+            t += rng.randint(0, 40)
+            records.append(
+                {
+                    "user": f"u{rng.randrange(USERS)}",
+                    "ts": t - rng.randint(0, disorder),
+                    "amount": rng.randint(1, 100),
+                }
+            )
+        everything += records
+        pq.write_table(
+            pa.Table.from_pylist(records), directory / f"clicks-{f}.parquet", row_group_size=64
+        )
+    return everything
+
+
+def environment(tmp_path: Path, parallelism: int, **options: Any) -> StreamEnvironment:
+    settings: dict[str, Any] = {
+        "checkpoint_interval": 0.05,
+        "checkpoint_dir": tmp_path / "checkpoints",
+        "restart_delay": 0,
+        "batch_size": 50,
+    }
+    settings.update(options)
+    return StreamEnvironment(parallelism, **settings)
+
+
+def run(env: StreamEnvironment) -> JobResult:
+    result = env.execute(launcher=ThreadLauncher())
+    assert result.restarts == []
+    return result
+
+
+def tumbling(records: Iterable[Row], size: int) -> dict[tuple[str, int, int], list[Row]]:
+    windows: dict[tuple[str, int, int], list[Row]] = defaultdict(list)
+    for r in records:
+        start = r["ts"] - r["ts"] % size
+        windows[(r["user"], start, start + size)].append(r)
+    return windows
+
+
+def sliding(records: Iterable[Row], size: int, every: int) -> dict[tuple[str, int, int], list[Row]]:
+    windows: dict[tuple[str, int, int], list[Row]] = defaultdict(list)
+    for r in records:
+        start = r["ts"] - r["ts"] % every
+        while start + size > r["ts"]:
+            windows[(r["user"], start, start + size)].append(r)
+            start -= every
+    return windows
+
+
+def sessions(records: Iterable[Row], gap: int) -> dict[tuple[str, int, int], list[Row]]:
+    by_user: dict[str, list[Row]] = defaultdict(list)
+    for r in records:
+        by_user[r["user"]].append(r)
+    windows = {}
+    for user, mine in by_user.items():
+        mine.sort(key=lambda r: r["ts"])
+        current: list[Row] = []
+        for r in mine:
+            if current and r["ts"] - current[-1]["ts"] >= gap:
+                windows[(user, current[0]["ts"], current[-1]["ts"] + gap)] = current
+                current = []
+            current.append(r)
+        windows[(user, current[0]["ts"], current[-1]["ts"] + gap)] = current
+    return windows
+
+
+def by_window(output: list[Row], field: str) -> dict[tuple[str, int, int], Any]:
+    found: dict[tuple[str, int, int], Any] = {}
+    for row in output:
+        window = (row["user"], row["window_start"], row["window_end"])
+        assert window not in found, f"window {window} was published twice"
+        found[window] = row[field]
+    return found
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tumbling_sliding_and_session_counts_are_exact_under_out_of_order_input(
+    tmp_path: Path, parallelism: int, seed: int
+) -> None:
+    clicks = write_clicks(tmp_path / "in", seed)
+    env = environment(tmp_path, parallelism)
+    stream = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND)
+    keyed = stream.key_by("user")
+    keyed.window(Tumbling(1000)).count().collect("tumbling")
+    keyed.window(Sliding(1000, every=250)).sum("amount").collect("sliding")
+    keyed.window(Session(gap=200)).count().collect("session")
+    result = run(env)
+    assert by_window(result.collected["tumbling"], "count") == {
+        w: len(rs) for w, rs in tumbling(clicks, 1000).items()
+    }
+    assert by_window(result.collected["sliding"], "amount") == {
+        w: sum(r["amount"] for r in rs) for w, rs in sliding(clicks, 1000, 250).items()
+    }
+    assert by_window(result.collected["session"], "count") == {
+        w: len(rs) for w, rs in sessions(clicks, 200).items()
+    }
+
+
+def test_min_max_and_mean_of_windows(tmp_path: Path) -> None:
+    clicks = write_clicks(tmp_path / "in", 3)
+    env = environment(tmp_path, 2)
+    keyed = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND).key_by(
+        "user"
+    )
+    keyed.window(Tumbling(2000)).min("amount").collect("min")
+    keyed.window(Tumbling(2000)).max("amount").collect("max")
+    keyed.window(Session(gap=300)).mean("amount").collect("mean")
+    result = run(env)
+    windows = tumbling(clicks, 2000)
+    assert by_window(result.collected["min"], "amount") == {
+        w: min(r["amount"] for r in rs) for w, rs in windows.items()
+    }
+    assert by_window(result.collected["max"], "amount") == {
+        w: max(r["amount"] for r in rs) for w, rs in windows.items()
+    }
+    means = by_window(result.collected["mean"], "amount")
+    expected = {
+        w: sum(r["amount"] for r in rs) / len(rs) for w, rs in sessions(clicks, 300).items()
+    }
+    assert means.keys() == expected.keys()
+    assert all(means[w] == pytest.approx(expected[w]) for w in expected)
+
+
+class Spend(AggregateFunction):
+    def create_accumulator(self) -> Row:
+        return {"clicks": 0, "spent": 0}
+
+    def add(self, record: Row, accumulator: Row) -> Row:
+        accumulator["clicks"] += 1  # (in place: cutline hands each call its own copy)
+        accumulator["spent"] += record["amount"]
+        return accumulator
+
+    def merge(self, a: Row, b: Row) -> Row:
+        return {"clicks": a["clicks"] + b["clicks"], "spent": a["spent"] + b["spent"]}
+
+    def get_result(self, accumulator: Row) -> Row:
+        return accumulator
+
+
+def biggest(a: Row, b: Row) -> Row:
+    return a if (a["amount"], a["ts"]) >= (b["amount"], b["ts"]) else b
+
+
+def amounts(key: str, window: Window, records: list[Row]) -> list[Row]:
+    return [
+        {
+            "user": key,
+            "window_start": window.start,
+            "window_end": window.end,
+            "amounts": sorted(r["amount"] for r in records),
+        }
+    ]
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_user_functions_aggregate_reduce_and_process_take_the_per_record_path(
+    tmp_path: Path, parallelism: int
+) -> None:
+    clicks = write_clicks(tmp_path / "in", 4, files=3, per_file=300)
+    env = environment(tmp_path, parallelism)
+    # a map makes the records Python dicts: every window takes the per-record path
+    keyed = (
+        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND)
+        .map(dict)
+        .key_by("user")
+    )
+    keyed.window(Session(gap=250)).aggregate(Spend()).collect("aggregate")
+    keyed.window(Tumbling(1500)).reduce(biggest).collect("reduce")
+    keyed.window(Sliding(1000, every=500)).process(amounts).collect("process")
+    keyed.window(Tumbling(1500)).count().collect("count")
+    result = run(env)
+    expected_sessions = sessions(clicks, 250)
+    assert by_window(result.collected["aggregate"], "spent") == {
+        w: sum(r["amount"] for r in rs) for w, rs in expected_sessions.items()
+    }
+    assert by_window(result.collected["aggregate"], "clicks") == {
+        w: len(rs) for w, rs in expected_sessions.items()
+    }
+    expected_tumbling = tumbling(clicks, 1500)
+    reduced = by_window(result.collected["reduce"], "amount")
+    assert reduced == {
+        w: max((r["amount"], r["ts"]) for r in rs)[0] for w, rs in expected_tumbling.items()
+    }
+    assert by_window(result.collected["process"], "amounts") == {
+        w: sorted(r["amount"] for r in rs) for w, rs in sliding(clicks, 1000, 500).items()
+    }
+    assert by_window(result.collected["count"], "count") == {
+        w: len(rs) for w, rs in expected_tumbling.items()
+    }
+
+
+def write_late_input(path: Path) -> None:
+    """One file (read a record at a time): window [0, 1000) gets 100 records, then a record at
+    2500 (the watermark moves to 2499 after it), then records at 500 (1500 ms after the
+    window's end passed) and 2600."""
+    groups = [
+        [{"user": "a", "ts": t, "amount": 1} for t in range(0, 1000, 10)],
+        [{"user": "a", "ts": 2500, "amount": 1}],
+        [{"user": "a", "ts": 500, "amount": 7}, {"user": "a", "ts": 2600, "amount": 1}],
+    ]
+    schema = pa.schema([("user", pa.string()), ("ts", pa.int64()), ("amount", pa.int64())])
+    with pq.ParquetWriter(path, schema) as writer:
+        for group in groups:
+            writer.write_table(pa.Table.from_pylist(group, schema))
+
+
+@pytest.mark.parametrize(
+    ("lateness", "windows", "late"),
+    [
+        # too late: the window fired at 2499, and 999 + 0 <= 2499
+        (0, [(0, 1000, 100), (2000, 3000, 2)], [500]),
+        (1000, [(0, 1000, 100), (2000, 3000, 2)], [500]),  # 999 + 1000 <= 2499: too late
+        # within the lateness (999 + 2000 > 2499): the window updates and fires again
+        (2000, [(0, 1000, 100), (0, 1000, 101), (2000, 3000, 2)], []),
+    ],
+)
+def test_late_records_update_their_window_within_the_lateness_and_go_to_the_side_output_after(
+    tmp_path: Path, lateness: int, windows: list[tuple[int, int, int]], late: list[int]
+) -> None:
+    (tmp_path / "in").mkdir()
+    write_late_input(tmp_path / "in" / "clicks.parquet")
+    env = environment(tmp_path, 1, batch_size=1)  # (a watermark after every record)
+    counts = (
+        env.read_parquet(tmp_path / "in", event_time="ts")
+        .key_by("user")
+        .window(Tumbling("1s"), allowed_lateness=lateness)
+        .count()
+    )
+    counts.collect("counts")
+    counts.late().collect("late")
+    result = run(env)
+    got = [(r["window_start"], r["window_end"], r["count"]) for r in result.collected["counts"]]
+    assert sorted(got) == sorted(windows)
+    assert [r["ts"] for r in result.collected["late"]] == late
+    assert result.collected["late"] == [{"user": "a", "ts": t, "amount": 7} for t in late]
+
+
+def test_every_record_is_counted_in_a_window_or_the_late_output_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """At parallelism 2 with a bound far too small for the input, which records are late
+    depends on the interleaving; but each is either in its window's count or in the late
+    output."""
+    clicks = write_clicks(tmp_path / "in", 5, disorder=5000)
+    env = environment(tmp_path, 2)
+    counts = (
+        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=20)
+        .key_by("user")
+        .window(Tumbling(500))
+        .count()
+    )
+    counts.collect("counts")
+    counts.late().collect("late")
+    result = run(env)
+    counted = sum(r["count"] for r in result.collected["counts"])
+    assert result.collected["late"], "a 20 ms bound on 5 s of disorder makes records late"
+    assert counted + len(result.collected["late"]) == len(clicks)
+    assert Counter(tuple(sorted(r.items())) for r in result.collected["late"]) <= Counter(
+        tuple(sorted(r.items())) for r in clicks
+    )
+
+
+def test_timestamp_columns_come_back_as_timestamps(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    records = [{"user": "a", "at": base + dt.timedelta(seconds=s)} for s in (0, 1, 59, 60, 61, 125)]
+    schema = pa.schema([("user", pa.string()), ("at", pa.timestamp("us", tz="UTC"))])
+    pq.write_table(pa.Table.from_pylist(records, schema), tmp_path / "in" / "c.parquet")
+    env = environment(tmp_path, 1)
+    env.read_parquet(tmp_path / "in", event_time="at").key_by("user").window(
+        Tumbling("1 min")
+    ).count().collect()
+    result = run(env)
+    got = sorted((r["window_start"], r["window_end"], r["count"]) for r in result.output)
+    minute = dt.timedelta(minutes=1)
+    assert got == [
+        (base, base + minute, 3),
+        (base + minute, base + 2 * minute, 2),
+        (base + 2 * minute, base + 3 * minute, 1),
+    ]
+
+
+def test_a_window_of_window_results_regroups_them_on_their_end(tmp_path: Path) -> None:
+    """Results carry event time window_end - 1 (Flink's): the most clicks per user in a 1 s
+    window, per 4 s."""
+    clicks = write_clicks(tmp_path / "in", 6)
+    env = environment(tmp_path, 2)
+    (
+        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND)
+        .key_by("user")
+        .window(Tumbling("1s"))
+        .count()
+        .key_by("user")
+        .window(Tumbling("4s"))
+        .max("count")
+        .collect()
+    )
+    result = run(env)
+    per_second = tumbling(clicks, 1000)
+    expected: dict[tuple[str, int, int], int] = {}
+    for (user, _start, end), rs in per_second.items():
+        outer = (end - 1) - (end - 1) % 4000
+        window = (user, outer, outer + 4000)
+        expected[window] = max(expected.get(window, 0), len(rs))
+    assert by_window(result.output, "count") == expected
+
+
+def test_bad_event_time_settings_are_refused_naming_the_column(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    pq.write_table(
+        pa.table({"user": ["a"], "ts": ["2026-01-01"], "n": [1.5]}), tmp_path / "in" / "x.parquet"
+    )
+    env = environment(tmp_path, 1)
+    with pytest.raises(EventTimeError, match=r"event_time='ts': the column is string"):
+        env.read_parquet(tmp_path / "in", event_time="ts")
+    with pytest.raises(
+        EventTimeError, match=r"event_time='when': no such column \(columns: user, ts, n\)"
+    ):
+        env.read_parquet(tmp_path / "in", event_time="when")
+    with pytest.raises(EventTimeError, match="event_time='n': the column is double"):
+        env.read_parquet(tmp_path / "in", event_time="n")
+    with pytest.raises(ValueError, match="need event_time="):
+        env.read_parquet(tmp_path / "in", max_out_of_orderness="2s")
+    with pytest.raises(ValueError, match="the stream has no event time"):
+        env.read_parquet(tmp_path / "in").key_by("user").window(Tumbling("1s"))
+    with pytest.raises(EventTimeError, match="unknown unit 'parsecs'"):
+        Tumbling("3 parsecs")
+    with pytest.raises(EventTimeError, match="must be positive"):
+        Session(gap=0)
+    with pytest.raises(EventTimeError, match="the slide is longer than the window"):
+        Sliding("1s", every="2s")
