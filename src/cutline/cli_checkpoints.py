@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.checkpoint.reader import CheckpointReader, InspectError
 from cutline.runtime.checkpoint.stats import (
     CheckpointStats,
@@ -99,6 +100,12 @@ def _print_indented(console: Console, text: str, indent: int = 4) -> None:
 
 def _when(epoch: float) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "-"
+
+
+def _utc(ms: int) -> str:
+    """Epoch milliseconds as a UTC time (event time need not be near now)."""
+    seconds, rest = divmod(ms, 1000)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + f".{rest:03d} UTC"
 
 
 class Directory:
@@ -349,6 +356,7 @@ def _show_stats(console: Console, folder: Directory, stats: CheckpointStats) -> 
     )
     if not stats.subtasks:
         return
+    _show_event_time(console, stats)
     table = Table(header_style="bold", title="subtasks (slowest first)")
     for column in (
         "subtask",
@@ -411,6 +419,37 @@ def _show_stats(console: Console, folder: Directory, stats: CheckpointStats) -> 
             f"{records:,} (backpressure: records queued for a slower subtask; unaligned "
             "checkpoints overtake them)"
         )
+
+
+def _show_event_time(console: Console, stats: CheckpointStats) -> None:
+    """Per chain, its watermark at the checkpoint and how far behind the trigger it was; per
+    operator with event time, its open windows, timers and late records."""
+    watermarks, figures = stats.watermarks(), stats.event_time()
+    if not watermarks and not figures:
+        return
+    table = Table(header_style="bold", title="event time")
+    for column in ("operator", "watermark", "behind", "windows", "timers", "late records"):
+        table.add_column(column, justify="left" if column in ("operator", "watermark") else "right")
+    for uid in sorted(set(watermarks) | set(figures)):
+        watermark = watermarks.get(uid)
+        if watermark is None:
+            shown, behind = "-", "-"
+        elif watermark >= MAX_WATERMARK:
+            shown, behind = "end of input", "-"
+        else:
+            shown = _utc(watermark)
+            behind = _seconds(max(0.0, stats.trigger_time - watermark / 1000))
+        found = figures.get(uid, {})
+        table.add_row(
+            uid,
+            shown,
+            behind,
+            *(
+                f"{found[name]:,}" if name in found else "-"
+                for name in ("windows", "timers", "late")
+            ),
+        )
+    console.print(table)
 
 
 def _show_contents(

@@ -24,12 +24,15 @@ from cutline import (
     AggregateFunction,
     EventTimeError,
     JobResult,
+    KeyedProcessFunction,
+    ProcessContext,
     Session,
     Sliding,
     StreamEnvironment,
     Tumbling,
     Window,
 )
+from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.task.local import ThreadLauncher
 
 BOUND = 300
@@ -383,3 +386,158 @@ def test_bad_event_time_settings_are_refused_naming_the_column(tmp_path: Path) -
         Session(gap=0)
     with pytest.raises(EventTimeError, match="the slide is longer than the window"):
         Sliding("1s", every="2s")
+
+
+# ------------------------------------------------------------------------------ timers
+
+
+class Reminders(KeyedProcessFunction):
+    """Per order: a reminder one second after it, unless a payment came before then."""
+
+    def open(self, ctx: ProcessContext) -> None:
+        self.placed = ctx.value_state("placed")
+        self.paid = ctx.value_state("paid")
+
+    def process(self, record: Row, ctx: ProcessContext) -> None:
+        timers = ctx.timer_service
+        if record["kind"] == "order":
+            self.placed.update(record["ts"])
+            paid = self.paid.get()
+            if paid is None or paid >= record["ts"] + 1000:
+                timers.register_event_time_timer(record["ts"] + 1000)
+        else:
+            self.paid.update(record["ts"])
+            placed = self.placed.get()
+            if placed is not None and record["ts"] < placed + 1000:
+                timers.delete_event_time_timer(placed + 1000)
+
+    def on_timer(self, timestamp: int, ctx: ProcessContext) -> list[Row]:
+        assert ctx.time_domain == "event"
+        assert ctx.timer_service.current_watermark() >= timestamp
+        return [{"order": ctx.key, "reminded_at": timestamp}]
+
+
+def write_orders(directory: Path, seed: int) -> list[Row]:
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    events: list[Row] = []
+    t = 1_000_000
+    for order in range(300):
+        t += rng.randint(0, 30)
+        events.append({"order": order, "kind": "order", "ts": t})
+        if rng.random() < 0.7:
+            events.append({"order": order, "kind": "pay", "ts": t + rng.randint(0, 2000)})
+    events.sort(key=lambda e: e["ts"] + rng.randint(0, BOUND))  # out of order, bounded
+    half = len(events) // 2
+    for i, part in enumerate((events[:half], events[half:])):
+        pq.write_table(
+            pa.Table.from_pylist(part), directory / f"orders-{i}.parquet", row_group_size=40
+        )
+    return events
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_event_time_timers_fire_once_the_watermark_passes_and_can_be_deleted(
+    tmp_path: Path, parallelism: int
+) -> None:
+    events = write_orders(tmp_path / "in", parallelism)
+    env = environment(tmp_path, parallelism)
+    (
+        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND + 30)
+        .key_by("order")
+        .process(Reminders())
+        .collect()
+    )
+    result = run(env)
+    placed = {e["order"]: e["ts"] for e in events if e["kind"] == "order"}
+    paid = {e["order"]: e["ts"] for e in events if e["kind"] == "pay"}
+    expected = sorted(
+        (order, ts + 1000)
+        for order, ts in placed.items()
+        if order not in paid or paid[order] >= ts + 1000
+    )
+    assert sorted((r["order"], r["reminded_at"]) for r in result.output) == expected
+
+
+class FirstSeen(KeyedProcessFunction):
+    """A processing-time timer per key, registered on its first record."""
+
+    def open(self, ctx: ProcessContext) -> None:
+        self.seen = ctx.value_state("seen")
+
+    def process(self, record: Row, ctx: ProcessContext) -> None:
+        if self.seen.get() is None:
+            self.seen.update(True)
+            now = ctx.timer_service.current_processing_time()
+            ctx.timer_service.register_processing_time_timer(now + 5)
+
+    def on_timer(self, timestamp: int, ctx: ProcessContext) -> list[Row]:
+        assert ctx.time_domain == "processing"
+        return [{"user": ctx.key}]
+
+
+def test_processing_time_timers_fire_at_the_latest_when_the_input_ends(tmp_path: Path) -> None:
+    clicks = write_clicks(tmp_path / "in", 7)
+    env = environment(tmp_path, 2)
+    env.read_parquet(tmp_path / "in").key_by("user").process(FirstSeen()).collect()
+    result = run(env)
+    assert sorted(r["user"] for r in result.output) == sorted({c["user"] for c in clicks})
+
+
+def test_processing_time_windows_count_every_record_once(tmp_path: Path) -> None:
+    clicks = write_clicks(tmp_path / "in", 8)
+    env = environment(tmp_path, 2)
+    (
+        env.read_parquet(tmp_path / "in")
+        .key_by("user")
+        .window(Tumbling("50ms"), time="processing")
+        .count()
+        .collect()
+    )
+    result = run(env)
+    per_user: Counter[str] = Counter()
+    for row in result.output:
+        per_user[row["user"]] += row["count"]
+        assert row["window_end"] - row["window_start"] == 50
+    assert per_user == Counter(c["user"] for c in clicks)
+
+
+# ------------------------------------------------------------------------ seeing it
+
+
+def test_watermarks_late_records_and_windows_are_in_the_metrics_statistics_and_report(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from cutline.cli import main
+    from cutline.report import build_report
+
+    (tmp_path / "in").mkdir()
+    write_late_input(tmp_path / "in" / "clicks.parquet")
+    env = environment(tmp_path, 1, batch_size=1)
+    counts = (
+        env.read_parquet(tmp_path / "in", event_time="ts")
+        .key_by("user")
+        .window(Tumbling("1s"))
+        .count(name="per_second")
+    )
+    counts.collect("counts")
+    counts.late().collect("late")
+    events: list[str] = []
+    result = env.execute(launcher=ThreadLauncher(), listener=lambda k, m: events.append(m))
+    assert result.metrics is not None
+    window = result.metrics.operator("per_second")
+    assert window.late == 1 == result.metrics.late
+    assert window.watermark == MAX_WATERMARK  # the end of the input
+    assert window.watermark_lag(0.0) == 0.0
+    final = result.checkpoints[-1]
+    assert final.event_time()["per_second"] == {"late": 1, "windows": 0, "timers": 0}
+    assert any("1 late records so far" in m for m in events if "(final)" in m)
+    shown = CliRunner().invoke(
+        main, ["checkpoints", "show", str(tmp_path / "checkpoints"), str(final.checkpoint_id)]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "event time" in shown.output and "per_second" in shown.output
+    page = build_report(str(tmp_path / "checkpoints"))
+    assert '<section id="event-time">' in page and "per_second" in page

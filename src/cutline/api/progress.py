@@ -34,13 +34,25 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
+def watermark_lag(lag: float | None) -> str:
+    """How far a watermark is behind the wall clock, for people (``-``: none)."""
+    if lag is None:
+        return "-"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if lag >= size:
+            return f"{lag / size:.1f} {unit}"
+    return f"{lag:.1f} s"
+
+
 def render(metrics: JobMetrics, title: str = "cutline") -> Group:
     """The display of ``metrics`` (a rich renderable)."""
     header = Text.assemble(
         (f"{title} ", "bold"),
         f"running {metrics.elapsed:.1f} s · generation {metrics.generation}",
         (f" · backpressured: {', '.join(metrics.backpressured)}" if metrics.backpressured else ""),
+        (f" · late records: {metrics.late:,}" if metrics.late else ""),
     )
+    timed = metrics.event_time
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column, justify in (
         ("operator", "left"),
@@ -49,18 +61,26 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
         ("in/s", "right"),
         ("out/s", "right"),
         ("backpressured", "right"),
+        *((("watermark lag", "right"), ("late", "right"), ("windows", "right")) if timed else ()),
     ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        table.add_column(column, justify=justify)
     for op in metrics.operators:
         level = op.backpressure
-        table.add_row(
+        cells: list[str | Text] = [
             op.name,
             _count(op.records_in),
             _count(op.records_out),
             _count(op.rate_in),
             _count(op.rate_out),
             Text(f"{op.backpressured:.0%} {level}", style=_LEVEL_STYLE[level]),
-        )
+        ]
+        if timed:
+            cells += [
+                watermark_lag(op.watermark_lag(metrics.at)),
+                _count(op.late) if op.late else "",
+                _count(op.windows) if op.windows else "",
+            ]
+        table.add_row(*cells)
     lines: list[Text | Table] = [header, table]
     for stats in metrics.checkpoints[-3:]:
         what = "savepoint" if stats.savepoint else "checkpoint"

@@ -463,7 +463,11 @@ class KeyedStream(_Operators):
         return self.transform(f"{kind}({field})", RollingLogic(kind, self.key, field), name=name)
 
     def window(
-        self, assigner: Tumbling | Sliding | Session, *, allowed_lateness: Any = 0
+        self,
+        assigner: Tumbling | Sliding | Session,
+        *,
+        allowed_lateness: Any = 0,
+        time: str = "event",
     ) -> WindowedStream:
         """Windows of event time per key: ``Tumbling("1 min")``, ``Sliding("10 min",
         every="1 min")`` or ``Session(gap="30 min")``; then say what each computes
@@ -472,20 +476,31 @@ class KeyedStream(_Operators):
         A window fires once the watermark passes its end; its result carries ``window_start``
         and ``window_end``. ``allowed_lateness`` (a duration): a record that comes that long
         after its window fired still updates it, and the window fires again; a later one goes
-        to ``.late()`` of the result, and is counted."""
+        to ``.late()`` of the result, and is counted.
+
+        ``time="processing"``: windows of the wall-clock time each record reaches the window
+        operator, fired by the clock (no watermarks needed, no record ever late; the end of
+        the input fires what is left). Results are then not repeatable run to run."""
+        if time not in ("event", "processing"):
+            raise ValueError(f"window(time={time!r}): use 'event' or 'processing'")
         if not isinstance(assigner, Tumbling | Sliding | Session):
             raise TypeError(
                 "window takes Tumbling(size), Sliding(size, every=...) or Session(gap=...), "
                 f"not {assigner!r}"
             )
         event_time = self.stream.event_time
+        lateness = duration_ms(allowed_lateness or 0, "allowed_lateness", zero=True)
+        if time == "processing":
+            if lateness:
+                raise ValueError("allowed_lateness is for event time: no record is late here")
+            clock = EventTime("processing_time")
+            return WindowedStream(self, assigner, clock, 0, "processing")
         if event_time is None:
             raise ValueError(
                 f"window({assigner}): the stream has no event time: give the source "
                 "event_time='column' (and max_out_of_orderness=...), or call "
                 "assign_timestamps(...) on the stream before key_by"
             )
-        lateness = duration_ms(allowed_lateness or 0, "allowed_lateness", zero=True)
         return WindowedStream(self, assigner, event_time, lateness)
 
 
@@ -501,11 +516,13 @@ class WindowedStream:
         assigner: Tumbling | Sliding | Session,
         event_time: EventTime,
         lateness: int,
+        time: str = "event",
     ) -> None:
         self.keyed = keyed
         self.assigner = assigner
         self.event_time = event_time
         self.lateness = lateness
+        self.time = time
 
     def count(self, *, name: str | None = None) -> WindowedResult:
         """The number of records of each window, in a ``count`` column."""
@@ -572,8 +589,11 @@ class WindowedStream:
         self, aggregation: Aggregation, what: str, name: str | None, on_error: str = "fail"
     ) -> WindowedResult:
         keyed = self.keyed
-        logic = WindowLogic(self.assigner, aggregation, keyed.key, self.event_time, self.lateness)
-        label = f"window({self.assigner}).{what}"
+        logic = WindowLogic(
+            self.assigner, aggregation, keyed.key, self.event_time, self.lateness, self.time
+        )
+        clock = "" if self.time == "event" else ", processing time"
+        label = f"window({self.assigner}{clock}).{what}"
         stream = keyed.transform(label, logic, name=name, on_error=on_error)
         # results carry event time window_end - 1 (Flink's): a second window regroups them
         result_time = EventTime("window_end", -1, self.event_time.type)

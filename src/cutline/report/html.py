@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cutline import __version__
+from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.report.data import (
     Directory,
     ReportError,
@@ -288,6 +289,74 @@ def _restart_table(history: History, timeline: Timeline) -> str:
     return f'<section id="restarts"><h2>Restarts</h2>{table}</section>'
 
 
+def _event_time_section(history: History) -> str:
+    """Each operator's watermark at the newest checkpoint that has one, how far it was behind
+    the checkpoint's trigger, its open windows, timers and late records; and the watermark's
+    lag at every checkpoint."""
+    timed = [c for c in history.checkpoints if c.completed and (c.watermarks() or c.event_time())]
+    if not timed:
+        return ""
+    latest = timed[-1]
+    watermarks, figures = latest.watermarks(), latest.event_time()
+    rows = []
+    for uid in sorted(set(watermarks) | set(figures)):
+        watermark = watermarks.get(uid)
+        if watermark is None:
+            shown, behind = "-", "-"
+        elif watermark >= MAX_WATERMARK:
+            shown, behind = "end of input", "-"
+        else:
+            shown = human_utc(watermark / 1000)
+            behind = human_seconds(max(0.0, latest.trigger_time - watermark / 1000))
+        found = figures.get(uid, {})
+        rows.append(
+            (
+                "",
+                [
+                    f"<td><code>{_e(uid)}</code></td>",
+                    _td(shown),
+                    _td(behind, number=True),
+                    *(
+                        _td(f"{found[k]:,}" if k in found else "-", number=True)
+                        for k in ("windows", "timers", "late")
+                    ),
+                ],
+            )
+        )
+    table = _table(
+        ["operator", "watermark", "behind its trigger", "open windows", "timers", "late records"],
+        rows,
+        "event-time-table",
+    )
+    lags = []
+    for stats in timed:
+        lag = [
+            stats.trigger_time - w / 1000 for w in stats.watermarks().values() if w < MAX_WATERMARK
+        ]
+        late = sum(f.get("late", 0) for f in stats.event_time().values())
+        lags.append(
+            (
+                "",
+                [
+                    _td(stats.checkpoint_id, number=True),
+                    _td(human_seconds(max(0.0, *lag)) if lag else "-", number=True),
+                    _td(f"{late:,}", number=True),
+                ],
+            )
+        )
+    history_table = _table(
+        ["checkpoint", "watermark furthest behind", "late records so far"], lags, "lag-table"
+    )
+    return (
+        '<section id="event-time"><h2>Event time</h2>'
+        f'<p class="note">At checkpoint {_e(latest.checkpoint_id)}, the newest with event time: '
+        "each operator's watermark (the least of its subtasks'), how far it was behind the "
+        "wall clock when the checkpoint was triggered, and its windows, timers and late records "
+        "(records too late for their windows, sent to the side output; counted since the "
+        f"generation started).</p>{table}{history_table}</section>"
+    )
+
+
 def _diagram_section(timeline: Timeline, chosen: CheckpointStats | None, why: str) -> str:
     if chosen is None:
         return '<section id="diagram"><h2>Barriers</h2><p>No checkpoint to draw.</p></section>'
@@ -371,6 +440,7 @@ def build_report(
         "</section>",
         _checkpoint_table(history, timeline, chosen.checkpoint_id if chosen else None),
         _restart_table(history, timeline),
+        _event_time_section(history),
         diagram,
         f'<p class="note">Made by cutline {_e(__version__)} from the statistics in '
         f"<code>{_e(STATS_FOLDER)}</code>.</p>",

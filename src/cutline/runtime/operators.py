@@ -42,6 +42,7 @@ from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.factory import new_backend
 from cutline.runtime.state.keygroups import key_group, key_group_range, subtask_for_key_group
 from cutline.runtime.state.segments import SegmentSource
+from cutline.runtime.state.timers import EVENT, PROCESSING, TimerService
 from cutline.runtime.time import SourceClock, WatermarkStrategy
 
 Batch: TypeAlias = Any
@@ -194,12 +195,24 @@ class RunningOperator:
         that completes (an event-time window's result), or ``None``."""
         return None
 
+    def on_processing_time(self, now: int) -> Batch | None:
+        """The wall clock is ``now`` (epoch ms), called every few tens of milliseconds:
+        return what that completes (a processing-time timer's or window's output), or
+        ``None``."""
+        return None
+
     def take_watermark(self) -> int | None:
         """(``makes_watermarks``) A watermark newer than the last one taken, if any."""
         return None
 
     def side_output(self, side: str) -> Batch | None:
         """What went to side output ``side`` (``"late"``) since the last call."""
+        return None
+
+    def figures(self) -> dict[str, int] | None:
+        """Event-time figures for the progress and the checkpoints' statistics: ``late``
+        (records too late for their windows, so far), ``windows`` (open now), ``timers``
+        (registered now); ``None``: it has none."""
         return None
 
     def snapshot(
@@ -525,15 +538,37 @@ class KeyedProcessFunction:
         to the dead letters)."""
         raise NotImplementedError
 
+    def on_timer(self, timestamp: int, ctx: ProcessContext) -> Iterable[Any] | None:
+        """Called when a timer this function registered fires (``ctx.timer_service``): an
+        event-time timer once the watermark reaches ``timestamp``, a processing-time one once
+        the clock does; ``ctx.key`` is the timer's key, ``ctx.time_domain`` says which
+        (``"event"`` or ``"processing"``). It may read and update the key's state and returns
+        (or yields) records to emit, as :meth:`process`."""
+        return None
+
 
 class ProcessContext:
-    """What a keyed process function sees: the current key, keyed state, and its subtask."""
+    """What a keyed process function sees: the current key, keyed state, its timers, and its
+    subtask."""
 
-    def __init__(self, backend: KeyedStateBackend, subtask: int, parallelism: int) -> None:
+    def __init__(
+        self,
+        backend: KeyedStateBackend,
+        subtask: int,
+        parallelism: int,
+        timer_service: TimerService | None = None,
+    ) -> None:
         self._backend = backend
         self.subtask = subtask
         """This subtask's index (0 .. parallelism - 1)."""
         self.parallelism = parallelism
+        self.timer_service = timer_service if timer_service is not None else TimerService(backend)
+        """Timers of the current key: ``register_event_time_timer(t)``,
+        ``register_processing_time_timer(t)``, ``delete_event_time_timer(t)``,
+        ``delete_processing_time_timer(t)``, ``current_watermark()``,
+        ``current_processing_time()`` (epoch milliseconds)."""
+        self.time_domain: str | None = None
+        """In ``on_timer``: ``"event"`` or ``"processing"``; ``None`` in ``process``."""
 
     @property
     def key(self) -> Hashable:
@@ -569,11 +604,48 @@ class _Process(_Keyed):
     def __init__(self, function: KeyedProcessFunction, ctx: OperatorContext, state: Any, key: Any):
         super().__init__(ctx, state, key)
         self.function = function
-        self.pctx = ProcessContext(self.backend, ctx.subtask, ctx.parallelism)
+        self.timers = TimerService(self.backend)
+        self.pctx = ProcessContext(self.backend, ctx.subtask, ctx.parallelism, self.timers)
         try:
             function.open(self.pctx)
         except Exception as exc:
             ctx.fail("(none: in open())", exc)
+
+    def on_watermark(self, watermark: int) -> Batch | None:
+        self.timers.watermark = watermark
+        fired = self._fire(EVENT, watermark)
+        if watermark == MAX_WATERMARK:  # the end of the input: the clock's timers fire too
+            pending = self._fire(PROCESSING, MAX_WATERMARK)
+            if pending:
+                fired = [*(fired or []), *pending]
+        return fired
+
+    def figures(self) -> dict[str, int] | None:
+        return {"timers": len(self.timers)}
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        self.timers.now = now
+        if not len(self.timers.indexes[PROCESSING]):
+            return None
+        return self._fire(PROCESSING, now)
+
+    def _fire(self, domain: str, upto: int) -> Batch | None:
+        """Call ``on_timer`` for every timer of ``domain`` due by ``upto``."""
+        out: list[Any] = []
+        pctx, on_timer = self.pctx, self.function.on_timer
+        pctx.time_domain = domain
+        try:
+            for due, key in self.timers.due(domain, upto):
+                try:
+                    self.backend.set_current_key(key)
+                    produced = on_timer(due, pctx)
+                    if produced is not None:
+                        out.extend(list(produced))
+                except Exception as exc:
+                    self.ctx.fail(f"(a {domain}-time timer at {due} of key {key!r})", exc)
+        finally:
+            pctx.time_domain = None
+        return out or None
 
     def process(self, batch: Batch) -> Batch | None:
         # _flat_map's loop, with the key set in line: a call less per record is about a tenth

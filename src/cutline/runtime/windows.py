@@ -35,10 +35,10 @@ and grouped with NumPy and Arrow, then one state update per key and window); a u
 from __future__ import annotations
 
 import copy
-import heapq
 import math
+import time
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -283,6 +283,9 @@ class WindowLogic(Logic):
     key: str | Callable[[Any], Hashable]
     event_time: EventTime
     allowed_lateness: int = 0
+    time: str = "event"
+    """``"event"``: windows of the records' event time, fired by watermarks;
+    ``"processing"``: of the time each record arrives here, fired by the clock."""
     keyed = True
 
     def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
@@ -292,39 +295,6 @@ class WindowLogic(Logic):
     def key_column(self) -> str:
         """What the output calls the key: the key's column, or ``key``."""
         return self.key if isinstance(self.key, str) else "key"
-
-
-@dataclass
-class _Timers:
-    """Due times (epoch ms) -> what is due then, with a heap of the due times (entries whose
-    set emptied are skipped when they come up)."""
-
-    due: dict[int, set[Any]] = field(default_factory=dict)
-    heap: list[int] = field(default_factory=list)
-
-    def add(self, when: int, what: Any) -> None:
-        entries = self.due.get(when)
-        if entries is None:
-            entries = self.due[when] = set()
-            heapq.heappush(self.heap, when)
-        entries.add(what)
-
-    def discard(self, when: int, what: Any) -> None:
-        entries = self.due.get(when)
-        if entries is not None:
-            entries.discard(what)
-
-    def pop_due(self, watermark: int) -> Iterable[tuple[int, set[Any]]]:
-        """Every entry due at or before ``watermark``, earliest first."""
-        heap = self.heap
-        while heap and heap[0] <= watermark:
-            when = heapq.heappop(heap)
-            entries = self.due.pop(when, None)
-            if entries:
-                yield when, entries
-
-    def __len__(self) -> int:
-        return sum(len(e) for e in self.due.values())
 
 
 class WindowOperator(_Keyed):
@@ -339,14 +309,15 @@ class WindowOperator(_Keyed):
         self.lateness = logic.allowed_lateness
         self.table = self.backend.value_table(WINDOWS)
         self.watermark = MIN_WATERMARK
-        self.fire = _Timers()
-        """Windows not fired yet, by their last millisecond: (key, start)."""
-        self.clean = _Timers()
-        """Fired windows kept for late records, by when they are dropped: (key, start)."""
+        self.fire = self.backend.timer_index("window-fire")
+        """Windows not fired yet, by their last millisecond (namespace: start, end)."""
+        self.clean = self.backend.timer_index("window-clean")
+        """Fired windows kept for late records, by when they are dropped."""
         self.late_records = 0
         """Records too late for their windows (sent to the side output ``late``)."""
         self._late: list[Batch] = []
         self._session = isinstance(self.assigner, Session)
+        self.processing = logic.time == "processing"
         self._rebuild_timers()
 
     # ------------------------------------------------------------------ timers
@@ -375,14 +346,21 @@ class WindowOperator(_Keyed):
 
     def _register(self, key: Hashable, start: int, end: int, fired: bool) -> None:
         if fired:
-            self.clean.add(_add(end - 1, self.lateness), (key, start, end))
+            self.clean.add(_add(end - 1, self.lateness), key, (start, end))
         else:
-            self.fire.add(end - 1, (key, start, end))
+            self.fire.add(end - 1, key, (start, end))
 
     @property
     def open_windows(self) -> int:
         """Windows not fired yet."""
         return len(self.fire)
+
+    def figures(self) -> dict[str, int] | None:
+        return {
+            "late": self.late_records,
+            "windows": len(self.fire),
+            "timers": len(self.fire) + len(self.clean),
+        }
 
     # ------------------------------------------------------------------ records
 
@@ -392,10 +370,15 @@ class WindowOperator(_Keyed):
     def process(self, batch: Batch) -> Batch | None:
         if not len(batch):
             return None
-        try:
-            ts, missing = self.event_time.timestamps(batch)
-        except EventTimeError as exc:
-            raise RecordError(str(exc)) from None
+        if self.processing:  # the time it arrives: never late
+            now = int(time.time() * 1000)
+            self.watermark = max(self.watermark, now - 1)
+            ts, missing = np.full(len(batch), now, dtype=np.int64), None
+        else:
+            try:
+                ts, missing = self.event_time.timestamps(batch)
+            except EventTimeError as exc:
+                raise RecordError(str(exc)) from None
         if missing is not None:
             batch, ts = self._without_time(batch, ts, missing)
             if not len(batch):
@@ -490,7 +473,7 @@ class WindowOperator(_Keyed):
                 entry = windows.get(start)
                 if entry is None:
                     windows[start] = (part, False)
-                    self.fire.add(start + size - 1, (key, start, start + size))
+                    self.fire.add(start + size - 1, key, (start, start + size))
                 else:
                     acc, fired = entry
                     acc = combine(acc, part)
@@ -577,9 +560,9 @@ class WindowOperator(_Keyed):
                 acc = merge(s_acc, acc)
                 fired = fired or s_fired
                 if s_fired:
-                    self.clean.discard(_add(s_end - 1, self.lateness), (key, s_start, s_end))
+                    self.clean.discard(_add(s_end - 1, self.lateness), key, (s_start, s_end))
                 else:
-                    self.fire.discard(s_end - 1, (key, s_start, s_end))
+                    self.fire.discard(s_end - 1, key, (s_start, s_end))
             else:
                 kept.append((s_start, s_end, s_acc, s_fired))
         # a fired session that grew past the watermark fires again when its new end passes
@@ -622,7 +605,7 @@ class WindowOperator(_Keyed):
                     entry = windows.get(start)
                     if entry is None:
                         windows[start] = (aggregation.add(aggregation.create(), record), False)
-                        self.fire.add(end - 1, (key, start, end))
+                        self.fire.add(end - 1, key, (start, end))
                     else:
                         acc = aggregation.add(entry[0], record)
                         windows[start] = (acc, entry[1])
@@ -655,16 +638,25 @@ class WindowOperator(_Keyed):
     # ------------------------------------------------------------------ firing
 
     def on_watermark(self, watermark: int) -> Batch | None:
+        if self.processing and watermark != MAX_WATERMARK:
+            return None  # (the clock fires processing-time windows; the end, everything)
+        return self._fire_upto(watermark)
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        if not self.processing or not len(self.fire):
+            return None
+        return self._fire_upto(max(self.watermark, now - 1))
+
+    def _fire_upto(self, watermark: int) -> Batch | None:
+        """Fire every window whose last millisecond is at or before ``watermark``."""
         self.watermark = watermark
         results: list[tuple[Hashable, int, int, Any]] = []
-        for _, due in self.fire.pop_due(watermark):
-            for key, start, end in sorted(due, key=_order):
-                acc = self._fire(key, start, end)
-                if acc is not _GONE:
-                    results.append((key, start, end, acc))
-        for _, due in self.clean.pop_due(watermark):
-            for key, start, _end in due:
-                self._drop(key, start)
+        for _, key, (start, end) in self.fire.pop_due(watermark):
+            acc = self._fire(key, start, end)
+            if acc is not _GONE:
+                results.append((key, start, end, acc))
+        for _, key, (start, _end) in self.clean.pop_due(watermark):
+            self._drop(key, start)
         return self._results(results) if results else None
 
     def _fire(self, key: Hashable, start: int, end: int) -> Any:
@@ -678,7 +670,7 @@ class WindowOperator(_Keyed):
                 if s_start == start and s_end == end:
                     if keep:
                         sessions[i] = (s_start, s_end, acc, True)
-                        self.clean.add(_add(end - 1, self.lateness), (key, start, end))
+                        self.clean.add(_add(end - 1, self.lateness), key, (start, end))
                     else:
                         del sessions[i]
                     self._store(key, tuple(sessions))
@@ -690,7 +682,7 @@ class WindowOperator(_Keyed):
             return _GONE
         if keep:
             windows[start] = (entry[0], True)
-            self.clean.add(_add(end - 1, self.lateness), (key, start, end))
+            self.clean.add(_add(end - 1, self.lateness), key, (start, end))
         else:
             del windows[start]
         self._store(key, windows)
@@ -770,11 +762,6 @@ class Window:
 
 
 _GONE = object()
-
-
-def _order(entry: tuple[Hashable, int, int]) -> tuple[str, int]:
-    """A stable order of the windows that fire at once (keys of any type)."""
-    return (repr(entry[0]), entry[1])
 
 
 def _add(a: int, b: int) -> int:

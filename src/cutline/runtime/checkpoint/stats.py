@@ -105,6 +105,11 @@ class SubtaskStats(_Record):
     queued_ahead: dict[str, int] = field(default_factory=dict)
     """Output channel -> records its barrier was sent behind (queued for credit, and in the
     receiver's buffer): what the barrier had to wait behind on that channel (aligned)."""
+    watermark: int | None = None
+    """Its watermark (epoch ms) at its snapshot; ``None``: it had none (no event time)."""
+    event_time: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Operator uid -> its event-time figures at the snapshot: ``late`` (records too late
+    for their windows so far, this generation), ``windows`` (open), ``timers``."""
 
     KIND: ClassVar[str] = "subtask"
 
@@ -192,6 +197,27 @@ class CheckpointStats(_Record):
             default=None,
         )
         return most if most is not None and most[2] > 0 else None
+
+    def watermarks(self) -> dict[str, int]:
+        """Chain uid -> its watermark at this checkpoint (the least of its subtasks'; only
+        chains with event time)."""
+        found: dict[str, int] = {}
+        for stats in self.subtasks.values():
+            if stats.watermark is None:
+                continue
+            chain = stats.subtask.rsplit("-", 1)[0]
+            found[chain] = min(found.get(chain, stats.watermark), stats.watermark)
+        return found
+
+    def event_time(self) -> dict[str, dict[str, int]]:
+        """Operator uid -> its event-time figures summed over its subtasks."""
+        totals: dict[str, dict[str, int]] = {}
+        for stats in self.subtasks.values():
+            for uid, figures in stats.event_time.items():
+                summed = totals.setdefault(uid, {})
+                for name, value in figures.items():
+                    summed[name] = summed.get(name, 0) + int(value)
+        return totals
 
     KIND: ClassVar[str] = "checkpoint"
 

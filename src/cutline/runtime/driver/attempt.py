@@ -430,10 +430,11 @@ class JobAttempt:
         if len(kept) > SUBTASK_DETAILS:  # the older ones' details are in the files
             older = len(kept) - SUBTASK_DETAILS - 1
             kept[older] = dataclasses.replace(kept[older], subtasks={})
+        late = sum(figures.get("late", 0) for figures in info.event_time().values())
         run.listener(
-            SavepointCompleted(checkpoint, info.duration, info.final, info.savepoint)
+            SavepointCompleted(checkpoint, info.duration, info.final, late, info.savepoint)
             if info.savepoint is not None
-            else CheckpointCompleted(checkpoint, info.duration, info.final)
+            else CheckpointCompleted(checkpoint, info.duration, info.final, late)
         )
         if info.final:
             self.failures.committing = (checkpoint, self.now())

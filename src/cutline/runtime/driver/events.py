@@ -53,11 +53,15 @@ class CheckpointCompleted(JobEvent):
     """Seconds from its trigger to its completion."""
     final: bool = False
     """The last checkpoint of the job (taken once the input ended, or at a stop)."""
+    late: int = 0
+    """Records too late for their windows so far (this generation), at the checkpoint."""
 
     @property
     def message(self) -> str:
-        return f"{self.checkpoint} complete in {self.duration:.2f} s" + (
-            " (final)" if self.final else ""
+        return (
+            f"{self.checkpoint} complete in {self.duration:.2f} s"
+            + (" (final)" if self.final else "")
+            + (f", {self.late:,} late records so far" if self.late else "")
         )
 
 

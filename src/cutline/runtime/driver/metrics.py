@@ -13,11 +13,13 @@ the restored checkpoint (records replayed count again).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo
 from cutline.runtime.graph import ExecutionPlan, subtask_name
 
@@ -41,6 +43,24 @@ class OperatorMetrics:
     backpressured: float
     """Share (0..1) of the last seconds its subtasks spent unable to send (the chain's:
     operators chained together share it)."""
+    watermark: int | None = None
+    """The event time its subtasks have all reached (epoch ms; the least of theirs), or
+    ``None`` (no event time, or not every subtask has a watermark yet)."""
+    late: int = 0
+    """Records too late for their windows (this generation), sent to ``.late()``."""
+    windows: int = 0
+    """Windows open (not fired yet)."""
+    timers: int = 0
+    """Timers registered."""
+
+    def watermark_lag(self, now: float) -> float | None:
+        """Seconds the watermark is behind the wall clock ``now`` (epoch seconds); ``None``
+        without one, 0 once the input ended (every timestamp passed)."""
+        if self.watermark is None:
+            return None
+        if self.watermark >= MAX_WATERMARK:
+            return 0.0
+        return max(0.0, now - self.watermark / 1000)
 
     @property
     def backpressure(self) -> str:
@@ -63,6 +83,20 @@ class JobMetrics:
     waiting: str | None = None
     """A checkpoint in flight longer than its interval: what it waits for, and the records its
     barrier waits behind (``None``: none is)."""
+    at: float = 0.0
+    """When the figures were taken (epoch seconds): watermark lags are behind it."""
+
+    @property
+    def late(self) -> int:
+        """Records too late for their windows, of every operator (this generation)."""
+        return sum(o.late for o in self.operators)
+
+    @property
+    def event_time(self) -> bool:
+        """Whether any operator has event time (a watermark, windows or timers)."""
+        return any(
+            o.watermark is not None or o.late or o.windows or o.timers for o in self.operators
+        )
 
     @property
     def backpressured(self) -> list[str]:
@@ -145,8 +179,21 @@ class MetricsCollector:
                     chain_uid = self._chain_of[op.uid]
                     blocked = last[2].get(chain_uid, 0.0) - first[2].get(chain_uid, 0.0)
                     pressure = min(1.0, max(0.0, blocked / (span * self.plan.parallelism)))
+                figures = self._event_figures(op.uid)
                 operators.append(
-                    OperatorMetrics(op.uid, op.name, taken, given, rate_in, rate_out, pressure)
+                    OperatorMetrics(
+                        op.uid,
+                        op.name,
+                        taken,
+                        given,
+                        rate_in,
+                        rate_out,
+                        pressure,
+                        watermark=self._watermark(chain.uid),
+                        late=figures.get("late", 0),
+                        windows=figures.get("windows", 0),
+                        timers=figures.get("timers", 0),
+                    )
                 )
         return JobMetrics(
             elapsed=elapsed,
@@ -155,4 +202,25 @@ class MetricsCollector:
             checkpoints=list(self.checkpoints),
             restarts=list(self.restarts),
             waiting=self.waiting,
+            at=time.time(),
         )
+
+    def _watermark(self, chain_uid: str) -> int | None:
+        """The least watermark of the chain's subtasks (``None`` if one has none yet)."""
+        found = []
+        for i in range(self.plan.parallelism):
+            values = self._subtasks.get(subtask_name(chain_uid, i))
+            watermark = values.get("watermark") if values is not None else None
+            if watermark is None:
+                return None
+            found.append(int(watermark))
+        return min(found) if found else None
+
+    def _event_figures(self, uid: str) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for values in self._subtasks.values():
+            figures = dict(values.get("event_time", {})).get(uid)
+            if isinstance(figures, Mapping):
+                for name, value in figures.items():
+                    totals[str(name)] = totals.get(str(name), 0) + int(value)
+        return totals

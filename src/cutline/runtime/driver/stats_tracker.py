@@ -169,4 +169,9 @@ def _subtask_stats(ack: Ack, now: float, flight: _InFlight) -> SubtaskStats:
         snapshot_at=after(stats.get("snapshot_at", wall)),
         forwarded_at=after(forwarded) if forwarded is not None else None,
         queued_ahead={str(c): int(n) for c, n in dict(stats.get("queued_ahead", {})).items()},
+        watermark=int(stats["watermark"]) if stats.get("watermark") is not None else None,
+        event_time={
+            str(uid): {str(k): int(v) for k, v in dict(figures).items()}
+            for uid, figures in dict(stats.get("event_time", {})).items()
+        },
     )

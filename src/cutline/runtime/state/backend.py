@@ -59,6 +59,7 @@ from cutline.runtime.state.segments import (
     encode_segment,
     group_entries,
 )
+from cutline.runtime.state.timers import TimerIndex, new_timer_index
 
 _CHECKED_KEYS = 1_000_000
 
@@ -148,6 +149,7 @@ class KeyedStateBackend:
         """Checkpoint id -> the number of its snapshot (its place among the frozen layers)."""
         self._group_cache: dict[Hashable, int] = {}
         self._group_cache_size = GROUP_CACHE
+        self._timer_indexes: list[TimerIndex] = []
         self._spilled: dict[str, set[Hashable]] = {}
         """Disk backend: keys written to the database early since the last snapshot (per state
         name); the next snapshot's frozen layer takes them."""
@@ -195,6 +197,14 @@ class KeyedStateBackend:
 
     def map_state(self, name: str) -> MapState:
         return MapState(self, self._table(name, "map"))
+
+    def timer_index(self, name: str) -> TimerIndex:
+        """A new index of timers by due time for this subtask (:mod:`timers`): in memory for
+        the memory backend, in a database beside the state for the disk backend. Closed with
+        the backend."""
+        index = new_timer_index(self.kind, getattr(self, "path", None), name)
+        self._timer_indexes.append(index)
+        return index
 
     def value_table(self, name: str) -> Any:
         """Value state ``name`` as a table with ``get(key, default)`` and ``table[key] = value``,
@@ -413,6 +423,12 @@ class KeyedStateBackend:
 
     def close(self) -> None:
         """Release what the backend holds (files of the disk backend)."""
+        self._close_timers()
+
+    def _close_timers(self) -> None:
+        for index in self._timer_indexes:
+            index.close()
+        self._timer_indexes = []
 
 
 class Layers:

@@ -237,6 +237,7 @@ class DiskStateBackend(KeyedStateBackend):
                 self._put_entries(table, entries, group)
 
     def close(self) -> None:
+        self._close_timers()
         with self._db_lock:
             with contextlib.suppress(Exception):
                 self._db.close()

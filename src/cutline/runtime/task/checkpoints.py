@@ -58,6 +58,11 @@ class PendingSnapshot:
     """Input channel -> wall clock of its barrier."""
     queued_ahead: dict[str, int] = field(default_factory=dict)
     """Output channel -> records its (in-line) barrier was sent behind."""
+    watermark: int | None = None
+    """The subtask's watermark at the snapshot (``None``: it has none yet)."""
+    event_time: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Operator uid -> its event-time figures at the snapshot (late records, open windows,
+    timers)."""
 
     def keep_output(self, channel: str, overtaken: list[InBand]) -> None:
         """Keep the records (and watermarks) an unaligned barrier overtook on output

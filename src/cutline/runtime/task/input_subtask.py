@@ -85,6 +85,7 @@ class InputSubtask(SubtaskRunner):
                     return
                 continue
             self._check_timeouts()
+            self._processing_time()
             wait = 0.05
             if self.checkpoints.watched():
                 wait = 0.01

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, assert_never
 
+from cutline.protocol.watermarks import MIN_WATERMARK
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.network.channel import ChannelError, InputGate
 from cutline.runtime.network.control import ControlClient
@@ -221,6 +222,11 @@ def _failed(control: ControlClient, failed: list[SubtaskRunner]) -> None:
 def _metrics(runners: list[SubtaskRunner]) -> dict[str, Any]:
     """The live figures of a heartbeat (``runtime/metrics.py``)."""
     return {
-        r.name: {"ops": r.operator_records, "backpressured": round(r.backpressured, 4)}
+        r.name: {
+            "ops": r.operator_records,
+            "backpressured": round(r.backpressured, 4),
+            "watermark": r.watermark if r.watermark != MIN_WATERMARK else None,
+            "event_time": r.event_figures(),
+        }
         for r in runners
     }

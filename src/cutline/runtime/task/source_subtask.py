@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.network.messages import Exhausted, Trigger
 from cutline.runtime.task.subtask import SubtaskRunner
 
@@ -97,6 +98,7 @@ class SourceSubtask(SubtaskRunner):
             idle = exhausted or self._final is not None or self._holding()
             self._handle_messages(0.1 if idle else _pause(pace))
             self._check_timeouts()
+            self._processing_time()
             if clock is not None and not exhausted:
                 self._carry_out_watermarks(clock.tick(time.monotonic()))
             if self._final is not None and self._last_complete >= self._final:
@@ -121,9 +123,13 @@ class SourceSubtask(SubtaskRunner):
             batch = None if self._draining else self._reader.read(size)
             if batch is None:
                 exhausted = True
-                if clock is not None and not self._draining:
-                    # the end of the input: every window fires, before the final checkpoint
-                    self._carry_out_watermarks(clock.exhausted())
+                if not self._draining:
+                    # the end of the input: every window and timer fires (processing-time ones
+                    # too, without event time), before the final checkpoint
+                    if clock is not None:
+                        self._carry_out_watermarks(clock.exhausted())
+                    elif self.watermark < MAX_WATERMARK:
+                        self._advance_watermark(MAX_WATERMARK)
                 self.control.send(Exhausted(self.name))
                 continue
             self.records_in += batch.num_rows

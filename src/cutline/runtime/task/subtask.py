@@ -148,6 +148,8 @@ class SubtaskRunner:
         self._restored_inputs: dict[str, list[Any]] = {}
         self._restored_outputs: dict[str, list[Any]] = {}
         self._key_contexts: dict[str, OperatorContext] = {}
+        self._clocked: list[int] = []
+        """The operators (their index in the chain) that look at processing time."""
         self.thread: threading.Thread | None = None
 
     # ----------------------------------------------------------------- set-up
@@ -190,6 +192,11 @@ class SubtaskRunner:
                 self._reader = op.logic.open(ctx, restored.get(op.uid))
             else:
                 self._operators.append((op.uid, op.logic.open(ctx, restored.get(op.uid))))
+        self._clocked = [
+            index
+            for index, (_, running) in enumerate(self._operators)
+            if type(running).on_processing_time is not RunningOperator.on_processing_time
+        ]
 
     def _check_channel_state(self, checkpoint_id: int) -> None:
         """The recorded channels of the restored checkpoint must be channels of this job."""
@@ -408,6 +415,31 @@ class SubtaskRunner:
 
     # ------------------------------------------------------------ event time
 
+    def event_figures(self) -> dict[str, dict[str, int]]:
+        """Operator uid -> its event-time figures now (those that have any)."""
+        figures = {}
+        for uid, running in self._operators:
+            found = running.figures()
+            if found is not None:
+                figures[uid] = found
+        return figures
+
+    def _processing_time(self) -> None:
+        """Tell the operators that keep processing-time timers (or windows) the time."""
+        clocked = self._clocked
+        if not clocked:
+            return
+        now = int(time.time() * 1000)
+        for index in clocked:
+            uid, running = self._operators[index]
+            self._current = uid
+            out = running.on_processing_time(now)
+            if out is not None and len(out):
+                self.operator_records[uid][1] += len(out)
+                self._push(out, index + 1)
+            elif self._sides and index == len(self._operators) - 1:
+                self._emit_sides()
+
     def _carry_out_watermarks(self, actions: list[WatermarkAction]) -> None:
         """Carry out what the source's clock or the input valve decided, in order."""
         for action in actions:
@@ -535,6 +567,8 @@ class SubtaskRunner:
             first_barrier_at=first_at,
             sent=dict(self._sent),
             received=dict(self._received),
+            watermark=self.watermark if self.watermark != MIN_WATERMARK else None,
+            event_time=self.event_figures(),
         )
         self.checkpoints.forget_empty()
 
@@ -679,6 +713,8 @@ class SubtaskRunner:
                         "channel_state_bytes": channel_bytes,
                         "channel_state_records": records,
                         "queued_ahead": taking.queued_ahead,
+                        "watermark": taking.watermark,
+                        "event_time": taking.event_time,
                     },
                 )
             )

@@ -1,0 +1,274 @@
+"""Timers of a keyed operator subtask: when to call back for which key.
+
+A timer is ``(due, key, namespace)``: at ``due`` (epoch ms of event time, when the watermark
+reaches it; or of processing time, when the clock does), call back for ``key``
+(``namespace`` tells two timers of one key apart: a window's ``(start, end)``). Two parts:
+
+* the timers themselves are **keyed state**: they go into checkpoints and savepoints with
+  the rest of the operator's state, are redistributed by key group when the job is rescaled,
+  and are readable with ``read_state`` (the state ``_timers`` of a process function: per key,
+  its ``(domain, due)`` pairs). An operator whose state already says when things are due (a
+  window: its end) keeps no second copy;
+* a :class:`TimerIndex` orders them by due time, to find those due without looking at every
+  key. It is built again from the state when the operator opens (never checkpointed). The
+  memory backend's is a heap in memory; the disk backend's is a RocksDB database beside its
+  state (:class:`DiskTimerIndex`), so that millions of timers do not live in memory.
+
+:class:`TimerService` is what a ``KeyedProcessFunction`` sees as ``ctx.timer_service``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import pickle
+import shutil
+import struct
+import tempfile
+from collections.abc import Hashable, Iterator
+from typing import Any
+
+from cutline.runtime.state.keygroups import StateError
+
+_DUE = struct.Struct(">Q")
+_SHIFT = 2**63  # due times are signed: shifted so that their bytes sort as the numbers do
+
+
+class TimerIndex:
+    """Timers ordered by due time (earliest first); ``namespace`` tells a key's apart."""
+
+    def add(self, due: int, key: Hashable, namespace: Any = None) -> None:
+        raise NotImplementedError
+
+    def discard(self, due: int, key: Hashable, namespace: Any = None) -> None:
+        raise NotImplementedError
+
+    def pop_due(self, upto: int) -> Iterator[tuple[int, Hashable, Any]]:
+        """Remove and yield every timer due at or before ``upto``, earliest first (one added
+        meanwhile, due by ``upto``, comes too)."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the index holds (files)."""
+
+
+class MemoryTimerIndex(TimerIndex):
+    """A heap of due times, with the timers of each (the memory backend's)."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, set[tuple[Hashable, Any]]] = {}
+        self._heap: list[int] = []
+        self._count = 0
+
+    def add(self, due: int, key: Hashable, namespace: Any = None) -> None:
+        entries = self._due.get(due)
+        if entries is None:
+            entries = self._due[due] = set()
+            heapq.heappush(self._heap, due)
+        if (key, namespace) not in entries:
+            entries.add((key, namespace))
+            self._count += 1
+
+    def discard(self, due: int, key: Hashable, namespace: Any = None) -> None:
+        entries = self._due.get(due)
+        if entries is not None and (key, namespace) in entries:
+            entries.remove((key, namespace))
+            self._count -= 1
+
+    def pop_due(self, upto: int) -> Iterator[tuple[int, Hashable, Any]]:
+        heap = self._heap
+        while heap and heap[0] <= upto:
+            due = heap[0]
+            entries = self._due.get(due)
+            if not entries:
+                heapq.heappop(heap)
+                self._due.pop(due, None)
+                continue
+            # a stable order among the timers due at once (keys of any type)
+            key, namespace = min(entries, key=_order)
+            entries.remove((key, namespace))
+            self._count -= 1
+            yield due, key, namespace
+
+    def __len__(self) -> int:
+        return self._count
+
+
+def _order(entry: tuple[Hashable, Any]) -> tuple[str, str]:
+    return (repr(entry[0]), repr(entry[1]))
+
+
+class DiskTimerIndex(TimerIndex):
+    """Timers in a RocksDB database of their own (in ``folder``), keyed by due time: only
+    RocksDB's caches are in memory."""
+
+    def __init__(self, folder: str | None, name: str) -> None:
+        import rocksdict
+
+        try:
+            self.path = tempfile.mkdtemp(prefix=f"timers-{name}-", dir=folder)
+        except OSError as exc:
+            raise StateError(f"cannot create the timers' database: {exc.strerror or exc}") from exc
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db: Any = rocksdict.Rdict(self.path, options)
+        writes = rocksdict.WriteOptions()
+        writes.disable_wal = True  # type: ignore[method-assign,assignment]  # (a property)
+        self._db.set_write_options(writes)
+        self._count = 0
+
+    @staticmethod
+    def _key(due: int, key: Hashable, namespace: Any) -> bytes:
+        return _DUE.pack(due + _SHIFT) + pickle.dumps((key, namespace), protocol=4)
+
+    def add(self, due: int, key: Hashable, namespace: Any = None) -> None:
+        db_key = self._key(due, key, namespace)
+        if self._db.get(db_key) is None:
+            self._db.put(db_key, b"")
+            self._count += 1
+
+    def discard(self, due: int, key: Hashable, namespace: Any = None) -> None:
+        db_key = self._key(due, key, namespace)
+        if self._db.get(db_key) is not None:
+            self._db.delete(db_key)
+            self._count -= 1
+
+    def pop_due(self, upto: int) -> Iterator[tuple[int, Hashable, Any]]:
+        while True:
+            taken: list[tuple[bytes, int]] = []
+            for db_key in self._db.keys():  # noqa: SIM118  (an Rdict, not a dict)
+                due = _DUE.unpack_from(db_key)[0] - _SHIFT
+                if due > upto or len(taken) == 1000:
+                    break
+                taken.append((db_key, due))
+            if not taken:
+                return
+            for db_key, due in taken:
+                if self._db.get(db_key) is None:
+                    continue  # discarded meanwhile
+                self._db.delete(db_key)
+                self._count -= 1
+                key, namespace = pickle.loads(db_key[_DUE.size :])
+                yield due, key, namespace
+
+    def __len__(self) -> int:
+        return self._count
+
+    def close(self) -> None:
+        try:
+            self._db.close()
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def new_timer_index(backend_kind: str, folder: str | None, name: str) -> TimerIndex:
+    """The index of a backend of kind ``backend_kind`` (in ``folder``, for the disk one)."""
+    if backend_kind == "disk":
+        if folder is not None and not os.path.isdir(folder):
+            folder = None
+        return DiskTimerIndex(folder, name)
+    return MemoryTimerIndex()
+
+
+EVENT = "event"
+PROCESSING = "processing"
+TIMERS = "_timers"
+"""The keyed state of a process function's timers: per key, a tuple of ``(domain, due)``."""
+
+
+class TimerService:
+    """A process function's timers (``ctx.timer_service``), for the key of the record (or
+    timer) being processed.
+
+    ``register_event_time_timer(t)`` calls ``on_timer(t, ctx)`` once the watermark reaches
+    ``t``; ``register_processing_time_timer(t)`` once the clock does (epoch milliseconds). A
+    key has at most one timer per time and domain (registering it again does nothing);
+    ``delete_*`` removes one. Timers are keyed state: checkpointed, restored, rescaled."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._table = backend.value_table(TIMERS)
+        self.indexes = {
+            EVENT: backend.timer_index(EVENT),
+            PROCESSING: backend.timer_index(PROCESSING),
+        }
+        self.watermark = -(2**63)
+        """The operator's current watermark (event time reached)."""
+        self.now = 0
+        """Processing time when the operator last looked (epoch ms)."""
+        for key in list(backend.keys(TIMERS)):
+            for domain, due in self._table.get(key) or ():
+                self.indexes[domain].add(due, key)
+
+    def current_watermark(self) -> int:
+        """The watermark this operator has reached (epoch ms; very negative before any)."""
+        return self.watermark
+
+    def current_processing_time(self) -> int:
+        """The wall clock, in epoch milliseconds."""
+        import time
+
+        return int(time.time() * 1000)
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._add(EVENT, _ms(timestamp))
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._add(PROCESSING, _ms(timestamp))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._remove(EVENT, _ms(timestamp))
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._remove(PROCESSING, _ms(timestamp))
+
+    def _add(self, domain: str, due: int) -> None:
+        key = self._backend.current_key
+        timers = self._table.get(key) or ()
+        if (domain, due) in timers:
+            return
+        self._table[key] = (*timers, (domain, due))
+        self.indexes[domain].add(due, key)
+
+    def _remove(self, domain: str, due: int) -> None:
+        key = self._backend.current_key
+        timers = self._table.get(key) or ()
+        if (domain, due) not in timers:
+            return
+        left = tuple(t for t in timers if t != (domain, due))
+        if left:
+            self._table[key] = left
+        else:
+            self._table.delete(key)
+        self.indexes[domain].discard(due, key)
+
+    def due(self, domain: str, upto: int) -> Iterator[tuple[int, Hashable]]:
+        """Every timer of ``domain`` due by ``upto``, earliest first, taken out of state as it
+        fires (one the callback registers, due by ``upto``, fires too)."""
+        for due, key, _ in self.indexes[domain].pop_due(upto):
+            timers = self._table.get(key) or ()
+            left = tuple(t for t in timers if t != (domain, due))
+            if left:
+                self._table[key] = left
+            else:
+                self._table.delete(key)
+            yield due, key
+
+    def __len__(self) -> int:
+        return sum(len(index) for index in self.indexes.values())
+
+    def close(self) -> None:
+        for index in self.indexes.values():
+            index.close()
+
+
+def _ms(timestamp: Any) -> int:
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise StateError(
+            f"a timer's time is an integer of epoch milliseconds, not {timestamp!r} "
+            f"({type(timestamp).__name__})"
+        )
+    return timestamp
