@@ -28,6 +28,7 @@ from cutline import (
     ProcessContext,
     Session,
     Sliding,
+    SourceHold,
     StreamEnvironment,
     Tumbling,
     Window,
@@ -541,3 +542,44 @@ def test_watermarks_late_records_and_windows_are_in_the_metrics_statistics_and_r
     assert "event time" in shown.output and "per_second" in shown.output
     page = build_report(str(tmp_path / "checkpoints"))
     assert '<section id="event-time">' in page and "per_second" in page
+
+
+class FailOnceOn:
+    """A map_batches function that raises once, on the first batch with an ``amount`` of
+    ``amount`` (a file remembers it across the restart)."""
+
+    __name__ = "fail_once"
+
+    def __init__(self, amount: int, flag: Path) -> None:
+        self.amount, self.flag = amount, flag
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self.amount in batch.column("amount").to_pylist() and not self.flag.exists():
+            self.flag.touch()
+            raise RuntimeError(f"injected failure on the record of amount {self.amount}")
+        return batch
+
+
+def test_a_record_late_before_a_failure_is_late_after_the_restore_too(tmp_path: Path) -> None:
+    """The window operator's watermark is in its checkpoint: after a restore the watermarks
+    from the sources start again from the least, but the window that fired before the
+    checkpoint does not open again for the record that was late then (it would be published
+    twice: 100 before, 1 after)."""
+    (tmp_path / "in").mkdir()
+    write_late_input(tmp_path / "in" / "clicks.parquet")
+    env = environment(tmp_path, 1, batch_size=1)
+    counts = (
+        env.read_parquet(tmp_path / "in", event_time="ts")
+        .map_batches(FailOnceOn(7, tmp_path / "failed"))  # the late record
+        .key_by("user")
+        .window(Tumbling("1s"))
+        .count()
+    )
+    counts.collect("counts")
+    counts.late().collect("late")
+    # hold after the record at 2500: a checkpoint completes with the window [0, 1000) fired
+    result = env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=101))
+    assert len(result.restarts) == 1 and result.restarts[0].restored_from is not None
+    got = sorted((r["window_start"], r["count"]) for r in result.collected["counts"])
+    assert got == [(0, 100), (2000, 2)]
+    assert [r["ts"] for r in result.collected["late"]] == [500]

@@ -524,25 +524,29 @@ class WindowedStream:
         self.lateness = lateness
         self.time = time
 
-    def count(self, *, name: str | None = None) -> WindowedResult:
-        """The number of records of each window, in a ``count`` column."""
-        return self._apply(Aggregation("count"), "count", name)
+    def count(self, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
+        """The number of records of each window, in a ``count`` column. ``on_error``: what
+        a record without event time (or key) does: ``"fail"`` or ``"dead_letter"``."""
+        return self._apply(Aggregation("count"), "count", name, on_error)
 
-    def sum(self, field: str, *, name: str | None = None) -> WindowedResult:
-        """The sum of ``field`` over each window, in a column of that name."""
-        return self._builtin("sum", field, name)
+    def sum(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
+        """The sum of ``field`` over each window, in a column of that name (a record whose
+        ``field`` is no number fails, or goes to the dead letters)."""
+        return self._builtin("sum", field, name, on_error)
 
-    def min(self, field: str, *, name: str | None = None) -> WindowedResult:
+    def min(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
         """The smallest ``field`` of each window."""
-        return self._builtin("min", field, name)
+        return self._builtin("min", field, name, on_error)
 
-    def max(self, field: str, *, name: str | None = None) -> WindowedResult:
+    def max(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
         """The largest ``field`` of each window."""
-        return self._builtin("max", field, name)
+        return self._builtin("max", field, name, on_error)
 
-    def mean(self, field: str, *, name: str | None = None) -> WindowedResult:
+    def mean(
+        self, field: str, *, name: str | None = None, on_error: str = "fail"
+    ) -> WindowedResult:
         """The mean of ``field`` over each window (a float)."""
-        return self._builtin("mean", field, name)
+        return self._builtin("mean", field, name, on_error)
 
     def aggregate(
         self, fn: AggregateFunction, *, name: str | None = None, on_error: str = "fail"
@@ -580,10 +584,10 @@ class WindowedStream:
         label = f"process({function_name(fn)})"
         return self._apply(Aggregation("process", fn=fn), label, name, on_error)
 
-    def _builtin(self, kind: str, field: str, name: str | None) -> WindowedResult:
+    def _builtin(self, kind: str, field: str, name: str | None, on_error: str) -> WindowedResult:
         if not isinstance(field, str) or not field:
             raise TypeError(f"{kind} of a window takes a column name, not {field!r}")
-        return self._apply(Aggregation(kind, field), f"{kind}({field})", name)
+        return self._apply(Aggregation(kind, field), f"{kind}({field})", name, on_error)
 
     def _apply(
         self, aggregation: Aggregation, what: str, name: str | None, on_error: str = "fail"

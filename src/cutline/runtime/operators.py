@@ -493,11 +493,14 @@ class _Keyed(RunningOperator):
         self.get_key = key_getter(key)
         groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
         self.backend = new_backend(ctx.state, ctx.max_parallelism, groups)
+        self.restored: list[Mapping[str, Any]] = []
+        """The keyed state handles it was restored from (what their ``extra`` kept)."""
         if state:
             try:
                 if ctx.restore_store is None:
                     raise RecordError("keyed state to restore, but nowhere to read it from")
                 handles = state if isinstance(state, list) else [state]
+                self.restored = handles
                 self.backend.restore(
                     handles, ctx.restore_store, checkpoint_id=ctx.restore_checkpoint
                 )

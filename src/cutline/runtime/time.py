@@ -108,9 +108,14 @@ def _unit_of(type_: pa.DataType) -> str | None:
 def check_time_type(column: str, type_: pa.DataType) -> None:
     """Refuse a column that is neither an Arrow timestamp nor integers (epoch ms)."""
     if not (pa.types.is_timestamp(type_) or pa.types.is_integer(type_)):
+        hint = (
+            f" (text: read it as a timestamp with schema={{{column!r}: 'timestamp[ms]'}})"
+            if pa.types.is_string(type_) or pa.types.is_large_string(type_)
+            else ""
+        )
         raise EventTimeError(
             f"event_time={column!r}: the column is {type_}, but event time must be an Arrow "
-            "timestamp or integers of epoch milliseconds"
+            f"timestamp or integers of epoch milliseconds{hint}"
         )
 
 

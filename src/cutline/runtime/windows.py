@@ -35,6 +35,7 @@ and grouped with NumPy and Arrow, then one state update per key and window); a u
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import math
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -54,6 +55,8 @@ from cutline.runtime.operators import (
     _Keyed,
     rows,
 )
+from cutline.runtime.state.backend import KeyedSnapshot
+from cutline.runtime.state.keygroups import key_group
 from cutline.runtime.time import EventTime, EventTimeError, duration_ms
 
 WINDOWS = "windows"
@@ -318,6 +321,25 @@ class WindowOperator(_Keyed):
         self._late: list[Batch] = []
         self._session = isinstance(self.assigner, Session)
         self.processing = logic.time == "processing"
+        self._time_type = self.event_time.type
+        """The event-time column's type (learned from the records when the job could not
+        know it: after ``assign_timestamps``): window_start and window_end come back in it."""
+        # The watermark it had reached at the restored checkpoint: a window that fired then
+        # must not open again for a record that was late then (it would be published twice).
+        # Restored at another parallelism, each key keeps the watermark of the subtask it was
+        # in, until the watermark passes them all.
+        mine = self.backend.key_groups
+        self._marks: list[tuple[range, int]] = []
+        for handle in self.restored:
+            start, stop = handle.get("key_groups", (0, 0))
+            groups = range(max(start, mine.start), min(stop, mine.stop))
+            if len(groups) and "watermark" in handle:
+                self._marks.append((groups, int(handle["watermark"])))
+                if self._time_type is None and handle.get("time_type") is not None:
+                    self._time_type = handle["time_type"]
+        if self._marks:
+            self.watermark = min(m for _, m in self._marks)
+        self._ceiling = max((m for _, m in self._marks), default=MIN_WATERMARK)
         self._rebuild_timers()
 
     # ------------------------------------------------------------------ timers
@@ -364,8 +386,28 @@ class WindowOperator(_Keyed):
 
     # ------------------------------------------------------------------ records
 
-    def _late_window(self, end: int) -> bool:
-        return _add(end - 1, self.lateness) <= self.watermark
+    def _late_window(self, end: int, floor: int | None = None) -> bool:
+        return _add(end - 1, self.lateness) <= (self.watermark if floor is None else floor)
+
+    def _floor(self, key: Hashable) -> int:
+        """The watermark a record of ``key`` is late against: the operator's, or, after a
+        restore at another parallelism, that of the subtask whose state the key was in."""
+        if self.watermark >= self._ceiling:
+            return self.watermark
+        group = key_group(key, self.backend.max_parallelism)
+        for groups, mark in self._marks:
+            if group in groups:
+                return max(self.watermark, mark)
+        return self.watermark
+
+    def snapshot(
+        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
+    ) -> KeyedSnapshot:
+        taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
+        taken.extra["watermark"] = self.watermark
+        if self._time_type is not None:
+            taken.extra["time_type"] = self._time_type
+        return taken
 
     def process(self, batch: Batch) -> Batch | None:
         if not len(batch):
@@ -383,8 +425,11 @@ class WindowOperator(_Keyed):
             batch, ts = self._without_time(batch, ts, missing)
             if not len(batch):
                 return None
+        if self._time_type is None and not self.processing:
+            self._learn_time_type(batch)
         if (
-            self.aggregation.builtin
+            self.watermark >= self._ceiling  # (else the per-record path: lateness per key)
+            and self.aggregation.builtin
             and isinstance(batch, pa.RecordBatch)
             and isinstance(self.key, str)
             and self._vectorizable(batch)
@@ -393,6 +438,21 @@ class WindowOperator(_Keyed):
                 return self._sessions_vectorized(batch, ts)
             return self._windows_vectorized(batch, ts)
         return self._per_record(rows(batch), ts)
+
+    def _learn_time_type(self, batch: Batch) -> None:
+        """The event-time column's type, from the records (``assign_timestamps``)."""
+        column = self.event_time.column
+        if isinstance(batch, pa.RecordBatch):
+            self._time_type = batch.schema.field(column).type
+            return
+        for record in batch:
+            value = record.get(column) if isinstance(record, dict) else None
+            if isinstance(value, dt.datetime):
+                self._time_type = pa.timestamp("us", tz="UTC" if value.tzinfo else None)
+                return
+            if isinstance(value, int):
+                self._time_type = pa.int64()
+                return
 
     def _without_time(
         self, batch: Batch, ts: np.ndarray, missing: np.ndarray
@@ -586,7 +646,7 @@ class WindowOperator(_Keyed):
                 if self._session:
                     assert isinstance(self.assigner, Session)
                     end = stamp + self.assigner.gap
-                    if self._late_window(end):
+                    if self._late_window(end, self._floor(key)):
                         late.append(record)
                         continue
                     acc = aggregation.add(aggregation.create(), record)
@@ -597,9 +657,10 @@ class WindowOperator(_Keyed):
                 windows = dict(self.table.get(key) or {})
                 size = window_size(self.assigner)  # type: ignore[arg-type]
                 on_time = False
+                floor = self._floor(key)
                 for start in starts:
                     end = start + size
-                    if self._late_window(end):
+                    if self._late_window(end, floor):
                         continue
                     on_time = True
                     entry = windows.get(start)
@@ -648,8 +709,12 @@ class WindowOperator(_Keyed):
         return self._fire_upto(max(self.watermark, now - 1))
 
     def _fire_upto(self, watermark: int) -> Batch | None:
-        """Fire every window whose last millisecond is at or before ``watermark``."""
-        self.watermark = watermark
+        """Fire every window whose last millisecond is at or before ``watermark`` (never
+        going back: after a restore, the watermarks from upstream start again from the
+        least, behind the one restored)."""
+        if watermark <= self.watermark and not len(self.fire):
+            return None
+        watermark = self.watermark = max(self.watermark, watermark)
         results: list[tuple[Hashable, int, int, Any]] = []
         for _, key, (start, end) in self.fire.pop_due(watermark):
             acc = self._fire(key, start, end)
@@ -708,7 +773,7 @@ class WindowOperator(_Keyed):
     def _results(self, fired: list[tuple[Hashable, int, int, Any]]) -> Batch:
         """The output records of fired windows: key, window_start, window_end, the result."""
         aggregation, key_column = self.aggregation, self.logic.key_column
-        event_time = EventTime(self.event_time.column, 0, self.event_time.type)
+        event_time = EventTime(self.event_time.column, 0, self._time_type)
         if aggregation.builtin:
             return pa.record_batch(
                 {

@@ -90,10 +90,13 @@ class KeyedSnapshot:
         self.savepoint = savepoint
         self.full: bool | None = None
         """Whether it wrote a full segment (known once written)."""
+        self.extra: dict[str, Any] = {}
+        """What the operator keeps beside its keyed state in the handle (a window operator's
+        watermark): picklable, read back from the handles at a restore."""
 
     def write(self, store: SegmentStore, name: str) -> dict[str, Any]:
         """Write the segment (files named ``name``...) and return the keyed state handle."""
-        return self.backend._write(self, store, name)
+        return {**self.backend._write(self, store, name), **self.extra}
 
 
 @dataclass

@@ -68,9 +68,9 @@ class MemoryTimerIndex(TimerIndex):
         if entries is None:
             entries = self._due[due] = set()
             heapq.heappush(self._heap, due)
-        if (key, namespace) not in entries:
-            entries.add((key, namespace))
-            self._count += 1
+        before = len(entries)
+        entries.add((key, namespace))
+        self._count += len(entries) - before
 
     def discard(self, due: int, key: Hashable, namespace: Any = None) -> None:
         entries = self._due.get(due)
@@ -81,17 +81,19 @@ class MemoryTimerIndex(TimerIndex):
     def pop_due(self, upto: int) -> Iterator[tuple[int, Hashable, Any]]:
         heap = self._heap
         while heap and heap[0] <= upto:
-            due = heap[0]
-            entries = self._due.get(due)
+            due = heapq.heappop(heap)
+            entries = self._due.pop(due, None)
             if not entries:
-                heapq.heappop(heap)
-                self._due.pop(due, None)
                 continue
-            # a stable order among the timers due at once (keys of any type)
-            key, namespace = min(entries, key=_order)
-            entries.remove((key, namespace))
-            self._count -= 1
-            yield due, key, namespace
+            self._count -= len(entries)
+            # a stable order among the timers due at once (keys of any type); one added for
+            # this due time meanwhile goes into a new set, taken on the next round
+            try:
+                ordered = sorted(entries)
+            except TypeError:  # keys of several types
+                ordered = sorted(entries, key=_order)
+            for key, namespace in ordered:
+                yield due, key, namespace
 
     def __len__(self) -> int:
         return self._count
