@@ -52,9 +52,10 @@ small input:
 Figures per run: events/s = bids / seconds of the whole query on a warm session (Spark: from
 ``start()`` to ``awaitTermination()``; Flink: ``executeSql(INSERT ...)`` to its end, a local
 MiniCluster started inside; cutline: the whole ``execute()`` call, and also its
-``running_seconds``), checkpoints and their duration (cutline), micro-batches (Spark). A run
-counts only if its answer equals the reference exactly ("verified"); the exit status is 1 if
-any run that could run was not verified. End-to-end latency is not measured yet (null).
+``running_seconds``), checkpoints and their duration (cutline; Flink: from its log),
+micro-batches (Spark). A run counts only if its answer equals the reference exactly
+("verified"); the exit status is 1 if any run that could run was not verified. End-to-end
+latency is not measured yet (null).
 """
 
 from __future__ import annotations
@@ -402,10 +403,36 @@ def flink_worker() -> None:
                 f"'connector' = 'filesystem', 'path' = '{command['out']}', 'format' = 'csv')"
             )
             start = time.perf_counter()
-            env.execute_sql(f"INSERT INTO {sink} {select}").wait()
-            reply({"seconds": time.perf_counter() - start})
+            result = env.execute_sql(f"INSERT INTO {sink} {select}")
+            result.wait()
+            seconds = time.perf_counter() - start
+            client = result.get_job_client()
+            job = str(client.get_job_id()) if client is not None else ""
+            reply({"seconds": seconds, "job_id": job, **_flink_checkpoints(job)})
         except Exception as exc:
             reply({"error": f"{type(exc).__name__}: {exc}"[:3000]})
+
+
+def _flink_checkpoints(job: str) -> dict:
+    """The checkpoints Flink completed for ``job``, from the local cluster's log (in the
+    pyflink package's ``log`` folder): their number and durations (trigger to complete)."""
+    import re
+
+    import pyflink
+
+    durations = []
+    pattern = re.compile(rf"Completed checkpoint \d+ for job {job} .*checkpointDuration=(\d+) ms")
+    for log in (Path(pyflink.__file__).parent / "log").glob("*.log"):
+        with open(log, errors="replace") as lines:
+            for line in lines:
+                if job and job in line and (found := pattern.search(line)):
+                    durations.append(int(found.group(1)) / 1000)
+    durations.sort()
+    return {
+        "checkpoints_completed": len(durations),
+        "checkpoint_duration_p50_s": _pct(durations, 50),
+        "checkpoint_duration_p99_s": _pct(durations, 99),
+    }
 
 
 class FlinkWorker:
@@ -488,6 +515,10 @@ class FlinkWorker:
             "seconds_incl_start": reply["seconds"],
             "events_per_s_incl_start": inp.bids / reply["seconds"],
             "seconds_round_trip": wall,
+            "job_id": reply.get("job_id"),
+            "checkpoints_completed": reply.get("checkpoints_completed"),
+            "checkpoint_duration_p50_s": reply.get("checkpoint_duration_p50_s"),
+            "checkpoint_duration_p99_s": reply.get("checkpoint_duration_p99_s"),
         }
 
     def close(self) -> None:
@@ -631,7 +662,7 @@ def cutline_answer(query: str, table: pa.Table) -> set[tuple[int, ...]]:
 
 
 def run_cutline(
-    spark: Any, inp: Input, query: str, work: Path, expected: Answers
+    spark: Any, inp: Input, query: str, work: Path, expected: Answers, timeout: float = 1800
 ) -> tuple[set, dict]:
     from cutline import StreamEnvironment
 
@@ -642,7 +673,7 @@ def run_cutline(
     )
     CUTLINE_QUERIES[query](cutline_bids(env, inp.parquet)).write_parquet(str(out))
     start = time.perf_counter()
-    result = env.execute(spark, progress=False)
+    result = env.execute(spark, progress=False, stop_after=timeout)  # a bound, not a figure
     wall = time.perf_counter() - start
     table = ds.dataset(str(out), format="parquet").to_table() if out.exists() else pa.table({})
     shutil.rmtree(work, ignore_errors=True)
@@ -652,8 +683,9 @@ def run_cutline(
     check = compare(answer, expected[query])
     return answer, {
         **check,
-        "verified": check["verified"] and not result.restarts,
+        "verified": check["verified"] and not result.restarts and read == inp.bids,
         "restarts": len(result.restarts),
+        "stopped_at_timeout": read < inp.bids,
         "rows_read": read,
         "seconds_incl_start": wall,
         "events_per_s_incl_start": inp.bids / wall,
@@ -730,7 +762,7 @@ class Bench:
                 assert self.flink is not None
                 _, figures = self.flink.run(inp, query, work, expected, self.args.timeout)
             else:
-                _, figures = run_cutline(self.spark, inp, query, work, expected)
+                _, figures = run_cutline(self.spark, inp, query, work, expected, self.args.timeout)
         except Exception as exc:
             figures = {
                 "verified": False,
@@ -796,7 +828,10 @@ def main() -> None:
     )
     parser.add_argument("--no-flink", action="store_true")
     parser.add_argument(
-        "--timeout", type=float, default=1800, help="seconds one PyFlink job may take"
+        "--timeout",
+        type=float,
+        default=1800,
+        help="seconds one PyFlink or cutline job may take (cutline: stopped then, unverified)",
     )
     parser.add_argument("--flink-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -913,7 +948,7 @@ SYSTEM_NOTES = {
     ),
     "pyflink sql": (
         "PyFlink SQL window TVFs (HOP/TUMBLE/SESSION), the operators in Flink's JVM (no Python "
-        "UDF), checkpoints every 1 s, filesystem CSV sink; input: the same bids as one CSV file of "
+        "UDF), checkpoints every 1 s (counted, with their durations, from the local cluster's log), filesystem CSV sink; input: the same bids as one CSV file of "
         "the 4 columns the queries read (no Parquet format in the apache-flink wheel; files are "
         "handed to Flink's readers in no set order)"
     ),
@@ -947,15 +982,16 @@ def _measurement(
         "latency_p99_s": None,
         "latency_note": LATENCY_NOTE,
     }
+    checkpoints = (
+        "checkpoints_completed",
+        "checkpoint_duration_p50_s",
+        "checkpoint_duration_p99_s",
+    )
     if system == "cutline":
-        for key in (
-            "events_per_s",
-            "seconds",
-            "checkpoints_completed",
-            "checkpoint_duration_p50_s",
-            "checkpoint_duration_p99_s",
-            "alignment_max_s",
-        ):
+        for key in ("events_per_s", "seconds", *checkpoints, "alignment_max_s"):
+            figures[key] = _summary(runs, key)
+    if system == "pyflink sql":
+        for key in checkpoints:
             figures[key] = _summary(runs, key)
     if system == "spark structured streaming":
         for key in (
