@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -583,3 +584,63 @@ def test_a_record_late_before_a_failure_is_late_after_the_restore_too(tmp_path: 
     got = sorted((r["window_start"], r["count"]) for r in result.collected["counts"])
     assert got == [(0, 100), (2000, 2)]
     assert [r["ts"] for r in result.collected["late"]] == [500]
+
+
+class FlagOnWindow:
+    """A map_batches function that creates ``flag`` once a result of window ``start`` of a
+    user other than ``quiet`` goes through."""
+
+    __name__ = "flag_on_window"
+
+    def __init__(self, start: int, flag: Path) -> None:
+        self.start, self.flag = start, flag
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        for row in batch.to_pylist():
+            if row["window_start"] == self.start and row["user"] != "quiet":
+                self.flag.touch()
+        return batch
+
+
+def quiet_user(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.append_column("user", pa.array(["quiet"] * batch.num_rows))
+
+
+def test_an_idle_input_does_not_hold_the_watermark_back(tmp_path: Path) -> None:
+    """Clicks (bounded) are unioned with an unbounded trickle of records of 1970 (one a second
+    per subtask): without idleness the trickle's watermark would hold every window of the
+    clicks back for ever. With idle_timeout it goes idle between its records, so the clicks'
+    windows fire, all of them, while it still runs; the job is stopped once the last one
+    went through (the wait is on that record, not on a clock), and each is exact."""
+    clicks = write_clicks(tmp_path / "in", 9, files=2)
+    table = pq.read_table(tmp_path / "in").rename_columns(["user", "value", "amount"])
+    for i, part in enumerate((table.slice(0, 400), table.slice(400))):
+        pq.write_table(part, tmp_path / "in" / f"clicks-{i}.parquet")
+    env = environment(tmp_path, 2)
+    bounded = env.read_parquet(tmp_path / "in", event_time="value", max_out_of_orderness=BOUND)
+    trickle = env.from_sequence(
+        0, None, event_time="value", idle_timeout="50ms", rate_limit=2.0
+    ).map_batches(quiet_user)
+    last = max(c["ts"] for c in clicks)
+    counts = bounded.union(trickle).key_by("user").window(Tumbling(1000)).count()
+    flag = tmp_path / "last-window-fired"
+    counts.map_batches(FlagOnWindow(last - last % 1000, flag)).collect()
+    result = env.execute(
+        launcher=ThreadLauncher(), stop_after=0.05, listener=once_something_was_read(flag)
+    )
+    assert flag.exists(), "the clicks' last window never fired: the idle input held it back"
+    published = by_window([r for r in result.output if r["user"] != "quiet"], "count")
+    assert published == {w: len(rs) for w, rs in tumbling(clicks, 1000).items()}
+
+
+def once_something_was_read(path: Path) -> Callable[[str, str], None]:
+    """A listener that keeps the driver, when the job starts running, until ``path`` exists, so
+    that ``stop_after`` stops the job only after that (60 s at most, for a broken job)."""
+
+    def listener(kind: str, message: str) -> None:
+        if kind == "running":
+            deadline = time.monotonic() + 60
+            while not path.exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+    return listener
