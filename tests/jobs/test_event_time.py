@@ -24,6 +24,7 @@ import pytest
 from cutline import (
     AggregateFunction,
     EventTimeError,
+    JobFailedError,
     JobResult,
     KeyedProcessFunction,
     ProcessContext,
@@ -33,6 +34,7 @@ from cutline import (
     StreamEnvironment,
     Tumbling,
     Window,
+    open_checkpoint,
 )
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.task.local import ThreadLauncher
@@ -644,3 +646,74 @@ def once_something_was_read(path: Path) -> Callable[[str, str], None]:
                 time.sleep(0.005)
 
     return listener
+
+
+@pytest.mark.parametrize(("before", "after", "backend"), [(2, 3, "memory"), (3, 1, "disk")])
+def test_timers_survive_a_failure_and_a_restore_at_another_parallelism(
+    tmp_path: Path, before: int, after: int, backend: str
+) -> None:
+    """The reminders job fails for good on a record read after a checkpoint taken while its
+    sources held half-way (timers registered and not fired yet are in it); a new run restores
+    that checkpoint at another parallelism, each key's timers going with its key group: the
+    two runs publish each reminder once."""
+    events = write_orders(tmp_path / "in", before + after)
+    hold = len(events) // (2 * before)  # (each subtask holds half-way into its file)
+
+    def job(parallelism: int, checkpoints: str, fail: bool) -> StreamEnvironment:
+        env = environment(
+            tmp_path,
+            parallelism,
+            checkpoint_dir=tmp_path / checkpoints,
+            state_backend=backend,
+            retained_checkpoints=100,
+            restart_attempts=0,
+        )
+        stream = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND + 30)
+        if fail:  # on the last event of a file: read only after the hold
+            stream = stream.map_batches(FailOnLast(events, tmp_path / "failed"))
+        stream.key_by("order").process(Reminders(), name="reminders").write_parquet(
+            tmp_path / "out", name="out"
+        )
+        return env
+
+    with pytest.raises(JobFailedError, match="injected failure"):
+        job(before, "ck1", fail=True).execute(
+            launcher=ThreadLauncher(), hold_sources=SourceHold(records=hold)
+        )
+    retained = sorted((tmp_path / "ck1").glob("chk-*"), key=lambda p: int(p.name[4:]))[-1]
+    timers = sum(
+        1
+        for entry in open_checkpoint(str(retained)).keyed_entries("reminders")
+        if entry.state == "_timers"
+    )
+    assert timers > 0, "the checkpoint restored holds timers not fired yet"
+    result = job(after, "ck2", fail=False).execute(launcher=ThreadLauncher(), restore_from=retained)
+    assert result.restarts == []
+    placed = {e["order"]: e["ts"] for e in events if e["kind"] == "order"}
+    paid = {e["order"]: e["ts"] for e in events if e["kind"] == "pay"}
+    expected = sorted(
+        (order, ts + 1000)
+        for order, ts in placed.items()
+        if order not in paid or paid[order] >= ts + 1000
+    )
+    got = pq.read_table(tmp_path / "out").to_pylist()
+    assert sorted((r["order"], r["reminded_at"]) for r in got) == expected
+
+
+class FailOnLast:
+    """Raises on the batch holding the last event of the input file (written by
+    write_orders: the second half of the events), once."""
+
+    __name__ = "fail_on_last"
+
+    def __init__(self, events: list[Row], flag: Path) -> None:
+        last = events[-1]
+        self.key = (last["order"], last["kind"], last["ts"])
+        self.flag = flag
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        for row in batch.to_pylist():
+            if (row["order"], row["kind"], row["ts"]) == self.key and not self.flag.exists():
+                self.flag.touch()
+                raise RuntimeError("injected failure")
+        return batch
