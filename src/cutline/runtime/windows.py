@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import heapq
 import math
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -292,6 +293,13 @@ class WindowLogic(Logic):
     keyed = True
 
     def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
+        if (
+            self.aggregation.builtin
+            and not isinstance(self.assigner, Session)
+            and isinstance(self.key, str)
+            and ctx.state.backend == "memory"
+        ):
+            return PaneWindowOperator(self, ctx, state)
         return WindowOperator(self, ctx, state)
 
     @property
@@ -815,6 +823,355 @@ class WindowOperator(_Keyed):
         if all(isinstance(b, pa.RecordBatch) for b in late):
             return pa.concat_batches(late)
         return [r for b in late for r in rows(b)]
+
+
+@dataclass
+class _Pane:
+    """One window of :class:`PaneWindowOperator`: its keys and their accumulators, as columns."""
+
+    start: int
+    keys: pa.Array
+    """Every key with records in the window, once each."""
+    acc: np.ndarray
+    """Per key: its count, sum, least or greatest value (mean: its sum)."""
+    count: np.ndarray | None = None
+    """Mean: per key, how many values its sum holds."""
+    fired: bool = False
+    """Fired, and kept for the allowed lateness."""
+    shared: bool = False
+    """A snapshot holds its arrays: they are copied before they change."""
+
+
+_SAFE = 2**61
+"""Integer sums stay in int64 while every value and sum is below this; beyond, Python ints."""
+
+
+class PaneWindowOperator(WindowOperator):
+    """Tumbling and sliding windows computing a built-in aggregate (``count``, ``sum``,
+    ``min``, ``max``, ``mean``) on the memory backend: each window keeps its keys and their
+    accumulators as columns, merged a batch at a time (records grouped by key and window with
+    Arrow, each window's groups merged into its columns with ``index_in`` and NumPy), and
+    fires as one batch. No Python runs per record nor per key.
+
+    What the windows hold goes into each checkpoint beside the (empty) keyed state, in full
+    (``KeyedSnapshot.extra``); restored at another parallelism, each subtask keeps the keys
+    of its key groups. A window's arrays are shared with a snapshot being written and are
+    copied before they change."""
+
+    def __init__(self, logic: WindowLogic, ctx: OperatorContext, state: Any) -> None:
+        super().__init__(logic, ctx, state)
+        assert not isinstance(self.assigner, Session)
+        self.size = window_size(self.assigner)
+        self.panes: dict[int, _Pane] = {}
+        self._due: list[int] = []
+        """Starts of the windows not fired yet (a heap; each fires at ``start + size - 1``)."""
+        self._kept: list[tuple[int, int]] = []
+        """(when it is dropped, start) of the fired windows kept for the lateness (a heap)."""
+        self._restore_panes()
+
+    def _restore_panes(self) -> None:
+        mine = self.backend.key_groups
+        maximum = self.backend.max_parallelism
+        for handle in self.restored:
+            start, stop = handle.get("key_groups", (0, 0))
+            whole = range(start, stop) == mine
+            for pane_start, keys, acc, count, fired in handle.get("panes", ()):
+                if not whole:  # rescaled: the keys of my key groups only
+                    keep = np.array(
+                        [key_group(k, maximum) in mine for k in keys.to_pylist()], dtype=bool
+                    )
+                    if not keep.any():
+                        continue
+                    keys = keys.filter(pa.array(keep))
+                    acc = acc[keep]
+                    count = count[keep] if count is not None else None
+                found = self.panes.get(pane_start)
+                if found is None:
+                    self._add_pane(
+                        _Pane(
+                            pane_start,
+                            keys,
+                            acc.copy(),
+                            None if count is None else count.copy(),
+                            fired,
+                        )
+                    )
+                else:  # (keys of several old subtasks: disjoint)
+                    found.keys = pa.concat_arrays([found.keys, keys.cast(found.keys.type)])
+                    found.acc = np.concatenate([found.acc, acc])
+                    if found.count is not None and count is not None:
+                        found.count = np.concatenate([found.count, count])
+
+    def _add_pane(self, pane: _Pane) -> None:
+        self.panes[pane.start] = pane
+        if pane.fired:
+            due = _add(pane.start + self.size - 1, self.lateness)
+            heapq.heappush(self._kept, (due, pane.start))
+        else:
+            heapq.heappush(self._due, pane.start)
+
+    # ---------------------------------------------------------------- figures
+
+    @property
+    def open_windows(self) -> int:
+        return sum(len(p.keys) for p in self.panes.values() if not p.fired)
+
+    def figures(self) -> dict[str, int] | None:
+        return {"late": self.late_records, "windows": self.open_windows, "timers": len(self.panes)}
+
+    def snapshot(
+        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
+    ) -> KeyedSnapshot:
+        taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
+        for pane in self.panes.values():
+            pane.shared = True
+        taken.extra["panes"] = [
+            (p.start, p.keys, p.acc, p.count, p.fired) for p in self.panes.values()
+        ]
+        return taken
+
+    # ---------------------------------------------------------------- records
+
+    def process(self, batch: Batch) -> Batch | None:
+        if not len(batch):
+            return None
+        if self.processing:
+            now = int(time.time() * 1000)
+            self.watermark = max(self.watermark, now - 1)
+            ts, missing = np.full(len(batch), now, dtype=np.int64), None
+        else:
+            try:
+                ts, missing = self.event_time.timestamps(batch)
+            except EventTimeError as exc:
+                raise RecordError(str(exc)) from None
+        if missing is not None:
+            batch, ts = self._without_time(batch, ts, missing)
+            if not len(batch):
+                return None
+        if self._time_type is None and not self.processing:
+            self._learn_time_type(batch)
+        if (
+            isinstance(batch, pa.RecordBatch)
+            and self.watermark >= self._ceiling
+            and self._vectorizable(batch)
+        ):
+            assert isinstance(self.key, str) and not isinstance(self.assigner, Session)
+            index, starts = assign(self.assigner, ts)
+            on_time = _add_array(starts + self.size - 1, self.lateness) > self.watermark
+            self._note_late(batch, index, on_time)
+            if not on_time.all():
+                index, starts = index[on_time], starts[on_time]
+            if not len(index):
+                return None
+            taken = pa.array(index)
+            keys = batch.column(self.key).take(taken)
+            values = None
+            if self.aggregation.kind != "count":
+                assert self.aggregation.field is not None
+                column = batch.column(self.aggregation.field).take(taken)
+                values = np.asarray(column.to_numpy(zero_copy_only=False))
+            return self._merge(keys, starts, values)
+        return self._merge_records(rows(batch), ts)
+
+    def _merge_records(self, records: list[Any], ts: np.ndarray) -> Batch | None:
+        """Records one by one (Python records, nulls, or after a rescaled restore): their
+        windows and values, then merged as a batch."""
+        keys: list[Any] = []
+        starts: list[int] = []
+        values: list[Any] = []
+        late: list[Any] = []
+        kind, field_name = self.aggregation.kind, self.aggregation.field
+        for record, stamp in zip(records, ts.tolist(), strict=True):
+            try:
+                key = self.get_key(record)
+                self.backend.set_current_key(key)  # (checks the key belongs here)
+                if key is None:
+                    raise RecordError(f"the record's key is null: {record!r}")
+                value = None if kind == "count" else _number(record, field_name, kind)
+                floor = self._floor(key)
+                mine = [
+                    start
+                    for start in self._starts(stamp)
+                    if _add(start + self.size - 1, self.lateness) > floor
+                ]
+                if not mine:
+                    late.append(record)
+                    continue
+                for start in mine:
+                    keys.append(key)
+                    starts.append(start)
+                    values.append(value)
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        if late:
+            self.late_records += len(late)
+            self._late.append(late)
+        if not keys:
+            return None
+        array = None if kind == "count" else np.array(values)
+        if array is not None and array.dtype == object:
+            array = np.array([float(v) for v in values])  # (ints and floats mixed)
+        return self._merge(pa.array(keys), np.array(starts, dtype=np.int64), array)
+
+    def _merge(self, keys: pa.Array, starts: np.ndarray, values: np.ndarray | None) -> Batch | None:
+        """Merge (key, window start, value) triples into the windows; the windows already
+        fired that they update (allowed lateness) fire again."""
+        kind = self.aggregation.kind
+        columns: dict[str, Any] = {"k": keys, "s": pa.array(starts, pa.int64())}
+        if values is None:
+            aggregations = [("s", "count")]
+        elif kind == "mean":
+            columns["v"] = pa.array(values)
+            aggregations = [("v", "sum"), ("v", "count")]
+        else:
+            columns["v"] = pa.array(values)
+            aggregations = [("v", kind)]
+        grouped = pa.table(columns).group_by(["k", "s"], use_threads=False).aggregate(aggregations)
+        group_keys = grouped.column("k").combine_chunks()
+        group_starts = grouped.column("s").to_numpy()
+        first = grouped.column(grouped.num_columns - len(aggregations))
+        parts = _numbers(first)
+        counts = _numbers(grouped.column(grouped.num_columns - 1)) if kind == "mean" else None
+        refired: list[tuple[_Pane, pa.Array, np.ndarray]] = []
+        for start in np.unique(group_starts).tolist():
+            mask = group_starts == start
+            these = group_keys.filter(pa.array(mask))
+            pane = self.panes.get(start)
+            if pane is None:
+                self._add_pane(
+                    _Pane(
+                        start,
+                        these,
+                        parts[mask].copy(),
+                        None if counts is None else counts[mask].copy(),
+                    )
+                )
+                continue
+            positions = self._combine(
+                pane, these, parts[mask], None if counts is None else counts[mask]
+            )
+            if pane.fired:
+                refired.append((pane, these, positions))
+        if not refired:
+            return None
+        return self._batch(
+            [(pane, keys_, self._values(pane)[positions]) for pane, keys_, positions in refired]
+        )
+
+    def _combine(
+        self, pane: _Pane, keys: pa.Array, parts: np.ndarray, counts: np.ndarray | None
+    ) -> np.ndarray:
+        """Merge one window's groups into its columns; their positions in it."""
+        if keys.type != pane.keys.type:
+            keys = keys.cast(pane.keys.type)
+        found = np.asarray(
+            pc.fill_null(pc.index_in(keys, value_set=pane.keys), -1).to_numpy(zero_copy_only=False)
+        )
+        old = found >= 0
+        if pane.shared:  # a snapshot holds the arrays
+            pane.acc = pane.acc.copy()
+            pane.count = None if pane.count is None else pane.count.copy()
+            pane.shared = False
+        kind = self.aggregation.kind
+        if old.any():
+            at, add = found[old], parts[old]
+            if kind in ("count", "sum", "mean"):
+                if pane.acc.dtype.kind in "iu" and (
+                    _largest(add) >= _SAFE or _largest(pane.acc[at]) >= _SAFE
+                ):
+                    pane.acc = pane.acc.astype(object)  # (Python ints: no overflow)
+                pane.acc[at] = pane.acc[at] + add
+                if pane.count is not None and counts is not None:
+                    pane.count[at] = pane.count[at] + counts[old]
+            elif kind == "min":
+                pane.acc[at] = np.minimum(pane.acc[at], add)
+            else:
+                pane.acc[at] = np.maximum(pane.acc[at], add)
+        positions = found.copy()
+        new = ~old
+        if new.any():
+            size = len(pane.keys)
+            pane.keys = pa.concat_arrays([pane.keys, keys.filter(pa.array(new))])
+            added = parts[new]
+            if pane.acc.dtype != added.dtype:
+                common = np.result_type(pane.acc.dtype, added.dtype)
+                pane.acc = pane.acc.astype(common)
+            pane.acc = np.concatenate([pane.acc, added])
+            if pane.count is not None and counts is not None:
+                pane.count = np.concatenate([pane.count, counts[new]])
+            positions[new] = np.arange(size, size + int(new.sum()))
+        return positions
+
+    def _values(self, pane: _Pane) -> np.ndarray:
+        """A window's results per key (the mean divides)."""
+        if self.aggregation.kind == "mean":
+            assert pane.count is not None
+            means: np.ndarray = pane.acc.astype(float) / pane.count
+            return means
+        return pane.acc
+
+    # ----------------------------------------------------------------- firing
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        if not self.processing or not self.panes:
+            return None
+        return self._fire_upto(max(self.watermark, now - 1))
+
+    def _fire_upto(self, watermark: int) -> Batch | None:
+        watermark = self.watermark = max(self.watermark, watermark)
+        fired: list[tuple[_Pane, pa.Array, np.ndarray]] = []
+        keep = self.lateness > 0 and watermark != MAX_WATERMARK
+        while self._due and self._due[0] + self.size - 1 <= watermark:
+            start = heapq.heappop(self._due)
+            pane = self.panes.get(start)
+            if pane is None or pane.fired:
+                continue
+            fired.append((pane, pane.keys, self._values(pane)))
+            if keep:
+                pane.fired = True
+                heapq.heappush(self._kept, (_add(start + self.size - 1, self.lateness), start))
+            else:
+                del self.panes[start]
+        while self._kept and self._kept[0][0] <= watermark:
+            _, start = heapq.heappop(self._kept)
+            pane = self.panes.get(start)
+            if pane is not None and pane.fired:
+                del self.panes[start]
+        return self._batch(fired) if fired else None
+
+    def _batch(self, fired: list[tuple[_Pane, pa.Array, np.ndarray]]) -> pa.RecordBatch:
+        """The output of windows firing: per window, its keys and their results."""
+        event_time = EventTime(self.event_time.column, 0, self._time_type)
+        lengths = [len(keys) for _, keys, _ in fired]
+        starts = np.repeat(np.array([p.start for p, _, _ in fired], dtype=np.int64), lengths)
+        keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
+        values = np.concatenate([v for _, _, v in fired])
+        return pa.record_batch(
+            {
+                self.logic.key_column: keys,
+                "window_start": event_time.to_column(starts),
+                "window_end": event_time.to_column(starts + self.size),
+                self.aggregation.output: pa.array(
+                    values.tolist() if values.dtype == object else values
+                ),
+            }
+        )
+
+
+def _numbers(column: Any) -> np.ndarray:
+    """An aggregate's column as a NumPy array (ints as int64, floats as float64)."""
+    array = np.asarray(column.to_numpy())
+    if array.dtype.kind in "iu":
+        return array.astype(np.int64, copy=False)
+    if array.dtype.kind == "f":
+        return array.astype(np.float64, copy=False)
+    return array
+
+
+def _largest(values: np.ndarray) -> int:
+    if not len(values):
+        return 0
+    return int(max(abs(int(values.max())), abs(int(values.min()))))
 
 
 @dataclass(frozen=True)

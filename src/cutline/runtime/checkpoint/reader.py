@@ -234,6 +234,20 @@ class CheckpointReader:
         max_parallelism = part["max_parallelism"]
         for state, kind, key, value in backend.entries():
             yield KeyedEntry(subtask, key_group(key, max_parallelism), state, kind, key, value)
+        # the windows a window operator keeps as columns (runtime/windows.py: panes), shown
+        # as the keyed layout shows them: per key, {window start: (accumulator, fired)}
+        windows: dict[Hashable, dict[int, tuple[Any, bool]]] = {}
+        for pane_start, keys, acc, count, fired in part.get("panes", ()):
+            values = (
+                acc.tolist()
+                if count is None
+                else list(zip(acc.tolist(), count.tolist(), strict=True))
+            )
+            for key, value in zip(keys.to_pylist(), values, strict=True):
+                windows.setdefault(key, {})[pane_start] = (value, fired)
+        for key, value in windows.items():
+            group = key_group(key, max_parallelism)
+            yield KeyedEntry(subtask, group, "windows", "value", key, value)
 
     def _handle(self, subtask: str) -> StateHandle:
         handle = self.handles.get(subtask)
