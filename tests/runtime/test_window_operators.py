@@ -1,0 +1,222 @@
+"""The window operators against each other and against plain Python, over random input.
+
+The same random records, cut into random batches (Arrow or Python records) with watermarks
+between them, go through the keyed layout (:class:`WindowOperator`, the disk backend's) and
+the columnar one (:class:`PaneWindowOperator`, the memory backend's), each checkpointed and
+restored at random points (at another parallelism too): both publish the same windows with
+the same results, send the same records to ``late``, and equal a plain Python computation of
+the windows the watermark passed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.operators import OperatorContext
+from cutline.runtime.state.config import StateConfig
+from cutline.runtime.state.keygroups import key_group_range
+from cutline.runtime.state.segments import SegmentRef
+from cutline.runtime.time import EventTime
+from cutline.runtime.windows import (
+    Aggregation,
+    PaneWindowOperator,
+    Sliding,
+    Tumbling,
+    WindowLogic,
+    WindowOperator,
+)
+
+MAX_PARALLELISM = 16
+
+
+class Store:
+    """An in-memory segment store and source (what a checkpoint's folder is to the backend)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.written = 0
+
+    def write_segment(self, name: str, data: bytes, *, shared: bool = False) -> SegmentRef:
+        self.files[name] = data
+        return SegmentRef(name, len(data), "", True)
+
+    def read_segment(self, ref: SegmentRef) -> bytes:
+        return self.files[ref.path]
+
+
+def context(subtask: int, parallelism: int, backend: str, store: Store | None) -> OperatorContext:
+    return OperatorContext(
+        name="window",
+        subtask=subtask,
+        parallelism=parallelism,
+        max_parallelism=MAX_PARALLELISM,
+        generation=1,
+        state=StateConfig(backend=backend),
+        restore_store=store,  # type: ignore[arg-type]
+    )
+
+
+class Job:
+    """One window operator per subtask, keys routed by key group, as the runtime does."""
+
+    def __init__(self, logic: WindowLogic, backend: str, parallelism: int, state: Any = None):
+        self.logic, self.backend, self.parallelism = logic, backend, parallelism
+        self.store = Store() if state is None else state[0]
+        handles = [] if state is None else state[1]
+        self.ops: list[WindowOperator] = []
+        for i in range(parallelism):
+            mine = key_group_range(i, parallelism, MAX_PARALLELISM)
+            restored = [
+                h
+                for h in handles
+                if h["key_groups"][0] < mine.stop and mine.start < h["key_groups"][1]
+            ]
+            op = logic.open(context(i, parallelism, backend, self.store), restored or None)
+            self.ops.append(op)
+        self.output: list[dict[str, Any]] = []
+        self.late: list[dict[str, Any]] = []
+
+    def subtask_of(self, key: str) -> int:
+        from cutline.runtime.state.keygroups import key_group, subtask_for_key_group
+
+        return subtask_for_key_group(
+            key_group(key, MAX_PARALLELISM), self.parallelism, MAX_PARALLELISM
+        )
+
+    def process(self, records: list[dict[str, Any]], arrow: bool) -> None:
+        parts: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for r in records:
+            parts[self.subtask_of(r["user"])].append(r)
+        for i, part in parts.items():
+            batch: Any = pa.RecordBatch.from_pylist(part) if arrow else part
+            self._take(self.ops[i], self.ops[i].process(batch))
+
+    def watermark(self, w: int) -> None:
+        for op in self.ops:
+            self._take(op, op.on_watermark(w))
+
+    def _take(self, op: WindowOperator, out: Any) -> None:
+        if out is not None:
+            self.output += out.to_pylist() if isinstance(out, pa.RecordBatch) else out
+        late = op.side_output("late")
+        if late is not None:
+            self.late += late.to_pylist() if isinstance(late, pa.RecordBatch) else late
+
+    def checkpoint(self, n: int) -> tuple[Store, list[dict[str, Any]]]:
+        handles = [op.snapshot(n).write(self.store, f"c{n}-s{i}") for i, op in enumerate(self.ops)]
+        return self.store, handles
+
+    def close(self) -> None:
+        for op in self.ops:
+            op.close()
+
+
+def expected(
+    arrivals: list[tuple[dict[str, Any], int]],
+    assigner: Tumbling | Sliding,
+    kind: str,
+    lateness: int,
+) -> tuple[dict[tuple[str, int], Any], list[dict[str, Any]]]:
+    """Each window's result over the records that came to it on time, and the records late
+    for every window they belong to; ``arrivals``: each record with the watermark it met."""
+    windows: dict[tuple[str, int], list[int]] = defaultdict(list)
+    size = assigner.size
+    every = assigner.every if isinstance(assigner, Sliding) else size
+    late = []
+    for r, watermark in arrivals:
+        start = r["ts"] - r["ts"] % every
+        on_time = False
+        while start + size > r["ts"]:
+            if start + size - 1 + lateness > watermark:
+                windows[(r["user"], start)].append(r["n"])
+                on_time = True
+            start -= every
+        if not on_time:
+            late.append(r)
+    reduce = {"count": len, "sum": sum, "min": min, "max": max, "mean": lambda v: sum(v) / len(v)}
+    return {w: reduce[kind](v) for w, v in windows.items()}, late
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    kind=st.sampled_from(["count", "sum", "min", "max", "mean"]),
+    sliding=st.booleans(),
+    lateness=st.sampled_from([0, 0, 300]),
+)
+def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
+    seed: int, kind: str, sliding: bool, lateness: int
+) -> None:
+    rng = random.Random(seed)
+    assigner: Tumbling | Sliding = Sliding(400, every=100) if sliding else Tumbling(300)
+    aggregation = Aggregation(kind) if kind == "count" else Aggregation(kind, "n")
+    logic = WindowLogic(assigner, aggregation, "user", EventTime("ts", 0, pa.int64()), lateness)
+    records = []
+    t = 0
+    for _ in range(rng.randint(1, 300)):
+        t += rng.randint(0, 20)
+        records.append(
+            {
+                "user": f"u{rng.randrange(9)}",
+                "ts": t - rng.randint(0, 150),
+                "n": rng.randint(-5, 50),
+            }
+        )
+    jobs = {backend: Job(logic, backend, rng.randint(1, 3)) for backend in ("memory", "disk")}
+    assert all(isinstance(op, PaneWindowOperator) for op in jobs["memory"].ops)
+    assert not any(isinstance(op, PaneWindowOperator) for op in jobs["disk"].ops)
+    position, watermark, checkpoint = 0, -(2**63), 0
+    arrivals: list[tuple[dict[str, Any], int]] = []
+    while position < len(records):
+        take = rng.randint(1, 40)
+        batch = records[position : position + take]
+        position += take
+        arrivals += [(r, watermark) for r in batch]
+        arrow = rng.random() < 0.7
+        for job in jobs.values():
+            job.process(batch, arrow)
+        if rng.random() < 0.6:  # a watermark that may make later records late
+            watermark = max(watermark, max(r["ts"] for r in batch) - rng.randint(0, 200))
+            for job in jobs.values():
+                job.watermark(watermark)
+        if rng.random() < 0.2:  # a checkpoint, and a restore from it at another parallelism
+            checkpoint += 1
+            parallelism = rng.randint(1, 3)
+            for backend, job in list(jobs.items()):
+                state = job.checkpoint(checkpoint)
+                restored = Job(logic, backend, parallelism, state)
+                restored.output, restored.late = job.output, job.late
+                job.close()
+                jobs[backend] = restored
+    for job in jobs.values():
+        job.watermark(MAX_WATERMARK)
+    memory, disk = jobs["memory"], jobs["disk"]
+
+    def results(job: Job) -> Counter[tuple[Any, ...]]:
+        return Counter(
+            (r["user"], r["window_start"], r["window_end"], round(r[aggregation.output], 9))
+            for r in job.output
+        )
+
+    assert results(memory) == results(disk)
+    assert Counter(map(str, memory.late)) == Counter(map(str, disk.late))
+    # the last result of each window is its result over the records that came on time to it
+    wanted, late = expected(arrivals, assigner, kind, lateness)
+    assert Counter(map(str, memory.late)) == Counter(map(str, late))
+    final: dict[tuple[str, int], Any] = {}
+    for r in memory.output:
+        final[(r["user"], r["window_start"])] = r[aggregation.output]
+    assert final.keys() == wanted.keys()
+    assert all(final[w] == pytest.approx(wanted[w]) for w in wanted)
+    if lateness == 0:
+        assert len(memory.output) == len(wanted), "each window fired once"
+    for job in jobs.values():
+        job.close()
