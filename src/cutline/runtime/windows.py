@@ -293,12 +293,9 @@ class WindowLogic(Logic):
     keyed = True
 
     def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
-        if (
-            self.aggregation.builtin
-            and not isinstance(self.assigner, Session)
-            and isinstance(self.key, str)
-            and ctx.state.backend == "memory"
-        ):
+        if self.aggregation.builtin and isinstance(self.key, str) and ctx.state.backend == "memory":
+            if isinstance(self.assigner, Session):
+                return SessionColumnsOperator(self, ctx, state)
             return PaneWindowOperator(self, ctx, state)
         return WindowOperator(self, ctx, state)
 
@@ -446,6 +443,25 @@ class WindowOperator(_Keyed):
                 return self._sessions_vectorized(batch, ts)
             return self._windows_vectorized(batch, ts)
         return self._per_record(rows(batch), ts)
+
+    def _prepare(self, batch: Batch) -> tuple[Batch, np.ndarray] | None:
+        """The records with an event time (the others failed), and their timestamps (the time
+        they arrive, for processing time); ``None`` when none is left."""
+        if self.processing:
+            now = int(time.time() * 1000)
+            self.watermark = max(self.watermark, now - 1)
+            return batch, np.full(len(batch), now, dtype=np.int64)
+        try:
+            ts, missing = self.event_time.timestamps(batch)
+        except EventTimeError as exc:
+            raise RecordError(str(exc)) from None
+        if missing is not None:
+            batch, ts = self._without_time(batch, ts, missing)
+            if not len(batch):
+                return None
+        if self._time_type is None:
+            self._learn_time_type(batch)
+        return batch, ts
 
     def _learn_time_type(self, batch: Batch) -> None:
         """The event-time column's type, from the records (``assign_timestamps``)."""
@@ -1156,6 +1172,290 @@ class PaneWindowOperator(WindowOperator):
                 ),
             }
         )
+
+
+class SessionColumnsOperator(WindowOperator):
+    """Session windows computing a built-in aggregate on the memory backend, kept as columns:
+    one row per open session (key, start, end, accumulator, fired). A batch's records are cut
+    into sessions per key with NumPy, merged with the open sessions of the same keys in one
+    sorted pass (a session ends where the next one starts at or after the greatest end before
+    it), and the sessions whose end the watermark passed fire as one batch.
+
+    The rows go into each checkpoint beside the (empty) keyed state, in full; restored at
+    another parallelism, each subtask keeps the rows of its key groups. Every change makes new
+    arrays: a snapshot being written keeps the old ones."""
+
+    def __init__(self, logic: WindowLogic, ctx: OperatorContext, state: Any) -> None:
+        super().__init__(logic, ctx, state)
+        assert isinstance(self.assigner, Session)
+        self.gap = self.assigner.gap
+        self.rows: dict[str, Any] | None = None
+        """The open sessions: ``keys`` (Arrow), ``start``, ``end``, ``acc``, ``count`` (mean),
+        ``fired`` (NumPy); ``None``: none."""
+        mine = self.backend.key_groups
+        maximum = self.backend.max_parallelism
+        for handle in self.restored:
+            rows = handle.get("sessions")
+            if rows is None:
+                continue
+            start, stop = handle.get("key_groups", (0, 0))
+            if range(start, stop) != mine:  # rescaled: the rows of my key groups
+                keep = np.array(
+                    [key_group(k, maximum) in mine for k in rows["keys"].to_pylist()], dtype=bool
+                )
+                rows = _take_rows(rows, keep)
+            if len(rows["keys"]):
+                self.rows = rows if self.rows is None else _concat_rows([self.rows, rows])
+
+    @property
+    def open_windows(self) -> int:
+        return 0 if self.rows is None else int((~self.rows["fired"]).sum())
+
+    def figures(self) -> dict[str, int] | None:
+        rows = 0 if self.rows is None else len(self.rows["keys"])
+        return {"late": self.late_records, "windows": self.open_windows, "timers": rows}
+
+    def snapshot(
+        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
+    ) -> KeyedSnapshot:
+        taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
+        if self.rows is not None:
+            taken.extra["sessions"] = self.rows
+        return taken
+
+    def process(self, batch: Batch) -> Batch | None:
+        if not len(batch):
+            return None
+        prepared = self._prepare(batch)
+        if prepared is None:
+            return None
+        batch, ts = prepared
+        gap, kind = self.gap, self.aggregation.kind
+        if (
+            isinstance(batch, pa.RecordBatch)
+            and self.watermark >= self._ceiling
+            and self._vectorizable(batch)
+        ):
+            assert isinstance(self.key, str)
+            on_time = _add_array(ts + gap - 1, self.lateness) > self.watermark
+            self._note_late(batch, np.arange(len(ts)), on_time)
+            if not on_time.any():
+                return None
+            if not on_time.all():
+                batch, ts = batch.filter(pa.array(on_time)), ts[on_time]
+            keys = batch.column(self.key)
+            values = None
+            if kind != "count":
+                assert self.aggregation.field is not None
+                values = np.asarray(
+                    batch.column(self.aggregation.field).to_numpy(zero_copy_only=False)
+                )
+            return self._merge(keys, ts, values)
+        # record by record (Python records, nulls, or keys keeping a restored watermark)
+        keys_: list[Any] = []
+        stamps: list[int] = []
+        values_: list[Any] = []
+        late: list[Any] = []
+        for record, stamp in zip(rows(batch), ts.tolist(), strict=True):
+            try:
+                key = self.get_key(record)
+                self.backend.set_current_key(key)
+                if key is None:
+                    raise RecordError(f"the record's key is null: {record!r}")
+                value = None if kind == "count" else _number(record, self.aggregation.field, kind)
+                if self._late_window(stamp + gap, self._floor(key)):
+                    late.append(record)
+                    continue
+                keys_.append(key)
+                stamps.append(stamp)
+                values_.append(value)
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        if late:
+            self.late_records += len(late)
+            self._late.append(late)
+        if not keys_:
+            return None
+        array = None if kind == "count" else np.array(values_)
+        if array is not None and array.dtype == object:
+            array = np.array([float(v) for v in values_])
+        return self._merge(pa.array(keys_), np.array(stamps, dtype=np.int64), array)
+
+    def _merge(self, keys: Any, ts: np.ndarray, values: np.ndarray | None) -> Batch | None:
+        """Cut the records into sessions per key and merge them with the open ones."""
+        kind, gap = self.aggregation.kind, self.gap
+        if isinstance(keys, pa.ChunkedArray):
+            keys = keys.combine_chunks()
+        encoded = pc.dictionary_encode(keys)
+        codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False))
+        order = np.lexsort((ts, codes))
+        codes, ts_sorted = codes[order], ts[order]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (codes[1:] != codes[:-1]) | (ts_sorted[1:] - ts_sorted[:-1] >= gap)
+        at = np.flatnonzero(new)
+        counts = np.diff(np.r_[at, len(order)]).astype(np.int64)
+        if kind == "count":
+            acc = counts
+        else:
+            assert values is not None
+            ordered = _numbers_of(values[order])
+            if kind in ("sum", "mean"):
+                if ordered.dtype.kind in "iu" and _largest(ordered) * len(ordered) >= _SAFE:
+                    ordered = ordered.astype(object)
+                acc = np.add.reduceat(ordered, at)
+            elif kind == "min":
+                acc = np.minimum.reduceat(ordered, at)
+            else:
+                acc = np.maximum.reduceat(ordered, at)
+        local = {
+            "keys": keys.take(pa.array(order[at])),
+            "start": ts_sorted[at],
+            "end": np.maximum.reduceat(ts_sorted, at) + gap,
+            "acc": acc,
+            "count": counts if kind == "mean" else None,
+            "fired": np.zeros(len(at), dtype=bool),
+        }
+        if self.rows is None:
+            self.rows = local
+            return None
+        state = self.rows
+        if local["keys"].type != state["keys"].type:
+            local["keys"] = local["keys"].cast(state["keys"].type)
+        touched = np.asarray(
+            pc.is_in(state["keys"], value_set=local["keys"]).to_numpy(zero_copy_only=False)
+        )
+        if not touched.any():
+            self.rows = _concat_rows([state, local])
+            return None
+        merged, refire = self._merge_sessions(_take_rows(state, touched), local)
+        self.rows = _concat_rows([_take_rows(state, ~touched), merged])
+        if refire is None:
+            return None
+        return self._session_batch(_take_rows(merged, refire))
+
+    def _merge_sessions(
+        self, old: dict[str, Any], local: dict[str, Any]
+    ) -> tuple[dict[str, Any], np.ndarray | None]:
+        """Open sessions of the batch's keys and the batch's sessions, merged where they
+        overlap; and which merged ones fired already and must fire again now."""
+        kind = self.aggregation.kind
+        both = _concat_rows([old, local])
+        fresh = np.r_[np.zeros(len(old["keys"]), bool), np.ones(len(local["keys"]), bool)]
+        encoded = pc.dictionary_encode(both["keys"])
+        codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False)).astype(np.int64)
+        order = np.lexsort((both["start"], codes))
+        codes, start, end = codes[order], both["start"][order], both["end"][order]
+        # the greatest end so far within each key: shifted apart per key, so one running
+        # maximum over the whole array never crosses from a key to the next
+        low = int(min(start.min(), end.min()))
+        span = int(end.max()) - low + 1
+        running = np.maximum.accumulate(codes * span + (end - low)) - codes * span + low
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (codes[1:] != codes[:-1]) | (start[1:] >= running[:-1])
+        at = np.flatnonzero(new)
+        acc = both["acc"][order]
+        if kind in ("count", "sum", "mean"):
+            summed = np.add.reduceat(acc, at)
+        elif kind == "min":
+            summed = np.minimum.reduceat(acc, at)
+        else:
+            summed = np.maximum.reduceat(acc, at)
+        fired = np.maximum.reduceat(both["fired"][order], at).astype(bool)
+        touched = np.maximum.reduceat(fresh[order], at).astype(bool)
+        merged_end = np.maximum.reduceat(end, at)
+        merged = {
+            "keys": both["keys"].take(pa.array(order[at])),
+            "start": start[at],
+            "end": merged_end,
+            "acc": summed,
+            "count": None if kind != "mean" else np.add.reduceat(both["count"][order], at),
+            "fired": fired,
+        }
+        # a fired session that a late record (within the lateness) changed fires again now
+        # if its end is still passed, else when it is
+        changed = fired & touched
+        if not changed.any():
+            return merged, None
+        passed = merged_end - 1 <= self.watermark
+        merged["fired"] = fired & ~(changed & ~passed)
+        refire = changed & passed
+        return merged, (refire if refire.any() else None)
+
+    def _session_batch(self, rows: dict[str, Any]) -> pa.RecordBatch:
+        event_time = EventTime(self.event_time.column, 0, self._time_type)
+        acc = rows["acc"]
+        if self.aggregation.kind == "mean":
+            acc = acc.astype(float) / rows["count"]
+        return pa.record_batch(
+            {
+                self.logic.key_column: rows["keys"],
+                "window_start": event_time.to_column(rows["start"]),
+                "window_end": event_time.to_column(rows["end"]),
+                self.aggregation.output: pa.array(acc.tolist() if acc.dtype == object else acc),
+            }
+        )
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        if not self.processing or self.rows is None:
+            return None
+        return self._fire_upto(max(self.watermark, now - 1))
+
+    def _fire_upto(self, watermark: int) -> Batch | None:
+        watermark = self.watermark = max(self.watermark, watermark)
+        rows = self.rows
+        if rows is None:
+            return None
+        due = ~rows["fired"] & (rows["end"] - 1 <= watermark)
+        keep = self.lateness > 0 and watermark != MAX_WATERMARK
+        dropped = rows["fired"] & (_add_array(rows["end"] - 1, self.lateness) <= watermark)
+        out = self._session_batch(_take_rows(rows, due)) if due.any() else None
+        if keep:
+            if due.any():
+                rows = {**rows, "fired": rows["fired"] | due}
+            remove = dropped
+        else:
+            remove = due | rows["fired"]
+        if remove.any():
+            rows = _take_rows(rows, ~remove)
+        self.rows = rows if len(rows["keys"]) else None
+        return out
+
+
+def _take_rows(rows: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:
+    return {
+        name: (
+            None
+            if value is None
+            else value.filter(pa.array(mask))
+            if isinstance(value, pa.Array)
+            else value[mask]
+        )
+        for name, value in rows.items()
+    }
+
+
+def _concat_rows(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    first = parts[0]
+    out: dict[str, Any] = {}
+    for name in first:
+        values = [p[name] for p in parts]
+        if values[0] is None:
+            out[name] = None
+        elif isinstance(values[0], pa.Array):
+            out[name] = pa.concat_arrays([v.cast(values[0].type) for v in values])
+        else:
+            kinds = {v.dtype for v in values}
+            common = values[0].dtype if len(kinds) == 1 else np.result_type(*kinds)
+            out[name] = np.concatenate([v.astype(common, copy=False) for v in values])
+    return out
+
+
+def _numbers_of(values: np.ndarray) -> np.ndarray:
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    if values.dtype.kind == "f":
+        return values.astype(np.float64, copy=False)
+    return values
 
 
 def _numbers(column: Any) -> np.ndarray:

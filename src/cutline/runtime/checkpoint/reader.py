@@ -248,6 +248,25 @@ class CheckpointReader:
         for key, value in windows.items():
             group = key_group(key, max_parallelism)
             yield KeyedEntry(subtask, group, "windows", "value", key, value)
+        # and the sessions kept as columns: per key ((start, end, accumulator, fired), ...)
+        rows = part.get("sessions")
+        if rows is not None:
+            sessions: dict[Hashable, list[tuple[int, int, Any, bool]]] = {}
+            accs = rows["acc"].tolist()
+            if rows.get("count") is not None:
+                accs = list(zip(accs, rows["count"].tolist(), strict=True))
+            for key, start_, end, acc, fired in zip(
+                rows["keys"].to_pylist(),
+                rows["start"].tolist(),
+                rows["end"].tolist(),
+                accs,
+                rows["fired"].tolist(),
+                strict=True,
+            ):
+                sessions.setdefault(key, []).append((start_, end, acc, fired))
+            for key, found in sessions.items():
+                group = key_group(key, max_parallelism)
+                yield KeyedEntry(subtask, group, "windows", "value", key, tuple(sorted(found)))
 
     def _handle(self, subtask: str) -> StateHandle:
         handle = self.handles.get(subtask)
