@@ -846,6 +846,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     inputs = {size: prepare_input(SIZES[size], args.work, _log) for size in {"small", *sizes}}
 
+    revision = _revision()
     bench = Bench(args, args.work)
     for system in SYSTEMS:
         _log(f"{system}: {bench.status[system]}")
@@ -901,6 +902,7 @@ def main() -> None:
             "python": sys.version.split()[0],
             "platform": platform.platform(),
         },
+        "revision": revision,
         "parallelism": PARALLELISM,
         "systems": bench.status,
         "spark_session_start_s": bench.spark_start_s,
@@ -915,6 +917,17 @@ def main() -> None:
     print(f"written {args.out}")
     failed = [r for r in results if r["verified"] is False]
     sys.exit(1 if failed else 0)
+
+
+def _revision() -> str:
+    """The commit measured, and whether src/ had uncommitted changes."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{head} + uncommitted changes in src/" if git("status", "--porcelain", "src") else head
 
 
 def _brief(run: dict) -> dict:
