@@ -116,7 +116,7 @@ def sessions(records: Iterable[Row], gap: int) -> dict[tuple[str, int, int], lis
         mine.sort(key=lambda r: r["ts"])
         current: list[Row] = []
         for r in mine:
-            if current and r["ts"] - current[-1]["ts"] >= gap:
+            if current and r["ts"] - current[-1]["ts"] > gap:
                 windows[(user, current[0]["ts"], current[-1]["ts"] + gap)] = current
                 current = []
             current.append(r)
@@ -717,3 +717,49 @@ class FailOnLast:
                 self.flag.touch()
                 raise RuntimeError("injected failure")
         return batch
+
+
+def test_an_idle_stream_after_assign_timestamps_does_not_hold_the_watermark_back(
+    tmp_path: Path,
+) -> None:
+    """As above, with the trickle's event time given by assign_timestamps (idle_timeout there)."""
+    clicks = write_clicks(tmp_path / "in", 10, files=2)
+    table = pq.read_table(tmp_path / "in").rename_columns(["user", "value", "amount"])
+    for i, part in enumerate((table.slice(0, 400), table.slice(400))):
+        pq.write_table(part, tmp_path / "in" / f"clicks-{i}.parquet")
+    env = environment(tmp_path, 2)
+    bounded = env.read_parquet(tmp_path / "in", event_time="value", max_out_of_orderness=BOUND)
+    trickle = (
+        env.from_sequence(0, None, rate_limit=2.0)
+        .map_batches(quiet_user)
+        .assign_timestamps("value", idle_timeout="50ms")
+    )
+    last = max(c["ts"] for c in clicks)
+    counts = bounded.union(trickle).key_by("user").window(Tumbling(1000)).count()
+    flag = tmp_path / "last-window-fired"
+    counts.map_batches(FlagOnWindow(last - last % 1000, flag)).collect()
+    result = env.execute(
+        launcher=ThreadLauncher(), stop_after=0.05, listener=once_something_was_read(flag)
+    )
+    assert flag.exists(), "the clicks' last window never fired: the idle stream held it back"
+    published = by_window([r for r in result.output if r["user"] != "quiet"], "count")
+    assert published == {w: len(rs) for w, rs in tumbling(clicks, 1000).items()}
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_sessions_that_touch_merge_as_in_flink(tmp_path: Path, backend: str) -> None:
+    """A record exactly the gap after the previous one continues its session (its window
+    [t, t + gap) touches the session's end); one a millisecond later starts a new one."""
+    (tmp_path / "in").mkdir()
+    rows = [{"user": "a", "ts": t} for t in (0, 200, 400, 601, 1000)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in" / "s.parquet")
+    env = environment(tmp_path, 1, state_backend=backend)
+    stream = env.read_parquet(tmp_path / "in", event_time="ts")
+    stream.key_by("user").window(Session(gap=200)).count().collect("columns")
+    stream.map(dict).key_by("user").window(Session(gap=200)).count().collect("records")
+    result = run(env)
+    for name in ("columns", "records"):
+        got = sorted(
+            (r["window_start"], r["window_end"], r["count"]) for r in result.collected[name]
+        )
+        assert got == [(0, 600, 3), (601, 801, 1), (1000, 1200, 1)], name

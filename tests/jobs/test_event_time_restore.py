@@ -195,7 +195,7 @@ def sessions(records: Iterable[Row], gap: int) -> dict[WindowKey, list[Row]]:
         mine.sort(key=lambda r: r["ts"])
         current = [mine[0]]
         for r in mine[1:]:
-            if r["ts"] - current[-1]["ts"] >= gap:
+            if r["ts"] - current[-1]["ts"] > gap:
                 windows[(user, current[0]["ts"], current[-1]["ts"] + gap)] = current
                 current = []
             current.append(r)

@@ -293,6 +293,7 @@ class DataStream(_Operators):
         column_or_fn: str | Callable[[Any], Any],
         *,
         max_out_of_orderness: Any = 0,
+        idle_timeout: Any = None,
         name: str | None = None,
     ) -> DataStream:
         """This stream's records with event time, and watermarks made from it (for a stream
@@ -304,6 +305,8 @@ class DataStream(_Operators):
         :param max_out_of_orderness: how late a record may come after a later one (a duration:
             ``"2s"``, a ``timedelta`` or milliseconds). Each subtask makes its own watermarks
             from the records it sees; those from upstream stop here (but the end's).
+        :param idle_timeout: a subtask that saw no record that long (processing time) stops
+            holding the watermark back downstream until it has records again (default: never).
         """
         what = name or "assign_timestamps"
         bound = duration_ms(max_out_of_orderness or 0, f"{what}: max_out_of_orderness", zero=True)
@@ -319,7 +322,10 @@ class DataStream(_Operators):
                 f"{what}: assign_timestamps takes a column name or a function, not "
                 f"{type(column_or_fn).__name__}"
             )
-        strategy = WatermarkStrategy(EventTime(column), bound)
+        idle = None if idle_timeout is None else duration_ms(idle_timeout, f"{what}: idle_timeout")
+        strategy = WatermarkStrategy(
+            EventTime(column), bound, None if idle is None else idle / 1000
+        )
         stream = self.transform(label, AssignTimestampsLogic(strategy, fn), name=name)
         stream.event_time = strategy.event_time
         return stream
@@ -340,8 +346,7 @@ class DataStream(_Operators):
         if len({s.operator.uid for s in streams}) != len(streams):
             raise ValueError("union of a stream with itself: every record would come twice")
         inputs = [Edge(s.operator.uid) for s in streams]
-        times = {s.event_time for s in streams}
-        event_time = times.pop() if len(times) == 1 else None  # (else: assign_timestamps)
+        event_time = _common_time([s.event_time for s in streams])
         return DataStream(self.env, self.env._add("union", PassLogic(), inputs, name), event_time)
 
     def iterate(
@@ -617,6 +622,19 @@ class WindowedResult(DataStream):
         stream = self._through(edge, "late", PassLogic(), name, "fail")
         stream.event_time = source_time
         return stream
+
+
+def _common_time(times: list[EventTime | None]) -> EventTime | None:
+    """The event time of a union: its inputs' when they all have it in the same column (the
+    type when all that know it agree; else it is learned from the records); else none (call
+    assign_timestamps after the union)."""
+    if any(t is None for t in times):
+        return None
+    found = [t for t in times if t is not None]
+    if len({(t.column, t.offset) for t in found}) != 1:
+        return None
+    types = {t.type for t in found if t.type is not None}
+    return EventTime(found[0].column, found[0].offset, types.pop() if len(types) == 1 else None)
 
 
 def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:

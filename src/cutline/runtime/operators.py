@@ -25,6 +25,7 @@ import copy
 import json
 import numbers
 import reprlib
+import time
 import traceback
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -203,6 +204,11 @@ class RunningOperator:
 
     def take_watermark(self) -> int | None:
         """(``makes_watermarks``) A watermark newer than the last one taken, if any."""
+        return None
+
+    def take_status(self) -> bool | None:
+        """(``makes_watermarks``) Whether it went idle (``True``) or active again (``False``)
+        since the last call; ``None``: neither."""
         return None
 
     def side_output(self, side: str) -> Batch | None:
@@ -409,9 +415,27 @@ class _AssignTimestamps(RunningOperator):
 
     def __init__(self, logic: AssignTimestampsLogic, ctx: OperatorContext) -> None:
         self.logic, self.ctx = logic, ctx
-        self.clock: SplitWatermarks[str] = SplitWatermarks(logic.strategy.bound)
+        strategy = logic.strategy
+        self.clock: SplitWatermarks[str] = SplitWatermarks(strategy.bound, strategy.idle_timeout)
         self.clock.split_added("records")
         self._pending: int | None = None
+        self._status: bool | None = None
+
+    def _take_actions(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, EmitWatermark):
+                self._pending = action.watermark
+            else:
+                self._status = action.idle
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        if self.logic.strategy.idle_timeout is not None:
+            self._take_actions(self.clock.tick(now / 1000))
+        return None
+
+    def take_status(self) -> bool | None:
+        status, self._status = self._status, None
+        return status
 
     def process(self, batch: Batch) -> Batch | None:
         fn, event_time = self.logic.fn, self.logic.strategy.event_time
@@ -451,9 +475,8 @@ class _AssignTimestamps(RunningOperator):
             else:
                 batch = [r for r, k in zip(records, keep.tolist(), strict=True) if k]
         if len(values):
-            for action in self.clock.records("records", int(values.max()), 0.0):
-                if isinstance(action, EmitWatermark):
-                    self._pending = action.watermark
+            now = time.time()
+            self._take_actions(self.clock.records("records", int(values.max()), now))
         return batch
 
     def on_watermark(self, watermark: int) -> Batch | None:

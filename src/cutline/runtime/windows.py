@@ -7,9 +7,9 @@ fires.
 * :class:`Tumbling` ``(size)``: ``[start, start + size)``, every record in exactly one.
 * :class:`Sliding` ``(size, every=slide)``: windows of ``size`` starting every ``slide``; a
   record is in ``size / slide`` of them.
-* :class:`Session` ``(gap=...)``: per key, records less than ``gap`` apart are one session;
-  sessions merge when a record bridges them. A session's ``window_end`` is its last
-  record's time plus the gap.
+* :class:`Session` ``(gap=...)``: per key, records at most ``gap`` apart are one session;
+  sessions merge when a record bridges them, or when they touch (Flink's and Spark's rule). A
+  session's ``window_end`` is its last record's time plus the gap.
 
 A window **fires** when the watermark reaches its last millisecond (``window_end - 1``): its
 result is emitted with ``window_start`` and ``window_end`` (in the type of the event-time
@@ -107,7 +107,7 @@ class Sliding:
 
 @dataclass(frozen=True)
 class Session:
-    """Per key, records less than ``gap`` apart: ``Session(gap="30 min")``."""
+    """Per key, records at most ``gap`` apart: ``Session(gap="30 min")``."""
 
     gap: Any
 
@@ -599,7 +599,7 @@ class WindowOperator(_Keyed):
         order = np.lexsort((ts, codes))
         codes, ts_sorted = codes[order], ts[order]
         new = np.ones(len(order), dtype=bool)
-        new[1:] = (codes[1:] != codes[:-1]) | (ts_sorted[1:] - ts_sorted[:-1] >= gap)
+        new[1:] = (codes[1:] != codes[:-1]) | (ts_sorted[1:] - ts_sorted[:-1] > gap)
         starts_at = np.flatnonzero(new)
         firsts = ts_sorted[starts_at]
         lasts = np.maximum.reduceat(ts_sorted, starts_at)
@@ -639,7 +639,7 @@ class WindowOperator(_Keyed):
         fired = False
         merge = self.aggregation.merge
         for s_start, s_end, s_acc, s_fired in sessions:
-            if s_start < end and start < s_end:  # overlaps: merge into one
+            if s_start <= end and start <= s_end:  # overlaps or touches: one session (Flink)
                 start, end = min(start, s_start), max(end, s_end)
                 acc = merge(s_acc, acc)
                 fired = fired or s_fired
@@ -1291,7 +1291,7 @@ class SessionColumnsOperator(WindowOperator):
         order = np.lexsort((ts, codes))
         codes, ts_sorted = codes[order], ts[order]
         new = np.ones(len(order), dtype=bool)
-        new[1:] = (codes[1:] != codes[:-1]) | (ts_sorted[1:] - ts_sorted[:-1] >= gap)
+        new[1:] = (codes[1:] != codes[:-1]) | (ts_sorted[1:] - ts_sorted[:-1] > gap)
         at = np.flatnonzero(new)
         counts = np.diff(np.r_[at, len(order)]).astype(np.int64)
         if kind == "count":
@@ -1351,7 +1351,7 @@ class SessionColumnsOperator(WindowOperator):
         span = int(end.max()) - low + 1
         running = np.maximum.accumulate(codes * span + (end - low)) - codes * span + low
         new = np.ones(len(order), dtype=bool)
-        new[1:] = (codes[1:] != codes[:-1]) | (start[1:] >= running[:-1])
+        new[1:] = (codes[1:] != codes[:-1]) | (start[1:] > running[:-1])
         at = np.flatnonzero(new)
         acc = both["acc"][order]
         if kind in ("count", "sum", "mean"):

@@ -25,7 +25,6 @@ import threading
 import time
 from typing import Any, assert_never
 
-from cutline.protocol.watermarks import MIN_WATERMARK
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.network.channel import ChannelError, InputGate
 from cutline.runtime.network.control import ControlClient
@@ -225,7 +224,7 @@ def _metrics(runners: list[SubtaskRunner]) -> dict[str, Any]:
         r.name: {
             "ops": r.operator_records,
             "backpressured": round(r.backpressured, 4),
-            "watermark": r.watermark if r.watermark != MIN_WATERMARK else None,
+            "watermark": r.shown_watermark,
             "event_time": r.event_figures(),
         }
         for r in runners

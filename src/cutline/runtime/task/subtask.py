@@ -30,7 +30,13 @@ from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, assert_never
 
-from cutline.protocol.watermarks import MIN_WATERMARK, EmitStatus, EmitWatermark, WatermarkAction
+from cutline.protocol.watermarks import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    EmitStatus,
+    EmitWatermark,
+    WatermarkAction,
+)
 from cutline.runtime.checkpoint.restore import gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointStorage
@@ -112,6 +118,9 @@ class SubtaskRunner:
         """The watermark this subtask's chain has reached (epoch ms)."""
         self.idle = False
         """Whether this subtask said downstream that it is idle."""
+        self.timed = False
+        """Whether event time reached it (a watermark before the end's, which every job
+        sends)."""
         self._assigners = any(
             op.logic.makes_watermarks for op in chain.operators if not op.is_source
         )
@@ -401,6 +410,7 @@ class SubtaskRunner:
         for index in range(start, len(self._operators)):
             running = self._operators[index][1]
             if running.makes_watermarks:
+                self._assigned_status(running)  # (active again: before its watermark)
                 watermark = running.take_watermark()
                 if watermark is not None:
                     self._advance_watermark(watermark, index + 1)
@@ -414,6 +424,11 @@ class SubtaskRunner:
                 self._emit(batch, side)
 
     # ------------------------------------------------------------ event time
+
+    @property
+    def shown_watermark(self) -> int | None:
+        """The watermark for the progress and the statistics: ``None`` without event time."""
+        return self.watermark if self.timed else None
 
     def event_figures(self) -> dict[str, dict[str, int]]:
         """Operator uid -> its event-time figures now (those that have any)."""
@@ -439,6 +454,16 @@ class SubtaskRunner:
                 self._push(out, index + 1)
             elif self._sides and index == len(self._operators) - 1:
                 self._emit_sides()
+            if running.makes_watermarks:  # (assign_timestamps with an idle timeout)
+                self._assigned_status(running)
+
+    def _assigned_status(self, running: RunningOperator) -> None:
+        """An ``assign_timestamps`` operator went idle or active again: say so downstream."""
+        idle = running.take_status()
+        if idle is not None and idle != self.idle:
+            self.idle = idle
+            for channel in self.output_channels():
+                channel.send(WatermarkStatus(idle))
 
     def _carry_out_watermarks(self, actions: list[WatermarkAction]) -> None:
         """Carry out what the source's clock or the input valve decided, in order."""
@@ -477,6 +502,8 @@ class SubtaskRunner:
             elif self._sides and index == len(self._operators) - 1:
                 self._emit_sides()
         self.watermark = watermark
+        if watermark != MAX_WATERMARK:
+            self.timed = True
         frame = Watermark(watermark)
         for channel in self.output_channels():
             channel.send(frame)
@@ -567,7 +594,7 @@ class SubtaskRunner:
             first_barrier_at=first_at,
             sent=dict(self._sent),
             received=dict(self._received),
-            watermark=self.watermark if self.watermark != MIN_WATERMARK else None,
+            watermark=self.shown_watermark,
             event_time=self.event_figures(),
         )
         self.checkpoints.forget_empty()
