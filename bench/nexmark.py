@@ -78,6 +78,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 
@@ -607,10 +608,20 @@ def top_auctions(key: Any, window: Any, counts: list[dict]) -> list[dict]:
     ]
 
 
+def top_auctions_arrow(key: Any, window: Any, counts: pa.Table) -> pa.Table:
+    """q5's second stage, vectorized (``process_batches``): of one sliding window's counts,
+    the rows equal to the highest."""
+    top = pc.max(counts.column("count"))
+    return counts.filter(pc.equal(counts.column("count"), top)).select(
+        ["window_start", "window_end", "auction", "count"]
+    )
+
+
 def cutline_q5(bids: Any) -> Any:
     """Counts per auction and sliding window; then, as the counts carry event time
     ``window_end - 1``, a tumbling window of the slide keyed by ``window_end`` gets each
-    sliding window's counts together and keeps the highest."""
+    sliding window's counts together (as one Arrow table: ``process_batches``) and keeps the
+    highest."""
     from cutline import Sliding, Tumbling
 
     counts = (
@@ -621,7 +632,9 @@ def cutline_q5(bids: Any) -> Any:
     if not CUTLINE_Q5_MAX_IN_JOB:
         return counts
     return (
-        counts.key_by("window_end").window(Tumbling(f"{Q5_SLIDE // 1000}s")).process(top_auctions)
+        counts.key_by("window_end")
+        .window(Tumbling(f"{Q5_SLIDE // 1000}s"))
+        .process_batches(top_auctions_arrow)
     )
 
 

@@ -763,3 +763,31 @@ def test_sessions_that_touch_merge_as_in_flink(tmp_path: Path, backend: str) -> 
             (r["window_start"], r["window_end"], r["count"]) for r in result.collected[name]
         )
         assert got == [(0, 600, 3), (601, 801, 1), (1000, 1200, 1)], name
+
+
+def biggest_rows(key: str, window: Window, table: pa.Table) -> pa.Table:
+    """The rows of the window with its largest amount (ties kept), vectorized."""
+    top = pa.compute.max(table.column("amount"))
+    found = table.filter(pa.compute.equal(table.column("amount"), top))
+    return found.select(["user", "amount"]).append_column(
+        "window_start", pa.array([window.start] * found.num_rows, pa.int64())
+    )
+
+
+@pytest.mark.parametrize(("parallelism", "records"), [(1, "arrow"), (2, "arrow"), (2, "dicts")])
+def test_process_batches_gets_each_window_as_one_arrow_table(
+    tmp_path: Path, parallelism: int, records: str
+) -> None:
+    clicks = write_clicks(tmp_path / "in", 12, files=3, per_file=300)
+    env = environment(tmp_path, parallelism)
+    stream = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND)
+    if records == "dicts":
+        stream = stream.map(dict)
+    stream.key_by("user").window(Sliding(1000, every=500)).process_batches(biggest_rows).collect()
+    result = run(env)
+    expected = []
+    for (user, start, _), rows in sliding(clicks, 1000, 500).items():
+        top = max(r["amount"] for r in rows)
+        expected += [(user, top, start)] * sum(r["amount"] == top for r in rows)
+    got = [(r["user"], r["amount"], r["window_start"]) for r in result.output]
+    assert sorted(got) == sorted(expected)

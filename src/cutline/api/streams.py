@@ -589,6 +589,21 @@ class WindowedStream:
         label = f"process({function_name(fn)})"
         return self._apply(Aggregation("process", fn=fn), label, name, on_error)
 
+    def process_batches(
+        self,
+        fn: Callable[[Any, Window, pa.Table], Any],
+        *,
+        name: str | None = None,
+        on_error: str = "fail",
+    ) -> WindowedResult:
+        """The vectorized ``process``: ``fn(key, window, table)`` gets all of a window's
+        records as one ``pyarrow.Table`` once it fires, and returns a table, a batch or records
+        (or ``None``). The window keeps its records as Arrow batches (records that are dicts
+        are turned into batches first)."""
+        _callable(fn, "process_batches")
+        label = f"process_batches({function_name(fn)})"
+        return self._apply(Aggregation("process_batches", fn=fn), label, name, on_error)
+
     def _builtin(self, kind: str, field: str, name: str | None, on_error: str) -> WindowedResult:
         if not isinstance(field, str) or not field:
             raise TypeError(f"{kind} of a window takes a column name, not {field!r}")

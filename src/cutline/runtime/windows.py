@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -55,6 +56,7 @@ from cutline.runtime.operators import (
     RecordError,
     _Keyed,
     rows,
+    to_arrow,
 )
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.keygroups import key_group
@@ -204,8 +206,8 @@ class Aggregation:
             return (0, 0)
         if self.kind == "aggregate":
             return self.fn.create_accumulator()
-        if self.kind == "process":
-            return ()
+        if self.kind in ("process", "process_batches"):
+            return ()  # (chunks: tuples of records, or Arrow batches)
         return None  # sum, min, max, reduce: the first value
 
     def add(self, acc: Any, record: Any) -> Any:
@@ -213,7 +215,9 @@ class Aggregation:
         if kind == "count":
             return acc + 1
         if kind == "process":
-            return (*acc, record)
+            return (*acc, (record,))
+        if kind == "process_batches":  # (sessions, record by record)
+            return (*acc, to_arrow([record], "process_batches"))
         if kind == "aggregate":
             return self.fn.add(record, copy.copy(acc))
         if kind == "reduce":
@@ -241,7 +245,7 @@ class Aggregation:
     def merge(self, a: Any, b: Any) -> Any:
         """One accumulator of two windows' (sessions that merge)."""
         kind = self.kind
-        if kind == "process":
+        if kind in ("process", "process_batches"):
             return (*a, *b)
         if kind == "aggregate":
             return self.fn.merge(copy.copy(a), copy.copy(b))
@@ -432,6 +436,12 @@ class WindowOperator(_Keyed):
                 return None
         if self._time_type is None and not self.processing:
             self._learn_time_type(batch)
+        if (
+            self.aggregation.kind in ("process", "process_batches")
+            and not self._session
+            and self.watermark >= self._ceiling
+        ):
+            return self._collect(batch, ts)
         if (
             self.watermark >= self._ceiling  # (else the per-record path: lateness per key)
             and self.aggregation.builtin
@@ -707,6 +717,90 @@ class WindowOperator(_Keyed):
             self._late.append(late)
         return self._results(list(refired.values())) if refired else None
 
+    def _collect(self, batch: Batch, ts: np.ndarray) -> Batch | None:
+        """``process`` and ``process_batches`` on tumbling and sliding windows: the records of
+        the batch grouped by key and window, each group added to its window as one chunk (a
+        tuple of records, or an Arrow batch): one state update per key and window, not per
+        record."""
+        assigner = self.assigner
+        assert not isinstance(assigner, Session)
+        arrow = self.aggregation.kind == "process_batches"
+        if arrow:
+            batch = to_arrow(batch, self.ctx.name)
+        index, starts = assign(assigner, ts)
+        size = window_size(assigner)
+        on_time = _add_array(starts + size - 1, self.lateness) > self.watermark
+        self._note_late(batch, index, on_time)
+        if not on_time.all():
+            index, starts = index[on_time], starts[on_time]
+        if not len(index):
+            return None
+        records = None if arrow else rows(batch)
+        keys, codes = self._key_codes(batch, records)
+        if keys is None:
+            return None
+        pair_codes = codes[index]
+        keep = pair_codes >= 0  # (a record whose key failed is in no window)
+        index, starts, pair_codes = index[keep], starts[keep], pair_codes[keep]
+        order = np.lexsort((starts, pair_codes))
+        index, starts, pair_codes = index[order], starts[order], pair_codes[order]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (pair_codes[1:] != pair_codes[:-1]) | (starts[1:] != starts[:-1])
+        bounds = np.r_[np.flatnonzero(new), len(order)].tolist()
+        refired: list[tuple[Hashable, int, int, Any]] = []
+        changed: dict[Hashable, dict[int, tuple[Any, bool]]] = {}
+        for a, b in itertools.pairwise(bounds):
+            key, start = keys[int(pair_codes[a])], int(starts[a])
+            members = index[a:b]
+            if arrow:
+                chunk: Any = batch.take(pa.array(members))
+            else:
+                assert records is not None
+                chunk = tuple(records[i] for i in members.tolist())
+            windows = changed.get(key)
+            if windows is None:
+                windows = changed[key] = dict(self.table.get(key) or {})
+            entry = windows.get(start)
+            if entry is None:
+                windows[start] = ((chunk,), False)
+                self.fire.add(start + size - 1, key, (start, start + size))
+            else:
+                acc = (*entry[0], chunk)
+                windows[start] = (acc, entry[1])
+                if entry[1]:
+                    refired.append((key, start, start + size, acc))
+        for key, windows in changed.items():
+            self.table[key] = windows
+        return self._results(refired) if refired else None
+
+    def _key_codes(
+        self, batch: Batch, records: list[Any] | None
+    ) -> tuple[list[Any] | None, np.ndarray]:
+        """The distinct keys of the batch's records and each record's index among them (-1:
+        its key could not be taken: the record failed)."""
+        if isinstance(batch, pa.RecordBatch) and isinstance(self.key, str) and records is None:
+            if self.key not in batch.schema.names or batch.column(self.key).null_count:
+                records = rows(batch)  # (named in the per-record failures below)
+            else:
+                encoded = pc.dictionary_encode(batch.column(self.key))
+                uniques = encoded.dictionary.to_pylist()
+                for key in uniques:
+                    self.backend.set_current_key(key)  # (checks the key belongs here)
+                codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False)).astype(np.int64)
+                return uniques, codes
+        if records is None:
+            records = rows(batch)
+        found: dict[Hashable, int] = {}
+        codes = np.full(len(records), -1, dtype=np.int64)
+        for i, record in enumerate(records):
+            try:
+                key = self.get_key(record)
+                self.backend.set_current_key(key)
+                codes[i] = found.setdefault(key, len(found))
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        return list(found), codes
+
     def _starts(self, stamp: int) -> list[int]:
         assigner = self.assigner
         if isinstance(assigner, Tumbling):
@@ -810,9 +904,16 @@ class WindowOperator(_Keyed):
         out: list[Any] = []
         for key, start, end, acc in fired:
             window_start, window_end = event_time.to_value(start), event_time.to_value(end)
-            if aggregation.kind == "process":
+            if aggregation.kind in ("process", "process_batches"):
+                window = Window(window_start, window_end)
                 try:
-                    produced = aggregation.fn(key, Window(window_start, window_end), list(acc))
+                    if aggregation.kind == "process":
+                        contents: Any = [r for chunk in acc for r in chunk]
+                    else:
+                        contents = pa.Table.from_batches(list(acc))
+                    produced = aggregation.fn(key, window, contents)
+                    if isinstance(produced, pa.Table | pa.RecordBatch):
+                        produced = produced.to_pylist()
                     if produced is not None:
                         out.extend(list(produced))
                 except Exception as exc:
