@@ -4,7 +4,9 @@ complete a window its result comes out, at a fixed input rate.
     .venv/bin/python bench/nexmark_latency.py [--rate 20000] [--repeats 3] [--queries q5,q7,q11]
         [--out bench/results/nexmark_latency.json]
 
-The small Nexmark input of ``bench/nexmark.py`` (the same generator and cache) is read at
+200,000 Nexmark events (the generator and cache of ``bench/nexmark.py``, at ``--event-rate``
+events a second of event time, 1,000 by default: 200 s of event time, so that many windows
+complete while the job runs) are read at
 ``--rate`` bids a second for the whole source (``rate_limit``: each of the 2 source subtasks
 reads its share), with checkpoints every second, on local Spark at parallelism 2. Beside each
 query the job writes, per batch each source subtask reads, which subtask it is, the highest
@@ -29,6 +31,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ import nexmark  # (the benchmark beside this file: the script's folder is on sys
 from cutline import StreamEnvironment
 from cutline.runtime.operators import Batch, Logic, OperatorContext, RunningOperator
 from cutline.spark.launcher import local_session
+from nexmark_reference import InputSpec
 
 
 class ArrivalLogic(Logic):
@@ -129,15 +133,28 @@ def run(spark: Any, inp: Any, query: str, rate: float, work: Path, expected: Any
 
 
 def main() -> None:
+    from pyspark import cloudpickle
+
+    # the queries' functions live in nexmark.py and this file, which the Spark workers cannot
+    # import: sent by value
+    cloudpickle.register_pickle_by_value(nexmark)  # type: ignore[no-untyped-call]
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, default=20_000.0)
+    parser.add_argument("--rate", type=float, default=20_000.0, help="bids read per second")
+    parser.add_argument(
+        "--event-rate",
+        type=int,
+        default=1_000,
+        help="events per second of event time in the generated input (200,000 events)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--queries", default="q5,q7,q11")
     parser.add_argument("--out", type=Path, default=Path("bench/results/nexmark_latency.json"))
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/cutline-nexmark"))
     args = parser.parse_args()
     queries = args.queries.split(",")
-    inp = nexmark.prepare_input(nexmark.SIZES["small"], args.work, lambda text: None)
+    spec = InputSpec(events=200_000, rows_per_file=50_000, rate=args.event_rate)
+    inp = nexmark.prepare_input(spec, args.work, lambda text: None)
     expected, _, _ = nexmark._ground_truth(inp, queries)
     spark = local_session(2)
     spark.range(1).collect()
@@ -161,7 +178,8 @@ def main() -> None:
                 "name": f"nexmark {query} latency",
                 "system": "cutline",
                 "parameters": {
-                    "size": "small",
+                    "events": spec.events,
+                    "events_per_s_of_event_time": spec.rate,
                     "bids": inp.bids,
                     "rate_bids_per_s": args.rate,
                     "parallelism": nexmark.PARALLELISM,
