@@ -23,6 +23,7 @@ import pytest
 
 from cutline import (
     AggregateFunction,
+    DataStream,
     EventTimeError,
     JobFailedError,
     JobResult,
@@ -608,23 +609,21 @@ def quiet_user(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("user", pa.array(["quiet"] * batch.num_rows))
 
 
-def test_an_idle_input_does_not_hold_the_watermark_back(tmp_path: Path) -> None:
-    """Clicks (bounded) are unioned with an unbounded trickle of records of 1970 (one a second
-    per subtask): without idleness the trickle's watermark would hold every window of the
-    clicks back for ever. With idle_timeout it goes idle between its records, so the clicks'
-    windows fire, all of them, while it still runs; the job is stopped once the last one
-    went through (the wait is on that record, not on a clock), and each is exact."""
-    clicks = write_clicks(tmp_path / "in", 9, files=2)
+def _clicks_beside_a_trickle(
+    tmp_path: Path, seed: int, trickle: Callable[[StreamEnvironment], DataStream]
+) -> None:
+    """Clicks (bounded, two files, event time in ``value``) unioned with ``trickle(env)`` (an
+    unbounded trickle of records of 1970, user ``quiet``), counted per user and second: every
+    window of the clicks fires while the trickle still runs, then the job is stopped (once
+    the last one went through: the wait is on that record, not on a clock), each exact."""
+    clicks = write_clicks(tmp_path / "in", seed, files=2)
     table = pq.read_table(tmp_path / "in").rename_columns(["user", "value", "amount"])
     for i, part in enumerate((table.slice(0, 400), table.slice(400))):
         pq.write_table(part, tmp_path / "in" / f"clicks-{i}.parquet")
     env = environment(tmp_path, 2)
     bounded = env.read_parquet(tmp_path / "in", event_time="value", max_out_of_orderness=BOUND)
-    trickle = env.from_sequence(
-        0, None, event_time="value", idle_timeout="50ms", rate_limit=2.0
-    ).map_batches(quiet_user)
     last = max(c["ts"] for c in clicks)
-    counts = bounded.union(trickle).key_by("user").window(Tumbling(1000)).count()
+    counts = bounded.union(trickle(env)).key_by("user").window(Tumbling(1000)).count()
     flag = tmp_path / "last-window-fired"
     counts.map_batches(FlagOnWindow(last - last % 1000, flag)).collect()
     result = env.execute(
@@ -633,6 +632,18 @@ def test_an_idle_input_does_not_hold_the_watermark_back(tmp_path: Path) -> None:
     assert flag.exists(), "the clicks' last window never fired: the idle input held it back"
     published = by_window([r for r in result.output if r["user"] != "quiet"], "count")
     assert published == {w: len(rs) for w, rs in tumbling(clicks, 1000).items()}
+
+
+def test_an_idle_input_does_not_hold_the_watermark_back(tmp_path: Path) -> None:
+    """The trickle (one record a second per subtask) is a source with an idle timeout: without
+    idleness its watermark would hold every window of the clicks back for ever."""
+    _clicks_beside_a_trickle(
+        tmp_path,
+        9,
+        lambda env: env.from_sequence(
+            0, None, event_time="value", idle_timeout="50ms", rate_limit=2.0
+        ).map_batches(quiet_user),
+    )
 
 
 def once_something_was_read(path: Path) -> Callable[[str, str], None]:
@@ -723,27 +734,15 @@ def test_an_idle_stream_after_assign_timestamps_does_not_hold_the_watermark_back
     tmp_path: Path,
 ) -> None:
     """As above, with the trickle's event time given by assign_timestamps (idle_timeout there)."""
-    clicks = write_clicks(tmp_path / "in", 10, files=2)
-    table = pq.read_table(tmp_path / "in").rename_columns(["user", "value", "amount"])
-    for i, part in enumerate((table.slice(0, 400), table.slice(400))):
-        pq.write_table(part, tmp_path / "in" / f"clicks-{i}.parquet")
-    env = environment(tmp_path, 2)
-    bounded = env.read_parquet(tmp_path / "in", event_time="value", max_out_of_orderness=BOUND)
-    trickle = (
-        env.from_sequence(0, None, rate_limit=2.0)
-        .map_batches(quiet_user)
-        .assign_timestamps("value", idle_timeout="50ms")
+    _clicks_beside_a_trickle(
+        tmp_path,
+        10,
+        lambda env: (
+            env.from_sequence(0, None, rate_limit=2.0)
+            .map_batches(quiet_user)
+            .assign_timestamps("value", idle_timeout="50ms")
+        ),
     )
-    last = max(c["ts"] for c in clicks)
-    counts = bounded.union(trickle).key_by("user").window(Tumbling(1000)).count()
-    flag = tmp_path / "last-window-fired"
-    counts.map_batches(FlagOnWindow(last - last % 1000, flag)).collect()
-    result = env.execute(
-        launcher=ThreadLauncher(), stop_after=0.05, listener=once_something_was_read(flag)
-    )
-    assert flag.exists(), "the clicks' last window never fired: the idle stream held it back"
-    published = by_window([r for r in result.output if r["user"] != "quiet"], "count")
-    assert published == {w: len(rs) for w, rs in tumbling(clicks, 1000).items()}
 
 
 @pytest.mark.parametrize("backend", ["memory", "disk"])

@@ -421,21 +421,10 @@ class WindowOperator(_Keyed):
     def process(self, batch: Batch) -> Batch | None:
         if not len(batch):
             return None
-        if self.processing:  # the time it arrives: never late
-            now = int(time.time() * 1000)
-            self.watermark = max(self.watermark, now - 1)
-            ts, missing = np.full(len(batch), now, dtype=np.int64), None
-        else:
-            try:
-                ts, missing = self.event_time.timestamps(batch)
-            except EventTimeError as exc:
-                raise RecordError(str(exc)) from None
-        if missing is not None:
-            batch, ts = self._without_time(batch, ts, missing)
-            if not len(batch):
-                return None
-        if self._time_type is None and not self.processing:
-            self._learn_time_type(batch)
+        prepared = self._prepare(batch)
+        if prepared is None:
+            return None
+        batch, ts = prepared
         if (
             self.aggregation.kind in ("process", "process_batches")
             and not self._session
@@ -1052,21 +1041,10 @@ class PaneWindowOperator(WindowOperator):
     def process(self, batch: Batch) -> Batch | None:
         if not len(batch):
             return None
-        if self.processing:
-            now = int(time.time() * 1000)
-            self.watermark = max(self.watermark, now - 1)
-            ts, missing = np.full(len(batch), now, dtype=np.int64), None
-        else:
-            try:
-                ts, missing = self.event_time.timestamps(batch)
-            except EventTimeError as exc:
-                raise RecordError(str(exc)) from None
-        if missing is not None:
-            batch, ts = self._without_time(batch, ts, missing)
-            if not len(batch):
-                return None
-        if self._time_type is None and not self.processing:
-            self._learn_time_type(batch)
+        prepared = self._prepare(batch)
+        if prepared is None:
+            return None
+        batch, ts = prepared
         if (
             isinstance(batch, pa.RecordBatch)
             and self.watermark >= self._ceiling
