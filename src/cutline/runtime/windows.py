@@ -462,6 +462,48 @@ class WindowOperator(_Keyed):
             self._learn_time_type(batch)
         return batch, ts
 
+    def _record_columns(
+        self,
+        records: list[Any],
+        ts: np.ndarray,
+        times: Callable[[Hashable, int], list[int]],
+    ) -> tuple[pa.Array, np.ndarray, np.ndarray | None] | None:
+        """A built-in's records one by one, as columns: each record's key, once per time
+        ``times(key, stamp)`` gives it (its windows' starts, or its own time; none: it is
+        late, to the side output), and its value (none for ``count``). A record whose key or
+        value cannot be taken fails (``on_error``). ``None``: nothing is left."""
+        keys: list[Any] = []
+        found: list[int] = []
+        values: list[Any] = []
+        late: list[Any] = []
+        kind, field_name = self.aggregation.kind, self.aggregation.field
+        for record, stamp in zip(records, ts.tolist(), strict=True):
+            try:
+                key = self.get_key(record)
+                self.backend.set_current_key(key)  # (checks the key belongs here)
+                if key is None:
+                    raise RecordError(f"the record's key is null: {record!r}")
+                value = None if kind == "count" else _number(record, field_name, kind)
+                mine = times(key, stamp)
+                if not mine:
+                    late.append(record)
+                    continue
+                for at in mine:
+                    keys.append(key)
+                    found.append(at)
+                    values.append(value)
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        if late:
+            self.late_records += len(late)
+            self._late.append(late)
+        if not keys:
+            return None
+        array = None if kind == "count" else np.array(values)
+        if array is not None and array.dtype == object:
+            array = np.array([float(v) for v in values])  # (ints and floats mixed)
+        return pa.array(keys), np.array(found, dtype=np.int64), array
+
     def _learn_time_type(self, batch: Batch) -> None:
         """The event-time column's type, from the records (``assign_timestamps``)."""
         column = self.event_time.column
@@ -1071,42 +1113,15 @@ class PaneWindowOperator(WindowOperator):
     def _merge_records(self, records: list[Any], ts: np.ndarray) -> Batch | None:
         """Records one by one (Python records, nulls, or after a rescaled restore): their
         windows and values, then merged as a batch."""
-        keys: list[Any] = []
-        starts: list[int] = []
-        values: list[Any] = []
-        late: list[Any] = []
-        kind, field_name = self.aggregation.kind, self.aggregation.field
-        for record, stamp in zip(records, ts.tolist(), strict=True):
-            try:
-                key = self.get_key(record)
-                self.backend.set_current_key(key)  # (checks the key belongs here)
-                if key is None:
-                    raise RecordError(f"the record's key is null: {record!r}")
-                value = None if kind == "count" else _number(record, field_name, kind)
-                floor = self._floor(key)
-                mine = [
-                    start
-                    for start in self._starts(stamp)
-                    if _add(start + self.size - 1, self.lateness) > floor
-                ]
-                if not mine:
-                    late.append(record)
-                    continue
-                for start in mine:
-                    keys.append(key)
-                    starts.append(start)
-                    values.append(value)
-            except Exception as exc:
-                self.ctx.fail(record, exc)
-        if late:
-            self.late_records += len(late)
-            self._late.append(late)
-        if not keys:
-            return None
-        array = None if kind == "count" else np.array(values)
-        if array is not None and array.dtype == object:
-            array = np.array([float(v) for v in values])  # (ints and floats mixed)
-        return self._merge(pa.array(keys), np.array(starts, dtype=np.int64), array)
+
+        def windows(key: Hashable, stamp: int) -> list[int]:
+            floor = self._floor(key)
+            return [
+                s for s in self._starts(stamp) if _add(s + self.size - 1, self.lateness) > floor
+            ]
+
+        found = self._record_columns(records, ts, windows)
+        return None if found is None else self._merge(*found)
 
     def _merge(self, keys: pa.Array, starts: np.ndarray, values: np.ndarray | None) -> Batch | None:
         """Merge (key, window start, value) triples into the windows; the windows already
@@ -1331,34 +1346,12 @@ class SessionColumnsOperator(WindowOperator):
                 )
             return self._merge(keys, ts, values)
         # record by record (Python records, nulls, or keys keeping a restored watermark)
-        keys_: list[Any] = []
-        stamps: list[int] = []
-        values_: list[Any] = []
-        late: list[Any] = []
-        for record, stamp in zip(rows(batch), ts.tolist(), strict=True):
-            try:
-                key = self.get_key(record)
-                self.backend.set_current_key(key)
-                if key is None:
-                    raise RecordError(f"the record's key is null: {record!r}")
-                value = None if kind == "count" else _number(record, self.aggregation.field, kind)
-                if self._late_window(stamp + gap, self._floor(key)):
-                    late.append(record)
-                    continue
-                keys_.append(key)
-                stamps.append(stamp)
-                values_.append(value)
-            except Exception as exc:
-                self.ctx.fail(record, exc)
-        if late:
-            self.late_records += len(late)
-            self._late.append(late)
-        if not keys_:
-            return None
-        array = None if kind == "count" else np.array(values_)
-        if array is not None and array.dtype == object:
-            array = np.array([float(v) for v in values_])
-        return self._merge(pa.array(keys_), np.array(stamps, dtype=np.int64), array)
+
+        def own(key: Hashable, stamp: int) -> list[int]:
+            return [] if self._late_window(stamp + gap, self._floor(key)) else [stamp]
+
+        found = self._record_columns(rows(batch), ts, own)
+        return None if found is None else self._merge(*found)
 
     def _merge(self, keys: Any, ts: np.ndarray, values: np.ndarray | None) -> Batch | None:
         """Cut the records into sessions per key and merge them with the open ones."""
