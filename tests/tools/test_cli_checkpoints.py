@@ -310,7 +310,10 @@ def test_list_shows_a_restart_cause_whole(job: tuple[Path, Any]) -> None:
     words = out.output.split()
     for word in cause.split():
         assert word in words, f"{word!r} of the cause is missing or cut"
-    assert "…" not in out.output
+    # the restart's cause is whole (an aborted checkpoint's reason in the table is cut to its
+    # first 60 characters, and whether a checkpoint was in flight at the failure is timing)
+    restart = out.output[out.output.index("restart: generation") :]
+    assert "…" not in restart
 
 
 def test_a_long_restart_cause_is_wrapped_at_words_not_cut(tmp_path: Path) -> None:
