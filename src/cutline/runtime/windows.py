@@ -1421,7 +1421,13 @@ class SessionColumnsOperator(WindowOperator):
         # maximum over the whole array never crosses from a key to the next
         low = int(min(start.min(), end.min()))
         span = int(end.max()) - low + 1
-        running = np.maximum.accumulate(codes * span + (end - low)) - codes * span + low
+        if (int(codes.max()) + 1) * span < 2**62:
+            running = np.maximum.accumulate(codes * span + (end - low)) - codes * span + low
+        else:  # (keys times the span of time would overflow: one key at a time)
+            running = end.copy()
+            firsts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+            for a, b in itertools.pairwise([*firsts.tolist(), len(codes)]):
+                running[a:b] = np.maximum.accumulate(end[a:b])
         new = np.ones(len(order), dtype=bool)
         new[1:] = (codes[1:] != codes[:-1]) | (start[1:] > running[:-1])
         at = np.flatnonzero(new)
