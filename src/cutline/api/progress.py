@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.checkpoint.stats import human_bytes
 from cutline.runtime.driver.metrics import JobMetrics
 
@@ -32,6 +33,16 @@ def _count(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f}{unit}"
     return f"{n:.0f}"
+
+
+def watermark_time(watermark: int | None) -> str:
+    """A watermark for people: its UTC time of day (``-``: none; ``end``: the input ended)."""
+    if watermark is None:
+        return "-"
+    if watermark >= MAX_WATERMARK:
+        return "end"
+    seconds, ms = divmod(watermark, 1000)
+    return time.strftime("%H:%M:%S", time.gmtime(seconds)) + f".{ms:03d}"
 
 
 def watermark_lag(lag: float | None) -> str:
@@ -61,7 +72,11 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
         ("in/s", "right"),
         ("out/s", "right"),
         ("backpressured", "right"),
-        *((("watermark lag", "right"), ("late", "right"), ("windows", "right")) if timed else ()),
+        *(
+            (("watermark", "right"), ("lag", "right"), ("late", "right"), ("windows", "right"))
+            if timed
+            else ()
+        ),
     ):
         table.add_column(column, justify=justify)
     for op in metrics.operators:
@@ -76,6 +91,7 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
         ]
         if timed:
             cells += [
+                watermark_time(op.watermark),
                 watermark_lag(op.watermark_lag(metrics.at)),
                 _count(op.late) if op.late else "",
                 _count(op.windows) if op.windows else "",
