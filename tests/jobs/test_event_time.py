@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from rich.console import Console
 
 from cutline import (
     AggregateFunction,
@@ -37,6 +38,7 @@ from cutline import (
     Window,
     open_checkpoint,
 )
+from cutline.api.progress import render
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -536,6 +538,12 @@ def test_watermarks_late_records_and_windows_are_in_the_metrics_statistics_and_r
     assert window.late == 1 == result.metrics.late
     assert window.watermark == MAX_WATERMARK  # the end of the input
     assert window.watermark_lag(0.0) == 0.0
+    console = Console(width=160, record=True)
+    console.print(render(result.metrics))
+    drawn = console.export_text()
+    assert "late records: 1" in drawn
+    row = next(line for line in drawn.splitlines() if line.startswith("per_second"))
+    assert row.split()[-4:] == ["end", "0.0", "s", "1"]  # watermark, lag, late (no window open)
     final = result.checkpoints[-1]
     assert final.event_time()["per_second"] == {"late": 1, "windows": 0, "timers": 0}
     assert any("1 late records so far" in m for m in events if "(final)" in m)
