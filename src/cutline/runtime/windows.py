@@ -560,29 +560,19 @@ class WindowOperator(_Keyed):
             return None
         aggregation = self.aggregation
         assert isinstance(self.key, str)
-        columns = {"k": batch.column(self.key).take(pa.array(index)), "s": pa.array(starts)}
-        kind = aggregation.kind
-        if kind != "count":
+        taken = pa.array(index)
+        values = None
+        if aggregation.kind != "count":
             assert aggregation.field is not None
-            columns["v"] = batch.column(aggregation.field).take(pa.array(index))
-        table = pa.table(columns)
-        if kind == "count":
-            grouped = table.group_by(["k", "s"]).aggregate([("s", "count")])
-            parts = grouped.column("s_count").to_pylist()
-        elif kind == "mean":
-            grouped = table.group_by(["k", "s"]).aggregate([("v", "sum"), ("v", "count")])
-            parts = list(
-                zip(
-                    grouped.column("v_sum").to_pylist(),
-                    grouped.column("v_count").to_pylist(),
-                    strict=True,
-                )
-            )
-        else:
-            grouped = table.group_by(["k", "s"]).aggregate([("v", kind)])
-            parts = grouped.column(f"v_{kind}").to_pylist()
-        keys = grouped.column("k").to_pylist()
-        group_starts = grouped.column("s").to_pylist()
+            values = batch.column(aggregation.field).take(taken)
+        grouped_keys, grouped_starts, sums, counts = group_by_window(
+            batch.column(self.key).take(taken), starts, values, aggregation.kind
+        )
+        parts: list[Any] = sums.to_pylist()
+        if counts is not None:  # mean: (sum, count)
+            parts = list(zip(parts, counts.to_pylist(), strict=True))
+        keys = grouped_keys.to_pylist()
+        group_starts = grouped_starts.tolist()
         # one state update per key: a new dict for it (values in state are never changed)
         changes: dict[Hashable, list[tuple[int, Any]]] = {}
         for key, start, part in zip(keys, group_starts, parts, strict=True):
@@ -634,40 +624,22 @@ class WindowOperator(_Keyed):
             return None
         if not on_time.all():
             batch, ts = batch.filter(pa.array(on_time)), ts[on_time]
-        encoded = pc.dictionary_encode(batch.column(self.key))
-        codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False))
-        uniques = encoded.dictionary.to_pylist()
-        order = np.lexsort((ts, codes))
-        codes, ts_sorted = codes[order], ts[order]
-        new = np.ones(len(order), dtype=bool)
-        new[1:] = (codes[1:] != codes[:-1]) | (ts_sorted[1:] - ts_sorted[:-1] > gap)
-        starts_at = np.flatnonzero(new)
-        firsts = ts_sorted[starts_at]
-        lasts = np.maximum.reduceat(ts_sorted, starts_at)
         kind = self.aggregation.kind
-        if kind == "count":
-            parts: list[Any] = np.diff(np.r_[starts_at, len(order)]).tolist()
-        else:
+        values = None
+        if kind != "count":
             assert self.aggregation.field is not None
-            values = np.asarray(
-                batch.column(self.aggregation.field).to_numpy(zero_copy_only=False)
-            )[order]
-            if kind in ("sum", "mean"):
-                sums = np.add.reduceat(values, starts_at).tolist()
-                if kind == "mean":
-                    counts = np.diff(np.r_[starts_at, len(order)]).tolist()
-                    parts = list(zip(sums, counts, strict=True))
-                else:
-                    parts = sums
-            elif kind == "min":
-                parts = np.minimum.reduceat(values, starts_at).tolist()
-            else:
-                parts = np.maximum.reduceat(values, starts_at).tolist()
+            values = np.asarray(batch.column(self.aggregation.field).to_numpy(zero_copy_only=False))
+        keys, firsts, ends, acc, counts = cut_sessions(
+            batch.column(self.key), ts, values, kind, gap
+        )
+        parts: list[Any] = acc.tolist()
+        if kind == "mean":  # (sum, count)
+            parts = list(zip(parts, counts.tolist(), strict=True))
         refired: list[tuple[Hashable, int, int, Any]] = []
-        for code, first, last, part in zip(
-            codes[starts_at].tolist(), firsts.tolist(), lasts.tolist(), parts, strict=True
+        for key, first, end, part in zip(
+            keys.to_pylist(), firsts.tolist(), ends.tolist(), parts, strict=True
         ):
-            refired += self._merge_session(uniques[code], first, last + gap, part)
+            refired += self._merge_session(key, first, end, part)
         return self._results(refired) if refired else None
 
     def _merge_session(
@@ -1126,22 +1098,11 @@ class PaneWindowOperator(WindowOperator):
     def _merge(self, keys: pa.Array, starts: np.ndarray, values: np.ndarray | None) -> Batch | None:
         """Merge (key, window start, value) triples into the windows; the windows already
         fired that they update (allowed lateness) fire again."""
-        kind = self.aggregation.kind
-        columns: dict[str, Any] = {"k": keys, "s": pa.array(starts, pa.int64())}
-        if values is None:
-            aggregations = [("s", "count")]
-        elif kind == "mean":
-            columns["v"] = pa.array(values)
-            aggregations = [("v", "sum"), ("v", "count")]
-        else:
-            columns["v"] = pa.array(values)
-            aggregations = [("v", kind)]
-        grouped = pa.table(columns).group_by(["k", "s"], use_threads=False).aggregate(aggregations)
-        group_keys = grouped.column("k").combine_chunks()
-        group_starts = grouped.column("s").to_numpy()
-        first = grouped.column(grouped.num_columns - len(aggregations))
-        parts = _numbers(first)
-        counts = _numbers(grouped.column(grouped.num_columns - 1)) if kind == "mean" else None
+        group_keys, group_starts, sums, grouped_counts = group_by_window(
+            keys, starts, None if values is None else pa.array(values), self.aggregation.kind
+        )
+        parts = _numbers(sums)
+        counts = None if grouped_counts is None else _numbers(grouped_counts)
         refired: list[tuple[_Pane, pa.Array, np.ndarray]] = []
         for start in np.unique(group_starts).tolist():
             mask = group_starts == start
@@ -1355,37 +1316,15 @@ class SessionColumnsOperator(WindowOperator):
 
     def _merge(self, keys: Any, ts: np.ndarray, values: np.ndarray | None) -> Batch | None:
         """Cut the records into sessions per key and merge them with the open ones."""
-        kind, gap = self.aggregation.kind, self.gap
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks()
-        encoded = pc.dictionary_encode(keys)
-        codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False))
-        order = np.lexsort((ts, codes))
-        codes, ts_sorted = codes[order], ts[order]
-        new = np.ones(len(order), dtype=bool)
-        new[1:] = (codes[1:] != codes[:-1]) | (ts_sorted[1:] - ts_sorted[:-1] > gap)
-        at = np.flatnonzero(new)
-        counts = np.diff(np.r_[at, len(order)]).astype(np.int64)
-        if kind == "count":
-            acc = counts
-        else:
-            assert values is not None
-            ordered = _numbers_of(values[order])
-            if kind in ("sum", "mean"):
-                if ordered.dtype.kind in "iu" and _largest(ordered) * len(ordered) >= _SAFE:
-                    ordered = ordered.astype(object)
-                acc = np.add.reduceat(ordered, at)
-            elif kind == "min":
-                acc = np.minimum.reduceat(ordered, at)
-            else:
-                acc = np.maximum.reduceat(ordered, at)
+        kind = self.aggregation.kind
+        cut, start, end, acc, counts = cut_sessions(keys, ts, values, kind, self.gap)
         local = {
-            "keys": keys.take(pa.array(order[at])),
-            "start": ts_sorted[at],
-            "end": np.maximum.reduceat(ts_sorted, at) + gap,
+            "keys": cut,
+            "start": start,
+            "end": end,
             "acc": acc,
             "count": counts if kind == "mean" else None,
-            "fired": np.zeros(len(at), dtype=bool),
+            "fired": np.zeros(len(start), dtype=bool),
         }
         if self.rows is None:
             self.rows = local
@@ -1526,6 +1465,62 @@ def _concat_rows(parts: list[dict[str, Any]]) -> dict[str, Any]:
             common = values[0].dtype if len(kinds) == 1 else np.result_type(*kinds)
             out[name] = np.concatenate([v.astype(common, copy=False) for v in values])
     return out
+
+
+def group_by_window(
+    keys: Any, starts: np.ndarray, values: Any, kind: str
+) -> tuple[pa.Array, np.ndarray, pa.ChunkedArray, pa.ChunkedArray | None]:
+    """(key, window start[, value]) triples grouped by key and window with Arrow: per group its
+    key, its start, its part of built-in ``kind`` (count, sum, least or greatest value; a
+    mean's sum) and, for a mean, its count."""
+    columns: dict[str, Any] = {"k": keys, "s": pa.array(starts, pa.int64())}
+    if kind == "count":
+        aggregations = [("s", "count")]
+    else:
+        columns["v"] = values
+        aggregations = [("v", "sum"), ("v", "count")] if kind == "mean" else [("v", kind)]
+    grouped = pa.table(columns).group_by(["k", "s"], use_threads=False).aggregate(aggregations)
+    first = grouped.num_columns - len(aggregations)
+    return (
+        grouped.column("k").combine_chunks(),
+        grouped.column("s").to_numpy(),
+        grouped.column(first),
+        grouped.column(first + 1) if kind == "mean" else None,
+    )
+
+
+def cut_sessions(
+    keys: Any, ts: np.ndarray, values: np.ndarray | None, kind: str, gap: int
+) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Records cut into sessions per key (a new one where the next record of the key is more
+    than ``gap`` after the one before): per session its key, first time, end (last time plus
+    the gap), part of built-in ``kind`` (a mean's sum; integer sums that could overflow in
+    Python ints) and count of records."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    encoded = pc.dictionary_encode(keys)
+    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False))
+    order = np.lexsort((ts, codes))
+    codes, ordered_ts = codes[order], ts[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (codes[1:] != codes[:-1]) | (ordered_ts[1:] - ordered_ts[:-1] > gap)
+    at = np.flatnonzero(new)
+    counts = np.diff(np.r_[at, len(order)]).astype(np.int64)
+    if kind == "count":
+        acc = counts
+    else:
+        assert values is not None
+        ordered = _numbers_of(values[order])
+        if kind in ("sum", "mean"):
+            if ordered.dtype.kind in "iu" and _largest(ordered) * len(ordered) >= _SAFE:
+                ordered = ordered.astype(object)
+            acc = np.add.reduceat(ordered, at)
+        elif kind == "min":
+            acc = np.minimum.reduceat(ordered, at)
+        else:
+            acc = np.maximum.reduceat(ordered, at)
+    ends = np.maximum.reduceat(ordered_ts, at) + gap
+    return keys.take(pa.array(order[at])), ordered_ts[at], ends, acc, counts
 
 
 def _numbers_of(values: np.ndarray) -> np.ndarray:
