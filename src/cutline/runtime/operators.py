@@ -396,6 +396,20 @@ class _MapBatches(RunningOperator):
 # ------------------------------------------------------------------------ event time
 
 
+def without_time(
+    batch: Batch, ts: np.ndarray, missing: np.ndarray, column: str, ctx: OperatorContext
+) -> tuple[Batch, np.ndarray]:
+    """The records of ``batch`` that have an event time, and their timestamps; those without
+    one (``missing``) fail (``ctx.fail``: ``on_error``)."""
+    records = rows(batch)
+    for i in np.flatnonzero(missing).tolist():
+        ctx.fail(records[i], RecordError(f"the record has no event time (no value in {column!r})"))
+    keep = ~missing
+    if isinstance(batch, pa.RecordBatch):
+        return batch.filter(pa.array(keep)), ts[keep]
+    return [r for r, k in zip(records, keep.tolist(), strict=True) if k], ts[keep]
+
+
 @dataclass(frozen=True)
 class AssignTimestampsLogic(Logic):
     """``assign_timestamps``: the records' event time (a column, or ``fn(record)`` stored in
@@ -460,20 +474,7 @@ class _AssignTimestamps(RunningOperator):
         except ValueError as exc:
             raise RecordError(str(exc)) from None
         if missing is not None:
-            records = rows(batch)
-            for i in np.flatnonzero(missing).tolist():
-                self.ctx.fail(
-                    records[i],
-                    RecordError(
-                        f"the record has no event time (no value in {event_time.column!r})"
-                    ),
-                )
-            keep = ~missing
-            values = values[keep]
-            if isinstance(batch, pa.RecordBatch):
-                batch = batch.filter(pa.array(keep))
-            else:
-                batch = [r for r, k in zip(records, keep.tolist(), strict=True) if k]
+            batch, values = without_time(batch, values, missing, event_time.column, self.ctx)
         if len(values):
             now = time.time()
             self._take_actions(self.clock.records("records", int(values.max()), now))

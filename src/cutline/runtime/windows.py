@@ -57,6 +57,7 @@ from cutline.runtime.operators import (
     _Keyed,
     rows,
     to_arrow,
+    without_time,
 )
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.keygroups import key_group
@@ -455,7 +456,7 @@ class WindowOperator(_Keyed):
         except EventTimeError as exc:
             raise RecordError(str(exc)) from None
         if missing is not None:
-            batch, ts = self._without_time(batch, ts, missing)
+            batch, ts = without_time(batch, ts, missing, self.event_time.column, self.ctx)
             if not len(batch):
                 return None
         if self._time_type is None:
@@ -518,21 +519,6 @@ class WindowOperator(_Keyed):
             if isinstance(value, int):
                 self._time_type = pa.int64()
                 return
-
-    def _without_time(
-        self, batch: Batch, ts: np.ndarray, missing: np.ndarray
-    ) -> tuple[Batch, np.ndarray]:
-        """Records without an event time fail (``on_error``); the rest go on."""
-        records = rows(batch)
-        column = self.event_time.column
-        for i in np.flatnonzero(missing).tolist():
-            self.ctx.fail(
-                records[i], RecordError(f"the record has no event time (no value in {column!r})")
-            )
-        keep = ~missing
-        if isinstance(batch, pa.RecordBatch):
-            return batch.filter(pa.array(keep)), ts[keep]
-        return [r for r, k in zip(records, keep.tolist(), strict=True) if k], ts[keep]
 
     def _vectorizable(self, batch: pa.RecordBatch) -> bool:
         names = batch.schema.names

@@ -448,14 +448,18 @@ class SubtaskRunner:
         for index in clocked:
             uid, running = self._operators[index]
             self._current = uid
-            out = running.on_processing_time(now)
-            if out is not None and len(out):
-                self.operator_records[uid][1] += len(out)
-                self._push(out, index + 1)
-            elif self._sides and index == len(self._operators) - 1:
-                self._emit_sides()
+            self._fired(index, running.on_processing_time(now))
             if running.makes_watermarks:  # (assign_timestamps with an idle timeout)
                 self._assigned_status(running)
+
+    def _fired(self, index: int, out: Batch | None) -> None:
+        """What the ``index``-th operator emitted when time moved (a window, a timer): through
+        the rest of the chain; the chain's tail's side outputs (late records) go out too."""
+        if out is not None and len(out):
+            self.operator_records[self._operators[index][0]][1] += len(out)
+            self._push(out, index + 1)
+        elif self._sides and index == len(self._operators) - 1:
+            self._emit_sides()
 
     def _assigned_status(self, running: RunningOperator) -> None:
         """An ``assign_timestamps`` operator went idle or active again: say so downstream."""
@@ -495,12 +499,7 @@ class SubtaskRunner:
                 if own is not None:
                     self._advance_watermark(own, index + 1)
                 return
-            out = running.on_watermark(watermark)
-            if out is not None and len(out):
-                self.operator_records[uid][1] += len(out)
-                self._push(out, index + 1)
-            elif self._sides and index == len(self._operators) - 1:
-                self._emit_sides()
+            self._fired(index, running.on_watermark(watermark))
         self.watermark = watermark
         if watermark != MAX_WATERMARK:
             self.timed = True
