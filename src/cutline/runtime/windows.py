@@ -882,13 +882,11 @@ class WindowOperator(_Keyed):
         aggregation, key_column = self.aggregation, self.logic.key_column
         event_time = EventTime(self.event_time.column, 0, self._time_type)
         if aggregation.builtin:
-            return pa.record_batch(
-                {
-                    key_column: pa.array([f[0] for f in fired]),
-                    "window_start": event_time.to_column([f[1] for f in fired]),
-                    "window_end": event_time.to_column([f[2] for f in fired]),
-                    aggregation.output: pa.array([aggregation.result(f[3]) for f in fired]),
-                }
+            return self._builtin_batch(
+                pa.array([f[0] for f in fired]),
+                [f[1] for f in fired],
+                [f[2] for f in fired],
+                [aggregation.result(f[3]) for f in fired],
             )
         out: list[Any] = []
         for key, start, end, acc in fired:
@@ -919,6 +917,21 @@ class WindowOperator(_Keyed):
             else:
                 out.append({**fields, "result": result})
         return out
+
+    def _builtin_batch(self, keys: pa.Array, starts: Any, ends: Any, values: Any) -> pa.RecordBatch:
+        """The results of a built-in aggregate: the key, ``window_start`` and ``window_end``
+        (in the event-time column's type) and the result."""
+        event_time = EventTime(self.event_time.column, 0, self._time_type)
+        if isinstance(values, np.ndarray) and values.dtype == object:
+            values = values.tolist()  # (Python ints beyond int64)
+        return pa.record_batch(
+            {
+                self.logic.key_column: keys,
+                "window_start": event_time.to_column(starts),
+                "window_end": event_time.to_column(ends),
+                self.aggregation.output: pa.array(values),
+            }
+        )
 
     def side_output(self, side: str) -> Batch | None:
         if side != LATE or not self._late:
@@ -1198,21 +1211,11 @@ class PaneWindowOperator(WindowOperator):
 
     def _batch(self, fired: list[tuple[_Pane, pa.Array, np.ndarray]]) -> pa.RecordBatch:
         """The output of windows firing: per window, its keys and their results."""
-        event_time = EventTime(self.event_time.column, 0, self._time_type)
         lengths = [len(keys) for _, keys, _ in fired]
         starts = np.repeat(np.array([p.start for p, _, _ in fired], dtype=np.int64), lengths)
         keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
         values = np.concatenate([v for _, _, v in fired])
-        return pa.record_batch(
-            {
-                self.logic.key_column: keys,
-                "window_start": event_time.to_column(starts),
-                "window_end": event_time.to_column(starts + self.size),
-                self.aggregation.output: pa.array(
-                    values.tolist() if values.dtype == object else values
-                ),
-            }
-        )
+        return self._builtin_batch(keys, starts, starts + self.size, values)
 
 
 class SessionColumnsOperator(WindowOperator):
@@ -1385,18 +1388,10 @@ class SessionColumnsOperator(WindowOperator):
         return merged, (refire if refire.any() else None)
 
     def _session_batch(self, rows: dict[str, Any]) -> pa.RecordBatch:
-        event_time = EventTime(self.event_time.column, 0, self._time_type)
         acc = rows["acc"]
         if self.aggregation.kind == "mean":
             acc = acc.astype(float) / rows["count"]
-        return pa.record_batch(
-            {
-                self.logic.key_column: rows["keys"],
-                "window_start": event_time.to_column(rows["start"]),
-                "window_end": event_time.to_column(rows["end"]),
-                self.aggregation.output: pa.array(acc.tolist() if acc.dtype == object else acc),
-            }
-        )
+        return self._builtin_batch(rows["keys"], rows["start"], rows["end"], acc)
 
     def on_processing_time(self, now: int) -> Batch | None:
         if not self.processing or self.rows is None:
