@@ -463,6 +463,12 @@ class WindowOperator(_Keyed):
             self._learn_time_type(batch)
         return batch, ts
 
+    def _owned(self, keys: pa.Array) -> np.ndarray:
+        """Which of ``keys`` are in this subtask's key groups (of the windows kept as columns, a
+        restore at another parallelism keeps only those)."""
+        mine, maximum = self.backend.key_groups, self.backend.max_parallelism
+        return np.array([key_group(k, maximum) in mine for k in keys.to_pylist()], dtype=bool)
+
     def _record_columns(
         self,
         records: list[Any],
@@ -989,16 +995,12 @@ class PaneWindowOperator(WindowOperator):
         self._restore_panes()
 
     def _restore_panes(self) -> None:
-        mine = self.backend.key_groups
-        maximum = self.backend.max_parallelism
         for handle in self.restored:
             start, stop = handle.get("key_groups", (0, 0))
-            whole = range(start, stop) == mine
+            whole = range(start, stop) == self.backend.key_groups
             for pane_start, keys, acc, count, fired in handle.get("panes", ()):
                 if not whole:  # rescaled: the keys of my key groups only
-                    keep = np.array(
-                        [key_group(k, maximum) in mine for k in keys.to_pylist()], dtype=bool
-                    )
+                    keep = self._owned(keys)
                     if not keep.any():
                         continue
                     keys = keys.filter(pa.array(keep))
@@ -1236,18 +1238,13 @@ class SessionColumnsOperator(WindowOperator):
         self.rows: dict[str, Any] | None = None
         """The open sessions: ``keys`` (Arrow), ``start``, ``end``, ``acc``, ``count`` (mean),
         ``fired`` (NumPy); ``None``: none."""
-        mine = self.backend.key_groups
-        maximum = self.backend.max_parallelism
         for handle in self.restored:
             rows = handle.get("sessions")
             if rows is None:
                 continue
             start, stop = handle.get("key_groups", (0, 0))
-            if range(start, stop) != mine:  # rescaled: the rows of my key groups
-                keep = np.array(
-                    [key_group(k, maximum) in mine for k in rows["keys"].to_pylist()], dtype=bool
-                )
-                rows = _take_rows(rows, keep)
+            if range(start, stop) != self.backend.key_groups:  # rescaled: my key groups' rows
+                rows = _take_rows(rows, self._owned(rows["keys"]))
             if len(rows["keys"]):
                 self.rows = rows if self.rows is None else _concat_rows([self.rows, rows])
 
