@@ -139,6 +139,22 @@ def _latest(barriers: Mapping[str, float]) -> tuple[str, float] | None:
     return channel, barriers[channel]
 
 
+def summed_figures(
+    per_subtask: Iterable[Mapping[str, Mapping[str, Any]]],
+) -> dict[str, dict[str, int]]:
+    """Operator uid -> its event-time figures (late records, open windows, timers), summed
+    over the subtasks' ``{uid: {figure: value}}`` (of a checkpoint, or of the heartbeats)."""
+    totals: dict[str, dict[str, int]] = {}
+    for figures in per_subtask:
+        for uid, found in figures.items():
+            if not isinstance(found, Mapping):
+                continue
+            summed = totals.setdefault(str(uid), {})
+            for name, value in found.items():
+                summed[str(name)] = summed.get(str(name), 0) + int(value)
+    return totals
+
+
 @dataclass(frozen=True)
 class CheckpointStats(_Record):
     """One checkpoint's statistics (Flink: ``CompletedCheckpointStats`` and
@@ -211,13 +227,7 @@ class CheckpointStats(_Record):
 
     def event_time(self) -> dict[str, dict[str, int]]:
         """Operator uid -> its event-time figures summed over its subtasks."""
-        totals: dict[str, dict[str, int]] = {}
-        for stats in self.subtasks.values():
-            for uid, figures in stats.event_time.items():
-                summed = totals.setdefault(uid, {})
-                for name, value in figures.items():
-                    summed[name] = summed.get(name, 0) + int(value)
-        return totals
+        return summed_figures(stats.event_time for stats in self.subtasks.values())
 
     KIND: ClassVar[str] = "checkpoint"
 

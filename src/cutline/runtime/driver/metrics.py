@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo
+from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo, summed_figures
 from cutline.runtime.graph import ExecutionPlan, subtask_name
 
 WINDOW = 3.0
@@ -166,6 +166,9 @@ class MetricsCollector:
         first = self._samples[0] if self._samples else None
         last = self._samples[-1] if self._samples else None
         span = (last[0] - first[0]) if first is not None and last is not None else 0.0
+        event_time = summed_figures(
+            dict(values.get("event_time", {})) for values in self._subtasks.values()
+        )
         operators = []
         for chain in self.plan.chains:
             for op in chain.operators:
@@ -179,7 +182,7 @@ class MetricsCollector:
                     chain_uid = self._chain_of[op.uid]
                     blocked = last[2].get(chain_uid, 0.0) - first[2].get(chain_uid, 0.0)
                     pressure = min(1.0, max(0.0, blocked / (span * self.plan.parallelism)))
-                figures = self._event_figures(op.uid)
+                figures = event_time.get(op.uid, {})
                 operators.append(
                     OperatorMetrics(
                         op.uid,
@@ -215,12 +218,3 @@ class MetricsCollector:
                 return None
             found.append(int(watermark))
         return min(found) if found else None
-
-    def _event_figures(self, uid: str) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for values in self._subtasks.values():
-            figures = dict(values.get("event_time", {})).get(uid)
-            if isinstance(figures, Mapping):
-                for name, value in figures.items():
-                    totals[str(name)] = totals.get(str(name), 0) + int(value)
-        return totals
