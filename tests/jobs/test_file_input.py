@@ -188,6 +188,42 @@ def test_a_given_schema_selects_and_orders_the_columns(tmp_path: Path) -> None:
     assert run(env).output == [{"user": "u1", "value": 1}, {"user": "u2", "value": None}]
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_columns_reads_only_those_columns_in_their_order(tmp_path: Path, fmt: str) -> None:
+    rows = [{"a": 1, "b": "x", "c": 3.5}, {"a": 2, "b": "y", "c": 4.5}]
+    path = tmp_path / f"in.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif fmt == "csv":
+        write(path, "a,b,c\n1,x,3.5\n2,y,4.5\n")
+    else:
+        write(path, "".join(json.dumps(r) + "\n" for r in rows))
+    env = environment(tmp_path)
+    stream = getattr(env, f"read_{fmt}")(path, columns=["c", "a"])
+    assert schema_of(stream) == pa.schema([("c", pa.float64()), ("a", pa.int64())])
+    stream.collect()
+    assert run(env).output == [{"c": 3.5, "a": 1}, {"c": 4.5, "a": 2}]
+
+
+def test_columns_are_checked_when_the_job_is_built(tmp_path: Path) -> None:
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"a": [1], "ts": [5]}), path)
+    env = environment(tmp_path)
+    with pytest.raises(ValueError, match=r"no column 'zz' to read \(columns=\); the input's "):
+        env.read_parquet(path, columns=["a", "zz"])
+    with pytest.raises(TypeError, match="columns takes a list of column names, not 'a'"):
+        env.read_parquet(path, columns="a")
+    with pytest.raises(ValueError, match="columns=\\[\\] reads no column"):
+        env.read_parquet(path, columns=[])
+    with pytest.raises(ValueError, match="columns names 'a' more than once"):
+        env.read_parquet(path, columns=["a", "a"])
+    with pytest.raises(ValueError, match="event_time='ts' is not among the columns read"):
+        env.read_parquet(path, columns=["a"], event_time="ts")
+    # a different projection is a different source (its id), the same one the same
+    one = env.read_parquet(path, columns=["a"]).operator.uid
+    assert one != env.read_parquet(path, columns=["ts"]).operator.uid
+
+
 def test_schema_names_and_types_are_checked() -> None:
     assert as_schema({"a": "str", "b": "int", "c": pa.float32(), "d": "timestamp[ms]"}) == (
         pa.schema(

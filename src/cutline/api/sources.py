@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -69,6 +70,7 @@ class Sources(Dataflow):
         path: str | os.PathLike[str],
         *,
         schema: pa.Schema | dict[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
         on_error: str = "fail",
         name: str | None = None,
         rate_limit: float | None = None,
@@ -94,6 +96,10 @@ class Sources(Dataflow):
             subtask and restart reads this schema: a column a file lacks is null, a column
             not in the schema is left out, and a file whose column cannot be cast to the
             schema's type at all (a struct for an int64) fails naming the file.
+        :param columns: read only these columns (their types from ``schema=`` or the files),
+            in this order: a stream of the columns a job uses costs less to read and to send
+            between subtasks. A name that is not a column raises ``ValueError`` naming the
+            columns there are.
         :param on_error: a row with a value that does not cast to its column's type (an
             overflow, when ``schema=`` narrows a type) fails the job naming ``file, row N``
             (1-based) with ``"fail"``, or goes to the dead letters with ``"dead_letter"``
@@ -114,13 +120,16 @@ class Sources(Dataflow):
         or rejected); a restore passes over exactly those.
         """
         time = (event_time, max_out_of_orderness, idle_timeout)
-        return self._files(path, "parquet", name, schema, on_error, rate_limit, time=time)
+        return self._files(
+            path, "parquet", name, schema, on_error, rate_limit, time=time, columns=columns
+        )
 
     def read_csv(
         self,
         path: str | os.PathLike[str],
         *,
         schema: pa.Schema | dict[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
         delimiter: str = ",",
         header: bool = True,
         quote: str | None = '"',
@@ -156,6 +165,10 @@ class Sources(Dataflow):
             ``file:line``: give ``schema=`` to read it as numbers, the other rows rejected.
             Every file, subtask and restart reads this schema: a column a file lacks is null,
             a column not in the schema is left out.
+        :param columns: read only these columns (their types from ``schema=`` or the files),
+            in this order: a stream of the columns a job uses costs less to read and to send
+            between subtasks. A name that is not a column raises ``ValueError`` naming the
+            columns there are.
         :param delimiter: the field separator (one character).
         :param header: whether each file's first line names its columns (it is never data).
             Without one, the columns are ``column_names``, else the names of ``schema=`` in
@@ -198,13 +211,16 @@ class Sources(Dataflow):
             column_names=tuple(column_names) if column_names is not None else None,
         )
         time = (event_time, max_out_of_orderness, idle_timeout)
-        return self._files(path, "csv", name, schema, on_error, rate_limit, options, time=time)
+        return self._files(
+            path, "csv", name, schema, on_error, rate_limit, options, time=time, columns=columns
+        )
 
     def read_jsonl(
         self,
         path: str | os.PathLike[str],
         *,
         schema: pa.Schema | dict[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
         on_error: str = "fail",
         name: str | None = None,
         rate_limit: float | None = None,
@@ -234,6 +250,10 @@ class Sources(Dataflow):
             ``file:line``. A column with nothing but nulls in the samples is string. Every
             file, subtask and restart reads this schema: a field a line lacks is null, a
             field not in the schema is left out.
+        :param columns: read only these columns (their types from ``schema=`` or the files),
+            in this order: a stream of the columns a job uses costs less to read and to send
+            between subtasks. A name that is not a column raises ``ValueError`` naming the
+            columns there are.
         :param on_error: what a rejected line does: malformed JSON, a line that is no JSON
             object, or a value that does not fit its column's type (``"abc"`` or ``3.5`` for
             an int64; a string column takes any value, as its JSON text). ``"fail"``: the job
@@ -258,7 +278,9 @@ class Sources(Dataflow):
         out or rejected); a restore passes over exactly those.
         """
         time = (event_time, max_out_of_orderness, idle_timeout)
-        return self._files(path, "jsonl", name, schema, on_error, rate_limit, time=time)
+        return self._files(
+            path, "jsonl", name, schema, on_error, rate_limit, time=time, columns=columns
+        )
 
     def _files(
         self,
@@ -271,10 +293,12 @@ class Sources(Dataflow):
         csv: CsvOptions | None = None,
         *,
         time: tuple[str | None, Any, Any] = (None, 0, None),
+        columns: Sequence[str] | None = None,
     ) -> DataStream:
         label = f"read_{fmt}"
         what = name or label
         self._check_on_error(what, on_error)  # before the files are sampled
+        chosen = _column_names(what, columns)
         options = self.settings.storage_options
         url = location(path)
         source = FileSource(url, fmt, options, schema=schema, csv=csv or CsvOptions())
@@ -284,9 +308,19 @@ class Sources(Dataflow):
         for note in notes:
             warnings.warn(f"{what}({path}): {note}", InputWarning, stacklevel=3)
         assert source.schema is not None
+        if chosen is not None:
+            if time[0] is not None and time[0] not in chosen and time[0] in source.schema.names:
+                raise ValueError(
+                    f"{what}({path}): event_time={time[0]!r} is not among the columns read "
+                    f"(columns={list(chosen)!r}): add it"
+                )
+            source = replace(source, schema=_projection(what, path, source.schema, chosen))
+        assert source.schema is not None
         strategy = _strategy(what, source.schema, *time)
         # what it reads, for its id: the files, and how they are read (as given)
         reads = f"{url} schema={schema!r} {csv!r}" if csv else f"{url} schema={schema!r}"
+        if chosen is not None:
+            reads += f" columns={list(chosen)!r}"
         return self._source(source, label, reads, name, rate_limit, on_error, time=strategy)
 
     def _source(
@@ -315,6 +349,39 @@ class Sources(Dataflow):
         if rate_limit is not None:
             self._rate_limits[operator.uid] = float(rate_limit)
         return DataStream(self, operator, time.event_time if time is not None else None)
+
+
+def _column_names(what: str, columns: Sequence[str] | None) -> tuple[str, ...] | None:
+    """``columns=`` as given, checked: a list of distinct names (or ``None``: all)."""
+    if columns is None:
+        return None
+    if isinstance(columns, str | bytes) or not isinstance(columns, Iterable):
+        raise TypeError(f"{what}: columns takes a list of column names, not {columns!r}")
+    names = tuple(columns)
+    if not names:
+        raise ValueError(f"{what}: columns=[] reads no column; leave it out to read them all")
+    wrong = [c for c in names if not isinstance(c, str)]
+    if wrong:
+        raise TypeError(f"{what}: columns are named by strings, not {wrong[0]!r}")
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise ValueError(f"{what}: columns names {', '.join(map(repr, twice))} more than once")
+    return names
+
+
+def _projection(what: str, path: Any, schema: pa.Schema, columns: tuple[str, ...]) -> pa.Schema:
+    """The schema of ``columns`` only, in their order; a name that is not a column is an
+    error naming those there are. An input without columns (no files: warned of) stays
+    empty."""
+    if not len(schema):
+        return schema
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise ValueError(
+            f"{what}({path}): no column {', '.join(map(repr, missing))} to read "
+            f"(columns=); the input's columns are {', '.join(map(repr, schema.names))}"
+        )
+    return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
 
 
 def _strategy(
