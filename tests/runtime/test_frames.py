@@ -5,7 +5,7 @@ receiver's pace stays (cutting never costs throughput)."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cutline.runtime.network.frames import FrameSizer
@@ -51,6 +51,8 @@ def test_a_per_frame_receiver_keeps_its_frames_and_its_pace():
     per_record=st.floats(0.0000001, 0.00005),
     batch=st.integers(1_000, 100_000),
 )
+# halvings that each cost a little pace once added up to 40% (measured against the last size)
+@example(per_frame=0.011414925801670533, per_record=2.5613051427657086e-05, batch=7702)
 def test_cutting_never_costs_much_pace_and_never_makes_frames_longer(per_frame, per_record, batch):
     uncut_pace = batch / (per_frame + per_record * batch)
     sizer, pace, work = simulate(per_frame, per_record, batch)

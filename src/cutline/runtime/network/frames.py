@@ -9,8 +9,9 @@ of the receiver's work, measured from the records whose credit came back (the re
 consumed them). Cutting is only worth it when the receiver's cost grows with the records of a
 frame; where it is per frame (a ``map_batches`` that calls a service once per batch), smaller
 frames would slow it down, and the job with it. So each smaller size is a trial: if the
-receiver's pace drops below :attr:`FrameSizer.tolerance` of what it was, the size goes back and
-stays for a while.
+receiver's pace drops below :attr:`FrameSizer.tolerance` of what it was before the frames were
+first cut, the size goes back and stays for a while (measured against the uncut pace, not the
+last size's: trials that each cost a little would otherwise add up).
 
 Pure bookkeeping, no clock of its own: the channel says when frames were consumed and asks for
 the size at a given moment.
@@ -49,6 +50,8 @@ class FrameSizer:
         self._decided_at: float | None = None
         self._trial: tuple[int | None, float] | None = None
         """The size before the last cut, and the pace then (until the next window says)."""
+        self._uncut_pace = 0.0
+        """The pace when the frames were last uncut: no cut may cost much of it."""
         self._held_until = 0.0
 
     def consumed(self, now: float, records: int) -> None:
@@ -76,10 +79,12 @@ class FrameSizer:
         if pace is None:
             return self.most
         self._decided_at = now
+        if self.most is None:
+            self._uncut_pace = pace
         if self._trial is not None:  # was the last cut worth it?
             before, pace_before = self._trial
             self._trial = None
-            if pace < self.tolerance * pace_before:  # it cost pace: cost is per frame
+            if pace < self.tolerance * max(pace_before, self._uncut_pace):  # cost is per frame
                 self.most = before
                 self._held_until = now + self.patience * self.window
                 return self.most
