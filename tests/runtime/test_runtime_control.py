@@ -18,7 +18,9 @@ from cutline.runtime.network.messages import (
     ControlError,
     Decline,
     Finished,
+    Gates,
     Lost,
+    Peers,
     Stop,
     Trigger,
 )
@@ -66,6 +68,27 @@ def test_messages_flow_both_ways() -> None:
             ]
         # both finished before closing: no "lost" event
         assert server.next_event(0.2) is None
+
+
+def test_the_rendezvous_goes_through_the_driver() -> None:
+    """Each slot says where its gates are; the driver answers every slot with all of them,
+    in slot order (``AttemptDriver`` does this once the last slot said)."""
+    with ControlServer(["slot-0", "slot-1"], token=TOKEN, generation=0) as server:
+        with (
+            ControlClient(address(server), "slot-0", token=TOKEN, generation=0) as zero,
+            ControlClient(address(server), "slot-1", token=TOKEN, generation=0) as one,
+        ):
+            zero.send(Gates("10.0.0.1", {"window": 4101}))
+            one.send(Gates("10.0.0.2", {"window": 4102}))
+            events = [server.next_event(WAIT) for _ in range(2)]
+            assert {e.task: e.message for e in events if e is not None} == {
+                "slot-0": Gates("10.0.0.1", {"window": 4101}),
+                "slot-1": Gates("10.0.0.2", {"window": 4102}),
+            }
+            peers = Peers(["10.0.0.1", "10.0.0.2"], [{"window": 4101}, {"window": 4102}])
+            server.broadcast(peers)
+            assert zero.receive(WAIT) == peers
+            assert one.receive(WAIT) == peers
 
 
 def test_a_task_that_disappears_is_reported_lost() -> None:
@@ -133,6 +156,10 @@ def test_garbage_from_a_task_loses_it_with_the_reason() -> None:
             "a 'decline' message whose 'checkpoint' is True, not int",
         ),
         (b'{"kind":"finished","records_in":[],"metrics":{}}', "'records_in' is [], not dict"),
+        (
+            b'{"kind":"gates","host":"h","ports":{"window":"4101"}}',
+            "a 'gates' message whose 'ports' is {'window': '4101'}, not dict",
+        ),
     ],
 )
 def test_a_message_of_the_wrong_side_or_shape_loses_the_task_naming_it(

@@ -3,9 +3,9 @@
 Each attempt (generation) of the job is one Spark job: ``parallelism`` partitions,
 ``rdd.barrier().mapPartitions(...)``, so that Spark schedules every slot at once or
 none. In each task, the slot body (:func:`cutline.runtime.task.slot.run_slot`) exchanges
-its data addresses with the other slots through ``BarrierTaskContext.allGather``
-(once: it costs about a second), then talks TCP: data to its peers, control to the
-driver. The Spark job runs in a driver thread, in its own job group, so that the
+its data addresses with the other slots through the cutline driver's control connection
+(``BarrierTaskContext.allGather`` would do too, but it polls once a second: a second of every
+start), then talks TCP: data to its peers, control to the driver. The Spark job runs in a driver thread, in its own job group, so that the
 cutline driver can cancel it after a failure and submit the next generation (Spark
 does not retry a failed barrier stage that ends in ``collect()``).
 """
@@ -126,7 +126,7 @@ def _slot_body(setup: SlotSetup) -> Any:
         slot = context.partitionId()
         address = context.getTaskInfos()[slot].address
         host = address.rsplit(":", 1)[0] if ":" in address else address
-        summary = run_slot(setup, slot, host, lambda message: list(context.allGather(message)))
+        summary = run_slot(setup, slot, host)
         yield json.dumps(summary)
 
     return body

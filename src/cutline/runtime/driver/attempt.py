@@ -76,8 +76,10 @@ from cutline.runtime.network.messages import (
     Exhausted,
     Failed,
     Finished,
+    Gates,
     Heartbeat,
     Lost,
+    Peers,
     Phase,
     Ready,
     Release,
@@ -118,6 +120,8 @@ class JobAttempt:
         self.next_id = run.next_id
         self.hosts: dict[str, str] = {}
         """Slot -> the host it runs on (as it said)."""
+        self.gates: dict[str, Gates] = {}
+        """Slot -> where its input gates are (the rendezvous), once it said."""
         self.ready: dict[str, int] = {}
         """Slot -> its process id, once it is ready."""
         self.ready_at: float | None = None
@@ -245,6 +249,8 @@ class JobAttempt:
                 self.failures.entered(slot, message.phase, now)
                 if message.host is not None:
                     self._on_host(slot, message.host)
+            case Gates():
+                self._on_gates(slot, message)
             case Ready():
                 self.failures.entered(slot, "running", now)
                 self.ready[slot] = message.pid
@@ -293,6 +299,16 @@ class JobAttempt:
                         run.result.running_seconds = now - self.ready_at
             case _:
                 assert_never(message)
+
+    def _on_gates(self, slot: str, gates: Gates) -> None:
+        """The rendezvous: once every slot said where its gates are, tell them all (in slot
+        order, as ``slot-0``, ``slot-1``, ... are the subtasks' indices)."""
+        self.gates[slot] = gates
+        self._on_host(slot, gates.host)
+        if len(self.gates) < len(self.slots):
+            return
+        order = [self.gates[f"slot-{i}"] for i in range(len(self.slots))]
+        self._broadcast(Peers([g.host for g in order], [dict(g.ports) for g in order]))
 
     def _on_host(self, slot: str, host: str) -> None:
         self.hosts[slot] = host

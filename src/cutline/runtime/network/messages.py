@@ -12,6 +12,7 @@ slot → driver     meaning
 ================  ======================================================================
 ``Phase``         the slot entered a phase of its start (``rendezvous`` with its process id
                   and host, then ``restore``)
+``Gates``         the rendezvous: the slot's input gates are open, at these ports of its host
 ``Ready``         every subtask of the slot is set up and connected
 ``Heartbeat``     four times a second from a thread of its own, in every phase; records
                   in per subtask and live figures once the subtasks run
@@ -27,6 +28,7 @@ slot → driver     meaning
 ================  ======================================================================
 driver → slot     meaning
 ================  ======================================================================
+``Peers``         the rendezvous is over: every slot's host and gate ports, in slot order
 ``Trigger``       take checkpoint ``checkpoint`` (``final``: the last one; ``savepoint``;
                   ``base``: the newest complete checkpoint, for incremental state)
 ``Complete``      checkpoint ``checkpoint`` is complete: publish what it pre-committed
@@ -68,6 +70,16 @@ class Phase:
     phase: str
     pid: int | None = None
     host: str | None = None
+
+
+@dataclass(frozen=True)
+class Gates:
+    """The slot's input gates are open: the upstream subtasks of its chains connect to
+    ``host`` at ``ports`` (chain uid -> port)."""
+
+    kind: ClassVar[str] = "gates"
+    host: str
+    ports: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -149,12 +161,22 @@ class Lost:
 
 
 SlotMessage: TypeAlias = (
-    Phase | Ready | Heartbeat | Exhausted | Ack | Decline | Failed | Finished | CensusCount
+    Phase | Gates | Ready | Heartbeat | Exhausted | Ack | Decline | Failed | Finished | CensusCount
 )
 """What a slot sends to the driver."""
 
 
 # ------------------------------------------------------------------------------ driver -> slot
+
+
+@dataclass(frozen=True)
+class Peers:
+    """Every slot's gates (:class:`Gates`), in slot order: each slot connects its output
+    channels to them. Sent once all slots of the generation said theirs."""
+
+    kind: ClassVar[str] = "peers"
+    hosts: list[str]
+    ports: list[dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -200,17 +222,28 @@ class Release:
     checkpoint: int
 
 
-DriverMessage: TypeAlias = Trigger | Complete | Abort | Stop | Drain | Census | Release
+DriverMessage: TypeAlias = Peers | Trigger | Complete | Abort | Stop | Drain | Census | Release
 """What the driver sends to a slot."""
 
 Message: TypeAlias = SlotMessage | DriverMessage
 
 SLOT_MESSAGES: dict[str, type[Any]] = {
     cls.kind: cls
-    for cls in (Phase, Ready, Heartbeat, Exhausted, Ack, Decline, Failed, Finished, CensusCount)
+    for cls in (
+        Phase,
+        Gates,
+        Ready,
+        Heartbeat,
+        Exhausted,
+        Ack,
+        Decline,
+        Failed,
+        Finished,
+        CensusCount,
+    )
 }
 DRIVER_MESSAGES: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (Trigger, Complete, Abort, Stop, Drain, Census, Release)
+    cls.kind: cls for cls in (Peers, Trigger, Complete, Abort, Stop, Drain, Census, Release)
 }
 
 

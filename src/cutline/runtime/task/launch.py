@@ -142,10 +142,6 @@ class SourceHold:
                 )
 
 
-Exchange = Callable[[str], list[str]]
-"""The rendezvous: send this slot's addresses, get every slot's (in slot order)."""
-
-
 class LaunchedJob(Protocol):
     def error(self) -> str | None:
         """``None`` while running or after success; the failure's text otherwise."""

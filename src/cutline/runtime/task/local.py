@@ -1,6 +1,6 @@
 """Run every slot of a job as a thread of this process: for the runtime's own tests, and for
 debugging a job without Spark. Jobs run on Spark (:mod:`cutline.spark`); this launcher has the
-same contract, with a ``threading.Barrier`` for the rendezvous."""
+same contract."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from cutline.runtime.task.slot import run_slot
 class ThreadJob:
     def __init__(self, setup: SlotSetup) -> None:
         n = setup.plan.parallelism
-        self._messages: list[str | None] = [None] * n
-        self._barrier = threading.Barrier(n)
         self._errors: list[str] = []
         self._lock = threading.Lock()
         self.results: list[dict[str, Any]] = []
@@ -27,20 +25,14 @@ class ThreadJob:
         for thread in self._threads:
             thread.start()
 
-    def _exchange(self, slot: int, message: str) -> list[str]:
-        self._messages[slot] = message
-        self._barrier.wait(timeout=60)
-        return [m for m in self._messages if m is not None]
-
     def _run(self, setup: SlotSetup, slot: int) -> None:
         try:
-            result = run_slot(setup, slot, "127.0.0.1", lambda m: self._exchange(slot, m))
+            result = run_slot(setup, slot, "127.0.0.1")
             with self._lock:
                 self.results.append(result)
         except BaseException as exc:
             with self._lock:
                 self._errors.append(f"slot {slot}: {type(exc).__name__}: {exc}")
-            self._barrier.abort()
 
     def error(self) -> str | None:
         with self._lock:

@@ -5,8 +5,9 @@ A slot
 1. connects to the driver's control server first, and sends heartbeats from then on, from a
    thread of its own, in every phase; it says each phase it enters (``Phase``);
 2. opens an :class:`~cutline.runtime.network.channel.InputGate` for each of its subtasks that
-   has inputs, and exchanges the gates' addresses with the other slots once (the
-   *rendezvous*: ``BarrierTaskContext.allGather`` on Spark, any function in tests);
+   has inputs, and exchanges the gates' addresses with the other slots once through the
+   driver (the *rendezvous*: it sends ``Gates``, the driver answers every slot with ``Peers``
+   once all said theirs);
 3. restores each subtask's state from the checkpoint the driver chose, connects the output
    channels, and says ``Ready``;
 4. runs each subtask in its own thread (a
@@ -19,7 +20,6 @@ A slot
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
@@ -36,7 +36,9 @@ from cutline.runtime.network.messages import (
     ControlError,
     Drain,
     Finished,
+    Gates,
     Heartbeat,
+    Peers,
     Phase,
     Ready,
     Release,
@@ -45,12 +47,12 @@ from cutline.runtime.network.messages import (
 )
 from cutline.runtime.task.failures import failed_message
 from cutline.runtime.task.input_subtask import InputSubtask
-from cutline.runtime.task.launch import Exchange, SlotSetup
+from cutline.runtime.task.launch import SlotSetup
 from cutline.runtime.task.source_subtask import SourceSubtask
 from cutline.runtime.task.subtask import JOIN_SECONDS, SubtaskRunner
 
 
-def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict[str, Any]:
+def run_slot(setup: SlotSetup, slot: int, host: str) -> dict[str, Any]:
     """Run subtask ``slot`` of every chain of ``setup.plan``; return a summary when all ended.
 
     The slot reaches the driver first and sends heartbeats from then on, from a thread of its
@@ -79,12 +81,15 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
                     capacity=setup.buffer_capacity,
                     back_edges=plan.back_edge_channels(chain, slot),
                 )
-        mine = {"slot": slot, "host": host, "ports": {u: g.port for u, g in gates.items()}}
-        addresses: dict[tuple[int, str], tuple[str, int]] = {}
-        for text in exchange(json.dumps(mine)):
-            other = json.loads(text)
-            for uid, port in other["ports"].items():
-                addresses[(int(other["slot"]), uid)] = (other["host"], int(port))
+        control.send(Gates(host, {uid: gate.port for uid, gate in gates.items()}))
+        peers = _peers(control)
+        if peers is None:
+            return {"stopped": True}
+        addresses = {
+            (other, uid): (peers.hosts[other], port)
+            for other, ports in enumerate(peers.ports)
+            for uid, port in ports.items()
+        }
         control.send(Phase("restore"))
         setup.enter("restore", slot)
         storage = CheckpointStorage(setup.checkpoint_dir, storage_options=setup.storage_options)
@@ -128,6 +133,25 @@ def run_slot(setup: SlotSetup, slot: int, host: str, exchange: Exchange) -> dict
                 runner.close_operators()  # opened (or half opened) but never ran
         for runner in runners:  # (queued writes were cancelled: one at most is in progress)
             runner.wait_for_snapshots(deadline - time.monotonic())
+
+
+def _peers(control: ControlClient) -> Peers | None:
+    """The rendezvous' answer: every slot's gates (``None``: the driver stopped the attempt
+    first). A driver that is gone ends the wait (:class:`ControlError`); one that hangs is
+    the Spark task's to end, as the driver's deadline for the rendezvous cancels the stage."""
+    while True:
+        message = control.receive(timeout=1.0)
+        match message:
+            case None:
+                continue
+            case Peers():
+                return message
+            case Stop():
+                return None
+            case Trigger() | Complete() | Abort() | Drain() | Census() | Release():
+                raise ControlError(f"the driver sent {message.kind!r} before the rendezvous ended")
+            case _:
+                assert_never(message)
 
 
 class _Heartbeats:
@@ -192,6 +216,8 @@ def _supervise(
                     setup.enter("commit", slot)
                 for runner in runners:
                     runner.inbox.put(message)
+            case Peers():
+                raise ControlError("the driver sent 'peers' after the rendezvous")
             case _:
                 assert_never(message)
     failed = [r for r in runners if r.failure is not None]

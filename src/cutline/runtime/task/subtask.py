@@ -53,6 +53,7 @@ from cutline.runtime.network.messages import (
     Decline,
     Drain,
     DriverMessage,
+    Peers,
     Release,
     Stop,
     Trigger,
@@ -350,8 +351,8 @@ class SubtaskRunner:
                     aborted.triggered = None
                     aborted.unflushed = None  # not written: the driver dropped it
                     self._on_abort(checkpoint)
-                case Census():
-                    pass  # the slot answers for all its subtasks
+                case Census() | Peers():
+                    pass  # the slot's own: it answers a census for all its subtasks
                 case _:
                     assert_never(message)
             try:
