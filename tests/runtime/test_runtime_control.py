@@ -72,23 +72,23 @@ def test_messages_flow_both_ways() -> None:
 
 def test_the_rendezvous_goes_through_the_driver() -> None:
     """Each slot says where its gates are; the driver answers every slot with all of them,
-    in slot order (``AttemptDriver`` does this once the last slot said)."""
-    with ControlServer(["slot-0", "slot-1"], token=TOKEN, generation=0) as server:
-        with (
-            ControlClient(address(server), "slot-0", token=TOKEN, generation=0) as zero,
-            ControlClient(address(server), "slot-1", token=TOKEN, generation=0) as one,
-        ):
-            zero.send(Gates("10.0.0.1", {"window": 4101}))
-            one.send(Gates("10.0.0.2", {"window": 4102}))
-            events = [server.next_event(WAIT) for _ in range(2)]
-            assert {e.task: e.message for e in events if e is not None} == {
-                "slot-0": Gates("10.0.0.1", {"window": 4101}),
-                "slot-1": Gates("10.0.0.2", {"window": 4102}),
-            }
-            peers = Peers(["10.0.0.1", "10.0.0.2"], [{"window": 4101}, {"window": 4102}])
-            server.broadcast(peers)
-            assert zero.receive(WAIT) == peers
-            assert one.receive(WAIT) == peers
+    in slot order (``JobAttempt`` does this once the last slot said)."""
+    with (
+        ControlServer(["slot-0", "slot-1"], token=TOKEN, generation=0) as server,
+        ControlClient(address(server), "slot-0", token=TOKEN, generation=0) as zero,
+        ControlClient(address(server), "slot-1", token=TOKEN, generation=0) as one,
+    ):
+        zero.send(Gates("10.0.0.1", {"window": 4101}))
+        one.send(Gates("10.0.0.2", {"window": 4102}))
+        events = [server.next_event(WAIT) for _ in range(2)]
+        assert {e.task: e.message for e in events if e is not None} == {
+            "slot-0": Gates("10.0.0.1", {"window": 4101}),
+            "slot-1": Gates("10.0.0.2", {"window": 4102}),
+        }
+        peers = Peers(["10.0.0.1", "10.0.0.2"], [{"window": 4101}, {"window": 4102}])
+        server.broadcast(peers)
+        assert zero.receive(WAIT) == peers
+        assert one.receive(WAIT) == peers
 
 
 def test_a_task_that_disappears_is_reported_lost() -> None:
