@@ -208,6 +208,10 @@ class ControlServer:
         return str(name)
 
 
+class _Wake:
+    """Not a message: :meth:`ControlClient.wake`'s nudge."""
+
+
 class ControlClient:
     """A task's end of the control connection."""
 
@@ -232,7 +236,7 @@ class ControlClient:
             peer="the driver",
         )
         self._send_lock = threading.Lock()
-        self._inbox: queue.Queue[DriverMessage | None] = queue.Queue()
+        self._inbox: queue.Queue[DriverMessage | _Wake | None] = queue.Queue()
         threading.Thread(target=self._read, name="cutline-control-client", daemon=True).start()
 
     def send(self, message: SlotMessage) -> None:
@@ -255,7 +259,14 @@ class ControlClient:
         if message is None:
             self._inbox.put(None)  # stays closed
             raise ControlError(f"task {self.task!r}: the driver closed the control connection")
+        if isinstance(message, _Wake):
+            return None
         return message
+
+    def wake(self) -> None:
+        """End a :meth:`receive` that is waiting now (or the next one) early, with ``None``:
+        something else the receiver watches changed (a subtask of the slot ended)."""
+        self._inbox.put(_Wake())
 
     def close(self) -> None:
         close_socket(self._sock)

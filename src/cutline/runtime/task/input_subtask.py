@@ -79,11 +79,12 @@ class InputSubtask(SubtaskRunner):
         self._restored_inputs = {}
         ended = sent_end = False
         while True:
-            self._handle_messages(0.1 if ended else 0)
-            if ended:
+            if ended:  # (asked before waiting: the completion may have come already)
                 if self._last_snapshot is None or self._last_complete >= self._last_snapshot:
                     return
+                self._handle_messages(0.1)
                 continue
+            self._handle_messages(0)
             self._check_timeouts()
             self._processing_time()
             wait = 0.05

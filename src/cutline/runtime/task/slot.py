@@ -186,8 +186,15 @@ keeps its control connection open, so that the driver hears the cause first."""
 def _supervise(
     setup: SlotSetup, slot: int, control: ControlClient, runners: list[SubtaskRunner]
 ) -> dict[str, Any]:
+    def run(runner: SubtaskRunner) -> None:
+        try:
+            runner.run()
+        finally:
+            control.wake()  # the loop below sees at once that a subtask ended
+
     threads = [
-        threading.Thread(target=r.run, name=f"cutline-{r.name}", daemon=True) for r in runners
+        threading.Thread(target=run, args=(r,), name=f"cutline-{r.name}", daemon=True)
+        for r in runners
     ]
     for runner, thread in zip(runners, threads, strict=True):
         runner.thread = thread
