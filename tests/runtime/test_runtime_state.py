@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +24,7 @@ from cutline.runtime.state.keygroups import (
     StateError,
     key_group,
     key_group_range,
+    key_groups,
     subtask_for_key_group,
 )
 from cutline.runtime.state.memory import MemoryStateBackend
@@ -77,6 +80,34 @@ def test_key_groups_are_the_same_in_every_process() -> None:
     }
     assert len(outputs) == 1
     assert outputs == {str([key_group(k, 128) for k in keys]) + "\n"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.tuples(st.just(pa.int64()), st.lists(st.none() | st.integers(-(2**63), 2**63 - 1))),
+        st.tuples(st.just(pa.uint64()), st.lists(st.none() | st.integers(0, 2**64 - 1))),
+        st.tuples(st.just(pa.int8()), st.lists(st.none() | st.integers(-128, 127))),
+        st.tuples(st.just(pa.string()), st.lists(st.none() | st.text())),
+        st.tuples(st.just(pa.large_string()), st.lists(st.none() | st.text(max_size=80))),
+        st.tuples(st.just(pa.binary()), st.lists(st.none() | st.binary())),
+        st.tuples(st.just(pa.float64()), st.lists(st.none() | st.floats(allow_nan=False))),
+        st.tuples(st.just(pa.bool_()), st.lists(st.none() | st.booleans())),
+    ),
+    st.integers(0, 3),
+    st.sampled_from([1, 7, 128, 32768]),
+)
+def test_a_column_s_key_groups_are_each_value_s(
+    column: tuple[pa.DataType, list[Any]], skip: int, max_parallelism: int
+) -> None:
+    """The vectorized hashing of a shuffle (``key_groups``) puts every key where
+    ``key_group`` does (state and records must meet), sliced arrays included."""
+    kind, values = column
+    array = pa.array(values, kind).slice(min(skip, len(values)))
+    expected = [key_group(v, max_parallelism) for v in array.to_pylist()]
+    assert key_groups(array, max_parallelism).tolist() == expected
+    chunked = pa.chunked_array([array, array], kind)
+    assert np.array_equal(key_groups(chunked, max_parallelism), expected * 2)
 
 
 def test_equal_keys_share_a_key_group() -> None:

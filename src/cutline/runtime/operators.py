@@ -41,7 +41,12 @@ from cutline.runtime.io.sources import FileReader, FileSource, SequenceSource, S
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.factory import new_backend
-from cutline.runtime.state.keygroups import key_group, key_group_range, subtask_for_key_group
+from cutline.runtime.state.keygroups import (
+    key_group,
+    key_group_range,
+    key_groups,
+    subtask_for_key_group,
+)
 from cutline.runtime.state.segments import SegmentSource
 from cutline.runtime.state.timers import EVENT, PROCESSING, TimerService
 from cutline.runtime.time import SourceClock, WatermarkStrategy
@@ -939,12 +944,11 @@ class Partitioner:
                     batch.slice(0, 1).to_pylist()[0] if batch.num_rows else None,
                 )
             encoded = pc.dictionary_encode(batch.column(self.key))
-            targets = np.array(
-                [self.target(k) for k in encoded.dictionary.to_pylist()], dtype=np.int64
-            )
             indices = encoded.indices
             if indices.null_count:
                 raise RecordError(f"key_by({self.key!r}): a record has no key (null)")
+            groups = key_groups(encoded.dictionary, self.max_parallelism)
+            targets = groups * n // self.max_parallelism  # (subtask_for_key_group, vectorized)
             per_row = targets[indices.to_numpy()] if len(targets) else np.zeros(0, np.int64)
             return [batch.filter(pa.array(per_row == t)) for t in range(n)]
         out: list[list[Any]] = [[] for _ in range(n)]

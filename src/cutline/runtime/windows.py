@@ -60,7 +60,7 @@ from cutline.runtime.operators import (
     without_time,
 )
 from cutline.runtime.state.backend import KeyedSnapshot
-from cutline.runtime.state.keygroups import key_group
+from cutline.runtime.state.keygroups import key_group, key_groups
 from cutline.runtime.time import EventTime, EventTimeError, duration_ms
 
 WINDOWS = "windows"
@@ -467,7 +467,8 @@ class WindowOperator(_Keyed):
         """Which of ``keys`` are in this subtask's key groups (of the windows kept as columns, a
         restore at another parallelism keeps only those)."""
         mine, maximum = self.backend.key_groups, self.backend.max_parallelism
-        return np.array([key_group(k, maximum) in mine for k in keys.to_pylist()], dtype=bool)
+        groups = key_groups(keys, maximum)
+        return (groups >= mine.start) & (groups < mine.stop)
 
     def _record_columns(
         self,
