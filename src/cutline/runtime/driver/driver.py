@@ -427,13 +427,19 @@ class JobDriver:
         )
         self.job.metrics.new_generation(generation)
         job = self.launcher.launch(setup)
+        ended_well = False
         try:
-            return attempt.drive(job)
+            failure = attempt.drive(job)
+            ended_well = failure is None
+            return failure
         finally:
             self.job.next_id = max(self.job.next_id, attempt.next_id)
             server.close()
-            job.cancel()
-            job.wait(60.0)
+            if ended_well:
+                job.detach()
+            else:
+                job.cancel()
+                job.wait(60.0)
             attempt.end()
             self.job.delete_shared(self.job.registry.restarted())
 

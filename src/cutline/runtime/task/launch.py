@@ -151,6 +151,12 @@ class LaunchedJob(Protocol):
 
     def wait(self, timeout: float) -> None: ...
 
+    def detach(self) -> None:
+        """The attempt ended well: every slot said ``Finished`` (its output published). What
+        is left of its tasks (closing sockets, ending threads) may end without the driver
+        waiting for it."""
+        ...
+
 
 class Launcher(Protocol):
     def launch(self, setup: SlotSetup) -> LaunchedJob:

@@ -45,6 +45,9 @@ class ThreadJob:
         for thread in self._threads:
             thread.join(timeout)
 
+    def detach(self) -> None:
+        self.wait(60.0)  # threads of this process: none outlives the job
+
 
 class ThreadLauncher:
     def launch(self, setup: SlotSetup) -> ThreadJob:
