@@ -439,23 +439,25 @@ def _flink_checkpoints(job: str) -> dict:
 
 
 class FlinkWorker:
-    """The ``--flink-worker`` subprocess, started once and fed one query at a time."""
+    """The ``--flink-worker`` subprocess (of ``script``: this file by default), started once
+    and fed one query at a time."""
 
-    def __init__(self, python: Path, log: Path) -> None:
+    def __init__(self, python: Path, log: Path, script: Path | None = None) -> None:
+        script = (script or Path(__file__)).resolve()
         self.log = log
         self._stderr = open(log, "w")  # noqa: SIM115 (closed in close())
         self.process = subprocess.Popen(
-            [str(python), str(Path(__file__).resolve()), "--flink-worker"],
+            [str(python), str(script), "--flink-worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
-            cwd=Path(__file__).resolve().parent,
+            cwd=script.parent,
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         started = time.perf_counter()
-        self.hello = self._answer(timeout=300)
+        self.hello = self.answer(timeout=300)
         self.start_s = time.perf_counter() - started
 
     def _read(self) -> None:
@@ -465,7 +467,7 @@ class FlinkWorker:
                 self._lines.put(line[len(FLINK_MARK) :])
         self._lines.put(None)
 
-    def _answer(self, timeout: float) -> dict:
+    def answer(self, timeout: float) -> dict:
         try:
             line = self._lines.get(timeout=timeout)
         except queue.Empty:
@@ -490,7 +492,7 @@ class FlinkWorker:
         started = time.perf_counter()
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
-        reply = self._answer(timeout)
+        reply = self.answer(timeout)
         wall = time.perf_counter() - started
         if "error" in reply:
             shutil.rmtree(work, ignore_errors=True)

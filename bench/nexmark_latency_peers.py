@@ -18,7 +18,6 @@ import json
 import os
 import queue
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ from nexmark_reference import BID_SCHEMA, CSV_COLUMNS
 FEED_INTERVAL_S = 0.1
 """One file every 100 ms."""
 FLINK_MONITOR_INTERVAL = "100 ms"
-FLINK_MARK = "NEXMARK-LATENCY-FLINK "
+FLINK_MARK = nexmark.FLINK_MARK  # (the answers the worker class of nexmark.py reads)
 
 
 # ----------------------------------------------------------------------------- feeding
@@ -355,40 +354,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class FlinkLatencyWorker:
+class FlinkLatencyWorker(nexmark.FlinkWorker):
     """The ``--flink-worker`` subprocess of this file, in the PyFlink venv."""
 
     def __init__(self, python: Path, log: Path) -> None:
-        self.log = log
-        self._stderr = open(log, "w")  # noqa: SIM115 (closed in close())
-        self.process = subprocess.Popen(
-            [str(python), str(Path(__file__).resolve()), "--flink-worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.hello = self.answer(300)
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith(FLINK_MARK):
-                self._lines.put(line[len(FLINK_MARK) :])
-        self._lines.put(None)
-
-    def answer(self, timeout: float) -> dict:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            return {"error": f"no answer from the PyFlink worker in {timeout:.0f} s"}
-        if line is None:
-            tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
-            return {"error": f"the PyFlink worker ended (exit {self.process.poll()}): {tail}"}
-        return json.loads(line)
+        super().__init__(python, log, script=Path(__file__))
 
     def run(
         self,
@@ -475,17 +445,6 @@ class FlinkLatencyWorker:
             "monitor_interval": FLINK_MONITOR_INTERVAL,
             "stamp_resolution_s": 0.001,
         }
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            assert self.process.stdin is not None
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._stderr.close()
 
 
 def start_flink(venv: Path, log: Path) -> tuple[FlinkLatencyWorker | None, str]:
