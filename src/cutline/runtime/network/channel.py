@@ -368,7 +368,6 @@ class OutputChannel:
             unreachable="cannot connect to",
             peer="the downstream subtask",
         )
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lock = threading.Condition()
         self._queue: deque[Frame] = deque()
         self._queued_records = 0

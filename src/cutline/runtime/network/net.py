@@ -26,6 +26,14 @@ def close_socket(sock: socket.socket) -> None:
         sock.close()
 
 
+def no_delay(sock: socket.socket) -> None:
+    """Send small messages at once (``TCP_NODELAY``): a credit, a barrier or a control message
+    written while an earlier one is not yet acknowledged would otherwise wait for that
+    acknowledgement, which the peer delays by up to 40 ms (Nagle's algorithm meeting delayed
+    acknowledgements)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def connect(
     address: tuple[str, int],
     hello: bytes,
@@ -58,6 +66,7 @@ def connect(
         raise error(f"{who}: {unreachable} {host}:{port}: {exc.strerror or exc}") from exc
     sock.settimeout(None)
     try:
+        no_delay(sock)
         sock.sendall(hello)
     except OSError as exc:
         close_socket(sock)
@@ -156,6 +165,8 @@ class Acceptor:
                 conn, _ = self._server.accept()
             except OSError:
                 return
+            with contextlib.suppress(OSError):  # (a peer gone already: its reader will see)
+                no_delay(conn)
             with self._lock:
                 if self._closed:
                     close_socket(conn)
