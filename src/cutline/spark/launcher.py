@@ -243,6 +243,7 @@ class SparkLauncher:
 
     def __init__(self, spark: Any) -> None:
         self.spark = spark
+        self._driver_host: str | None = None
 
     @classmethod
     def for_session(cls, spark: Any, parallelism: int) -> SparkLauncher:
@@ -343,5 +344,6 @@ class SparkLauncher:
         return SparkJob(self.spark, setup)
 
     def driver_host(self) -> str:
-        conf = self.spark.sparkContext.getConf()
-        return str(conf.get("spark.driver.host", "127.0.0.1"))
+        if self._driver_host is None:  # (one lookup: sparkContext.getConf() copies every key)
+            self._driver_host = str(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
+        return self._driver_host
