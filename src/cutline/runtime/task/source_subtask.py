@@ -42,28 +42,30 @@ class ReadSize:
 
 class Pace:
     """A token bucket: at most ``rate`` records per second, in bursts of at most 0.1 s'
-    worth (or one record)."""
+    worth (or one record), read in steps of at least 0.01 s' worth (or one record): a fast
+    limit is not read a record at a time (each read costs the whole chain a pass)."""
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
         self.burst = max(1.0, rate * 0.1)
+        self.step = max(1.0, rate * 0.01)
         self.tokens = 0.0
         self.at: float | None = None
 
     def allowed(self, now: float) -> int:
-        """Records that may be read now."""
+        """Records that may be read now (none until a step's worth is there)."""
         if self.at is None:
-            self.at, self.tokens = now, 1.0
+            self.at, self.tokens = now, self.step
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        return int(self.tokens)
+        return int(self.tokens) if self.tokens >= self.step else 0
 
     def took(self, records: int) -> None:
         self.tokens -= records
 
     def wait(self) -> float:
-        """Seconds until the next record may be read."""
-        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
+        """Seconds until the next read may start (a step's worth of records)."""
+        return 0.0 if self.tokens >= self.step else (self.step - self.tokens) / self.rate
 
 
 def _pause(pace: Pace | None) -> float:
