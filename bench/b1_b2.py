@@ -14,7 +14,7 @@ local Spark session (local[2]):
   ``maxFilesPerTrigger=1``, a checkpoint location, ``trigger(availableNow=True)``;
 * the floors: one Python process counting with a dict, and ``pyarrow`` group-by.
 
-B1's 2,000,000 events take about a second here, so checkpoints every second hardly happen
+B1's 2,000,000 events take under a second here, so checkpoints every second hardly happen
 in them: the overhead of checkpoints every 1 s is measured on a longer input (20,000,000
 events, ``--overhead-events``) with and without checkpoints, and the overhead of checkpoints
 every 0.1 s on B1's own input.
