@@ -4,10 +4,11 @@ Each attempt (generation) of the job is one Spark job: ``parallelism`` partition
 ``rdd.barrier().mapPartitions(...)``, so that Spark schedules every slot at once or
 none. In each task, the slot body (:func:`cutline.runtime.task.slot.run_slot`) exchanges
 its data addresses with the other slots through the cutline driver's control connection
-(``BarrierTaskContext.allGather`` would do too, but it polls once a second: a second of every
-start), then talks TCP: data to its peers, control to the driver. The Spark job runs in a driver thread, in its own job group, so that the
-cutline driver can cancel it after a failure and submit the next generation (Spark
-does not retry a failed barrier stage that ends in ``collect()``).
+(``BarrierTaskContext.allGather`` would do too, but it polls once a second: a second of
+every start), then talks TCP: data to its peers, control to the driver. The Spark job runs
+in a driver thread, in its own job group, so that the cutline driver can cancel it after a
+failure and submit the next generation (Spark does not retry a failed barrier stage that
+ends in ``collect()``).
 """
 
 from __future__ import annotations
