@@ -35,6 +35,7 @@ from cutline.protocol.watermarks import (
     WatermarkAction,
     WatermarkError,
     WatermarkValve,
+    lowest_after,
 )
 
 # ------------------------------------------------------------------------- unit tests
@@ -69,6 +70,32 @@ def test_a_split_not_started_holds_the_watermark_at_its_lowest_timestamp() -> No
     assert splits.split_finished("0.parquet") == []
     assert splits.records("1.parquet", 61_000, now=0) == []  # 59,999 still: it only increases
     assert splits.records("1.parquet", 70_000, now=0) == [EmitWatermark(68_999)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    bound=st.integers(0, 5_000),
+    steps=st.lists(st.integers(-5_000, 8_000), min_size=1, max_size=60),
+    start=st.integers(-(10**12), 10**12),
+    head=st.integers(1, 60),
+)
+def test_a_split_s_first_records_bound_all_of_its_records(
+    bound: int, steps: list[int], start: int, head: int
+) -> None:
+    """A split whose records come at most ``bound`` out of order (each at or above the highest
+    before it minus the bound) holds no record below ``lowest_after`` of its first ones: a
+    CSV file not started yet may hold the watermark there, and none of its records is late
+    for it."""
+    times, highest = [], None
+    for step in steps:
+        floor = start if highest is None else highest - bound
+        value = max(floor, (highest if highest is not None else start) + step)
+        times.append(value)
+        highest = value if highest is None else max(highest, value)
+    first = times[: min(head, len(times))]
+    lowest = lowest_after(min(first), max(first), bound)
+    assert all(t >= lowest for t in times)
+    assert lowest == min(first) or lowest == max(first) - bound
 
 
 def test_an_idle_split_stops_holding_the_watermark_back_and_all_idle_says_so() -> None:

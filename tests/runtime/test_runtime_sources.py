@@ -312,3 +312,44 @@ def test_batches_have_the_job_schema_whatever_the_block(tmp_path: Path, fmt: str
         assert batch.num_rows > 0
         rows += batch.to_pylist()
     assert rows == good
+
+
+# ------------------------------------------------------------------ event time per file
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_text_file_not_started_holds_the_watermark_where_its_first_records_allow(
+    tmp_path: Path, fmt: str
+) -> None:
+    """A CSV or JSON-lines file has no statistics: until a subtask starts it, it holds the
+    watermark at what its first records and the out-of-orderness bound allow (the lowest of
+    them, or their highest minus the bound), not at the minimum, so that windows of the files
+    before it fire before it starts."""
+    from cutline.protocol.watermarks import EmitWatermark
+    from cutline.runtime.operators import SourceLogic
+    from cutline.runtime.time import EventTime, WatermarkStrategy
+
+    files = {"a": [1_000, 1_500, 1_999], "b": [5_000, 4_950, 9_000], "c": [20_000, 20_100]}
+    for name, times in files.items():
+        rows = [{"ts": t, "n": i} for i, t in enumerate(times)]
+        path = tmp_path / f"{name}.{fmt}"
+        if fmt == "jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        else:
+            path.write_text("ts,n\n" + "".join(f"{r['ts']},{r['n']}\n" for r in rows))
+    source, _ = FileSource(str(tmp_path), fmt).prepare()
+    reader = source.open(0, 1)
+    strategy = WatermarkStrategy(EventTime("ts"), bound=100)
+    clock = SourceLogic(source, strategy).clock(reader)
+    assert clock is not None
+    # a's first records: 1,000 (lowest) and 1,999 - 100; b's: 4,950 and 9,000 - 100; c's:
+    # 20,000 and 20,100 - 100
+    assert clock.splits == list(zip(reader.splits, [1_000, 4_950, 20_000], strict=True))
+    marks = []
+    while (batch := reader.read(2)) is not None:
+        actions = clock.read(batch, reader.split, now=0.0)
+        marks += [a.watermark for a in actions if isinstance(a, EmitWatermark)]
+    # each file's own bounded watermark, held back only by the files not started yet at
+    # their lowest (b at 4,949, c at 19,999): without their first records, the watermark
+    # would stay at the minimum until c started
+    assert marks == [1_399, 1_898, 4_949, 8_899, 19_999]

@@ -17,10 +17,10 @@ and 12:03 (a phone that was offline, sending its clicks when it reconnected at 1
 late by construction:
 
 * the job runs at parallelism 1, so the window operator's watermark is the one source
-  subtask's watermark, the least of its files' (a JSON-lines file says nothing of its
-  timestamps before it is read, so a file not started yet holds the watermark at the very
-  minimum: the watermark moves only once the last file is being read, and then follows that
-  file alone);
+  subtask's watermark, the least of its files' (a file not started yet holds it at its lowest
+  time as its first records and the bound tell, about 12:00 here, since every file covers
+  the same ten minutes: the watermark moves only once the last file is being read, and then
+  follows that file alone);
 * the source reads at most ``BATCH`` (50) clicks at a time and sends the watermark after each
   read, so before the read that holds the stragglers the window operator has had the
   watermark of an earlier read, which held a click of 12:07:58: 12:07:55.999, long past the

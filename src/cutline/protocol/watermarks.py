@@ -107,6 +107,15 @@ def bounded_out_of_orderness(highest: int, bound: int) -> int:
     return max(MIN_WATERMARK, highest - bound - 1)
 
 
+def lowest_after(lowest: int, highest: int, bound: int) -> int:
+    """The lowest timestamp a split can hold, from its first records (their ``lowest`` and
+    ``highest``) when its records come at most ``bound`` milliseconds out of order: none of
+    those is below ``lowest``, and none after them below ``highest - bound``. A split not
+    started yet may hold the watermark there (:meth:`SplitWatermarks.split_added`) when no
+    statistics say its lowest timestamp."""
+    return min(lowest, highest - bound)
+
+
 @dataclass
 class _Split:
     held: int
@@ -144,7 +153,8 @@ class SplitWatermarks(Generic[S]):
 
     def split_added(self, split: S, lowest: int | None = None) -> list[WatermarkAction]:
         """A split this subtask will read; ``lowest``: the lowest timestamp it holds, if known
-        (a Parquet file's statistics). Until it shows records it holds the watermark there."""
+        (a Parquet file's statistics, or :func:`lowest_after` its first records). Until it
+        shows records it holds the watermark there."""
         if split in self._splits or split in self._finished:
             raise WatermarkError(f"split {split!r} was added twice")
         held = MIN_WATERMARK if lowest is None else max(MIN_WATERMARK, lowest - 1)

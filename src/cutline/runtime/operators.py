@@ -271,16 +271,23 @@ class SourceLogic:
     """How its subtasks make watermarks (``event_time=``); ``None``: they make none."""
 
     def clock(self, reader: Any) -> SourceClock | None:
-        """The watermarks of the subtask reading with ``reader`` (per file of a file source,
-        a file not started yet held at its lowest timestamp when its footer says it)."""
+        """The watermarks of the subtask reading with ``reader``: per file of a file source,
+        a file not started yet held at its lowest timestamp (a Parquet footer's; else as its
+        first records and the out-of-orderness bound allow)."""
         strategy = self.watermarks
         if strategy is None:
             return None
         if isinstance(reader, FileReader):
             column = strategy.event_time
-            if column.offset == 0:
-                return SourceClock(strategy, list(reader.lowest_timestamps(column.column)))
-            return SourceClock(strategy, [(f, None) for f in reader.splits])
+            footers = reader.lowest_timestamps(column.column) if column.offset == 0 else []
+            known = {f: lowest for f, lowest in footers if lowest is not None}
+            return SourceClock(
+                strategy,
+                [
+                    (f, known[f] if f in known else SourceClock.lowest_in(strategy, reader.head(f)))
+                    for f in reader.splits
+                ],
+            )
         return SourceClock(strategy, [("all", None)])
 
     def open(self, ctx: OperatorContext, offset: Mapping[str, Any] | None) -> SourceReader:

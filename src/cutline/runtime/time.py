@@ -31,6 +31,7 @@ from cutline.protocol.watermarks import (
     MIN_WATERMARK,
     SplitWatermarks,
     WatermarkAction,
+    lowest_after,
 )
 
 __all__ = [
@@ -239,7 +240,8 @@ class SourceClock:
     """The watermarks of one source subtask: a :class:`SplitWatermarks` fed from its reads.
 
     ``splits``: the subtask's splits, in the order it reads them, with the lowest timestamp of
-    each when known (a Parquet file's statistics), else ``None``. A source read as one split
+    each when known (a Parquet file's statistics, or :meth:`lowest_in` its first records),
+    else ``None``. A source read as one split
     (a sequence) passes ``[("all", None)]``."""
 
     strategy: WatermarkStrategy
@@ -281,6 +283,20 @@ class SourceClock:
 
     def tick(self, now: float) -> list[WatermarkAction]:
         return self.generator.tick(now)
+
+    @staticmethod
+    def lowest_in(strategy: WatermarkStrategy, head: Any) -> int | None:
+        """The lowest timestamp of a split, from ``head``, its first records (``None``: none
+        with a timestamp): what a file without statistics (CSV, JSON lines) holds the
+        watermark at until it is started (:func:`~cutline.protocol.watermarks.lowest_after`)."""
+        if head is None or not len(head):
+            return None
+        values, missing = strategy.event_time.timestamps(head)
+        if missing is not None:
+            values = values[~missing]
+        if not len(values):
+            return None
+        return lowest_after(int(values.min()), int(values.max()), strategy.bound)
 
     def exhausted(self) -> list[WatermarkAction]:
         return self.generator.exhausted()

@@ -355,6 +355,21 @@ class FileReader:
             return [(f, None) for f in self._files]
         return [(f, lowest_timestamp(self._fs, f, column)) for f in self._files]
 
+    def head(self, path: str) -> pa.RecordBatch | None:
+        """The first rows of file ``path`` that fit the schema (its first block with any),
+        read apart from the reading; ``None`` when it has none or cannot be read (reading it
+        says why)."""
+        try:
+            blocks = _open_blocks(self._source, self._fs, path)
+            try:
+                return next((b.batch for b in blocks if b.batch.num_rows), None)
+            finally:
+                close = getattr(blocks, "close", None)
+                if close is not None:
+                    close()
+        except (SourceError, OSError):
+            return None
+
     def offset(self) -> dict[str, Any]:
         return {"rows": {f: n for f, n in self._rows.items() if n}}
 
