@@ -162,6 +162,11 @@ class EventTime:
                 values[i] = ms
         return values, (missing if missing.any() else None)
 
+    def present(self, batch: Any) -> np.ndarray:
+        """The timestamps of ``batch``'s records that have one (epoch ms, int64)."""
+        values, missing = self.timestamps(batch)
+        return values if missing is None else values[~missing]
+
     def _arrow(self, column: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
         check_time_type(self.column, column.type)
         unit = _unit_of(column.type)
@@ -263,9 +268,7 @@ class SourceClock:
         actions = self._finish_before(split)
         if not len(batch):
             return actions
-        values, missing = self.strategy.event_time.timestamps(batch)
-        if missing is not None:
-            values = values[~missing]
+        values = self.strategy.event_time.present(batch)
         if not len(values):
             return actions
         key = self._order[0] if split is None else split
@@ -291,9 +294,7 @@ class SourceClock:
         watermark at until it is started (:func:`~cutline.protocol.watermarks.lowest_after`)."""
         if head is None or not len(head):
             return None
-        values, missing = strategy.event_time.timestamps(head)
-        if missing is not None:
-            values = values[~missing]
+        values = strategy.event_time.present(head)
         if not len(values):
             return None
         return lowest_after(int(values.min()), int(values.max()), strategy.bound)
