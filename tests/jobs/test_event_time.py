@@ -324,6 +324,27 @@ def test_every_record_is_counted_in_a_window_or_the_late_output_exactly_once(
     )
 
 
+def test_late_records_without_a_late_reader_are_counted_and_not_kept(tmp_path: Path) -> None:
+    """The same job without ``.late()``: the late records are counted (every record is in its
+    window's count or among them) and let go (``test_window_operators.py`` measures that the
+    window's memory does not grow with them); the window is chained with what follows it."""
+    clicks = write_clicks(tmp_path / "in", 5, disorder=5000)
+    env = environment(tmp_path, 2)
+    (
+        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=20)
+        .key_by("user")
+        .window(Tumbling(500))
+        .count(name="per_half_second")
+        .map(dict, name="after")
+        .collect("counts")
+    )
+    result = run(env)
+    assert result.metrics is not None
+    late = result.metrics.operator("per_half_second").late
+    assert late > 0, "a 20 ms bound on 5 s of disorder makes records late"
+    assert sum(r["count"] for r in result.collected["counts"]) + late == len(clicks)
+
+
 def test_timestamp_columns_come_back_as_timestamps(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -63,6 +63,7 @@ def context(subtask: int, parallelism: int, backend: str, store: Store | None) -
         generation=1,
         state=StateConfig(backend=backend),
         restore_store=store,  # type: ignore[arg-type]
+        side_outputs=frozenset({"late"}),  # (the job reads .late())
     )
 
 
@@ -147,16 +148,20 @@ def expected(
     return {w: reduce[kind](v) for w, v in windows.items()}, late
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     kind=st.sampled_from(["count", "sum", "min", "max", "mean"]),
     windows=st.sampled_from(["tumbling", "sliding", "session"]),
     lateness=st.sampled_from([0, 0, 300]),
+    switch=st.booleans(),
 )
 def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
-    seed: int, kind: str, windows: str, lateness: int
+    seed: int, kind: str, windows: str, lateness: int, switch: bool
 ) -> None:
+    """With ``switch``, each restore takes a backend at random: the keyed layout restores
+    what the columnar one wrote, and the other way round (a savepoint restored under the
+    other ``state_backend``)."""
     rng = random.Random(seed)
     assigner: Tumbling | Sliding | Session = {
         "tumbling": Tumbling(300),
@@ -197,12 +202,14 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
         if rng.random() < 0.2:  # a checkpoint, and a restore from it at another parallelism
             checkpoint += 1
             parallelism = rng.randint(1, 3)
-            for backend, job in list(jobs.items()):
+            for name, job in list(jobs.items()):
                 state = job.checkpoint(checkpoint)
+                # restored under either backend: the other layout reads what this one wrote
+                backend = rng.choice(["memory", "disk"]) if switch else job.backend
                 restored = Job(logic, backend, parallelism, state)
                 restored.output, restored.late = job.output, job.late
                 job.close()
-                jobs[backend] = restored
+                jobs[name] = restored
     for job in jobs.values():
         job.watermark(MAX_WATERMARK)
     memory, disk = jobs["memory"], jobs["disk"]
@@ -253,3 +260,62 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
         assert len(memory.output) == len(wanted), "each window fired once"
     for job in jobs.values():
         job.close()
+
+
+@pytest.mark.parametrize(
+    ("backend", "windows", "arrow"),
+    [
+        ("memory", "tumbling", True),
+        ("memory", "session", True),
+        ("disk", "sliding", True),
+        ("memory", "tumbling", False),
+    ],
+)
+def test_late_records_nobody_reads_are_counted_and_let_go(
+    tmp_path: Any, backend: str, windows: str, arrow: bool
+) -> None:
+    """Without a ``.late()`` reader (no side output in the context), a window operator keeps
+    nothing of the records too late for their windows: 200,000 of them leave its memory (Python
+    objects and Arrow buffers) where it was, and each is counted."""
+    import tracemalloc
+
+    assigner: Tumbling | Sliding | Session = {
+        "tumbling": Tumbling(1000),
+        "sliding": Sliding(2000, every=1000),
+        "session": Session(gap=100),
+    }[windows]
+    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    ctx = OperatorContext(
+        name="window",
+        subtask=0,
+        parallelism=1,
+        max_parallelism=MAX_PARALLELISM,
+        generation=1,
+        state=StateConfig(backend=backend, local_dir=str(tmp_path)),
+    )
+    op = logic.open(ctx, None)
+    op.process(pa.RecordBatch.from_pylist([{"user": "u0", "ts": 10_000, "n": 1}]))
+    op.on_watermark(1_000_000)  # every record below is late
+
+    def late_batch(i: int) -> Any:
+        rows = [{"user": f"u{j % 50}", "ts": j, "n": i} for j in range(1000)]
+        return pa.RecordBatch.from_pylist(rows) if arrow else rows
+
+    for i in range(5):  # (warm up: whatever the first batches allocate once)
+        op.process(late_batch(i))
+    tracemalloc.start()
+    try:
+        python_before = tracemalloc.get_traced_memory()[0]
+        arrow_before = pa.total_allocated_bytes()
+        for i in range(200):
+            op.process(late_batch(i))
+        python_grown = tracemalloc.get_traced_memory()[0] - python_before
+        arrow_grown = pa.total_allocated_bytes() - arrow_before
+    finally:
+        tracemalloc.stop()
+    # 200,000 records kept would be several MB as Arrow and tens of MB as Python dicts
+    assert python_grown < 256 * 1024, python_grown
+    assert arrow_grown < 256 * 1024, arrow_grown
+    assert op.late_records == 205_000
+    assert op.side_output("late") is None
+    op.close()

@@ -147,6 +147,9 @@ class OperatorContext:
     """The job's checkpoint directory (the collect sinks write there)."""
     storage_options: Mapping[str, Any] | None = None
     """The fsspec options of the checkpoint directory."""
+    side_outputs: frozenset[str] = frozenset()
+    """The side outputs of this operator that the job reads (``"late"`` once ``.late()`` is
+    read): what goes to another is counted and let go, never kept."""
 
     def fail(self, record: Any, exc: BaseException) -> None:
         """A record could not be processed: raise, or send it to the dead-letter output."""

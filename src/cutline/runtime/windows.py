@@ -18,13 +18,17 @@ results (Flink's rules). A record is **late** when every window it belongs to fi
 ``allowed_lateness`` ago (a window whose end, minus one, plus the lateness, is at or below the
 watermark); for a session: when the session the record alone would open is so. Late records
 within the lateness update their window, which fires again with the new result; later ones go
-to the **side output** ``"late"`` (``.late()``), as they came in, and are counted.
+to the **side output** ``"late"`` (``.late()``), as they came in, and are counted; a job that
+does not read ``.late()`` only counts them (nothing keeps them).
 
 **What a window keeps** is keyed state of the window operator (checkpointed, restored, and
 redistributed by key group with the rest): per key, ``{window start: (accumulator, fired)}``,
 or for sessions a tuple of ``(start, end, accumulator, fired)``. The timers (when each window
 fires, and when a fired one is dropped) are rebuilt from it when the operator opens. Values in
-state are never changed in place: every update stores a new one.
+state are never changed in place: every update stores a new one. On the memory backend a
+built-in of a key column keeps its windows as columns instead (:class:`PaneWindowOperator`,
+:class:`SessionColumnsOperator`); a restore reads either layout, whichever backend wrote the
+checkpoint (:mod:`~cutline.runtime.window_layouts`).
 
 **Aggregations** (:class:`Aggregation`): the built-ins ``count``, ``sum``, ``min``, ``max`` and
 ``mean`` of a numeric column, which take a vectorized path on Arrow batches (windows assigned
@@ -62,9 +66,16 @@ from cutline.runtime.operators import (
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.keygroups import key_group, key_groups
 from cutline.runtime.time import EventTime, EventTimeError, duration_ms
+from cutline.runtime.window_layouts import (
+    WINDOWS,
+    PaneParts,
+    fired_flags,
+    panes_as_windows,
+    session_rows_as_windows,
+    windows_as_panes,
+    windows_as_session_rows,
+)
 
-WINDOWS = "windows"
-"""The name of the window operator's keyed state."""
 LATE = "late"
 """The side output of the records too late for their windows."""
 
@@ -329,6 +340,9 @@ class WindowOperator(_Keyed):
         self.late_records = 0
         """Records too late for their windows (sent to the side output ``late``)."""
         self._late: list[Batch] = []
+        """The late records not yet taken by the side output; only kept when the job reads
+        it (``.late()``): otherwise they are counted and let go."""
+        self._keeps_late = LATE in ctx.side_outputs
         self._session = isinstance(self.assigner, Session)
         self.processing = logic.time == "processing"
         self._time_type = self.event_time.type
@@ -350,13 +364,40 @@ class WindowOperator(_Keyed):
         if self._marks:
             self.watermark = min(m for _, m in self._marks)
         self._ceiling = max((m for _, m in self._marks), default=MIN_WATERMARK)
-        self._rebuild_timers()
+        self._restore_windows()
 
     # ------------------------------------------------------------------ timers
 
     def _end(self, start: int) -> int:
         assert not isinstance(self.assigner, Session)
         return start + window_size(self.assigner)
+
+    def _restore_windows(self) -> None:
+        """The restored windows in the keyed layout, whichever layout wrote them (a checkpoint
+        of the memory backend keeps a built-in's windows as columns:
+        :mod:`~cutline.runtime.window_layouts`), and their timers. The last step of opening:
+        the columnar operators restore into their own layout instead."""
+        mine, maximum = self.backend.key_groups, self.backend.max_parallelism
+        for handle in self.restored:
+            panes, rows = handle.get("panes"), handle.get("sessions")
+            if not panes and not rows:
+                continue
+            start, stop = handle.get("key_groups", (0, 0))
+            whole = range(start, stop) == mine
+            found: dict[Hashable, Any] = (
+                panes_as_windows(panes) if panes else session_rows_as_windows(rows or {})
+            )
+            for key, value in found.items():
+                if not whole and key_group(key, maximum) not in mine:
+                    continue  # rescaled: the keys of my key groups only
+                old = self.table.get(key)
+                if old is None:
+                    self.table[key] = value
+                elif self._session:  # (a key is in one old subtask: never, but kept whole)
+                    self.table[key] = tuple(sorted((*old, *value)))
+                else:
+                    self.table[key] = {**old, **value}
+        self._rebuild_timers()
 
     def _rebuild_timers(self) -> None:
         """From the restored windows: each one not fired fires at its end, each fired one is
@@ -503,8 +544,7 @@ class WindowOperator(_Keyed):
             except Exception as exc:
                 self.ctx.fail(record, exc)
         if late:
-            self.late_records += len(late)
-            self._late.append(late)
+            self._too_late(late)
         if not keys:
             return None
         array = None if kind == "count" else np.array(values)
@@ -601,11 +641,19 @@ class WindowOperator(_Keyed):
         late = ~alive
         if not late.any():
             return
-        self.late_records += int(late.sum())
-        if isinstance(batch, pa.RecordBatch):
-            self._late.append(batch.filter(pa.array(late)))
+        if not self._keeps_late:
+            self.late_records += int(late.sum())
+        elif isinstance(batch, pa.RecordBatch):
+            self._too_late(batch.filter(pa.array(late)))
         else:
-            self._late.append([r for r, x in zip(batch, late.tolist(), strict=True) if x])
+            self._too_late([r for r, x in zip(batch, late.tolist(), strict=True) if x])
+
+    def _too_late(self, records: Batch) -> None:
+        """Records too late for every window they belong to: counted, and kept for the side
+        output ``late`` if the job reads it."""
+        self.late_records += len(records)
+        if self._keeps_late:
+            self._late.append(records)
 
     def _sessions_vectorized(self, batch: pa.RecordBatch, ts: np.ndarray) -> Batch | None:
         assigner = self.assigner
@@ -709,8 +757,7 @@ class WindowOperator(_Keyed):
             except Exception as exc:
                 self.ctx.fail(record, exc)
         if late:
-            self.late_records += len(late)
-            self._late.append(late)
+            self._too_late(late)
         return self._results(list(refired.values())) if refired else None
 
     def _collect(self, batch: Batch, ts: np.ndarray) -> Batch | None:
@@ -964,6 +1011,9 @@ class _Pane:
     """Mean: per key, how many values its sum holds."""
     fired: bool = False
     """Fired, and kept for the allowed lateness."""
+    waiting: np.ndarray | None = None
+    """Of a fired window, the positions of the keys it has not fired for yet (restored so):
+    they fire when the watermark passes its end."""
     shared: bool = False
     """A snapshot holds its arrays: they are copied before they change."""
 
@@ -985,58 +1035,71 @@ class PaneWindowOperator(WindowOperator):
     copied before they change."""
 
     def __init__(self, logic: WindowLogic, ctx: OperatorContext, state: Any) -> None:
-        super().__init__(logic, ctx, state)
-        assert not isinstance(self.assigner, Session)
-        self.size = window_size(self.assigner)
+        assert not isinstance(logic.assigner, Session)
+        self.size = window_size(logic.assigner)
         self.panes: dict[int, _Pane] = {}
         self._due: list[int] = []
         """Starts of the windows not fired yet (a heap; each fires at ``start + size - 1``)."""
         self._kept: list[tuple[int, int]] = []
         """(when it is dropped, start) of the fired windows kept for the lateness (a heap)."""
-        self._restore_panes()
+        super().__init__(logic, ctx, state)  # (restores the windows: _restore_windows)
 
-    def _restore_panes(self) -> None:
+    def _restore_windows(self) -> None:
+        """Every restored window as a pane: those kept as columns, and those the keyed layout
+        wrote (a checkpoint of the disk backend), taken out of keyed state. A window that
+        fired for some of its keys only (the old subtasks' watermarks differed at the
+        checkpoint, or a record within the lateness came for a new key) fires for the others
+        when the watermark passes its end."""
+        parts: dict[int, list[PaneParts]] = {}
+        mine = self.backend.key_groups
         for handle in self.restored:
             start, stop = handle.get("key_groups", (0, 0))
-            whole = range(start, stop) == self.backend.key_groups
+            whole = range(start, stop) == mine
             for pane_start, keys, acc, count, fired in handle.get("panes", ()):
+                flags = fired_flags(fired, len(keys))
                 if not whole:  # rescaled: the keys of my key groups only
                     keep = self._owned(keys)
                     if not keep.any():
                         continue
-                    keys = keys.filter(pa.array(keep))
-                    acc = acc[keep]
+                    keys, acc, flags = keys.filter(pa.array(keep)), acc[keep], flags[keep]
                     count = count[keep] if count is not None else None
-                found = self.panes.get(pane_start)
-                if found is None:
-                    self._add_pane(
-                        _Pane(
-                            pane_start,
-                            keys,
-                            acc.copy(),
-                            None if count is None else count.copy(),
-                            fired,
-                        )
-                    )
-                else:  # (keys of several old subtasks: disjoint)
-                    found.keys = pa.concat_arrays([found.keys, keys.cast(found.keys.type)])
-                    found.acc = np.concatenate([found.acc, acc])
-                    if found.count is not None and count is not None:
-                        found.count = np.concatenate([found.count, count])
+                parts.setdefault(pane_start, []).append((pane_start, keys, acc, count, flags))
+        keyed = [(key, self.table.get(key)) for key in list(self.backend.keys(WINDOWS))]
+        for found in windows_as_panes(keyed, self.aggregation.kind == "mean"):
+            parts.setdefault(found[0], []).append(found)
+        for key, _ in keyed:
+            self.table.delete(key)
+        for pane_start, pieces in parts.items():  # (keys of several old subtasks: disjoint)
+            first = pieces[0][1].type
+            counts = [piece[3] for piece in pieces if piece[3] is not None]
+            flags = np.concatenate([piece[4] for piece in pieces])
+            pane = _Pane(
+                pane_start,
+                pa.concat_arrays([piece[1].cast(first) for piece in pieces]),
+                np.concatenate([piece[2] for piece in pieces]),
+                np.concatenate(counts) if counts else None,
+                bool(flags.any()),
+            )
+            if pane.fired and not flags.all():
+                pane.waiting = np.flatnonzero(~flags)
+            self._add_pane(pane)
 
     def _add_pane(self, pane: _Pane) -> None:
         self.panes[pane.start] = pane
         if pane.fired:
             due = _add(pane.start + self.size - 1, self.lateness)
             heapq.heappush(self._kept, (due, pane.start))
-        else:
+        if not pane.fired or pane.waiting is not None:
             heapq.heappush(self._due, pane.start)
 
     # ---------------------------------------------------------------- figures
 
     @property
     def open_windows(self) -> int:
-        return sum(len(p.keys) for p in self.panes.values() if not p.fired)
+        return sum(
+            len(p.keys) if not p.fired else len(p.waiting) if p.waiting is not None else 0
+            for p in self.panes.values()
+        )
 
     def figures(self) -> dict[str, int] | None:
         return {"late": self.late_records, "windows": self.open_windows, "timers": len(self.panes)}
@@ -1048,7 +1111,8 @@ class PaneWindowOperator(WindowOperator):
         for pane in self.panes.values():
             pane.shared = True
         taken.extra["panes"] = [
-            (p.start, p.keys, p.acc, p.count, p.fired) for p in self.panes.values()
+            (p.start, p.keys, p.acc, p.count, p.fired if p.waiting is None else _flags(p))
+            for p in self.panes.values()
         ]
         return taken
 
@@ -1124,6 +1188,9 @@ class PaneWindowOperator(WindowOperator):
                 pane, these, parts[mask], None if counts is None else counts[mask]
             )
             if pane.fired:
+                if pane.waiting is not None:  # (those fire when the watermark passes)
+                    fresh = ~np.isin(positions, pane.waiting)
+                    these, positions = these.filter(pa.array(fresh)), positions[fresh]
                 refired.append((pane, these, positions))
         if not refired:
             return None
@@ -1197,7 +1264,14 @@ class PaneWindowOperator(WindowOperator):
         while self._due and self._due[0] + self.size - 1 <= watermark:
             start = heapq.heappop(self._due)
             pane = self.panes.get(start)
-            if pane is None or pane.fired:
+            if pane is None:
+                continue
+            if pane.fired:  # (restored fired for some keys: now for the others)
+                if pane.waiting is not None:
+                    waiting, pane.waiting = pane.waiting, None
+                    fired.append(
+                        (pane, pane.keys.take(pa.array(waiting)), self._values(pane)[waiting])
+                    )
                 continue
             fired.append((pane, pane.keys, self._values(pane)))
             if keep:
@@ -1233,12 +1307,17 @@ class SessionColumnsOperator(WindowOperator):
     arrays: a snapshot being written keeps the old ones."""
 
     def __init__(self, logic: WindowLogic, ctx: OperatorContext, state: Any) -> None:
-        super().__init__(logic, ctx, state)
-        assert isinstance(self.assigner, Session)
-        self.gap = self.assigner.gap
+        assert isinstance(logic.assigner, Session)
+        self.gap = logic.assigner.gap
         self.rows: dict[str, Any] | None = None
         """The open sessions: ``keys`` (Arrow), ``start``, ``end``, ``acc``, ``count`` (mean),
         ``fired`` (NumPy); ``None``: none."""
+        super().__init__(logic, ctx, state)  # (restores the sessions: _restore_windows)
+
+    def _restore_windows(self) -> None:
+        """Every restored session as a row: those kept as rows, and those the keyed layout
+        wrote (a checkpoint of the disk backend), taken out of keyed state."""
+        parts = []
         for handle in self.restored:
             rows = handle.get("sessions")
             if rows is None:
@@ -1247,7 +1326,14 @@ class SessionColumnsOperator(WindowOperator):
             if range(start, stop) != self.backend.key_groups:  # rescaled: my key groups' rows
                 rows = _take_rows(rows, self._owned(rows["keys"]))
             if len(rows["keys"]):
-                self.rows = rows if self.rows is None else _concat_rows([self.rows, rows])
+                parts.append(rows)
+        keyed = [(key, self.table.get(key)) for key in list(self.backend.keys(WINDOWS))]
+        converted = windows_as_session_rows(keyed, self.aggregation.kind == "mean")
+        if converted is not None:
+            parts.append(converted)
+        for key, _ in keyed:
+            self.table.delete(key)
+        self.rows = _concat_rows(parts) if parts else None
 
     @property
     def open_windows(self) -> int:
@@ -1415,6 +1501,14 @@ class SessionColumnsOperator(WindowOperator):
             rows = _take_rows(rows, ~remove)
         self.rows = rows if len(rows["keys"]) else None
         return out
+
+
+def _flags(pane: _Pane) -> np.ndarray:
+    """Per key of a fired pane, whether it fired for it (those waiting: not yet)."""
+    flags = np.ones(len(pane.keys), dtype=bool)
+    if pane.waiting is not None:
+        flags[pane.waiting] = False
+    return flags
 
 
 def _take_rows(rows: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:

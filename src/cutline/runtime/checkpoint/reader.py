@@ -26,6 +26,7 @@ from cutline.runtime.network.wire import Watermark, WatermarkStatus, recorded_re
 from cutline.runtime.state.backend import KEYED_FORMAT
 from cutline.runtime.state.keygroups import StateError, key_group
 from cutline.runtime.state.memory import MemoryStateBackend
+from cutline.runtime.window_layouts import WINDOWS, panes_as_windows, session_rows_as_windows
 
 
 class InspectError(Exception):
@@ -234,39 +235,16 @@ class CheckpointReader:
         max_parallelism = part["max_parallelism"]
         for state, kind, key, value in backend.entries():
             yield KeyedEntry(subtask, key_group(key, max_parallelism), state, kind, key, value)
-        # the windows a window operator keeps as columns (runtime/windows.py: panes), shown
-        # as the keyed layout shows them: per key, {window start: (accumulator, fired)}
-        windows: dict[Hashable, dict[int, tuple[Any, bool]]] = {}
-        for pane_start, keys, acc, count, fired in part.get("panes", ()):
-            values = (
-                acc.tolist()
-                if count is None
-                else list(zip(acc.tolist(), count.tolist(), strict=True))
-            )
-            for key, value in zip(keys.to_pylist(), values, strict=True):
-                windows.setdefault(key, {})[pane_start] = (value, fired)
-        for key, value in windows.items():
+        # the windows a window operator keeps as columns (the memory backend's), shown as the
+        # keyed layout keeps them (runtime/window_layouts.py)
+        columnar: dict[Hashable, Any] = {}
+        if part.get("panes"):
+            columnar = panes_as_windows(part["panes"])
+        elif part.get("sessions") is not None:
+            columnar = session_rows_as_windows(part["sessions"])
+        for key, value in columnar.items():
             group = key_group(key, max_parallelism)
-            yield KeyedEntry(subtask, group, "windows", "value", key, value)
-        # and the sessions kept as columns: per key ((start, end, accumulator, fired), ...)
-        rows = part.get("sessions")
-        if rows is not None:
-            sessions: dict[Hashable, list[tuple[int, int, Any, bool]]] = {}
-            accs = rows["acc"].tolist()
-            if rows.get("count") is not None:
-                accs = list(zip(accs, rows["count"].tolist(), strict=True))
-            for key, start_, end, acc, fired in zip(
-                rows["keys"].to_pylist(),
-                rows["start"].tolist(),
-                rows["end"].tolist(),
-                accs,
-                rows["fired"].tolist(),
-                strict=True,
-            ):
-                sessions.setdefault(key, []).append((start_, end, acc, fired))
-            for key, found in sessions.items():
-                group = key_group(key, max_parallelism)
-                yield KeyedEntry(subtask, group, "windows", "value", key, tuple(sorted(found)))
+            yield KeyedEntry(subtask, group, WINDOWS, "value", key, value)
 
     def _handle(self, subtask: str) -> StateHandle:
         handle = self.handles.get(subtask)

@@ -253,6 +253,11 @@ class SubtaskRunner:
             ),
             checkpoint_dir=setup.checkpoint_dir,
             storage_options=setup.storage_options,
+            side_outputs=frozenset(
+                out.side
+                for out in self.chain.outputs
+                if out.side is not None and uid == self.chain.operators[-1].uid
+            ),
         )
 
     def connect(self, addresses: dict[tuple[int, str], tuple[str, int]]) -> None:
