@@ -581,3 +581,40 @@ def test_the_reader_is_picklable_and_checks_every_value(kinds: Path) -> None:
         r"does not fit the column type bigint",
     ):
         list(strict.read(partitions[0]))
+
+
+# ------------------------------------------------------------------ across state backends
+
+
+def test_read_state_gives_the_same_windows_whichever_backend_wrote_them(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same job stopped at the same place under each state backend: the memory backend
+    keeps built-in windows as columns, the disk backend as keyed state; ``read_state`` gives
+    the same rows from both (``tests/jobs/test_state_across_backends.py`` runs the jobs)."""
+    from test_event_time_restore import write_clicks
+    from test_state_across_backends import run_to_savepoint
+
+    clicks = write_clicks(tmp_path / "in", seed=9)
+    paths = {
+        backend: run_to_savepoint(tmp_path, clicks, backend, 2, monkeypatch, name=backend)[0]
+        for backend in ("memory", "disk")
+    }
+    for operator in ("tumbling-count", "sliding-sum", "session-mean", "rolling"):
+        rows = {  # (a window's value is the repr of a dict: compared as the dict)
+            backend: sorted(
+                (*row[:-1], _parsed(row[-1])) for row in read_state(spark, path, operator).collect()
+            )
+            for backend, path in paths.items()
+        }
+        assert rows["memory"], f"{operator}: the savepoint holds its state"
+        assert rows["memory"] == rows["disk"], operator
+
+
+def _parsed(value: Any) -> Any:
+    """A window's value (the repr of a dict of windows, or of a tuple of sessions) as a value
+    whose order does not depend on the order it was built in."""
+    if not isinstance(value, str):
+        return value
+    parsed = ast.literal_eval(value)
+    return sorted(parsed.items()) if isinstance(parsed, dict) else parsed
