@@ -44,6 +44,7 @@ _API = (
     "ProcessContext",
     "Restarting",
     "RestoreError",
+    "ResumableCheckpointError",
     "RunningOperator",
     "SavepointCompleted",
     "SourceError",

@@ -67,7 +67,7 @@ def test_a_second_job_with_the_same_checkpoint_directory_refuses_to_start(tmp_pa
     assert not (tmp_path / "out-b").exists() or not list((tmp_path / "out-b").glob("part-*"))
     # the first job was not disturbed, and the directory is free again
     assert result.restarts == []
-    again = _job(tmp_path, "out-c").execute(launcher=ThreadLauncher(), progress=False)
+    again = _job(tmp_path, "out-c").execute(launcher=ThreadLauncher(), progress=False, fresh=True)
     assert again.restarts == []
 
 

@@ -148,7 +148,7 @@ def test_without_a_terminal_the_progress_is_a_line_per_event(tmp_path, capfd):
     assert any(line.startswith("cutline [") and " running generation 1: " in line for line in lines)
     [final] = [line for line in lines if " checkpoint " in line]
     assert final.endswith(" (final)") and "complete in" in final
-    env.execute(launcher=ThreadLauncher(), progress=False)
+    env.execute(launcher=ThreadLauncher(), progress=False, fresh=True)
     assert capfd.readouterr().err == ""
 
 

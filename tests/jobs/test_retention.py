@@ -1,6 +1,7 @@
-"""``retained_checkpoints`` counts a checkpoint directory's complete checkpoints across runs:
-the checkpoints of earlier runs go as the new run's own complete, never one a restore still needs,
-and never a shared file a retained checkpoint names."""
+"""``retained_checkpoints`` counts a checkpoint directory's complete checkpoints across the runs
+that resume one another: the checkpoints of earlier runs go as the new run's own complete,
+never one a restore still needs, and never a shared file a retained checkpoint names. A run that
+starts fresh (``fresh=True``) deletes none of an earlier run's."""
 
 from __future__ import annotations
 
@@ -35,17 +36,29 @@ def _referenced(storage: CheckpointStorage) -> set[str]:
 
 
 @pytest.mark.parametrize("retained", [1, 2])
-def test_runs_in_one_directory_keep_only_the_retained_checkpoints_in_all(tmp_path, retained):
+def test_runs_that_resume_keep_only_the_retained_checkpoints_in_all(tmp_path, retained):
     storage = CheckpointStorage(str(tmp_path / "ck"))
     ids: list[int] = []
     for run in range(4):
-        result = _job(tmp_path, f"out{run}", retained).execute(launcher=ThreadLauncher())
+        result = _job(tmp_path, f"out{run}", retained).execute(
+            launcher=ThreadLauncher(), restore_from="latest"
+        )
         ids.append(result.checkpoints[-1].checkpoint_id)
         assert storage.completed_ids() == ids[-retained:]
         assert set(storage.shared_files()) == _referenced(storage)  # none kept, none missing
     # their statistics stay (the history of every run)
     history = storage.read_history()
     assert {s.checkpoint_id for s in history.checkpoints if s.completed} >= set(ids)
+
+
+def test_runs_that_start_fresh_delete_no_earlier_run_s_checkpoint(tmp_path):
+    storage = CheckpointStorage(str(tmp_path / "ck"))
+    ids: list[int] = []
+    for run in range(3):
+        result = _job(tmp_path, f"out{run}", 1).execute(launcher=ThreadLauncher(), fresh=True)
+        ids.append(result.checkpoints[-1].checkpoint_id)
+        assert storage.completed_ids() == ids
+        assert set(storage.shared_files()) == _referenced(storage)
 
 
 def test_the_checkpoint_a_run_restored_stays_until_the_run_has_its_own(tmp_path):

@@ -27,6 +27,7 @@ from cutline import (
     JobFailedError,
     JobResult,
     KeyedProcessFunction,
+    ResumableCheckpointError,
     SourceHold,
     StreamEnvironment,
 )
@@ -682,13 +683,17 @@ def test_checkpoint_ids_increase_and_only_the_last_is_final(tmp_path: Path) -> N
     assert [c.final for c in result.checkpoints] == [False] * (len(ids) - 1) + [True]
 
 
-def test_a_second_run_in_the_same_checkpoint_directory_starts_from_scratch(
+def test_a_second_run_in_the_same_checkpoint_directory_starts_from_scratch_when_told(
     tmp_path: Path,
 ) -> None:
-    for _ in range(2):
+    """Without ``fresh=True`` it is refused (``test_fresh_or_resume.py``)."""
+    for attempt in range(2):
         env = environment(tmp_path, 2)
         env.from_sequence(0, 50).map(key_value).key_by("key").sum("value").collect()
-        result = run(env)
+        if attempt:
+            with pytest.raises(ResumableCheckpointError):
+                run(env)
+        result = env.execute(launcher=ThreadLauncher(), fresh=attempt > 0)
         assert running_values(result) == expected_running_counts([v % 7 for v in range(50)])
 
 
@@ -774,7 +779,7 @@ def test_a_second_run_never_touches_the_first_runs_dead_letters(tmp_path: Path) 
         if run_number == 2:  # the second run also restarts once, before any checkpoint
             stream = stream.map(FailFirstTime(tmp_path / "flag"))
         stream.collect()
-        env.execute(launcher=ThreadLauncher())
+        env.execute(launcher=ThreadLauncher(), fresh=run_number == 2)
     letters = [
         json.loads(line)
         for part in dead.rglob("part-*.jsonl")
@@ -803,7 +808,7 @@ def test_executing_twice_into_one_output_directory_is_refused_the_second_time(
     env.from_sequence(0, 20).write_jsonl(tmp_path / "out")
     env.execute(launcher=ThreadLauncher())
     with pytest.raises(ValueError, match=r"already holds .* file"):
-        env.execute(launcher=ThreadLauncher())
+        env.execute(launcher=ThreadLauncher(), fresh=True)
 
 
 def test_one_directory_spelled_two_ways_is_refused(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
 from cutline.api.streams import WindowedResult, WindowedStream
+from cutline.runtime.checkpoint.lineage import ResumableCheckpointError
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.driver.client import JobClient, JobClientError
 from cutline.runtime.driver.events import (
@@ -63,6 +64,7 @@ __all__ = [
     "ProcessContext",
     "Restarting",
     "RestoreError",
+    "ResumableCheckpointError",
     "RunningOperator",
     "SavepointCompleted",
     "Session",

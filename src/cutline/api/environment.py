@@ -36,6 +36,12 @@ from cutline.api.progress import LiveProgress, ProgressLines, wanted
 from cutline.api.settings import Settings, location, seconds
 from cutline.api.sources import Sources
 from cutline.api.streams import DataStream, KeyedStream
+from cutline.runtime.checkpoint.lineage import (
+    ResumableCheckpointError,
+    refuse_fresh_start,
+    resumable,
+)
+from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock, Owner
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.config import LATEST, JobConfig
 from cutline.runtime.driver.driver import JobDriver
@@ -188,6 +194,7 @@ class StreamEnvironment(Sources):
         stop_after: float | str | None = None,
         restore_from: str | os.PathLike[str] | None = None,
         allow_non_restored_state: bool = False,
+        fresh: bool = False,
         progress: bool | None = None,
         hold_sources: SourceHold | None = None,
         phase_hook: PhaseHook | None = None,
@@ -215,6 +222,12 @@ class StreamEnvironment(Sources):
         :param allow_non_restored_state: start even when the checkpoint holds state of an
             operator this job does not have (that state is dropped); otherwise that is an
             error naming the operator.
+        :param fresh: start from the beginning although ``checkpoint_dir`` holds a checkpoint
+            of an earlier run to resume. Without ``restore_from`` and without ``fresh``, such
+            a start is refused (:class:`~cutline.ResumableCheckpointError`, saying both ways
+            on). The earlier run's checkpoints are kept, never deleted; from then on
+            ``restore_from="latest"`` means this run's newest
+            (:mod:`cutline.runtime.checkpoint.lineage`).
         :param progress: show the progress on standard error: ``None`` (default) a live display
             when standard error is a terminal (records in and out per operator, throughput,
             backpressure, the last checkpoints and restarts), and otherwise a line per
@@ -230,6 +243,8 @@ class StreamEnvironment(Sources):
             ``running``, ``final_checkpoint``, ``commit``): for tests that freeze or stall a
             worker in a given phase. Must be picklable.
         :raises RestoreError: the checkpoint does not fit the job (the message says why).
+        :raises ResumableCheckpointError: no ``restore_from`` nor ``fresh``, and
+            ``checkpoint_dir`` holds a checkpoint to resume.
         :returns: a :class:`~cutline.runtime.driver.result.JobResult`; ``result.output`` is the
             records of the collect sink.
         :raises JobFailedError: the job failed and the restart strategy gave up.
@@ -252,6 +267,13 @@ class StreamEnvironment(Sources):
                 )
         told = event_listener(listener)
         restore = _restore_url(restore_from)
+        if fresh and restore is not None:
+            raise ValueError(
+                "fresh=True starts from the beginning: it does not go with restore_from "
+                f"(given {restore_from!r})"
+            )
+        if restore is None and not fresh and settings.checkpoint_dir is not None:
+            self._refuse_fresh_start()  # (the driver checks again, under the lock)
         if restore == LATEST and not self._has_checkpoint():
             # nothing completed, so nothing was published: a fresh start is the resumption
             # (and an output directory that holds files then says this is not the same job)
@@ -262,10 +284,10 @@ class StreamEnvironment(Sources):
                 )
             )
             restore = None
-            fresh = "no complete checkpoint to resume from"
+            why = "no complete checkpoint to resume from"
         else:
-            fresh = None
-        self._check_outputs(restoring=restore is not None, why=fresh)
+            why = None
+        self._check_outputs(restoring=restore is not None, why=why)
         if not self._outputs and not self._collect:
             warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
         from cutline.spark.launcher import SparkLauncher, check_picklable, is_local
@@ -313,6 +335,7 @@ class StreamEnvironment(Sources):
                 stop_after=seconds(stop_after, "stop_after"),
                 restore_from=restore,
                 allow_non_restored_state=allow_non_restored_state,
+                fresh=fresh,
                 savepoint_dir=settings.savepoint_dir,
             )
             if progress is None and not wanted(None):  # no terminal: a line per event
@@ -345,14 +368,36 @@ class StreamEnvironment(Sources):
                 shutil.rmtree(temporary, ignore_errors=True)
 
     def _has_checkpoint(self) -> bool:
-        """Whether ``checkpoint_dir`` holds a complete checkpoint (intact or not: a damaged
-        one is the driver's to report)."""
+        """Whether ``checkpoint_dir`` holds something to resume: a complete checkpoint of its
+        current lineage (intact or not: a damaged one is the driver's to report), or what that
+        lineage's first run restored."""
         if self.settings.checkpoint_dir is None:
             raise ValueError('restore_from="latest" needs the job\'s checkpoint_dir')
-        storage = CheckpointStorage(
+        return resumable(self._storage()) is not None
+
+    def _refuse_fresh_start(self) -> None:
+        """A start from the beginning over a checkpoint to resume is refused, before the outputs
+        are looked at (the error says both ways on); but a directory in use by a running job
+        is that job's, and that is the error to say."""
+        try:
+            refuse_fresh_start(self._storage())
+        except ResumableCheckpointError:
+            settings = self.settings
+            assert settings.checkpoint_dir is not None
+            probe = CheckpointDirectoryLock(
+                settings.checkpoint_dir,
+                Owner.this_process("probe"),
+                storage_options=dict(settings.storage_options or {}),
+            )
+            with probe:  # (DirectoryLockedError while another job runs there)
+                pass
+            raise
+
+    def _storage(self) -> CheckpointStorage:
+        assert self.settings.checkpoint_dir is not None
+        return CheckpointStorage(
             self.settings.checkpoint_dir, storage_options=self.settings.storage_options
         )
-        return bool(storage.completed_ids())
 
     def _check_outputs(self, restoring: bool, why: str | None = None) -> None:
         """At ``execute()``: every output directory apart from the others, and empty unless the

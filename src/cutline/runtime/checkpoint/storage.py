@@ -339,7 +339,7 @@ class CheckpointStorage:
         except OSError as exc:
             raise StorageError(f"cannot remove {self._where(path)}: {exc.strerror or exc}") from exc
 
-    def _replace_file(self, folder: str, name: str, data: bytes, what: str) -> None:
+    def replace_file(self, folder: str, name: str, data: bytes, what: str) -> None:
         """Write ``data`` to ``folder/name`` atomically: under a temporary name in the same
         folder (synced to the disk), then renamed to ``name``. If anything fails, the
         temporary file is removed and a file ``name`` that was there stays as it was; the
@@ -367,7 +367,7 @@ class CheckpointStorage:
         (in ``folder``: a savepoint's, instead of the checkpoint's own)."""
         folder = folder or self.checkpoint_path(metadata.checkpoint_id)
         what = f"the metadata of checkpoint {metadata.checkpoint_id}"
-        self._replace_file(folder, METADATA, metadata.to_json(), what)
+        self.replace_file(folder, METADATA, metadata.to_json(), what)
 
     def write_segment(
         self, checkpoint_id: int, name: str, data: bytes, *, shared: bool
@@ -415,7 +415,7 @@ class CheckpointStorage:
             name = f"run-{record.run}.json"
         # atomically: a full disk must not leave an empty or partial file (nor spoil an older
         # one: a run's record is written again when it ends)
-        self._replace_file(f"{self.root}/{STATS_FOLDER}", name, encode(record), "statistics")
+        self.replace_file(f"{self.root}/{STATS_FOLDER}", name, encode(record), "statistics")
 
     def _stats_names(self) -> list[str]:
         return self._names_in(f"{self.root}/{STATS_FOLDER}", "the statistics folder")

@@ -90,6 +90,9 @@ class JobConfig:
     checkpoint) to start from."""
     allow_non_restored_state: bool = False
     """Start even if the checkpoint holds state of operators the job does not have."""
+    fresh: bool = False
+    """Start from the beginning although the checkpoint directory holds a checkpoint to resume
+    (kept: :mod:`~cutline.runtime.checkpoint.lineage`); without it, such a start is refused."""
     savepoint_dir: str | None = None
     """Where savepoints go by default (``CHECKPOINT_DIR/savepoints``)."""
     stats_history: int = STATS_HISTORY

@@ -35,6 +35,13 @@ from cutline.protocol.coordinator import (
     CheckpointCoordinator,
 )
 from cutline.protocol.registry import SharedStateRegistry
+from cutline.runtime.checkpoint.lineage import (
+    begin_lineage,
+    lineage_start,
+    read_lineage,
+    refuse_fresh_start,
+    resumable,
+)
 from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock, Owner
 from cutline.runtime.checkpoint.restore import RestoreError, RestoreSpec, plan_restore
 from cutline.runtime.checkpoint.stats import (
@@ -162,7 +169,7 @@ class JobDriver:
     def _run_locked(self) -> JobResult:
         self._discard_incomplete()
         job = self.job
-        job.earlier = [c for c in self.storage.completed_ids() if c < job.first_id]
+        job.earlier = self._lineage()
         job.delete_shared(job.registry.orphaned(self.storage.shared_files()))
         try:
             job.endpoint = JobEndpoint(
@@ -198,6 +205,35 @@ class JobDriver:
             with contextlib.suppress(StorageError):
                 self._discard_incomplete()
                 job.delete_shared(job.registry.orphaned(self.storage.shared_files()))
+
+    def _lineage(self) -> list[int]:
+        """The complete checkpoints of earlier runs that this run may retire: those of the
+        directory's lineage when it resumes them; none when it begins a new lineage (a fresh
+        start, or a restore from elsewhere: the checkpoints before it are another run's, never
+        deleted). A start from the beginning over a checkpoint to resume is refused unless
+        the job was told ``fresh``."""
+        storage, job, initial = self.storage, self.job, self._initial
+        if initial is None and not self.config.fresh:
+            refuse_fresh_start(storage)
+        found = resumable(storage)
+        continues = (
+            initial is not None
+            and found is not None
+            and (
+                initial.own and initial.checkpoint_id == found.checkpoint_id
+                if found.checkpoint_id is not None
+                else initial.url == found.url
+            )
+        )
+        completed = storage.completed_ids()
+        if continues:
+            since = lineage_start(storage)
+            return [c for c in completed if since <= c < job.first_id]
+        if initial is not None or completed or read_lineage(storage) is not None:
+            begin_lineage(
+                storage, job.first_id, initial.url if initial is not None else None, job.run_id
+            )
+        return []
 
     def _last_complete(self) -> int | None:
         """The newest checkpoint this run completed (``None``: none yet)."""
@@ -340,7 +376,7 @@ class JobDriver:
                 raise RestoreError(f"cannot restore {url}: {exc}") from None
         else:
             storage = CheckpointStorage(url, storage_options=options)
-            latest, skipped = storage.latest()
+            latest, skipped = storage.latest(since=lineage_start(storage))
             for skip in skipped:
                 self._warn(f"{url}: {skip.reason} (skipped)")
             if latest is None and skipped:
@@ -352,6 +388,9 @@ class JobDriver:
                     "(without restore_from) writing to new output directories: the output "
                     "published so far holds what these checkpoints covered"
                 )
+            found = resumable(storage) if latest is None else None
+            if found is not None and found.checkpoint_id is None:  # the lineage's start
+                return self._resolve(found.url)
             if latest is None:
                 raise RestoreError(
                     f"there is no complete checkpoint or savepoint at {url} (a folder with "
