@@ -34,6 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.checkpoint.lineage import summary as lineage_summary
 from cutline.runtime.checkpoint.reader import CheckpointReader, InspectError
 from cutline.runtime.checkpoint.stats import (
     CheckpointStats,
@@ -286,6 +287,8 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
             str(stats.generation),
         )
     console.print(table)
+    for line in lineage_summary(folder.storage):
+        console.print(Text(line), soft_wrap=True)
     for checkpoint_id in sorted(lost):
         reason = folder.storage.missing_metadata_reason(checkpoint_id)
         console.print(

@@ -14,8 +14,10 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from cutline import ResumableCheckpointError, StreamEnvironment
+from cutline.cli import main
 from cutline.runtime.checkpoint.lineage import LINEAGE, begin_lineage, read_lineage, resumable
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.checkpoint.verify import verify_checkpoint
@@ -85,7 +87,11 @@ def test_fresh_starts_from_the_beginning_and_keeps_the_earlier_run_s_checkpoints
     lineage = read_lineage(storage)
     assert lineage is not None and old < lineage.since <= new
     assert lineage.restored_from is None
-    # "latest" is now the fresh run's newest, not the earlier run's
+    # "latest" is now the fresh run's newest, not the earlier run's; the list says so
+    listed = CliRunner().invoke(main, ["checkpoints", "list", str(tmp_path / "ck")])
+    assert listed.exit_code == 0, listed.output
+    assert f"restore_from='latest' resumes checkpoint {new}" in listed.output
+    assert f"checkpoints below {lineage.since} are of runs before a fresh start" in listed.output
     found = resumable(storage)
     assert found is not None and found.checkpoint_id == new
     third = job(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")

@@ -319,3 +319,20 @@ def test_late_records_nobody_reads_are_counted_and_let_go(
     assert op.late_records == 205_000
     assert op.side_output("late") is None
     op.close()
+
+
+@pytest.mark.slow
+def test_the_window_layouts_agree_through_restores_under_either_backend_soak() -> None:
+    """``make soak``: the property above over 2,000 examples, every restore under a backend
+    drawn at random, allowed lateness in most (fired windows restored across the layouts)."""
+    inner = test_the_columnar_and_the_keyed_window_operators_agree_through_restores
+    run = settings(max_examples=2_000, deadline=None, database=None)(
+        given(
+            seed=st.integers(0, 2**32 - 1),
+            kind=st.sampled_from(["count", "sum", "min", "max", "mean"]),
+            windows=st.sampled_from(["tumbling", "sliding", "session"]),
+            lateness=st.sampled_from([0, 300, 300]),
+            switch=st.just(True),
+        )(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
+    )
+    run()

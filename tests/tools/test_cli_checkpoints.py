@@ -102,6 +102,7 @@ def test_list_names_every_checkpoint_and_the_restart(job: tuple[Path, Any]) -> N
     for checkpoint_id in completed:
         assert f"│ {checkpoint_id:>2} │" in out.output or f"│ {checkpoint_id} │" in out.output
     assert "restart: generation 1" in out.output and "injected failure" in out.output
+    assert f"restore_from='latest' resumes checkpoint {completed[-1]}" in out.output
 
 
 def test_show_gives_subtasks_critical_path_operators_and_channels(job: tuple[Path, Any]) -> None:

@@ -135,6 +135,25 @@ def resumable(storage: CheckpointStorage) -> Resumable | None:
     return None
 
 
+def summary(storage: CheckpointStorage) -> list[str]:
+    """What ``restore_from="latest"`` resumes in the directory, and, if a run began a new
+    lineage there, which checkpoints are an earlier one's (for ``cutline checkpoints list``)."""
+    found = resumable(storage)
+    if found is None:
+        lines = ["restore_from='latest' finds nothing to resume: it starts from the beginning"]
+    elif found.checkpoint_id is not None:
+        lines = [f"restore_from='latest' resumes checkpoint {found.checkpoint_id}"]
+    else:
+        lines = [f"restore_from='latest' restores {found.url}, where this lineage began"]
+    lineage = read_lineage(storage)
+    if lineage is not None and lineage.since > 1:
+        lines.append(
+            f"checkpoints below {lineage.since} are of runs before a fresh start or a restore "
+            "from elsewhere: kept, restored only by their folder"
+        )
+    return lines
+
+
 def refuse_fresh_start(storage: CheckpointStorage) -> None:
     """Raise :class:`ResumableCheckpointError` if the directory holds something to resume: a
     run without ``restore_from`` must say whether it resumes or starts again."""
