@@ -355,6 +355,14 @@ def test_the_reader_shows_the_same_windows_whichever_backend_wrote_them(
         for backend in ("memory", "disk")
     }
     readers = {backend: open_checkpoint(path) for backend, path in paths.items()}
+    # what `cutline checkpoints show` lists: the windows kept as columns count in the size
+    sizes = {
+        backend: {o.name: (o.kind, o.size) for o in reader.operators()}
+        for backend, reader in readers.items()
+    }
+    for operator in [*WINDOWS, "rolling", "tally"]:
+        (kind, memory), (_, disk) = sizes["memory"][operator], sizes["disk"][operator]
+        assert kind == "keyed" and disk / 4 < memory < disk * 4, (operator, memory, disk)
     # (the others hold records in the order they came, which differs from run to run)
     for operator in [*COLUMNAR, *SESSION_ROWS, "session-aggregate", "rolling"]:
         entries = {

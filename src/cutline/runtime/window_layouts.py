@@ -20,6 +20,7 @@ the other; the checkpoint reader shows both as the keyed layout. Nothing here kn
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -39,6 +40,13 @@ def fired_flags(fired: Any, keys: int) -> np.ndarray:
     if isinstance(fired, bool | np.bool_):
         return np.full(keys, bool(fired))
     return np.asarray(fired, dtype=bool)
+
+
+def columnar_size(part: Mapping[str, Any]) -> int:
+    """Bytes of the windows a keyed state handle keeps as columns (inside the subtask's state
+    file, not in segments); 0 for the keyed layout."""
+    columns = [part[name] for name in ("panes", "sessions") if part.get(name) is not None]
+    return len(pickle.dumps(columns, protocol=5)) if columns else 0
 
 
 def panes_as_windows(panes: Iterable[tuple[Any, ...]]) -> dict[Hashable, dict[int, Any]]:

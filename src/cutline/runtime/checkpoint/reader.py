@@ -26,7 +26,12 @@ from cutline.runtime.network.wire import Watermark, WatermarkStatus, recorded_re
 from cutline.runtime.state.backend import KEYED_FORMAT
 from cutline.runtime.state.keygroups import StateError, key_group
 from cutline.runtime.state.memory import MemoryStateBackend
-from cutline.runtime.window_layouts import WINDOWS, panes_as_windows, session_rows_as_windows
+from cutline.runtime.window_layouts import (
+    WINDOWS,
+    columnar_size,
+    panes_as_windows,
+    session_rows_as_windows,
+)
 
 
 class InspectError(Exception):
@@ -45,8 +50,9 @@ class OperatorState:
     subtasks: tuple[str, ...]
     """The subtasks holding part of it."""
     size: int
-    """Bytes of its keyed state segments (named by the checkpoint, incl. shared ones); for
-    other state, 0 (it is inside the subtasks' state files)."""
+    """Bytes of its keyed state segments (named by the checkpoint, incl. shared ones), and of
+    the windows a window operator keeps as columns (in the state files); for other state, 0
+    (it is inside the subtasks' state files)."""
 
 
 @dataclass(frozen=True)
@@ -167,10 +173,10 @@ class CheckpointReader:
             else:
                 kind = kinds.get(uid) or self._guess_kind(subtasks[0], uid)
             if kind == "keyed":
+                parts = [self.state_file(s).operators[uid] for s in subtasks]
                 size = sum(
-                    segments.get(ref["path"], 0)
-                    for s in subtasks
-                    for ref in self.state_file(s).operators[uid]["chain"]
+                    sum(segments.get(ref["path"], 0) for ref in part["chain"]) + columnar_size(part)
+                    for part in parts
                 )
             result.append(OperatorState(uid, names.get(uid, uid), kind, tuple(subtasks), size))
         return sorted(result, key=lambda o: list(names).index(o.uid) if o.uid in names else 1 << 30)
