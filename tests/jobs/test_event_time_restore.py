@@ -365,7 +365,11 @@ def source_positions(reader: CheckpointReader, source: str = SOURCE) -> dict[str
     for subtask, handle in sorted(reader.handles.items()):
         if source in handle.operators:
             part = reader.state_file(subtask).operators[source]
-            positions[subtask] = sum(part.get("rows", {}).values())
+            # per file: the rows read (its position), or all of them (finished)
+            positions[subtask] = sum(
+                pq.ParquetFile(split).metadata.num_rows if state.finished else state.position
+                for split, state in part["splits"].items()
+            )
     return positions
 
 

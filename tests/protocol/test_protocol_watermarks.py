@@ -112,6 +112,26 @@ def test_an_idle_split_stops_holding_the_watermark_back_and_all_idle_says_so() -
     assert splits.records(1, 2000, now=9.0) == [EmitStatus(idle=False), EmitWatermark(1999)]
 
 
+def test_an_unbounded_subtask_without_splits_is_idle_not_at_its_end() -> None:
+    """Splits found while the job runs (a watched directory): with none to read the subtask
+    holds nothing back (idle), never MAX_WATERMARK; a split found later brings it back."""
+    splits: SplitWatermarks[str] = SplitWatermarks(bound=100, bounded=False)
+    assert splits.quiet() == [EmitStatus(idle=True)]  # an empty directory
+    assert splits.quiet() == []
+    splits.split_added("a", lowest=5000)
+    assert splits.records("a", 6000, now=0.0) == [EmitStatus(idle=False), EmitWatermark(5899)]
+    assert splits.split_finished("a") == [EmitStatus(idle=True)]
+    assert splits.watermark == 5899 and splits.idle
+    splits.split_added("b")  # a new file: idle until it shows records
+    assert splits.records("b", 7000, now=1.0) == [EmitStatus(idle=False), EmitWatermark(6899)]
+    with pytest.raises(WatermarkError, match="not quiet"):
+        splits.quiet()
+    # and a bounded one ends
+    bounded: SplitWatermarks[str] = SplitWatermarks(bound=0)
+    bounded.split_added("a")
+    assert bounded.split_finished("a") == [EmitWatermark(MAX_WATERMARK)]
+
+
 def test_a_source_with_no_idle_timeout_never_goes_idle() -> None:
     splits: SplitWatermarks[int] = SplitWatermarks(bound=0)
     splits.split_added(0)

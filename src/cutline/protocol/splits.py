@@ -184,6 +184,10 @@ class SplitBook:
     def owns(self, split: Split) -> bool:
         return owner(split, self.parallelism) == self.subtask
 
+    def reads(self, split_id: str) -> bool:
+        """Whether it reads ``split_id`` now (it owns it, and it did not finish)."""
+        return split_id in self._splits and split_id not in self._finished
+
     @property
     def unfinished(self) -> list[str]:
         """The ids of the splits it reads and has not finished."""

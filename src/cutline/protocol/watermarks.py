@@ -36,7 +36,10 @@ event (method)                                         actions it may return
 ``SplitWatermarks.records(split, highest, now)``       ``EmitStatus(idle=False)`` if the subtask
                                                        was idle, then ``EmitWatermark(W)`` if
                                                        its watermark advanced
-``SplitWatermarks.split_finished(split)``              ``EmitWatermark(W)`` if it advanced
+``SplitWatermarks.split_finished(split)``              ``EmitWatermark(W)`` if it advanced; the
+                                                       last: as ``exhausted()``, or (unbounded)
+                                                       as ``quiet()``
+``SplitWatermarks.quiet()``                            ``EmitStatus(idle=True)``
 ``SplitWatermarks.tick(now)``                          ``EmitWatermark(W)`` (a split went idle),
                                                        ``EmitStatus(idle=True)`` (all did)
 ``SplitWatermarks.exhausted()``                        ``EmitWatermark(MAX_WATERMARK)``
@@ -130,15 +133,22 @@ class SplitWatermarks(Generic[S]):
 
     :param bound: the records' out-of-orderness, in milliseconds (``max_out_of_orderness``).
     :param idle_timeout: seconds without a record after which a split is idle (``None``: never).
+    :param bounded: whether the subtask's splits are all it will read. ``False`` (splits found
+        while the job runs: a watched directory, new partitions): once its last split
+        finished, or while it has none, the subtask is idle instead of at its end
+        (:meth:`quiet`), and a split added later brings it back with its records.
     """
 
-    def __init__(self, bound: int, idle_timeout: float | None = None) -> None:
+    def __init__(
+        self, bound: int, idle_timeout: float | None = None, *, bounded: bool = True
+    ) -> None:
         if bound < 0:
             raise ValueError(f"the out-of-orderness bound cannot be negative, not {bound}")
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError(f"an idle timeout must be positive, not {idle_timeout}")
         self.bound = bound
         self.idle_timeout = idle_timeout
+        self.bounded = bounded
         self._splits: dict[S, _Split] = {}
         self._finished: set[S] = set()
         self.watermark = MIN_WATERMARK
@@ -179,8 +189,18 @@ class SplitWatermarks(Generic[S]):
         del self._splits[split]
         self._finished.add(split)
         if not self._splits:
-            return self.exhausted()
+            return self.exhausted() if self.bounded else self.quiet()
         return self._advance()
+
+    def quiet(self) -> list[WatermarkAction]:
+        """(An unbounded subtask) it has no split now: it holds nothing back and says it is
+        idle, until a split added later shows records."""
+        if self._splits:
+            raise WatermarkError("a subtask with splits to read is not quiet")
+        if self.idle or self.watermark == MAX_WATERMARK:
+            return []
+        self.idle = True
+        return [EmitStatus(idle=True)]
 
     def tick(self, now: float) -> list[WatermarkAction]:
         """Processing time is ``now``: splits without records for ``idle_timeout`` go idle."""

@@ -35,9 +35,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.connectors.source import Source, SourceContext
 from cutline.protocol.watermarks import MAX_WATERMARK, EmitWatermark, SplitWatermarks
 from cutline.runtime.io.sinks import CollectSink, FileSink, FileSinkWriter
-from cutline.runtime.io.sources import FileReader, FileSource, SequenceSource, SourceReader
+from cutline.runtime.source_operator import SourceOperator
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.factory import new_backend
@@ -49,7 +50,7 @@ from cutline.runtime.state.keygroups import (
 )
 from cutline.runtime.state.segments import SegmentSource
 from cutline.runtime.state.timers import EVENT, PROCESSING, TimerService
-from cutline.runtime.time import SourceClock, WatermarkStrategy
+from cutline.runtime.time import WatermarkStrategy
 
 Batch: TypeAlias = Any
 """A ``pyarrow.RecordBatch`` or a ``list`` of records (pyarrow has no type hints)."""
@@ -265,37 +266,17 @@ class Logic:
 
 @dataclass(frozen=True)
 class SourceLogic:
-    """A source operator. A file source's rejected rows (malformed, or not of the job's
-    schema) fail the job naming their file and line, or, with ``on_error="dead_letter"``,
-    go to the dead-letter output: the line's text, and ``file:line: why`` as the error."""
+    """A source operator: any connector's :class:`~cutline.connectors.Source`, run by a
+    :class:`~cutline.runtime.source_operator.SourceOperator` on each subtask. The records its
+    reader rejects (a malformed row, one not of the job's schema) fail the job naming their
+    split (a file source: file and line), or, with ``on_error="dead_letter"``, go to the
+    dead-letter output."""
 
-    source: SequenceSource | FileSource
+    source: Source
     watermarks: WatermarkStrategy | None = None
     """How its subtasks make watermarks (``event_time=``); ``None``: they make none."""
 
-    def clock(self, reader: Any) -> SourceClock | None:
-        """The watermarks of the subtask reading with ``reader``: per file of a file source,
-        a file not started yet held at its lowest timestamp (a Parquet footer's; else as its
-        first records and the out-of-orderness bound allow)."""
-        strategy = self.watermarks
-        if strategy is None:
-            return None
-        if isinstance(reader, FileReader):
-            column = strategy.event_time
-            footers = reader.lowest_timestamps(column.column) if column.offset == 0 else []
-            known = {f: lowest for f, lowest in footers if lowest is not None}
-            return SourceClock(
-                strategy,
-                [
-                    (f, known[f] if f in known else SourceClock.lowest_in(strategy, reader.head(f)))
-                    for f in reader.splits
-                ],
-            )
-        return SourceClock(strategy, [("all", None)])
-
-    def open(self, ctx: OperatorContext, offset: Mapping[str, Any] | None) -> SourceReader:
-        if not isinstance(self.source, FileSource):
-            return self.source.open(ctx.subtask, ctx.parallelism, offset)
+    def open(self, ctx: OperatorContext, state: Any) -> SourceOperator:
         rejected = None
         dead = ctx.dead_letters
         if ctx.on_error == "dead_letter" and dead is not None:
@@ -303,7 +284,8 @@ class SourceLogic:
             def rejected(record: Any, error: str) -> None:
                 dead.add(ctx.name, ctx.subtask, record, error, "")
 
-        return self.source.open(ctx.subtask, ctx.parallelism, offset, rejected)
+        context = SourceContext(ctx.name, ctx.subtask, ctx.parallelism, rejected)
+        return SourceOperator(self.source, context, state, self.watermarks)
 
 
 # ------------------------------------------------------------------ stateless per record

@@ -9,16 +9,15 @@ watermark is an integer of epoch milliseconds; what goes back into records (a wi
 column and the type found.
 
 :class:`WatermarkStrategy` is what ``event_time=``, ``max_out_of_orderness=`` and
-``idle_timeout=`` say (Flink's ``WatermarkStrategy``); :class:`SourceClock` drives a
-:class:`~cutline.protocol.watermarks.SplitWatermarks` from a source subtask's reads: which
-split each batch came from, the highest timestamp in it, the splits that finished.
+``idle_timeout=`` say (Flink's ``WatermarkStrategy``); a source subtask's watermarks are made
+from it by :class:`~cutline.runtime.source_operator.SourceOperator`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +28,6 @@ import pyarrow.compute as pc
 from cutline.protocol.watermarks import (
     MAX_WATERMARK,
     MIN_WATERMARK,
-    SplitWatermarks,
-    WatermarkAction,
-    lowest_after,
 )
 
 __all__ = [
@@ -39,7 +35,6 @@ __all__ = [
     "MIN_WATERMARK",
     "EventTime",
     "EventTimeError",
-    "SourceClock",
     "WatermarkStrategy",
     "duration_ms",
 ]
@@ -238,66 +233,3 @@ class WatermarkStrategy:
     event_time: EventTime
     bound: int = 0
     idle_timeout: float | None = None
-
-
-@dataclass
-class SourceClock:
-    """The watermarks of one source subtask: a :class:`SplitWatermarks` fed from its reads.
-
-    ``splits``: the subtask's splits, in the order it reads them, with the lowest timestamp of
-    each when known (a Parquet file's statistics, or :meth:`lowest_in` its first records),
-    else ``None``. A source read as one split
-    (a sequence) passes ``[("all", None)]``."""
-
-    strategy: WatermarkStrategy
-    splits: list[tuple[Hashable, int | None]]
-
-    def __post_init__(self) -> None:
-        strategy = self.strategy
-        self.generator: SplitWatermarks[Hashable] = SplitWatermarks(
-            strategy.bound, strategy.idle_timeout
-        )
-        for split, lowest in self.splits:
-            self.generator.split_added(split, lowest)
-        self._order = [split for split, _ in self.splits]
-        self._next = 0
-        """The index of the split being read (those before it finished)."""
-
-    def read(self, batch: Any, split: Hashable | None, now: float) -> list[WatermarkAction]:
-        """``batch`` was read from ``split`` (``None``: the subtask's only split)."""
-        actions = self._finish_before(split)
-        if not len(batch):
-            return actions
-        values = self.strategy.event_time.present(batch)
-        if not len(values):
-            return actions
-        key = self._order[0] if split is None else split
-        return actions + self.generator.records(key, int(values.max()), now)
-
-    def _finish_before(self, split: Hashable | None) -> list[WatermarkAction]:
-        """Splits are read in order: those before ``split`` finished."""
-        if split is None:
-            return []
-        actions: list[WatermarkAction] = []
-        while self._next < len(self._order) and self._order[self._next] != split:
-            actions += self.generator.split_finished(self._order[self._next])
-            self._next += 1
-        return actions
-
-    def tick(self, now: float) -> list[WatermarkAction]:
-        return self.generator.tick(now)
-
-    @staticmethod
-    def lowest_in(strategy: WatermarkStrategy, head: Any) -> int | None:
-        """The lowest timestamp of a split, from ``head``, its first records (``None``: none
-        with a timestamp): what a file without statistics (CSV, JSON lines) holds the
-        watermark at until it is started (:func:`~cutline.protocol.watermarks.lowest_after`)."""
-        if head is None or not len(head):
-            return None
-        values = strategy.event_time.present(head)
-        if not len(values):
-            return None
-        return lowest_after(int(values.min()), int(values.max()), strategy.bound)
-
-    def exhausted(self) -> list[WatermarkAction]:
-        return self.generator.exhausted()

@@ -31,7 +31,6 @@ from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointMetadata, StateHandle
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.io.formats import SourceError
-from cutline.runtime.io.sources import merge_offsets
 from cutline.runtime.operators import (
     MapBatchesLogic,
     MapLogic,
@@ -40,6 +39,7 @@ from cutline.runtime.operators import (
     RescaledStates,
     SinkLogic,
 )
+from cutline.runtime.source_operator import merge_source_states
 from cutline.runtime.state.keygroups import key_group_range
 
 
@@ -188,9 +188,9 @@ def gather(
                 offsets = [state_of(n).operators[uid] for n in holders(uid)]
                 if offsets:
                     try:
-                        gathered.parts[uid] = merge_offsets(offsets)
+                        gathered.parts[uid] = merge_source_states(offsets, op.name)
                     except SourceError as exc:
-                        raise RecordError(f"source {op.name}: {exc}") from None
+                        raise RecordError(str(exc)) from None
         elif getattr(op.logic, "keyed", False):
             overlapping = holders(
                 uid,

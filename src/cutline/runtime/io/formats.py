@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from cutline.connectors.source import SourceError as SourceError  # (its home: connectors)
+
 FORMATS = ("parquet", "csv", "jsonl")
 
 SUFFIXES = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".json")}
@@ -27,11 +29,6 @@ SAMPLE_TOTAL = 256 << 20
 
 SAMPLE_LEAST = 64 << 10
 """... but never less than this per file."""
-
-
-class SourceError(Exception):
-    """A source cannot be read: a missing path, a malformed file or record (named, with its
-    line), a bad offset."""
 
 
 class InputWarning(UserWarning):

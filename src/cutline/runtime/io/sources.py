@@ -6,26 +6,22 @@ each format in ``csv.py``, ``jsonl.py`` and ``parquet.py`` (the rows they share,
 one is refused, in ``rows.py``), and the schema inferred when none is given in
 ``inference.py``.
 
-Every source is split between the subtasks of the source operator, and every
-reader can say where it is (:meth:`SourceReader.offset`) and start again from
-there (``open(..., offset=...)``): the offset goes into each checkpoint, and a
-restore replays exactly the records after it. Records come out as
+Both are sources of the public connector API (:mod:`cutline.connectors`): their splits do
+not depend on the parallelism (``slices`` for a sequence, one per file), each subtask reads
+those :func:`~cutline.protocol.splits.owner` deals it, and a reader's position per split goes
+into each checkpoint; a restore, at any parallelism, gives each split to its new reader from
+there, which replays exactly the records after it. Records come out as
 ``pyarrow.RecordBatch`` es.
 
-Every source is made of **splits** that do not depend on the parallelism, dealt
-round-robin to the subtasks, and its offset is per split: so a checkpoint taken
-at one parallelism restores at another (:func:`merge_offsets` joins the offsets
-of the old subtasks, and each new subtask takes its splits' offsets).
-
 * :class:`SequenceSource` — integers ``start, start+1, ...`` (bounded by ``end`` or not), in
-  ``splits`` splits (split ``j`` holds ``start + j``, ``start + j + splits``, ...); offset: per
-  split, how many it emitted.
+  ``slices`` splits (split ``j`` holds ``start + j``, ``start + j + slices``, ...); position:
+  per split, how many it emitted.
 * :class:`FileSource` — the files of a directory, one file or a glob pattern (a local path or
-  any fsspec URL), sorted by name, one split per file, read with **one schema** fixed when the
-  job is built (given, or inferred from a sample of every file: :meth:`FileSource.prepare`);
-  offset: per file, the rows consumed (handed out or rejected). CSV and JSON-lines files are
-  read a block of whole records at a time (``block_size``), Parquet files a row group's batch
-  at a time. A record that is malformed or does not fit the schema is *rejected*, naming
+  any fsspec URL), sorted by name, one split per file, listed and read with **one schema**
+  fixed when the job is built (given, or inferred from a sample of every file:
+  :meth:`FileSource.prepare`); position: per file, the rows consumed (handed out or
+  rejected). CSV and JSON-lines files are read a block of whole records at a time
+  (``block_size``), Parquet files a row group's batch at a time. A record that is malformed or does not fit the schema is *rejected*, naming
   ``file:line`` (1-based): an error, or a dead letter.
 """
 
@@ -34,12 +30,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 
+from cutline.connectors.source import (
+    Finished,
+    Nothing,
+    ReadResult,
+    Records,
+    Source,
+    SourceContext,
+    SplitReader,
+)
+from cutline.protocol.splits import Split
 from cutline.runtime.io.csv import csv_blocks
 from cutline.runtime.io.formats import (
     BLOCK_BYTES,
@@ -57,81 +63,82 @@ from cutline.runtime.io.rows import Block, Reject
 _GLOB = re.compile(r"[*?[]")
 
 
-class SourceReader(Protocol):
-    def read(self, max_rows: int) -> pa.RecordBatch | None:
-        """The next records (at most ``max_rows``); ``None`` once the input is exhausted, or, for
-        an unbounded source, never."""
-        ...
-
-    def offset(self) -> dict[str, Any]:
-        """Where the reader is: everything returned so far is before it."""
-        ...
-
-
 def _check_subtask(subtask: int, parallelism: int) -> None:
     if parallelism < 1 or not 0 <= subtask < parallelism:
         raise ValueError(f"subtask {subtask} of parallelism {parallelism} does not exist")
 
 
-def merge_offsets(offsets: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """One offset from the offsets of several subtasks (a restore at another parallelism):
-    the union of their per-split positions. Each subtask then reads its own splits' from it."""
-    merged: dict[str, dict[str, Any]] = {}
-    for offset in offsets:
-        for field_name, positions in offset.items():
-            if not isinstance(positions, Mapping):
-                raise SourceError(
-                    f"a source offset with {field_name!r} = {positions!r} is not per split: it "
-                    "was written by an older cutline and restores only at its own parallelism"
-                )
-            merged.setdefault(field_name, {}).update(positions)
-    return merged
-
-
 @dataclass(frozen=True)
-class SequenceSource:
+class SequenceSource(Source):
     """The integers from ``start`` up to ``end`` (excluded; ``None``: without end), in a column
-    named ``column``."""
+    named ``column``, in ``slices`` splits (split ``j`` holds ``start + j``, ``start + j +
+    slices``, ...; numbered ``j``: dealt round-robin)."""
 
     start: int = 0
     end: int | None = None
     column: str = "value"
-    splits: int = 128
+    slices: int = 128
+    watermarks_per_split = False  # (read together: a round of every split at a time)
 
     def __post_init__(self) -> None:
-        if type(self.splits) is not int or self.splits < 1:
-            raise ValueError(f"splits must be a positive integer, not {self.splits!r}")
+        if type(self.slices) is not int or self.slices < 1:
+            raise ValueError(f"slices must be a positive integer, not {self.slices!r}")
 
-    def open(
-        self, subtask: int, parallelism: int, offset: Mapping[str, Any] | None = None
-    ) -> SequenceReader:
-        _check_subtask(subtask, parallelism)
-        positions = dict((offset or {}).get("splits", {}))
-        if offset and "splits" not in offset:
-            merge_offsets([offset])  # says why it cannot be used
-        mine = [j for j in range(self.splits) if j % parallelism == subtask]
-        emitted = []
-        for j in mine:
-            found = positions.get(str(j), positions.get(j))  # (JSON made the keys strings)
-            count = int(found) if found is not None else 0
-            if count < 0:
-                raise SourceError(f"a sequence offset cannot be negative: split {j} at {count}")
-            emitted.append(count)
-        return SequenceReader(self, mine, emitted)
+    @property
+    def bounded(self) -> bool:  # type: ignore[override]
+        return self.end is not None
+
+    def splits(self) -> list[Split]:
+        return [Split(str(j), j) for j in range(self.slices)]
+
+    def reader(self, context: SourceContext) -> SequenceReader:
+        _check_subtask(context.subtask, context.parallelism)
+        return SequenceReader(self)
 
 
-class SequenceReader:
-    """Reads its splits a round at a time: ``start + j + splits * r`` for each of its splits
-    ``j``, round ``r`` after round (increasing values when the splits are at one round)."""
+class SequenceReader(SplitReader):
+    """Reads its splits a round at a time: ``start + j + slices * r`` for each of its splits
+    ``j``, round ``r`` after round (increasing values when the splits are at one round). Its
+    position in a split is how many values of it it emitted."""
 
-    def __init__(self, source: SequenceSource, splits: list[int], emitted: list[int]):
+    def __init__(self, source: SequenceSource) -> None:
         self._source = source
-        self._splits = np.array(splits, dtype=np.int64)
-        self._emitted = np.array(emitted, dtype=np.int64)
+        self._splits = np.zeros(0, dtype=np.int64)
+        self._emitted = np.zeros(0, dtype=np.int64)
+        self._finished: list[str] = []
+        """Splits past the end, not yet said finished."""
+        self._said: set[str] = set()
 
-    def read(self, max_rows: int) -> pa.RecordBatch | None:
+    def add_split(self, split: Split, position: Any) -> None:
+        count = 0 if position is None else position
+        if type(count) is not int or count < 0:
+            raise SourceError(
+                f"a sequence position is a count of 0 or more, not {count!r} (split {split.id})"
+            )
+        j = int(split.id)
+        order = np.searchsorted(self._splits, j)
+        self._splits = np.insert(self._splits, order, j)
+        self._emitted = np.insert(self._emitted, order, count)
+
+    def position(self, split: str) -> int:
+        return int(self._emitted[int(np.searchsorted(self._splits, int(split)))])
+
+    def read(self, max_records: int) -> ReadResult:
+        batch = self._read(max_records)
+        if batch is not None:
+            return Records(batch, None)
+        end = self._source.end
+        if end is not None:  # the splits past the end, one at a time
+            past = self._source.start + self._splits + self._source.slices * self._emitted >= end
+            for j in self._splits[past].tolist():
+                if str(j) not in self._said:
+                    self._said.add(str(j))
+                    return Finished(str(j))
+        return Nothing()
+
+    def _read(self, max_rows: int) -> pa.RecordBatch | None:
         source, splits, emitted = self._source, self._splits, self._emitted
-        start, end, width = source.start, source.end, source.splits
+        start, end, width = source.start, source.end, source.slices
         chunks: list[np.ndarray] = []
         need = max_rows
         while need > 0 and len(splits):
@@ -167,17 +174,9 @@ class SequenceReader:
         values = np.concatenate(chunks)
         return pa.record_batch([pa.array(values, pa.int64())], names=[source.column])
 
-    def offset(self) -> dict[str, Any]:
-        return {
-            "splits": {
-                str(j): int(n)
-                for j, n in zip(self._splits.tolist(), self._emitted.tolist(), strict=True)
-            }
-        }
-
 
 @dataclass(frozen=True)
-class FileSource:
+class FileSource(Source):
     """The files of ``path`` in ``format`` (``parquet``, ``csv`` or ``jsonl``), read with one
     schema.
 
@@ -200,6 +199,9 @@ class FileSource:
     csv: CsvOptions = field(default_factory=CsvOptions)
     block_size: int = BLOCK_BYTES
     """Bytes of a CSV or JSON-lines file parsed at a time (whole records)."""
+    listed: tuple[str, ...] | None = None
+    """The files found when the job was built (:meth:`prepare`), in name order: its splits,
+    numbered so (dealt round-robin), the same for every subtask."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -217,7 +219,7 @@ class FileSource:
             raise SourceError(f"cannot open input {self.path}: {exc}") from exc
         return fs, str(root)
 
-    def files(self) -> list[str]:
+    def list_files(self) -> list[str]:
         """The input files, sorted by name. A path that is no file or directory (and no pattern)
         is an error; a pattern that matches nothing, or a directory without input files, is an
         empty input."""
@@ -254,7 +256,7 @@ class FileSource:
         one, or one inferred from a sample of every file: see ``read_csv``), and what the user
         should be warned about (no input files; a column read as text because it mixes
         numbers and text). A path that does not exist raises :class:`SourceError`."""
-        files = self.files()
+        files = self.list_files()
         notes = [] if files else [self._nothing()]
         source = self
         csv = self.csv
@@ -279,7 +281,7 @@ class FileSource:
             fs, _ = self.filesystem()
             for path in files:
                 check_castable(parquet_schema(fs, path), source.schema, path)
-        return source, notes
+        return replace(source, listed=tuple(files)), notes
 
     def _nothing(self) -> str:
         suffixes = " or ".join(f"'{s}'" for s in SUFFIXES[self.format])
@@ -295,65 +297,63 @@ class FileSource:
             "the stream will be empty"
         )
 
-    def open(
-        self,
-        subtask: int,
-        parallelism: int,
-        offset: Mapping[str, Any] | None = None,
-        rejected: Callable[[Any, str], None] | None = None,
-    ) -> FileReader:
-        """The reader of subtask ``subtask``: files ``subtask``, ``subtask + parallelism``, ...
-        after ``offset``. ``rejected(record, error)`` takes the rejected rows (``None``: the
-        first one raises :class:`SourceError`)."""
-        _check_subtask(subtask, parallelism)
+    def splits(self) -> list[Split]:
+        """Its files: those listed when the job was built, numbered in name order (listed now
+        when it was not prepared)."""
+        files = self.listed if self.listed is not None else tuple(self.list_files())
+        return [Split(path, i) for i, path in enumerate(files)]
+
+    def reader(self, context: SourceContext) -> FileReader:
+        """The reader of one subtask; ``context.rejected(record, error)`` takes the rejected
+        rows (``None``: the first one raises :class:`SourceError`)."""
+        _check_subtask(context.subtask, context.parallelism)
         source = self if self.schema is not None else self.prepare()[0]
         fs, _ = self.filesystem()
-        mine = [f for i, f in enumerate(source.files()) if i % parallelism == subtask]
-        if offset:
-            merge_offsets([offset])  # an offset that is not per split says why
-        done = {str(k): int(v) for k, v in dict(offset or {}).get("rows", {}).items()}
-        return FileReader(source, fs, mine, done, rejected)
+        return FileReader(source, fs, context.rejected)
 
 
 def _hidden(path: str) -> bool:
     return path.rstrip("/").rsplit("/", 1)[-1].startswith((".", "_"))
 
 
-class FileReader:
-    """Reads its files in order. Its offset is, per file, the rows *consumed*: handed out or
-    rejected, in the file's order; a reader opened at that offset parses the file again from
-    its start and passes over exactly those rows (a rejected one is not rejected again)."""
+class FileReader(SplitReader):
+    """Reads its files one after the other, in the order it was given them. Its position in a
+    file is the rows *consumed*: handed out or rejected, in the file's order; a reader given
+    the file at that position parses it again from its start and passes over exactly those
+    rows (a rejected one is not rejected again)."""
 
     def __init__(
         self,
         source: FileSource,
         fs: Any,
-        files: list[str],
-        done: dict[str, int],
         rejected: Callable[[Any, str], None] | None = None,
     ) -> None:
         self._source = source
         self._fs = fs
-        self._files = files
-        self._rows = {f: done.get(f, 0) for f in files}
+        self._files: list[str] = []
+        """The files to read, the one being read first."""
+        self._rows: dict[str, int] = {}
         self._rejected = rejected
-        self._index = 0
         self._blocks: Iterator[Block] | None = None
         self._block: Block | None = None
-        self.split: str | None = None
-        """The file the last batch came from (files are read in order: those before it are
-        finished)."""
 
-    @property
-    def splits(self) -> list[str]:
-        """This reader's files, in the order it reads them."""
-        return list(self._files)
+    def add_split(self, split: Split, position: Any) -> None:
+        rows = 0 if position is None else position
+        if type(rows) is not int or rows < 0:
+            raise SourceError(
+                f"a file position is a count of rows of 0 or more, not {rows!r} ({split.id})"
+            )
+        self._files.append(split.id)
+        self._rows[split.id] = rows
 
-    def lowest_timestamps(self, column: str) -> list[tuple[str, int | None]]:
-        """Per file, the lowest value of ``column`` when its footer says it (Parquet)."""
+    def position(self, split: str) -> int:
+        return self._rows[split]
+
+    def lowest_timestamp(self, split: str, column: str) -> int | None:
+        """The lowest value of ``column`` in the file when its footer says it (Parquet)."""
         if self._source.format != "parquet":
-            return [(f, None) for f in self._files]
-        return [(f, lowest_timestamp(self._fs, f, column)) for f in self._files]
+            return None
+        return lowest_timestamp(self._fs, split, column)
 
     def head(self, path: str) -> pa.RecordBatch | None:
         """The first rows of file ``path`` that fit the schema (its first block with any),
@@ -370,24 +370,22 @@ class FileReader:
         except (SourceError, OSError):
             return None
 
-    def offset(self) -> dict[str, Any]:
-        return {"rows": {f: n for f, n in self._rows.items() if n}}
-
-    def read(self, max_rows: int) -> pa.RecordBatch | None:
-        if max_rows < 1:  # (a block's rows are never skipped for want of room)
-            raise ValueError(f"read needs max_rows of at least 1, not {max_rows}")
-        while self._index < len(self._files):
-            path = self._files[self._index]
-            if self._blocks is None:
-                self._blocks = _open_blocks(self._source, self._fs, path)
-                self._pass_over(path, self._rows[path])
-            batch = self._take(path, max_rows)
-            if batch is not None:
-                self.split = path
-                return batch
-            self.close()
-            self._index += 1
-        return None
+    def read(self, max_records: int) -> ReadResult:
+        if max_records < 1:  # (a block's rows are never skipped for want of room)
+            raise ValueError(f"read needs max_records of at least 1, not {max_records}")
+        if not self._files:
+            return Nothing()
+        path = self._files[0]
+        if self._blocks is None:
+            self._blocks = _open_blocks(self._source, self._fs, path)
+            self._pass_over(path, self._rows[path])
+        batch = self._take(path, max_records)
+        if batch is not None:
+            return Records(batch, path)
+        self.close()
+        self._files.pop(0)
+        del self._rows[path]
+        return Finished(path)
 
     def close(self) -> None:
         """Closes the file being read (reading goes on with the next one)."""

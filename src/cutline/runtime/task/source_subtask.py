@@ -95,14 +95,19 @@ class SourceSubtask(SubtaskRunner):
         rate = self.setup.rate_limits.get(source.uid)
         pace = Pace(rate / self.setup.plan.parallelism) if rate else None
         reads = ReadSize(self.setup.batch_size)
-        clock = source.logic.clock(self._reader)
+        running = self._reader
+        assert running is not None
+        nothing = 0.0
+        """How long the reader asked to wait before it is asked again (it had nothing)."""
         while True:
             idle = exhausted or self._final is not None or self._holding()
-            self._handle_messages(0.1 if idle else _pause(pace))
+            self._handle_messages(0.1 if idle else max(nothing, _pause(pace)))
+            nothing = 0.0
             self._check_timeouts()
             self._processing_time()
-            if clock is not None and not exhausted:
-                self._carry_out_watermarks(clock.tick(time.monotonic()))
+            if not exhausted:
+                self._current = source.name
+                self._carry_out_watermarks(running.tick(time.monotonic()))
             if self._final is not None and self._last_complete >= self._final:
                 self._emit_end()
                 return
@@ -122,28 +127,30 @@ class SourceSubtask(SubtaskRunner):
                 size = min(size, self._hold.records - self.records_in)
             self._current = source.name
             started = time.perf_counter()
-            batch = None if self._draining else self._reader.read(size)
+            batch = None if self._draining else running.read(size)
             if batch is None:
+                self._carry_out_watermarks(running.take_watermarks())  # (a split finished)
+                if not self._draining and not running.exhausted:
+                    nothing = running.wait  # nothing now: asked again after that (or a message)
+                    continue
                 exhausted = True
                 if not self._draining:
                     # the end of the input: every window and timer fires (processing-time ones
                     # too, without event time), before the final checkpoint
-                    if clock is not None:
-                        self._carry_out_watermarks(clock.exhausted())
+                    if running.strategy is not None:
+                        self._carry_out_watermarks(running.end())
                     elif self.watermark < MAX_WATERMARK:
                         self._advance_watermark(MAX_WATERMARK)
                 self.control.send(Exhausted(self.name))
                 continue
-            self.records_in += batch.num_rows
-            self.operator_records[source.uid][1] += batch.num_rows
+            self.records_in += len(batch)
+            self.operator_records[source.uid][1] += len(batch)
             self._push(batch)
-            if clock is not None:
-                split = getattr(self._reader, "split", None)
-                self._current = source.name
-                self._carry_out_watermarks(clock.read(batch, split, time.monotonic()))
-            reads.took(batch.num_rows, time.perf_counter() - started)
+            self._current = source.name
+            self._carry_out_watermarks(running.take_watermarks())
+            reads.took(len(batch), time.perf_counter() - started)
             if pace is not None:
-                pace.took(batch.num_rows)
+                pace.took(len(batch))
 
     def _holding(self) -> bool:
         """Whether this source subtask holds (:class:`SourceHold`): it read its records and the

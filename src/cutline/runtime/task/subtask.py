@@ -77,6 +77,7 @@ from cutline.runtime.operators import (
     RunningOperator,
     function_name,
 )
+from cutline.runtime.source_operator import SourceOperator
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.segments import SegmentRef
 from cutline.runtime.task.checkpoints import PendingSnapshot, SubtaskCheckpoints
@@ -150,7 +151,8 @@ class SubtaskRunner:
         self._last_snapshot: int | None = None
         self._last_complete = -1
         self._operators: list[tuple[str, RunningOperator]] = []
-        self._reader: Any = None
+        self._reader: SourceOperator | None = None
+        """A source chain's connector (its reader, splits and watermarks)."""
         self._dead_letters: DeadLetterOutput | None = None
         self._current = chain.operators[0].name
         self._timeout = setup.barriers.alignment_timeout
@@ -316,6 +318,9 @@ class SubtaskRunner:
 
     def close_operators(self) -> None:
         """Close every operator opened (keyed state backends remove their working files)."""
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                self._reader.close()
         for _, running in self._operators:
             with contextlib.suppress(Exception):
                 running.close()
@@ -347,6 +352,8 @@ class SubtaskRunner:
                     for timed in self.checkpoints.timed():
                         if timed.checkpoint_id <= checkpoint:
                             timed.triggered = None
+                    if self._reader is not None:
+                        self._reader.checkpoint_complete(checkpoint)
                     for _, running in self._operators:
                         running.notify_complete(checkpoint)
                     if self._dead_letters is not None:
@@ -577,7 +584,8 @@ class SubtaskRunner:
         for older in self.checkpoints.older(checkpoint_id):
             older.kind = older.first_barrier = older.trigger_seen = None
         if self._reader is not None:
-            parts[self.chain.operators[0].uid] = self._reader.offset()
+            self._current = self.chain.operators[0].name
+            parts[self.chain.operators[0].uid] = self._reader.snapshot()
         for uid, running in self._operators:
             self._current = uid
             parts[uid] = running.snapshot(checkpoint_id, base=base, savepoint=savepoint)

@@ -1,0 +1,282 @@
+"""A source subtask's connector at work (Flink's ``SourceOperator``): its reader, its splits,
+and the watermarks it makes from them.
+
+:class:`SourceOperator` drives any :class:`~cutline.connectors.Source` the same way: it asks the
+source for its splits (when the subtask opens, then every ``discovery_interval``), keeps the
+subtask's own in a :class:`~cutline.protocol.splits.SplitBook` (the splits of a restored
+checkpoint first, from their positions), hands them to the reader, and turns each read's
+outcome into records and watermark actions: one generator per split
+(:class:`~cutline.protocol.watermarks.SplitWatermarks`), fed as splits are added, show
+records and finish. Its state in a checkpoint is a :class:`~cutline.protocol.splits.SplitState`
+per split. Whatever a connector does wrong (raises, returns something else than a read's
+outcome, gives a position that cannot be pickled) fails the subtask with a
+:class:`~cutline.connectors.SourceError` naming the source and the split.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cutline.connectors.source import (
+    Finished,
+    Nothing,
+    Records,
+    Source,
+    SourceContext,
+    SourceError,
+    SplitReader,
+)
+from cutline.protocol.splits import (
+    AddSplit,
+    Split,
+    SplitBook,
+    SplitError,
+    SplitState,
+    merge_split_states,
+)
+from cutline.protocol.watermarks import SplitWatermarks, WatermarkAction, lowest_after
+from cutline.runtime.time import WatermarkStrategy
+
+SOURCE_STATE = 2
+"""The format of a source subtask's state: ``{"format": 2, "splits": {id: SplitState}}``."""
+ALL = "all"
+"""The one split of a subtask's event time when its reader reads its splits together."""
+
+
+class SourceOperator:
+    """The connector of one source subtask: see the module's docstring.
+
+    :param state: the source's part of the restored checkpoint (merged over the old subtasks
+        at another parallelism: :func:`merge_source_states`), or ``None``.
+    :param strategy: how it makes watermarks (``None``: it makes none).
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        context: SourceContext,
+        state: Any,
+        strategy: WatermarkStrategy | None,
+    ) -> None:
+        self.source = source
+        self.name = context.name
+        self.strategy = strategy
+        self.reader: SplitReader = self._call("open its reader", source.reader, context)
+        self.book = SplitBook(context.subtask, context.parallelism)
+        self.generator: SplitWatermarks[str] | None = None
+        self.watermarks: list[WatermarkAction] = []
+        """Watermark actions made since the subtask last took them (:meth:`take_watermarks`)."""
+        self.wait = 0.0
+        """How long to wait before the next read (the reader had nothing)."""
+        if strategy is not None:
+            self.generator = SplitWatermarks(
+                strategy.bound, strategy.idle_timeout, bounded=source.bounded
+            )
+            if not source.watermarks_per_split:
+                self.generator.split_added(ALL)
+        listing = self._listing()
+        if state:
+            numbered = [split for split in listing if split.ordinal is not None]
+            self._add(self.book.restored(source_split_states(state, self.name), numbered))
+        self._add(self.book.discovered(listing))
+        interval = source.discovery_interval
+        self._discover_at = None if interval is None else time.monotonic() + interval
+        self._quiet()
+
+    # -------------------------------------------------------------------- reading
+
+    @property
+    def exhausted(self) -> bool:
+        """A bounded source whose splits here all finished."""
+        return self.source.bounded and self.book.done
+
+    def read(self, max_records: int) -> Any:
+        """One read: a batch of records, or ``None`` (nothing now: :attr:`wait` says how long
+        to wait; or a split finished; or nothing is left: :attr:`exhausted`)."""
+        self.wait = 0.0
+        if self.exhausted:
+            return None
+        outcome = self._call("read", self.reader.read, max_records)
+        match outcome:
+            case Records(batch=batch, split=split):
+                self._check_records(batch, split)
+                if self.generator is not None and len(batch):
+                    key = ALL if split is None or not self.source.watermarks_per_split else split
+                    values = self.strategy.event_time.present(batch)  # type: ignore[union-attr]
+                    if len(values):
+                        highest = int(values.max())
+                        self.watermarks += self.generator.records(key, highest, time.monotonic())
+                return batch if len(batch) else None
+            case Finished(split=split):
+                self._finish(split)
+                return None
+            case Nothing(wait=wait):
+                self.wait = max(0.0, min(float(wait), 1.0))
+                return None
+        raise SourceError(
+            f"source {self.name}: its reader's read() returned {outcome!r}, not Records, "
+            "Nothing or Finished (cutline.connectors)"
+        )
+
+    def take_watermarks(self) -> list[WatermarkAction]:
+        taken, self.watermarks = self.watermarks, []
+        return taken
+
+    def tick(self, now: float) -> list[WatermarkAction]:
+        """Processing time is ``now`` (monotonic seconds): splits idle for ``idle_timeout``
+        stop holding the watermark back; an unbounded source lists its splits again when its
+        ``discovery_interval`` has passed."""
+        if self._discover_at is not None and now >= self._discover_at:
+            interval = self.source.discovery_interval
+            assert interval is not None
+            self._discover_at = now + interval
+            self._add(self.book.discovered(self._listing()))
+        if self.generator is not None:
+            self.watermarks += self.generator.tick(now)
+        return self.take_watermarks()
+
+    def end(self) -> list[WatermarkAction]:
+        """The input ended (every split finished): the watermark goes to its end."""
+        if self.generator is None:
+            return []
+        return self.generator.exhausted()
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state of every split of this subtask, for a checkpoint."""
+        positions = {}
+        for split in self.book.unfinished:
+            position = self._call(
+                f"give its position in split {split!r}", self.reader.position, split
+            )
+            try:
+                pickle.dumps(position)
+            except Exception as exc:
+                raise SourceError(
+                    f"source {self.name}: the position of split {split!r} cannot be pickled "
+                    f"({type(exc).__name__}: {exc}): a position must be small and picklable "
+                    f"(it was {position!r:.200})"
+                ) from None
+            positions[split] = position
+        return {"format": SOURCE_STATE, "splits": self.book.snapshot(positions)}
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._call("take a completed checkpoint", self.reader.checkpoint_complete, checkpoint_id)
+
+    def close(self) -> None:
+        self.reader.close()
+
+    # ------------------------------------------------------------------- helpers
+
+    def _listing(self) -> list[Split]:
+        splits: list[Split] = self._call("list its splits", lambda: list(self.source.splits()))
+        wrong = [s for s in splits if not isinstance(s, Split)]
+        if wrong:
+            raise SourceError(
+                f"source {self.name}: splits() gave {wrong[0]!r}, not a cutline.connectors.Split"
+            )
+        return splits
+
+    def _add(self, actions: Iterable[AddSplit]) -> None:
+        for action in actions:
+            split = action.split
+            self._call(f"add split {split.id!r}", self.reader.add_split, split, action.position)
+            if self.generator is not None and self.source.watermarks_per_split:
+                self.generator.split_added(split.id, self._lowest(split.id))
+
+    def _finish(self, split: str) -> None:
+        try:
+            self.book.finished(split)
+        except SplitError as exc:
+            raise SourceError(f"source {self.name}: its reader finished {exc}") from None
+        if self.generator is not None and self.source.watermarks_per_split:
+            self.watermarks += self.generator.split_finished(split)
+        self._quiet()
+
+    def _quiet(self) -> None:
+        """An unbounded source with nothing to read here holds nothing back."""
+        generator = self.generator
+        if generator is not None and not self.source.bounded and not generator.splits:
+            self.watermarks += generator.quiet()
+
+    def _lowest(self, split: str) -> int | None:
+        """What a split not started holds the watermark at: its lowest timestamp when the
+        reader knows it, else what its first records and the bound allow."""
+        strategy = self.strategy
+        assert strategy is not None
+        column = strategy.event_time
+        if column.offset == 0:
+            lowest = self._call(
+                "give a split's lowest timestamp",
+                self.reader.lowest_timestamp,
+                split,
+                column.column,
+            )
+            if lowest is not None:
+                return int(lowest)
+        head = self._call(f"read the head of split {split!r}", self.reader.head, split)
+        if head is None or not len(head):
+            return None
+        values = column.present(head)
+        if not len(values):
+            return None
+        return lowest_after(int(values.min()), int(values.max()), strategy.bound)
+
+    def _check_records(self, batch: Any, split: str | None) -> None:
+        if not hasattr(batch, "__len__"):
+            raise SourceError(
+                f"source {self.name}: its reader returned Records of {type(batch).__name__}, "
+                "not a pyarrow.RecordBatch or a list of records"
+            )
+        if split is not None and not self.book.reads(split):
+            raise SourceError(
+                f"source {self.name}: its reader returned records of split {split!r}, which "
+                "it was not given or which finished"
+            )
+
+    def _call(self, what: str, method: Any, *args: Any) -> Any:
+        """A call into the connector; what it raises fails the subtask naming the source."""
+        try:
+            return method(*args)
+        except SourceError:
+            raise
+        except Exception as exc:
+            raise SourceError(
+                f"source {self.name} failed to {what}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def source_split_states(state: Any, name: str) -> dict[str, SplitState]:
+    """The split states of a source's restored state (merged or not): this format, or the
+    per-split counts of the built-in sources before it (a sequence's records per split, a
+    file source's rows per file), which their readers' positions still are."""
+    if isinstance(state, Mapping) and state.get("format") == SOURCE_STATE:
+        splits = state.get("splits")
+        if isinstance(splits, Mapping) and all(isinstance(s, SplitState) for s in splits.values()):
+            return dict(splits)
+    if isinstance(state, Mapping):
+        counts = state.get("splits") if "splits" in state else state.get("rows")
+        if isinstance(counts, Mapping) and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in counts.values()
+        ):
+            return {str(s): SplitState(_ordinal(str(s)), int(n)) for s, n in counts.items()}
+    raise SourceError(
+        f"source {name}: the checkpoint holds a source state this version cannot read "
+        f"({state!r:.200}): restore it with the cutline that wrote it, or start afresh"
+    )
+
+
+def _ordinal(split: str) -> int | None:
+    """A built-in split's ordinal before this format: a sequence's split number."""
+    return int(split) if split.isdigit() else None
+
+
+def merge_source_states(states: Iterable[Any], name: str) -> dict[str, Any]:
+    """One source state from those of several old subtasks (a restore at another
+    parallelism): every split's state, for the new subtasks to deal again."""
+    merged = merge_split_states(source_split_states(s, name) for s in states)
+    return {"format": SOURCE_STATE, "splits": merged}
