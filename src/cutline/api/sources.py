@@ -1,9 +1,10 @@
-"""The sources of a job: integers, and Parquet, CSV and JSON-lines files.
+"""The sources of a job: integers, Parquet, CSV and JSON-lines files, and any connector.
 
-Each source is an operator without inputs whose offsets (per split: a range of the integers,
-or one file) go into every checkpoint, so that a restore reads on exactly where the
-checkpoint was taken, at any parallelism. What a source reads is part of its id unless it is
-named (``name=``): its range, or the files and how they are read.
+Each source is an operator without inputs whose positions (per split: a slice of the
+integers, one file, a partition) go into every checkpoint, so that a restore reads on exactly
+where the checkpoint was taken, at any parallelism. What a source reads is part of its id
+unless it is named (``name=``): its range, the files and how they are read, a connector's
+class and its ``repr``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pyarrow as pa
 
 from cutline.api.settings import location
 from cutline.api.streams import Dataflow, DataStream
+from cutline.connectors.source import Source, SourceError
 from cutline.runtime.io.formats import CsvOptions, InputWarning
 from cutline.runtime.io.sources import FileSource, SequenceSource
 from cutline.runtime.operators import SourceLogic
@@ -60,10 +62,49 @@ class Sources(Dataflow):
             raise ValueError(f"from_sequence needs integers, got start={start!r}, end={end!r}")
         source = SequenceSource(start, end, column)
         what = name or "from_sequence"
-        schema = pa.schema([(column, pa.int64())])
+        schema = source.record_schema()
         time = _strategy(what, schema, event_time, max_out_of_orderness, idle_timeout)
         reads = f"{start}..{end} as {column}"
         return self._source(source, "sequence", reads, name, rate_limit, time=time)
+
+    def from_source(
+        self,
+        source: Source,
+        *,
+        name: str | None = None,
+        event_time: str | None = None,
+        max_out_of_orderness: Any = 0,
+        idle_timeout: Any = None,
+        rate_limit: float | None = None,
+        on_error: str = "fail",
+    ) -> DataStream:
+        """The records of ``source``, any connector's (:mod:`cutline.connectors`): exactly
+        once when its reader reads the same records again from a position. ``name`` it: its
+        id is then kept whatever the source's arguments (else its class and ``repr``).
+
+        ``event_time=``, ``max_out_of_orderness=``, ``idle_timeout=`` and ``rate_limit=`` as
+        for :meth:`read_parquet` (watermarks per split); ``on_error="dead_letter"`` gives
+        the reader a place for the records it cannot read (``SourceContext.rejected``)."""
+        if not isinstance(source, Source):
+            raise TypeError(
+                f"from_source takes a cutline.connectors.Source, not {type(source).__name__} "
+                f"{source!r:.100}"
+            )
+        label = type(source).__name__
+        what = name or label
+        self._check_on_error(what, on_error)
+        try:
+            prepared, notes = source.prepare()  # on the driver, now
+        except SourceError as exc:
+            raise SourceError(f"{what}: {exc}") from None
+        if not isinstance(prepared, Source):
+            raise TypeError(f"{what}: prepare() returned {prepared!r:.100}, not a Source")
+        for note in notes:
+            warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
+        schema = prepared.record_schema()
+        time = _strategy(what, schema, event_time, max_out_of_orderness, idle_timeout)
+        reads = f"{type(source).__module__}.{type(source).__qualname__} {source!r}"
+        return self._source(prepared, label, reads, name, rate_limit, on_error, time=time)
 
     def read_parquet(
         self,
@@ -325,7 +366,7 @@ class Sources(Dataflow):
 
     def _source(
         self,
-        source: SequenceSource | FileSource,
+        source: Source,
         label: str,
         reads: str,
         name: str | None,
@@ -385,10 +426,11 @@ def _projection(what: str, path: Any, schema: pa.Schema, columns: tuple[str, ...
 
 
 def _strategy(
-    what: str, schema: pa.Schema, event_time: str | None, bound: Any, idle: Any
+    what: str, schema: pa.Schema | None, event_time: str | None, bound: Any, idle: Any
 ) -> WatermarkStrategy | None:
     """The watermark strategy of a source (``None`` without ``event_time``): the column must
-    be one of ``schema``'s, a timestamp or integers."""
+    be one of ``schema``'s, a timestamp or integers (``schema=None``: not known before the
+    records come, which then say)."""
     if event_time is None:
         if bound not in (0, None) or idle is not None:
             raise ValueError(
@@ -398,6 +440,10 @@ def _strategy(
         return None
     if not isinstance(event_time, str) or not event_time:
         raise ValueError(f"{what}: event_time must be a column name, not {event_time!r}")
+    bound_ms = duration_ms(bound or 0, f"{what}: max_out_of_orderness", zero=True)
+    idle_s = None if idle is None else duration_ms(idle, f"{what}: idle_timeout") / 1000
+    if schema is None:
+        return WatermarkStrategy(EventTime(event_time), bound_ms, idle_s)
     index = schema.get_field_index(event_time)
     if index < 0:
         raise EventTimeError(
@@ -408,6 +454,4 @@ def _strategy(
         column = EventTime(event_time, 0, schema.field(index).type)
     except EventTimeError as exc:
         raise EventTimeError(f"{what}: {exc}") from None
-    bound_ms = duration_ms(bound or 0, f"{what}: max_out_of_orderness", zero=True)
-    idle_s = None if idle is None else duration_ms(idle, f"{what}: idle_timeout") / 1000
     return WatermarkStrategy(column, bound_ms, idle_s)

@@ -141,6 +141,11 @@ class Source(ABC):
     """Whether each :class:`Records` names its split (watermarks per split); ``False``: the
     reader reads its splits together, and its subtask's event time is one."""
 
+    def record_schema(self) -> pa.Schema | None:
+        """The columns of its records when it knows them before reading (``event_time=`` is
+        then checked when the job is built); ``None``: unknown."""
+        return None
+
     def prepare(self) -> tuple[Source, list[str]]:
         """Called once on the driver when the job is built: this source ready to send to the
         workers (a schema inferred, the splits there are now numbered, a missing input said

@@ -91,6 +91,9 @@ class SequenceSource(Source):
     def splits(self) -> list[Split]:
         return [Split(str(j), j) for j in range(self.slices)]
 
+    def record_schema(self) -> pa.Schema:
+        return pa.schema([(self.column, pa.int64())])
+
     def reader(self, context: SourceContext) -> SequenceReader:
         _check_subtask(context.subtask, context.parallelism)
         return SequenceReader(self)
@@ -296,6 +299,9 @@ class FileSource(Source):
             f"no {self.format} input: {where} (names starting with '.' or '_' are left out); "
             "the stream will be empty"
         )
+
+    def record_schema(self) -> pa.Schema | None:
+        return self.schema
 
     def splits(self) -> list[Split]:
         """Its files: those listed when the job was built, numbered in name order (listed now

@@ -1,0 +1,202 @@
+"""A connector of the public API (``tests/ledger.py``, written against ``cutline.connectors``
+only) in real jobs (slots as threads): read exactly once through a failure at a random entry,
+through a stop with a savepoint and a restore at another parallelism, its accounts dealt by
+number or by hash; and a connector that breaks the contract is named with what it did.
+
+Every result is known in plain Python: each account is one split, read in order by one
+subtask, so its running balance at every entry is fixed; and its entries are at most
+``DISORDER`` ms out of order (the job's bound), so no record is late and every window's count
+is fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import types
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from test_savepoints import SavepointOnHold, endpoints_of
+
+from cutline import JobClient, JobFailedError, SourceHold, StreamEnvironment, Tumbling
+from cutline.runtime.task.local import ThreadLauncher
+
+from ledger import DISORDER, Broken, Ledger, entries
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FailAt:
+    """Raises once (a flag file remembers it), on entry ``entry`` of account ``account``."""
+
+    account: str
+    entry: int
+    flag: str
+
+    @property
+    def __name__(self) -> str:
+        return "fail_at"
+
+    def __call__(self, record: Row) -> Row:
+        if record["account"] == self.account and record["entry"] == self.entry:
+            try:
+                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return record
+            raise RuntimeError(f"injected failure at {self.account}#{self.entry}")
+        return record
+
+
+def ledger_job(
+    tmp_path: Path,
+    parallelism: int,
+    ledger: Ledger,
+    out: Path,
+    *,
+    checkpoints: str = "ck",
+    fail: FailAt | None = None,
+    **options: Any,
+) -> StreamEnvironment:
+    settings: dict[str, Any] = {
+        "checkpoint_interval": 0.05,
+        "checkpoint_dir": tmp_path / checkpoints,
+        "restart_delay": 0,
+        "batch_size": 40,
+    }
+    settings.update(options)
+    env = StreamEnvironment(parallelism, **settings)
+    stream = env.from_source(ledger, name="ledger", event_time="ts", max_out_of_orderness=DISORDER)
+    if fail is not None:
+        stream = stream.map(fail, name="fail")
+    keyed = stream.key_by("account")
+    keyed.sum("amount", name="balance").write_parquet(out / "balances", name="balances")
+    keyed.window(Tumbling(1000)).count(name="per_second").write_parquet(
+        out / "counts", name="counts"
+    )
+    return env
+
+
+def published(*folders: Path) -> list[Row]:
+    rows: list[Row] = []
+    for folder in folders:
+        if folder.exists():
+            rows += ds.dataset(str(folder), format="parquet").to_table().to_pylist()
+    return rows
+
+
+def assert_exact(ledger: Ledger, balances: list[Row], counts: list[Row]) -> None:
+    """Every entry once with its account's balance after it; every window once, counted."""
+    wanted: dict[tuple[str, int], int] = {}
+    running: Counter[str] = Counter()
+    windows: Counter[tuple[str, int]] = Counter()
+    for e in entries(ledger.accounts, ledger.per_account):
+        running[e["account"]] += e["amount"]
+        wanted[(e["account"], e["entry"])] = running[e["account"]]
+        windows[(e["account"], e["ts"] - e["ts"] % 1000)] += 1
+    got = Counter((r["account"], r["entry"]) for r in balances)
+    assert max(got.values()) == 1, "an entry published twice"
+    assert {(r["account"], r["entry"]): r["amount"] for r in balances} == wanted
+    got_windows = Counter((r["account"], r["window_start"]) for r in counts)
+    assert max(got_windows.values()) == 1, "a window published twice"
+    assert {(r["account"], r["window_start"]): r["count"] for r in counts} == dict(windows)
+
+
+@pytest.mark.parametrize(("numbered", "parallelism", "seed"), [(True, 2, 1), (False, 3, 2)])
+def test_a_connector_is_read_exactly_once_through_a_failure_at_a_random_entry(
+    tmp_path: Path, numbered: bool, parallelism: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    ledger = Ledger(accounts=7, per_account=300, numbered=numbered)
+    fail = FailAt(f"acct-{rng.randrange(7):02d}", rng.randrange(100, 300), str(tmp_path / "failed"))
+    env = ledger_job(tmp_path, parallelism, ledger, tmp_path / "out", fail=fail)
+    # held part-way until two checkpoints completed: the failure comes after one, whatever
+    # the speed (each subtask reads at least 100 entries of every account it has before)
+    result = env.execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert len(result.restarts) == 1 and "injected failure" in result.restarts[0].cause
+    out = tmp_path / "out"
+    assert_exact(ledger, published(out / "balances"), published(out / "counts"))
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1)])
+def test_a_connector_stopped_with_a_savepoint_resumes_at_another_parallelism(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before: int, after: int
+) -> None:
+    ledger = Ledger(accounts=5, per_account=300, numbered=False)
+    env = ledger_job(tmp_path, before, ledger, tmp_path / "out1")
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint(stop=True)
+    )
+    first = env.execute(
+        launcher=ThreadLauncher(),
+        listener=asking,
+        hold_sources=SourceHold(records=150, checkpoints=1000),  # until the job stops
+    )
+    path = asking.answer()
+    assert isinstance(path, str) and first.savepoints == [path]
+    env = ledger_job(tmp_path, after, ledger, tmp_path / "out2", checkpoints="ck2")
+    second = env.execute(launcher=ThreadLauncher(), restore_from=path)
+    assert second.restored_from == path
+    one, two = tmp_path / "out1", tmp_path / "out2"
+    assert published(one / "balances") and published(two / "balances"), "stopped half-way"
+    assert_exact(
+        ledger,
+        published(one / "balances", two / "balances"),
+        published(one / "counts", two / "counts"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("raises", r"source broken failed to read: ConnectionError: the ledger's server went away"),
+        ("wrong", r"source broken: its reader's read\(\) returned \[\{'x': 1\}\], not Records"),
+        ("stranger", r"source broken: its reader returned records of split 'elsewhere'"),
+        ("unpicklable", r"source broken: the position of split 'only' cannot be pickled"),
+    ],
+)
+def test_a_connector_that_breaks_the_contract_is_named(
+    tmp_path: Path, how: str, message: str
+) -> None:
+    env = StreamEnvironment(
+        1, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_attempts=0
+    )
+    env.from_source(Broken(how), name="broken").collect()
+    with pytest.raises(JobFailedError, match=message):
+        env.execute(launcher=ThreadLauncher())
+
+
+def test_from_source_takes_a_source(tmp_path: Path) -> None:
+    env = StreamEnvironment(1)
+    with pytest.raises(TypeError, match=r"from_source takes a cutline.connectors.Source, not list"):
+        env.from_source([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no such column"):
+        env.from_source(Ledger(), event_time="time")
+
+
+def test_the_source_of_the_write_your_own_page_runs_as_it_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/connectors.md's example, as it is written there."""
+    page = (Path(__file__).parents[2] / "docs" / "connectors.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    env = StreamEnvironment(2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck")
+    page_module = types.ModuleType("countdown_page")  # (where its classes live)
+    page_module.env = env  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "countdown_page", page_module)
+    exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
+    assert len(code.splitlines()) < 80
+    result = env.execute(launcher=ThreadLauncher())
+    last: dict[str, int] = {}
+    for row in result.output:
+        last[row["split"]] = max(last.get(row["split"], 0), row["n"])
+    assert len(result.output) == 3 * 1000
+    assert last == {s: sum(range(1, 1001)) for s in "abc"}
