@@ -24,6 +24,7 @@ from cutline.protocol.splits import (
     AddSplit,
     Split,
     SplitBook,
+    SplitChanged,
     SplitError,
     SplitState,
     merge_split_states,
@@ -71,6 +72,26 @@ def test_a_restore_deals_the_splits_again_and_skips_finished_ones() -> None:
     assert books[2].done and books[2].snapshot({}) == {"s2": SplitState(2, finished=True)}
     # a finished split is never added again by a discovery
     assert books[2].discovered([Split("s2", 2), Split("s5", 5)]) == [AddSplit(Split("s5", 5))]
+
+
+def test_a_split_listed_with_another_version_is_said_to_have_changed_once() -> None:
+    book = SplitBook(0, 1)
+    assert book.discovered([Split("f", None, "10 bytes")]) == [
+        AddSplit(Split("f", None, "10 bytes"))
+    ]
+    assert book.discovered([Split("f", None, "10 bytes")]) == []
+    book.finished("f")
+    grown = Split("f", None, "25 bytes")
+    assert book.discovered([grown]) == [SplitChanged(grown, "10 bytes", True)]
+    assert book.discovered([grown]) == [], "said once per version"
+    # the version goes into the checkpoint: a restored book knows it
+    state = book.snapshot({})
+    assert state == {"f": SplitState(None, None, True, "25 bytes")}
+    again = SplitBook(0, 1)
+    assert again.restored(state) == []
+    assert again.discovered([Split("f", None, "30 bytes")]) == [
+        SplitChanged(Split("f", None, "30 bytes"), "25 bytes", True)
+    ]
 
 
 def test_broken_events_are_named() -> None:

@@ -118,6 +118,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        monitor: Any = None,
     ) -> DataStream:
         """The records of Parquet files, as Arrow batches with one schema.
 
@@ -156,13 +157,27 @@ class Sources(Dataflow):
             default 0). ``idle_timeout``: a split without records that long (processing
             time) stops holding the watermark back until it has records again (default:
             never).
+        :param monitor: a **watched directory**: list ``path`` again every ``monitor`` (a
+            duration, ``"5s"``) and read every new file once, exactly once; the job runs
+            until stopped (``stop_after``, a savepoint with ``stop=True``, Ctrl-C). Put a file
+            there whole: write it under a name starting with ``.`` or ``_`` (never read), then
+            rename it into place, as Spark and Flink expect. A file already read is never read
+            again, even if it changes. ``schema=`` is needed while the directory is empty.
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore passes over exactly those.
         """
         time = (event_time, max_out_of_orderness, idle_timeout)
         return self._files(
-            path, "parquet", name, schema, on_error, rate_limit, time=time, columns=columns
+            path,
+            "parquet",
+            name,
+            schema,
+            on_error,
+            rate_limit,
+            time=time,
+            columns=columns,
+            monitor=monitor,
         )
 
     def read_csv(
@@ -182,6 +197,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        monitor: Any = None,
     ) -> DataStream:
         """The records of CSV files, as Arrow batches with one schema.
 
@@ -239,6 +255,7 @@ class Sources(Dataflow):
             default 0). ``idle_timeout``: a split without records that long (processing
             time) stops holding the watermark back until it has records again (default:
             never).
+        :param monitor: a watched directory, as for :meth:`read_parquet`.
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore parses the file again and passes over exactly those (a
@@ -253,7 +270,16 @@ class Sources(Dataflow):
         )
         time = (event_time, max_out_of_orderness, idle_timeout)
         return self._files(
-            path, "csv", name, schema, on_error, rate_limit, options, time=time, columns=columns
+            path,
+            "csv",
+            name,
+            schema,
+            on_error,
+            rate_limit,
+            options,
+            time=time,
+            columns=columns,
+            monitor=monitor,
         )
 
     def read_jsonl(
@@ -268,6 +294,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        monitor: Any = None,
     ) -> DataStream:
         """The records of JSON-lines files (one JSON object per line), as Arrow batches with
         one schema.
@@ -314,13 +341,22 @@ class Sources(Dataflow):
             default 0). ``idle_timeout``: a split without records that long (processing
             time) stops holding the watermark back until it has records again (default:
             never).
+        :param monitor: a watched directory, as for :meth:`read_parquet`.
 
         Replayable: the offset in each checkpoint is, per file, the lines consumed (handed
         out or rejected); a restore passes over exactly those.
         """
         time = (event_time, max_out_of_orderness, idle_timeout)
         return self._files(
-            path, "jsonl", name, schema, on_error, rate_limit, time=time, columns=columns
+            path,
+            "jsonl",
+            name,
+            schema,
+            on_error,
+            rate_limit,
+            time=time,
+            columns=columns,
+            monitor=monitor,
         )
 
     def _files(
@@ -335,6 +371,7 @@ class Sources(Dataflow):
         *,
         time: tuple[str | None, Any, Any] = (None, 0, None),
         columns: Sequence[str] | None = None,
+        monitor: Any = None,
     ) -> DataStream:
         label = f"read_{fmt}"
         what = name or label
@@ -342,7 +379,10 @@ class Sources(Dataflow):
         chosen = _column_names(what, columns)
         options = self.settings.storage_options
         url = location(path)
-        source = FileSource(url, fmt, options, schema=schema, csv=csv or CsvOptions())
+        every = None if monitor is None else duration_ms(monitor, f"{what}: monitor") / 1000
+        source = FileSource(
+            url, fmt, options, schema=schema, csv=csv or CsvOptions(), monitor=every
+        )
         # on the driver, now: a missing path is an error here, not inside a Spark task, and
         # the schema every subtask and restart reads is fixed
         source, notes = source.prepare()

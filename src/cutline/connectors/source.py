@@ -81,6 +81,9 @@ class SourceContext:
     rejected: Callable[[Any, str], None] | None = None
     """With ``on_error="dead_letter"``: hand a record that cannot be read here
     (``rejected(record, why)``), and go on; ``None``: raise :class:`SourceError` instead."""
+    warn: Callable[[str], None] | None = None
+    """Tell the user something that is not a failure (the job's listener hears it, with the
+    subtask's name); ``None``: nowhere to."""
 
 
 class SplitReader(ABC):

@@ -42,10 +42,13 @@ class SplitError(Exception):
 class Split:
     """One split of a source: ``id`` unique within the source and stable across runs;
     ``ordinal`` its number where the source numbers its splits (dealt round-robin), else
-    ``None`` (dealt by a hash of ``id``)."""
+    ``None`` (dealt by a hash of ``id``); ``version`` what it looked like when listed (a
+    file's size and modification time), if the source says: a split listed again with
+    another version changed (:class:`SplitChanged`)."""
 
     id: str
     ordinal: int | None = None
+    version: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -69,11 +72,12 @@ def owner(split: Split, parallelism: int) -> int:
 @dataclass(frozen=True)
 class SplitState:
     """Where one split stands in a checkpoint: its ordinal, and its reader's ``position``
-    (picklable, the reader's own) or ``finished``."""
+    (picklable, the reader's own) or ``finished``; and its version when it was found."""
 
     ordinal: int | None
     position: Any = None
     finished: bool = False
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,19 @@ class AddSplit:
 
     split: Split
     position: Any = None
+
+
+@dataclass(frozen=True)
+class SplitChanged:
+    """A split this subtask has (read, or being read) was listed with another version than
+    when it was found: it is not read again; say so (once per version)."""
+
+    split: Split
+    before: str | None
+    finished: bool
+
+
+SplitAction = AddSplit | SplitChanged
 
 
 def merge_split_states(
@@ -112,8 +129,10 @@ class SplitBook:
         self.subtask = subtask
         self.parallelism = parallelism
         self._splits: dict[str, Split] = {}
-        """Every split this subtask owns and knows of (finished ones too)."""
+        """Every split this subtask owns and knows of (finished ones too), as first found."""
         self._finished: set[str] = set()
+        self._versions: dict[str, str | None] = {}
+        """The version of each split last listed (changes are said once)."""
 
     # ------------------------------------------------------------------ events
 
@@ -132,20 +151,22 @@ class SplitBook:
         ordinals = {split.id: split.ordinal for split in listing}
         actions = []
         for split_id, state in sorted(states.items()):
-            split = Split(split_id, ordinals.get(split_id, state.ordinal))
+            split = Split(split_id, ordinals.get(split_id, state.ordinal), state.version)
             if not self.owns(split):
                 continue
             self._splits[split_id] = split
+            self._versions[split_id] = state.version
             if state.finished:
                 self._finished.add(split_id)
             else:
                 actions.append(AddSplit(split, state.position))
         return actions
 
-    def discovered(self, splits: Iterable[Split]) -> list[AddSplit]:
+    def discovered(self, splits: Iterable[Split]) -> list[SplitAction]:
         """The source listed these splits (all of them, or the new ones): those this subtask
-        owns and did not know go to the reader from their beginning."""
-        actions = []
+        owns and did not know go to the reader from their beginning; one it knows listed
+        with another version is said to have changed (and is not read again)."""
+        actions: list[SplitAction] = []
         for split in splits:
             known = self._splits.get(split.id)
             if known is not None:
@@ -154,9 +175,14 @@ class SplitBook:
                         f"split {split.id!r} was listed with ordinal {split.ordinal}, and "
                         f"before with {known.ordinal}: a split's ordinal never changes"
                     )
+                before = self._versions.get(split.id)
+                if split.version is not None and before is not None and split.version != before:
+                    self._versions[split.id] = split.version
+                    actions.append(SplitChanged(split, before, split.id in self._finished))
                 continue
             if self.owns(split):
                 self._splits[split.id] = split
+                self._versions[split.id] = split.version
                 actions.append(AddSplit(split))
         return actions
 
@@ -173,9 +199,12 @@ class SplitBook:
         if missing:
             raise SplitError(f"the reader gave no position for split(s) {', '.join(missing)}")
         return {
-            split_id: SplitState(split.ordinal, finished=True)
-            if split_id in self._finished
-            else SplitState(split.ordinal, positions[split_id])
+            split_id: SplitState(
+                split.ordinal,
+                None if split_id in self._finished else positions[split_id],
+                split_id in self._finished,
+                self._versions.get(split_id),
+            )
             for split_id, split in self._splits.items()
         }
 

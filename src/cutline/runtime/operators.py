@@ -151,6 +151,9 @@ class OperatorContext:
     side_outputs: frozenset[str] = frozenset()
     """The side outputs of this operator that the job reads (``"late"`` once ``.late()`` is
     read): what goes to another is counted and let go, never kept."""
+    warn: Callable[[str], None] | None = None
+    """Tell the job's listener something that is not a failure (a file that changed after it
+    was read); ``None``: nowhere to (a test)."""
 
     def fail(self, record: Any, exc: BaseException) -> None:
         """A record could not be processed: raise, or send it to the dead-letter output."""
@@ -284,7 +287,7 @@ class SourceLogic:
             def rejected(record: Any, error: str) -> None:
                 dead.add(ctx.name, ctx.subtask, record, error, "")
 
-        context = SourceContext(ctx.name, ctx.subtask, ctx.parallelism, rejected)
+        context = SourceContext(ctx.name, ctx.subtask, ctx.parallelism, rejected, ctx.warn)
         return SourceOperator(self.source, context, state, self.watermarks)
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import pickle
 import time
+import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, assert_never
 
 from cutline.connectors.source import (
     Finished,
@@ -32,7 +33,9 @@ from cutline.connectors.source import (
 from cutline.protocol.splits import (
     AddSplit,
     Split,
+    SplitAction,
     SplitBook,
+    SplitChanged,
     SplitError,
     SplitState,
     merge_split_states,
@@ -62,6 +65,7 @@ class SourceOperator:
         strategy: WatermarkStrategy | None,
     ) -> None:
         self.source = source
+        self.context = context
         self.name = context.name
         self.strategy = strategy
         self.reader: SplitReader = self._call("open its reader", source.reader, context)
@@ -181,12 +185,28 @@ class SourceOperator:
             )
         return splits
 
-    def _add(self, actions: Iterable[AddSplit]) -> None:
+    def _add(self, actions: Iterable[SplitAction]) -> None:
         for action in actions:
-            split = action.split
-            self._call(f"add split {split.id!r}", self.reader.add_split, split, action.position)
-            if self.generator is not None and self.source.watermarks_per_split:
-                self.generator.split_added(split.id, self._lowest(split.id))
+            match action:
+                case AddSplit(split=split, position=position):
+                    self._call(f"add split {split.id!r}", self.reader.add_split, split, position)
+                    if self.generator is not None and self.source.watermarks_per_split:
+                        self.generator.split_added(split.id, self._lowest(split.id))
+                case SplitChanged(split=split, before=before, finished=finished):
+                    read = "was read" if finished else "is being read"
+                    self._warn(
+                        f"source {self.name}: split {split.id} changed after it {read} "
+                        f"(it was {before}, it is {split.version}): what changed is not read "
+                        "(a split is read once; put new data in a new file)"
+                    )
+                case _:
+                    assert_never(action)
+
+    def _warn(self, message: str) -> None:
+        if self.context.warn is not None:
+            self.context.warn(message)
+        else:
+            warnings.warn(message, stacklevel=2)
 
     def _finish(self, split: str) -> None:
         try:

@@ -84,6 +84,7 @@ from cutline.runtime.network.messages import (
     Ready,
     Release,
     Trigger,
+    Warn,
 )
 from cutline.runtime.operators import SinkLogic
 from cutline.runtime.task.launch import LaunchedJob
@@ -269,6 +270,8 @@ class JobAttempt:
                         self._trigger_final(now)
             case CensusCount():
                 self._on_census(slot, message, now)
+            case Warn():
+                run.listener(JobWarning(f"{message.subtask}: {message.message}"))
             case Ack():
                 self.stats.acknowledged(message, now)
                 self._carry_out(

@@ -205,6 +205,9 @@ class FileSource(Source):
     listed: tuple[str, ...] | None = None
     """The files found when the job was built (:meth:`prepare`), in name order: its splits,
     numbered so (dealt round-robin), the same for every subtask."""
+    monitor: float | None = None
+    """A watched directory: seconds between two listings (files found later are dealt by a
+    hash of their path); ``None``: the files of the listing only."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -213,7 +216,17 @@ class FileSource(Source):
             )
         if type(self.block_size) is not int or self.block_size < 1:
             raise ValueError(f"block_size must be a positive integer, not {self.block_size!r}")
+        if self.monitor is not None and not self.monitor > 0:
+            raise ValueError(f"monitor must be a positive duration, not {self.monitor!r}")
         object.__setattr__(self, "schema", as_schema(self.schema))
+
+    @property
+    def bounded(self) -> bool:  # type: ignore[override]
+        return self.monitor is None
+
+    @property
+    def discovery_interval(self) -> float | None:  # type: ignore[override]
+        return self.monitor
 
     def filesystem(self) -> tuple[Any, str]:
         try:
@@ -226,28 +239,33 @@ class FileSource(Source):
         """The input files, sorted by name. A path that is no file or directory (and no pattern)
         is an error; a pattern that matches nothing, or a directory without input files, is an
         empty input."""
+        return [path for path, _ in self.found()]
+
+    def found(self) -> list[tuple[str, str]]:
+        """The input files, sorted by name, each with its version (size and modification
+        time, as the file system says them)."""
         fs, root = self.filesystem()
         try:
             if fs.isdir(root):
                 return self._listing(fs, root)
             if fs.isfile(root):
-                return [root]
+                return [(root, _version(fs.info(root)))]
             if not _GLOB.search(root):
                 raise SourceError(f"input path {self.path} does not exist")
-            found: set[str] = set()
+            found: dict[str, str] = {}
             for match, info in fs.glob(root, detail=True).items():
                 if info.get("type") == "directory":
                     found.update(self._listing(fs, match))
                 elif not _hidden(match):
-                    found.add(str(match))
-            return sorted(found)
+                    found[str(match)] = _version(info)
+            return sorted(found.items())
         except (OSError, ValueError) as exc:
             raise SourceError(f"cannot list input {self.path}: {exc}") from exc
 
-    def _listing(self, fs: Any, directory: str) -> list[str]:
+    def _listing(self, fs: Any, directory: str) -> list[tuple[str, str]]:
         suffixes = SUFFIXES[self.format]
         return sorted(
-            str(info["name"])
+            (str(info["name"]), _version(info))
             for info in fs.ls(directory, detail=True)
             if info.get("type") != "directory"
             and str(info["name"]).lower().endswith(suffixes)
@@ -260,7 +278,7 @@ class FileSource(Source):
         should be warned about (no input files; a column read as text because it mixes
         numbers and text). A path that does not exist raises :class:`SourceError`."""
         files = self.list_files()
-        notes = [] if files else [self._nothing()]
+        notes = [] if files or self.monitor is not None else [self._nothing()]
         source = self
         csv = self.csv
         if (
@@ -271,6 +289,11 @@ class FileSource(Source):
         ):
             # no header, no names: the schema's columns, in its order
             source = replace(self, csv=replace(csv, column_names=tuple(self.schema.names)))
+        if source.schema is None and self.monitor is not None and not files:
+            raise SourceError(
+                f"{self.path} is watched (monitor=) but has no {self.format} file yet to read "
+                "the columns from: give schema="
+            )
         if source.schema is None:
             schema, found = infer_schema(source, files)
             notes += found
@@ -305,9 +328,13 @@ class FileSource(Source):
 
     def splits(self) -> list[Split]:
         """Its files: those listed when the job was built, numbered in name order (listed now
-        when it was not prepared)."""
-        files = self.listed if self.listed is not None else tuple(self.list_files())
-        return [Split(path, i) for i, path in enumerate(files)]
+        when it was not prepared); watched, every file there now, those found since the job
+        was built unnumbered."""
+        if self.monitor is None:
+            files = self.listed if self.listed is not None else tuple(self.list_files())
+            return [Split(path, i) for i, path in enumerate(files)]
+        numbered = {path: i for i, path in enumerate(self.listed or ())}
+        return [Split(path, numbered.get(path), version) for path, version in self.found()]
 
     def reader(self, context: SourceContext) -> FileReader:
         """The reader of one subtask; ``context.rejected(record, error)`` takes the rejected
@@ -316,6 +343,14 @@ class FileSource(Source):
         source = self if self.schema is not None else self.prepare()[0]
         fs, _ = self.filesystem()
         return FileReader(source, fs, context.rejected)
+
+
+def _version(info: Mapping[str, Any]) -> str:
+    """A file's version as a listing gives it: its size, and when it was last modified."""
+    modified = next(
+        (info[k] for k in ("mtime", "LastModified", "last_modified", "updated") if k in info), None
+    )
+    return f"{info.get('size')} bytes" + (f", modified {modified}" if modified else "")
 
 
 def _hidden(path: str) -> bool:

@@ -23,6 +23,8 @@ slot → driver     meaning
                   because a channel from another slot broke)
 ``Finished``      every subtask of the slot ended
 ``CensusCount``   the answer to a census: records the slot's subtasks sent and processed
+``Warn``          something the user must hear of that is not a failure (a file changed
+                  after it was read), for the job's listener
 ================  ======================================================================
 
 ================  ======================================================================
@@ -153,6 +155,13 @@ class CensusCount:
 
 
 @dataclass(frozen=True)
+class Warn:
+    kind: ClassVar[str] = "warn"
+    subtask: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Lost:
     """Not a message on the wire: the slot's connection ended early (``reason``)."""
 
@@ -161,7 +170,17 @@ class Lost:
 
 
 SlotMessage: TypeAlias = (
-    Phase | Gates | Ready | Heartbeat | Exhausted | Ack | Decline | Failed | Finished | CensusCount
+    Phase
+    | Gates
+    | Ready
+    | Heartbeat
+    | Exhausted
+    | Ack
+    | Decline
+    | Failed
+    | Finished
+    | CensusCount
+    | Warn
 )
 """What a slot sends to the driver."""
 
@@ -240,6 +259,7 @@ SLOT_MESSAGES: dict[str, type[Any]] = {
         Failed,
         Finished,
         CensusCount,
+        Warn,
     )
 }
 DRIVER_MESSAGES: dict[str, type[Any]] = {

@@ -57,6 +57,7 @@ from cutline.runtime.network.messages import (
     Release,
     Stop,
     Trigger,
+    Warn,
 )
 from cutline.runtime.network.wire import (
     Barrier,
@@ -260,7 +261,12 @@ class SubtaskRunner:
                 for out in self.chain.outputs
                 if out.side is not None and uid == self.chain.operators[-1].uid
             ),
+            warn=self._warn,
         )
+
+    def _warn(self, message: str) -> None:
+        """Something for the job's listener that is not a failure."""
+        self.control.send(Warn(self.name, message[:2000]))
 
     def connect(self, addresses: dict[tuple[int, str], tuple[str, int]]) -> None:
         """Open the output channels to every downstream subtask."""
