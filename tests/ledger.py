@@ -1,5 +1,6 @@
-"""A connector written as a third party would, against ``cutline.connectors`` only: a ledger of
-accounts, each account a split of numbered entries.
+"""Connectors written as a third party would, against ``cutline.connectors`` only: a ledger of
+accounts (a source), each account a split of numbered entries, and a journal (a
+two-phase-commit sink of JSON-lines files).
 
 Entry ``i`` of account ``a`` has an amount and an event time (``ts``, epoch ms) that depend on
 ``a`` and ``i`` alone, at most :data:`DISORDER` ms out of order within the account, so every
@@ -13,17 +14,25 @@ Also here: readers that break the contract (for the tests of what cutline says a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from cutline.connectors import (
+    Batch,
     Finished,
     Nothing,
+    PendingCommit,
     ReadResult,
     Records,
+    Sink,
+    SinkContext,
+    SinkWriter,
     Source,
     SourceContext,
     Split,
@@ -152,3 +161,78 @@ class BrokenReader(SplitReader):
 
             return threading.Lock()
         return self.reads
+
+
+# ------------------------------------------------------------------------ a sink of the API
+
+
+@dataclass(frozen=True)
+class Journal(Sink):
+    """A two-phase-commit sink written against ``cutline.connectors`` only: each checkpoint's
+    records of a subtask are staged as one JSON-lines file under ``directory/.staging``
+    (written on the snapshot thread), committed by renaming it into ``directory``; a restore
+    commits the restored staged files (once) and removes the rest its subtasks staged."""
+
+    directory: str
+
+    def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> SinkWriter:
+        return JournalWriter(self.directory, context, restored)
+
+
+class JournalWriter(SinkWriter):
+    def __init__(self, directory: str, context: SinkContext, restored: Mapping[int, Any]):
+        self.directory = Path(directory)
+        self.staging = self.directory / ".staging"
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self.context = context
+        self.rows: list[dict[str, Any]] = []
+        self.prepared: list[tuple[int, str]] = []  # (checkpoint, file name), not committed
+        keep = set()
+        for committables in restored.values():
+            for _, name in committables or ():
+                keep.add(name)
+                self._publish(name)  # may not have been: once, idempotently
+        mine = {f"{index:03d}" for index in (*restored, context.subtask)}
+        for staged in self.staging.iterdir():  # what they staged after the restored checkpoint
+            if staged.name.split("-")[0] in mine and staged.name not in keep:
+                staged.unlink()
+
+    def write(self, batch: Batch) -> None:
+        self.rows += batch.to_pylist() if isinstance(batch, pa.RecordBatch) else list(batch)
+
+    def prepare_commit(self, checkpoint_id: int) -> PendingCommit:
+        rows, self.rows = self.rows, []
+        if rows:
+            name = f"{self.context.subtask:03d}-{checkpoint_id:08d}-{self.context.run}-{self.context.generation}.jsonl"
+            self.prepared.append((checkpoint_id, name))
+            return Staged(self.staging / name, rows, list(self.prepared))
+        return Staged(None, [], list(self.prepared))
+
+    def commit(self, checkpoint_id: int) -> None:
+        for _, name in [p for p in self.prepared if p[0] <= checkpoint_id]:
+            self._publish(name)
+        self.prepared = [p for p in self.prepared if p[0] > checkpoint_id]
+
+    def _publish(self, name: str) -> None:
+        staged = self.staging / name
+        if staged.exists():
+            os.replace(staged, self.directory / name)
+
+
+class Staged(PendingCommit):
+    def __init__(self, path: Path | None, rows: list[dict[str, Any]], prepared: list[Any]):
+        self.path, self.rows, self.prepared = path, rows, prepared
+
+    def complete(self) -> list[tuple[int, str]]:
+        if self.path is not None:
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        return self.prepared  # the committables: every file prepared and not yet committed
+
+
+def journal(directory: str | Path) -> list[dict[str, Any]]:
+    """The records the journal published."""
+    return [
+        json.loads(line)
+        for path in sorted(Path(directory).glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]

@@ -11,6 +11,7 @@ is fixed.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -27,7 +28,7 @@ from test_savepoints import SavepointOnHold, endpoints_of
 from cutline import JobClient, JobFailedError, SourceHold, StreamEnvironment, Tumbling
 from cutline.runtime.task.local import ThreadLauncher
 
-from ledger import DISORDER, Broken, Ledger, entries
+from ledger import DISORDER, Broken, Journal, Ledger, entries, journal
 
 Row = dict[str, Any]
 
@@ -91,7 +92,9 @@ def published(*folders: Path) -> list[Row]:
     return rows
 
 
-def assert_exact(ledger: Ledger, balances: list[Row], counts: list[Row]) -> None:
+def assert_exact(
+    ledger: Ledger, balances: list[Row], counts: list[Row], *, with_windows: bool = True
+) -> None:
     """Every entry once with its account's balance after it; every window once, counted."""
     wanted: dict[tuple[str, int], int] = {}
     running: Counter[str] = Counter()
@@ -103,6 +106,8 @@ def assert_exact(ledger: Ledger, balances: list[Row], counts: list[Row]) -> None
     got = Counter((r["account"], r["entry"]) for r in balances)
     assert max(got.values()) == 1, "an entry published twice"
     assert {(r["account"], r["entry"]): r["amount"] for r in balances} == wanted
+    if not with_windows:
+        return
     got_windows = Counter((r["account"], r["window_start"]) for r in counts)
     assert max(got_windows.values()) == 1, "a window published twice"
     assert {(r["account"], r["window_start"]): r["count"] for r in counts} == dict(windows)
@@ -200,3 +205,85 @@ def test_the_source_of_the_write_your_own_page_runs_as_it_says(
         last[row["split"]] = max(last.get(row["split"], 0), row["n"])
     assert len(result.output) == 3 * 1000
     assert last == {s: sum(range(1, 1001)) for s in "abc"}
+
+
+# --------------------------------------------------------------------------------- sinks
+
+
+def balances_to(
+    tmp_path: Path, parallelism: int, ledger: Ledger, sink: Any, *, fail: FailAt | None = None
+) -> StreamEnvironment:
+    env = StreamEnvironment(
+        parallelism, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_delay=0
+    )
+    stream = env.from_source(ledger, name="ledger")
+    if fail is not None:
+        stream = stream.map(fail, name="fail")
+    stream.key_by("account").sum("amount", name="balance").sink_to(sink, name="journal")
+    return env
+
+
+def test_a_two_phase_commit_sink_of_the_api_is_exact_through_a_failure(tmp_path: Path) -> None:
+    ledger = Ledger(accounts=5, per_account=300)
+    fail = FailAt("acct-03", 250, str(tmp_path / "failed"))
+    env = balances_to(tmp_path, 2, ledger, Journal(str(tmp_path / "journal")), fail=fail)
+    result = env.execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert len(result.restarts) == 1
+    rows = journal(tmp_path / "journal")
+    assert_exact(ledger, rows, [], with_windows=False)
+
+
+def test_sink_to_a_function_is_at_least_once(tmp_path: Path) -> None:
+    """Every record reaches the function, those after the restored checkpoint twice."""
+    ledger = Ledger(accounts=4, per_account=200)
+    fail = FailAt("acct-01", 150, str(tmp_path / "failed"))
+    env = balances_to(tmp_path, 2, ledger, AppendTo(str(tmp_path / "seen.jsonl")), fail=fail)
+    result = env.execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert len(result.restarts) == 1
+    seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
+    counts = Counter((r["account"], r["entry"]) for r in seen)
+    assert set(counts) == {(f"acct-{a:02d}", i) for a in range(4) for i in range(200)}
+    assert sum(counts.values()) > len(counts), "some came twice: at least once, not exactly"
+
+
+@dataclass(frozen=True)
+class AppendTo:
+    path: str
+
+    @property
+    def __name__(self) -> str:
+        return "append_to"
+
+    def __call__(self, batch: Any) -> None:
+        rows = batch.to_pylist() if hasattr(batch, "to_pylist") else batch
+        with open(self.path, "a") as out:
+            out.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_sink_of_the_write_your_own_page_is_exact_through_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/connectors.md's two-phase-commit sink, as it is written there."""
+    page = (Path(__file__).parents[2] / "docs" / "connectors.md").read_text()
+    code = page.split("```python\n")[2].split("```", 1)[0]
+    assert len(code.splitlines()) < 80
+    ledger = Ledger(accounts=4, per_account=250)
+    fail = FailAt("acct-02", 200, str(tmp_path / "failed"))
+    env = StreamEnvironment(
+        2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_delay=0
+    )
+    stream = env.from_source(ledger, name="ledger").map(fail, name="fail")
+    page_module = types.ModuleType("journal_page")
+    page_module.stream = stream.key_by("account").sum("amount", name="balance")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "journal_page", page_module)
+    monkeypatch.chdir(tmp_path)  # ("out/")
+    exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
+    result = env.execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert len(result.restarts) == 1
+    assert_exact(ledger, journal(tmp_path / "out"), [], with_windows=False)

@@ -484,7 +484,7 @@ def test_a_job_stopped_with_a_savepoint_that_fails_after_it_publishes_nothing_mo
     before it.)"""
     import cutline.runtime.io.sinks as sinks
 
-    original = sinks.FileSinkWriter.notify_complete
+    original = sinks.FileSinkWriter.commit
     failed = threading.Event()
     savepoints = tmp_path / "checkpoints" / "savepoints"
 
@@ -494,7 +494,7 @@ def test_a_job_stopped_with_a_savepoint_that_fails_after_it_publishes_nothing_mo
             raise RuntimeError("the worker died right after the savepoint completed")
         return original(self, checkpoint_id)
 
-    monkeypatch.setattr(sinks.FileSinkWriter, "notify_complete", dies_once)
+    monkeypatch.setattr(sinks.FileSinkWriter, "commit", dies_once)
     n = 3000
     result, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", n, endpoints_of(monkeypatch))
     assert failed.is_set()

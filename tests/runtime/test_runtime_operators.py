@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cutline import InputWarning, JobFailedError, StreamEnvironment
+from cutline.connectors import SinkContext
 from cutline.runtime.io.sinks import PENDING, FileSink
 from cutline.runtime.operators import (
     DeadLetterOutput,
@@ -645,7 +646,8 @@ def published_rows(directory: Path) -> list[dict[str, Any]]:
 
 
 def dead_letter_context(directory: Path, name: str, subtask: int = 0) -> OperatorContext:
-    writer = FileSink(str(directory), "jsonl").open(subtask, 1)
+    sink = FileSink(str(directory), "jsonl")
+    writer = sink.writer(SinkContext("dead letters", subtask, subtask + 1, 1, "r0"), {})
     return context(
         name,
         subtask=subtask,
@@ -658,7 +660,7 @@ def dead_letter_context(directory: Path, name: str, subtask: int = 0) -> Operato
 def commit(ctx: OperatorContext, checkpoint_id: int) -> None:
     assert ctx.dead_letters is not None
     ctx.dead_letters.writer.pre_commit(checkpoint_id)
-    ctx.dead_letters.writer.notify_complete(checkpoint_id)
+    ctx.dead_letters.writer.commit(checkpoint_id)
 
 
 def test_a_dead_letter_operator_writes_the_bad_record_and_keeps_going(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ from cutline.runtime.driver.result import JobInterrupted, JobResult
 from cutline.runtime.graph import ExecutionPlan, plan
 from cutline.runtime.io.sinks import collect_directory
 from cutline.runtime.network.net import port_range
+from cutline.runtime.operators import SinkLogic
 from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM
 from cutline.runtime.task.launch import Launcher, PhaseHook, SourceHold
 
@@ -288,7 +289,7 @@ class StreamEnvironment(Sources):
         else:
             why = None
         self._check_outputs(restoring=restore is not None, why=why)
-        if not self._outputs and not self._collect:
+        if not any(isinstance(op.logic, SinkLogic) for op in self.graph.operators.values()):
             warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
         from cutline.spark.launcher import SparkLauncher, check_picklable, is_local
 

@@ -42,6 +42,7 @@ import fsspec
 import pyarrow as pa
 
 from cutline.api.settings import Settings, location
+from cutline.connectors.sink import FunctionSink, Sink
 from cutline.runtime.graph import Edge, GraphError, JobGraph, KeySelector, Operator
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.operators import (
@@ -401,6 +402,21 @@ class DataStream(_Operators):
         sink = FileSink(path, fmt, self.env.settings.storage_options)
         operator = self.transform(what, SinkLogic(sink), name=name).operator
         self.env._outputs[operator.uid] = path
+
+    def sink_to(self, sink: Sink | Callable[[Any], Any], *, name: str | None = None) -> None:
+        """Write the records to ``sink``: a connector of the API
+        (:class:`cutline.connectors.Sink`: exactly once when its writer commits as the API
+        says), or a plain function ``fn(batch)`` called for every batch (an Arrow record
+        batch, or a list of records): **at least once**, since after a failure the batches
+        since the restored checkpoint come again (make it idempotent where it can be).
+        ``name`` it to keep its id whatever the function."""
+        if isinstance(sink, Sink):
+            label = f"sink_to({type(sink).__name__})"
+        else:
+            _callable(sink, "sink_to")
+            label = f"sink_to({function_name(sink)})"
+            sink = FunctionSink(sink)
+        self.transform(label, SinkLogic(sink), name=name)
 
     def collect(self, name: str = "collect") -> None:
         """Keep the records: ``execute()`` returns them (``result.output``), exactly once."""

@@ -35,9 +35,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.connectors.sink import Sink, SinkContext, SinkWriter
 from cutline.connectors.source import Source, SourceContext
 from cutline.protocol.watermarks import MAX_WATERMARK, EmitWatermark, SplitWatermarks
-from cutline.runtime.io.sinks import CollectSink, FileSink, FileSinkWriter
+from cutline.runtime.io.sinks import FileSinkWriter
 from cutline.runtime.source_operator import SourceOperator
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
@@ -240,6 +241,10 @@ class RunningOperator:
 
     def notify_complete(self, checkpoint_id: int) -> None:
         pass
+
+    def abort(self) -> None:
+        """The subtask failed or was stopped: drop what was staged for output (before
+        :meth:`close`)."""
 
     def close(self) -> None:
         pass
@@ -865,31 +870,35 @@ class _Rolling(_Keyed):
 
 @dataclass(frozen=True)
 class SinkLogic(Logic):
-    """An exactly-once file sink (Parquet, JSON lines, or pickled records for ``collect``)."""
+    """A sink operator: any connector's :class:`~cutline.connectors.Sink` (the file sinks and
+    ``collect`` are sinks of the API), its writer committing at every checkpoint."""
 
-    sink: FileSink | CollectSink
+    sink: Sink
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
-        sink = self.sink
-        if isinstance(sink, CollectSink):
-            sink = sink.in_directory(ctx.checkpoint_dir, ctx.storage_options)
         if isinstance(state, RescaledStates):
-            writer = sink.open(ctx.subtask, ctx.generation, None, ctx.run, state.states)
+            restored: dict[int, Any] = dict(state.states)
         else:
-            writer = sink.open(ctx.subtask, ctx.generation, state, ctx.run)
-        return _Sink(writer, sink.format, ctx)
+            restored = {} if state is None else {ctx.subtask: state}
+        context = SinkContext(
+            ctx.name,
+            ctx.subtask,
+            ctx.parallelism,
+            ctx.generation,
+            ctx.run,
+            ctx.checkpoint_dir,
+            ctx.storage_options,
+        )
+        return _Sink(self.sink.writer(context, restored), self.sink.columnar, ctx)
 
 
 class _Sink(RunningOperator):
-    def __init__(self, writer: FileSinkWriter, fmt: str, ctx: OperatorContext) -> None:
-        self.writer, self.format, self.ctx = writer, fmt, ctx
+    def __init__(self, writer: SinkWriter, columnar: bool, ctx: OperatorContext) -> None:
+        self.writer, self.columnar, self.ctx = writer, columnar, ctx
 
     def process(self, batch: Batch) -> Batch | None:
-        if self.format == "pickle":
-            self.writer.write(batch if isinstance(batch, list) else batch.to_pylist())
-            return None
         try:
-            self.writer.write(to_arrow(batch, f"{self.ctx.name}"))
+            self.writer.write(to_arrow(batch, f"{self.ctx.name}") if self.columnar else batch)
         except RecordError as exc:
             self.ctx.fail(exc.record, exc)
         except Exception as exc:
@@ -899,10 +908,16 @@ class _Sink(RunningOperator):
     def snapshot(
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
     ) -> Any:
-        return self.writer.pre_commit_later(checkpoint_id)
+        return self.writer.prepare_commit(checkpoint_id)
 
     def notify_complete(self, checkpoint_id: int) -> None:
-        self.writer.notify_complete(checkpoint_id)
+        self.writer.commit(checkpoint_id)
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 @dataclass

@@ -4,16 +4,18 @@ Records go to a part file under ``OUTPUT/_pending/``, where readers of the
 output directory (Spark, ``pyarrow.dataset``, pandas) do not look: they skip
 names that start with ``_`` or ``.``. Then, per checkpoint (SEMANTICS §4):
 
-1. **pre-commit** (:meth:`FileSinkWriter.pre_commit_later`, when the subtask
+Both are sinks of the public connector API (:mod:`cutline.connectors.sink`):
+
+1. **pre-commit** (:meth:`FileSinkWriter.prepare_commit`, when the subtask
    snapshots for checkpoint ``n``): the records since the last checkpoint become
    a part, recorded in the sink's state for ``n`` as pending; the part file is
    written by :meth:`PreCommit.complete` on the subtask's snapshot thread (the
    asynchronous part of the checkpoint), so the subtask goes on meanwhile;
-2. **commit** (:meth:`FileSinkWriter.notify_complete`, once checkpoint ``n`` is
+2. **commit** (:meth:`FileSinkWriter.commit`, once checkpoint ``n`` is
    complete): every part pending up to ``n`` is renamed into ``OUTPUT/`` —
    published.
 
-After a failure, :meth:`FileSink.open` with the state of the restored
+After a failure, :meth:`FileSink.writer` with the state of the restored
 checkpoint publishes the parts that checkpoint pre-committed (idempotently:
 one already published stays as it is) and deletes this subtask's other
 pending parts, written after the checkpoint by the attempt that failed. Every
@@ -46,6 +48,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cutline.connectors.sink import PendingCommit, Sink, SinkContext, SinkWriter
+from cutline.connectors.sink import SinkError as SinkError  # (its home: connectors)
+
 PENDING = "_pending"
 _PART = re.compile(r"part-(\d{5})-(\d{10})-g(\d+)-([a-z0-9]+)-\d+\.[a-z]+")
 _SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "pickle": ".pickle"}
@@ -62,31 +67,29 @@ def collect_directory(checkpoint_dir: str, name: str) -> str:
 
 
 @dataclass(frozen=True)
-class CollectSink:
+class CollectSink(Sink):
     """The sink of ``stream.collect(name)``: pickled records in the job's checkpoint directory
     (:func:`collect_directory`), read back by the driver when the job ends. Where that is is
-    known only when the job runs: :meth:`in_directory` makes the file sink there."""
+    known only when the job runs: its writer is the file sink's there."""
 
     name: str
-    format: str = "pickle"
 
-    def in_directory(
-        self, checkpoint_dir: str, storage_options: Mapping[str, Any] | None
-    ) -> FileSink:
-        return FileSink(collect_directory(checkpoint_dir, self.name), "pickle", storage_options)
-
-
-class SinkError(Exception):
-    """The sink cannot write or publish its output; the message names the file."""
+    def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> FileSinkWriter:
+        directory = collect_directory(context.checkpoint_dir, self.name)
+        return FileSink(directory, "pickle", context.storage_options).writer(context, restored)
 
 
 @dataclass(frozen=True)
-class FileSink:
+class FileSink(Sink):
     """Part files in ``directory`` (a local path or any fsspec URL), as ``parquet`` or ``jsonl``."""
 
     directory: str
     format: str = "parquet"
     storage_options: Mapping[str, Any] | None = None
+
+    @property
+    def columnar(self) -> bool:  # type: ignore[override]
+        return self.format != "pickle"
 
     def __post_init__(self) -> None:
         if self.format not in _SUFFIX:
@@ -94,34 +97,28 @@ class FileSink:
                 f"unknown output format {self.format!r}: use one of {', '.join(_SUFFIX)}"
             )
 
-    def open(
-        self,
-        subtask: int,
-        generation: int,
-        state: Mapping[str, Any] | None = None,
-        run: str = "r0",
-        adopted: Mapping[int, Mapping[str, Any]] | None = None,
-    ) -> FileSinkWriter:
-        """A writer for ``subtask`` in job attempt ``generation`` of the job's run ``run`` (an
-        id of one ``execute()``: part names carry it, so two runs never share a name, and
-        recovery only ever withdraws its own run's parts); ``state`` is what the sink stored in
-        the checkpoint the job restores from (``None`` on a fresh start).
+    def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> FileSinkWriter:
+        """A writer for subtask ``context.subtask`` in attempt ``context.generation`` of the
+        job's run ``context.run`` (an id of one ``execute()``: part names carry it, so two runs
+        never share a name, and recovery only ever withdraws its own run's parts).
 
-        ``adopted``: on a restore at another parallelism, the states of the previous run's
-        subtasks this one takes over (old subtask index -> state), instead of ``state``: their
-        pre-committed parts are published and their other pending parts removed."""
+        ``restored``: the states the sink stored in the checkpoint the job restores from, of
+        this subtask, or, at another parallelism, of the previous run's subtasks this one
+        takes over (old subtask index -> state): their pre-committed parts are published and
+        their other pending parts removed."""
+        run, subtask = context.run, context.subtask
         if not re.fullmatch(r"[a-z0-9]{1,16}", run):
             raise ValueError(f"run id {run!r}: use 1 to 16 lowercase letters and digits")
         fs, root = fsspec.core.url_to_fs(self.directory, **dict(self.storage_options or {}))
-        writer = FileSinkWriter(fs, root.rstrip("/"), self.format, subtask, generation, run)
-        states = dict(adopted) if adopted is not None else {subtask: state or {}}
+        writer = FileSinkWriter(fs, root.rstrip("/"), self.format, subtask, context.generation, run)
+        states = {index: state or {} for index, state in restored.items()}
         states.setdefault(subtask, {})
         for index, old in sorted(states.items()):
             writer._recover(old, index)
         return writer
 
 
-class FileSinkWriter:
+class FileSinkWriter(SinkWriter):
     def __init__(
         self, fs: Any, root: str, fmt: str, subtask: int, generation: int, run: str = "r0"
     ) -> None:
@@ -151,14 +148,16 @@ class FileSinkWriter:
     # ------------------------------------------------------------------ writing
 
     def write(self, batch: pa.RecordBatch | list[Any]) -> None:
-        """Buffer records for the part file of the current checkpoint (a list of records for
-        the ``pickle`` format)."""
+        """Buffer records for the part file of the current checkpoint (Arrow record batches;
+        for the ``pickle`` format, records as they are)."""
         if self._failed is not None:
             raise self._failed
         if len(batch):
+            if self._format == "pickle" and not isinstance(batch, list):
+                batch = batch.to_pylist()
             self._batches.append(batch)
 
-    def pre_commit_later(self, checkpoint_id: int) -> PreCommit:
+    def prepare_commit(self, checkpoint_id: int) -> PreCommit:
         """The synchronous part of the pre-commit: the records since the last checkpoint
         become a pending part (its file is written by :meth:`PreCommit.complete`, on the
         snapshot thread); the returned object holds the sink's state for ``checkpoint_id``."""
@@ -182,7 +181,7 @@ class FileSinkWriter:
     def pre_commit(self, checkpoint_id: int) -> dict[str, Any]:
         """Close the records since the last checkpoint into a pending part, written now; return
         the sink's state for ``checkpoint_id`` (store it in the checkpoint)."""
-        return self.pre_commit_later(checkpoint_id).complete()
+        return self.prepare_commit(checkpoint_id).complete()
 
     def flush(self, up_to: int | None = None) -> None:
         """Write the pre-committed parts whose files are not written yet (of checkpoints up to
@@ -217,7 +216,7 @@ class FileSinkWriter:
         with self._unwritten_lock:
             return any(checkpoint <= up_to for checkpoint, _ in self._unwritten.values())
 
-    def notify_complete(self, checkpoint_id: int) -> list[str]:
+    def commit(self, checkpoint_id: int) -> list[str]:  # type: ignore[override]
         """Checkpoint ``checkpoint_id`` is complete: publish every part pending up to it.
         Returns the names published."""
         # written already, unless the subtask dropped a checkpoint before writing it
@@ -323,7 +322,7 @@ class FileSinkWriter:
             raise SinkError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-class PreCommit:
+class PreCommit(PendingCommit):
     """A sink's pre-commit for one checkpoint whose part file is still to be written: the
     subtask's snapshot thread calls :meth:`complete` (the asynchronous part)."""
 

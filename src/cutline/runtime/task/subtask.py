@@ -30,6 +30,7 @@ from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, assert_never
 
+from cutline.connectors.sink import PendingCommit, SinkContext
 from cutline.protocol.watermarks import (
     MAX_WATERMARK,
     MIN_WATERMARK,
@@ -41,7 +42,7 @@ from cutline.runtime.checkpoint.restore import gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointStorage
 from cutline.runtime.graph import Chain, subtask_name
-from cutline.runtime.io.sinks import FileSink, PreCommit
+from cutline.runtime.io.sinks import FileSink
 from cutline.runtime.network.channel import InputGate, OutputChannel
 from cutline.runtime.network.control import ControlClient
 from cutline.runtime.network.messages import (
@@ -194,10 +195,13 @@ class SubtaskRunner:
             )
             dead = restored.get(DEAD_LETTERS)
             if isinstance(dead, RescaledStates):  # a restore at another parallelism
-                writer = sink.open(self.index, setup.generation, None, setup.run, dead.states)
+                adopted: dict[int, Any] = dict(dead.states)
             else:
-                writer = sink.open(self.index, setup.generation, dead, setup.run)
-            self._dead_letters = DeadLetterOutput(writer)
+                adopted = {} if dead is None else {self.index: dead}
+            context = SinkContext(
+                "dead letters", self.index, setup.plan.parallelism, setup.generation, setup.run
+            )
+            self._dead_letters = DeadLetterOutput(sink.writer(context, adopted))
         for op in self.chain.operators:
             ctx = self._context(op.name, op.uid)
             self._current = op.name
@@ -315,6 +319,10 @@ class SubtaskRunner:
             self._report(exc)  # first: the slot closes the control connection once it sees
             self.failure = exc  # a failure, and the driver must get the cause before that
         finally:
+            if self.failure is not None or self.stopped.is_set():
+                for _, running in self._operators:  # (the sinks drop what they staged)
+                    with contextlib.suppress(Exception):
+                        running.abort()
             self._snapshotter.shutdown(wait=False, cancel_futures=True)
             self.close_operators()
 
@@ -363,7 +371,7 @@ class SubtaskRunner:
                     for _, running in self._operators:
                         running.notify_complete(checkpoint)
                     if self._dead_letters is not None:
-                        self._dead_letters.writer.notify_complete(checkpoint)
+                        self._dead_letters.writer.commit(checkpoint)
                 case Abort(checkpoint=checkpoint):
                     aborted = self.checkpoints[checkpoint]
                     aborted.triggered = None
@@ -596,7 +604,7 @@ class SubtaskRunner:
             self._current = uid
             parts[uid] = running.snapshot(checkpoint_id, base=base, savepoint=savepoint)
         if self._dead_letters is not None:
-            parts[DEAD_LETTERS] = self._dead_letters.writer.pre_commit_later(checkpoint_id)
+            parts[DEAD_LETTERS] = self._dead_letters.writer.prepare_commit(checkpoint_id)
         self._last_snapshot = checkpoint_id
         now = time.monotonic()
         first, checkpoint.first_barrier = checkpoint.first_barrier, None
@@ -714,7 +722,7 @@ class SubtaskRunner:
                     )
                     part = part.write(store, name)
                     segments += [SegmentRef.from_dict(r) for r in part["chain"]]
-                elif isinstance(part, PreCommit):  # a sink's part file, written now
+                elif isinstance(part, PendingCommit):  # a sink's committable, made now
                     try:
                         part = part.complete()
                     except Exception as exc:  # the sink is broken: the subtask fails

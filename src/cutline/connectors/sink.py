@@ -1,0 +1,136 @@
+"""The sink API: what a connector implements to be written to by a cutline job.
+
+A **sink** (:class:`Sink`, picklable) makes a **writer** (:class:`SinkWriter`) on every
+subtask of the sink operator. Exactly once is a two-phase commit around the checkpoints
+(Flink's Sink V2, SEMANTICS §4):
+
+1. the writer takes the records (:meth:`SinkWriter.write`), staged where nobody reads them
+   yet (a pending file, an open transaction);
+2. at a checkpoint's barrier, :meth:`SinkWriter.prepare_commit` closes what came since the
+   last one and returns a small, picklable **committable** saying what to commit (the file
+   names, the transaction id), stored in the checkpoint; the slow part (writing a file) may
+   be left to a :class:`PendingCommit`, which cutline completes on the subtask's snapshot
+   thread while records keep flowing;
+3. when the checkpoint is complete, :meth:`SinkWriter.commit` makes everything prepared up
+   to it visible, **idempotently** (after a failure it may be asked again);
+4. after a restore, :meth:`Sink.writer` gets the committables of the restored checkpoint that
+   it owns (its own subtask's, or at another parallelism those of the old subtasks it takes
+   over: old subtask ``j`` goes to ``j % parallelism``): it commits them (they may not have
+   been) and aborts whatever else it staged after them.
+
+A sink without transactions gives at-least-once output: ``stream.sink_to(fn)`` calls
+``fn(batch)`` for every batch, and a restore calls it again for the batches after the
+restored checkpoint (:class:`FunctionSink`).
+
+Every method of a writer is called on its subtask's thread, but
+:meth:`PendingCommit.complete`, called on the subtask's snapshot thread.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cutline.connectors.source import Batch
+
+
+class SinkError(Exception):
+    """A sink cannot write, stage or commit its output: the message names the sink and the
+    file, table or transaction."""
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a writer knows of where it runs."""
+
+    name: str
+    """The sink operator's name (for messages)."""
+    subtask: int
+    parallelism: int
+    generation: int
+    """The job's attempt (1, 2, ... within one run): names staged by an attempt carry it."""
+    run: str
+    """The id of this run of the job (one ``execute()``): lowercase letters and digits."""
+    checkpoint_dir: str = ""
+    storage_options: Mapping[str, Any] | None = None
+
+
+class PendingCommit(ABC):
+    """A committable whose slow part is still to do: cutline calls :meth:`complete` on the
+    subtask's snapshot thread (the asynchronous part of the checkpoint)."""
+
+    @abstractmethod
+    def complete(self) -> Any:
+        """Finish staging (write the file); return the committable for the checkpoint."""
+
+
+class SinkWriter(ABC):
+    """Writes one subtask's records (see the module's docstring)."""
+
+    @abstractmethod
+    def write(self, batch: Batch) -> None:
+        """Take ``batch`` (an Arrow record batch, or a list of records), staged until a
+        checkpoint commits it."""
+
+    @abstractmethod
+    def prepare_commit(self, checkpoint_id: int) -> Any:
+        """The barrier of ``checkpoint_id``: close what was written since the last one and
+        return its committable (small, picklable; ``None``: nothing), or a
+        :class:`PendingCommit` that makes it on the snapshot thread."""
+
+    @abstractmethod
+    def commit(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is complete: make every committable prepared up to it
+        visible. Idempotent."""
+
+    def abort(self) -> None:
+        """The subtask fails or is cancelled: drop what was staged and not prepared (what was
+        prepared is the restored writer's to commit or abort)."""
+        return None
+
+    def close(self) -> None:
+        """The subtask ends: release what the writer holds."""
+        return None
+
+
+class Sink(ABC):
+    """Where a job writes (see the module's docstring). Picklable."""
+
+    columnar: bool = False
+    """Its writers are given Arrow record batches: cutline turns records (dicts) into one, and
+    a record that does not fit fails naming it (``on_error``). ``False``: batches as they
+    come, Arrow or lists of records."""
+
+    @abstractmethod
+    def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> SinkWriter:
+        """A writer for one subtask: ``restored`` maps old subtask indexes to their
+        committables in the restored checkpoint (empty on a fresh start): commit those, abort
+        the rest those subtasks staged."""
+
+
+@dataclass(frozen=True)
+class FunctionSink(Sink):
+    """``stream.sink_to(fn)``: ``fn(batch)`` for every batch, **at least once**: after a
+    failure, the batches since the restored checkpoint are given again. For destinations
+    without transactions (an HTTP endpoint, a log); make ``fn`` idempotent where it can be."""
+
+    fn: Callable[[Batch], Any]
+
+    def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> SinkWriter:
+        return _FunctionWriter(self.fn)
+
+
+class _FunctionWriter(SinkWriter):
+    def __init__(self, fn: Callable[[Batch], Any]) -> None:
+        self.fn = fn
+
+    def write(self, batch: Batch) -> None:
+        self.fn(batch)
+
+    def prepare_commit(self, checkpoint_id: int) -> None:
+        return None
+
+    def commit(self, checkpoint_id: int) -> None:
+        return None
