@@ -174,13 +174,22 @@ class Journal(Sink):
     commits the restored staged files (once) and removes the rest its subtasks staged."""
 
     directory: str
+    fail_commit: str | None = None
+    """A flag file: the first commit of any writer raises, once (a commit that fails)."""
 
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> SinkWriter:
-        return JournalWriter(self.directory, context, restored)
+        return JournalWriter(self.directory, context, restored, self.fail_commit)
 
 
 class JournalWriter(SinkWriter):
-    def __init__(self, directory: str, context: SinkContext, restored: Mapping[int, Any]):
+    def __init__(
+        self,
+        directory: str,
+        context: SinkContext,
+        restored: Mapping[int, Any],
+        fail_commit: str | None = None,
+    ) -> None:
+        self.fail_commit = fail_commit
         self.directory = Path(directory)
         self.staging = self.directory / ".staging"
         self.staging.mkdir(parents=True, exist_ok=True)
@@ -209,6 +218,14 @@ class JournalWriter(SinkWriter):
         return Staged(None, [], list(self.prepared))
 
     def commit(self, checkpoint_id: int) -> None:
+        due = [p for p in self.prepared if p[0] <= checkpoint_id]
+        if self.fail_commit is not None and due:
+            try:
+                os.close(os.open(self.fail_commit, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                raise ConnectionError(f"the journal's disk went away committing {due[0][1]}")
         for _, name in [p for p in self.prepared if p[0] <= checkpoint_id]:
             self._publish(name)
         self.prepared = [p for p in self.prepared if p[0] > checkpoint_id]

@@ -235,6 +235,21 @@ def test_a_two_phase_commit_sink_of_the_api_is_exact_through_a_failure(tmp_path:
     assert_exact(ledger, rows, [], with_windows=False)
 
 
+def test_a_sink_whose_commit_fails_is_committed_by_the_restored_job_once(
+    tmp_path: Path,
+) -> None:
+    """The journal's first commit raises: the job fails over, and the restored writer commits
+    what the restored checkpoint prepared; nothing lost, nothing twice."""
+    ledger = Ledger(accounts=4, per_account=300)
+    sink = Journal(str(tmp_path / "journal"), fail_commit=str(tmp_path / "failed"))
+    result = balances_to(tmp_path, 2, ledger, sink).execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert len(result.restarts) == 1
+    assert "the journal's disk went away" in result.restarts[0].cause
+    assert_exact(ledger, journal(tmp_path / "journal"), [], with_windows=False)
+
+
 def test_sink_to_a_function_is_at_least_once(tmp_path: Path) -> None:
     """Every record reaches the function, those after the restored checkpoint twice."""
     ledger = Ledger(accounts=4, per_account=200)

@@ -13,9 +13,10 @@ import pytest
 from test_connector_api import assert_exact, ledger_job, published
 from test_event_time_faults import _execute_killing
 
+from cutline import StreamEnvironment
 from cutline.demo import WorkerKiller
 
-from ledger import Ledger
+from ledger import Journal, Ledger, journal
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -30,3 +31,21 @@ def test_a_connector_is_read_exactly_once_through_a_sigkill_at_a_random_moment(
     _execute_killing(env, spark, killer, hold)
     out = tmp_path / "out"
     assert_exact(ledger, published(out / "balances"), published(out / "counts"))
+
+
+def test_a_sink_of_the_api_is_exact_through_a_sigkill_at_a_random_moment(
+    spark, tmp_path: Path
+) -> None:
+    """The journal (a two-phase-commit sink of the API, ``tests/ledger.py``) behind the ledger,
+    a random worker killed at a random moment: every entry's balance in it once."""
+    rng = random.Random("journal")
+    ledger = Ledger(accounts=6, per_account=1500)
+    env = StreamEnvironment(
+        2, checkpoint_interval=0.3, checkpoint_dir=str(tmp_path / "ck"), restart_delay=0
+    )
+    env.from_source(ledger, name="ledger").key_by("account").sum("amount", name="balance").sink_to(
+        Journal(str(tmp_path / "journal")), name="journal"
+    )
+    killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}").after(rng.uniform(0.2, 1.5))
+    _execute_killing(env, spark, killer, rng.randrange(500, 2500))
+    assert_exact(ledger, journal(tmp_path / "journal"), [], with_windows=False)

@@ -38,7 +38,6 @@ import pyarrow.compute as pc
 from cutline.connectors.sink import Sink, SinkContext, SinkWriter
 from cutline.connectors.source import Source, SourceContext
 from cutline.protocol.watermarks import MAX_WATERMARK, EmitWatermark, SplitWatermarks
-from cutline.runtime.io.sinks import FileSinkWriter
 from cutline.runtime.source_operator import SourceOperator
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
@@ -174,7 +173,7 @@ class OperatorContext:
 class DeadLetterOutput:
     """Records that failed, with their error, written exactly once (a JSON-lines file sink)."""
 
-    def __init__(self, writer: FileSinkWriter) -> None:
+    def __init__(self, writer: SinkWriter) -> None:
         self.writer = writer
         self.count = 0
 
