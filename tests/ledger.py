@@ -26,6 +26,7 @@ import pyarrow as pa
 from cutline.connectors import (
     Batch,
     Finished,
+    GlobalCommitter,
     Nothing,
     PendingCommit,
     ReadResult,
@@ -253,3 +254,72 @@ def journal(directory: str | Path) -> list[dict[str, Any]]:
         for path in sorted(Path(directory).glob("*.jsonl"))
         for line in path.read_text().splitlines()
     ]
+
+
+@dataclass(frozen=True)
+class Ledgerbook(Sink):
+    """A sink with a global committer (as a table format has), written against the API only:
+    each subtask stages one JSON-lines file per checkpoint (its committable: the file's name);
+    the driver's committer publishes every subtask's files of a checkpoint at once and notes
+    the checkpoint in ``directory/_committed`` (so that committing it again does nothing).
+    ``fail_commit``: a flag file; the first global commit raises, once."""
+
+    directory: str
+    fail_commit: str | None = None
+
+    def global_committer(self) -> GlobalCommitter:
+        return LedgerbookCommitter(self.directory, self.fail_commit)
+
+    def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> SinkWriter:
+        return LedgerbookWriter(Path(self.directory), context, restored)
+
+
+class LedgerbookWriter(SinkWriter):
+    def __init__(self, directory: Path, context: SinkContext, restored: Mapping[int, Any]):
+        self.staging = directory / ".staging"
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self.context = context
+        self.rows: list[dict[str, Any]] = []
+        keep = {name for names in restored.values() for name in names or ()}
+        mine = {f"{index:03d}" for index in (*restored, context.subtask)}
+        for staged in self.staging.iterdir():  # staged after the restored checkpoint
+            if staged.name.split("-")[0] in mine and staged.name not in keep:
+                staged.unlink()
+
+    def write(self, batch: Batch) -> None:
+        self.rows += batch.to_pylist() if isinstance(batch, pa.RecordBatch) else list(batch)
+
+    def prepare_commit(self, checkpoint_id: int) -> PendingCommit:
+        rows, self.rows = self.rows, []
+        c = self.context
+        name = f"{c.subtask:03d}-{checkpoint_id:08d}-{c.run}-{c.generation}.jsonl"
+        return Staged(self.staging / name if rows else None, rows, [name] if rows else [])
+
+    def commit(self, checkpoint_id: int) -> None:
+        return None  # (the driver's committer publishes)
+
+
+class LedgerbookCommitter(GlobalCommitter):
+    def __init__(self, directory: str, fail_commit: str | None) -> None:
+        self.directory = Path(directory)
+        self.fail_commit = fail_commit
+
+    def commit(self, checkpoint_id: int, committables: list[Any]) -> None:
+        log = self.directory / "_committed"
+        done = log.read_text().split() if log.exists() else []
+        if str(checkpoint_id) in done:
+            return  # committed before a failure: nothing twice
+        if self.fail_commit is not None and any(committables):
+            try:
+                os.close(os.open(self.fail_commit, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                raise ConnectionError(
+                    f"the ledgerbook's table is locked (checkpoint {checkpoint_id})"
+                )
+        for names in committables:
+            for name in names or ():
+                os.replace(self.directory / ".staging" / name, self.directory / name)
+        with open(log, "a") as out:
+            out.write(f"{checkpoint_id}\n")

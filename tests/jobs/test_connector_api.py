@@ -28,7 +28,7 @@ from test_savepoints import SavepointOnHold, endpoints_of
 from cutline import JobClient, JobFailedError, SourceHold, StreamEnvironment, Tumbling
 from cutline.runtime.task.local import ThreadLauncher
 
-from ledger import DISORDER, Broken, Journal, Ledger, entries, journal
+from ledger import DISORDER, Broken, Journal, Ledger, Ledgerbook, entries, journal
 
 Row = dict[str, Any]
 
@@ -248,6 +248,29 @@ def test_a_sink_whose_commit_fails_is_committed_by_the_restored_job_once(
     assert len(result.restarts) == 1
     assert "the journal's disk went away" in result.restarts[0].cause
     assert_exact(ledger, journal(tmp_path / "journal"), [], with_windows=False)
+
+
+@pytest.mark.parametrize("where", ["a task", "the global commit"])
+def test_a_sink_with_a_global_committer_commits_every_checkpoint_once(
+    tmp_path: Path, where: str
+) -> None:
+    """One commit per checkpoint for every subtask, on the driver: through a failure of a
+    task, and through a failure of the global commit itself (the restored job commits the
+    restored checkpoint again: it was not)."""
+    ledger = Ledger(accounts=4, per_account=300)
+    flag = str(tmp_path / "failed")
+    sink = Ledgerbook(str(tmp_path / "book"), fail_commit=flag if where != "a task" else None)
+    fail = FailAt("acct-01", 250, flag) if where == "a task" else None
+    result = balances_to(tmp_path, 2, ledger, sink, fail=fail).execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert len(result.restarts) == 1
+    if where != "a task":
+        assert "sink journal: the global commit of checkpoint" in result.restarts[0].cause
+        assert "the ledgerbook's table is locked" in result.restarts[0].cause
+    assert_exact(ledger, journal(tmp_path / "book"), [], with_windows=False)
+    committed = (tmp_path / "book" / "_committed").read_text().split()
+    assert len(committed) == len(set(committed)), "a checkpoint committed twice"
 
 
 def test_sink_to_a_function_is_at_least_once(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ other. How to write one: ``docs/connectors.md``.
 
 from cutline.connectors.sink import (
     FunctionSink,
+    GlobalCommitter,
     PendingCommit,
     Sink,
     SinkContext,
@@ -39,6 +40,7 @@ __all__ = [
     "Batch",
     "Finished",
     "FunctionSink",
+    "GlobalCommitter",
     "Nothing",
     "PendingCommit",
     "ReadResult",

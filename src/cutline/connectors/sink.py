@@ -95,6 +95,21 @@ class SinkWriter(ABC):
         return None
 
 
+class GlobalCommitter(ABC):
+    """One commit per checkpoint covering every subtask's committables, on the driver (a
+    table format, Delta Lake or Iceberg, where one transaction must add every subtask's
+    files)."""
+
+    @abstractmethod
+    def commit(self, checkpoint_id: int, committables: list[Any]) -> None:
+        """Checkpoint ``checkpoint_id`` is complete: commit the committables its subtasks
+        prepared, at once. Called after the checkpoint is durable and before its subtasks
+        hear of it; after a failure (of this call, or of the driver), again for the
+        checkpoint the job restores: it must be **idempotent** (find out whether that
+        checkpoint was committed: a table's version, an application transaction id). What it
+        raises fails the job over."""
+
+
 class Sink(ABC):
     """Where a job writes (see the module's docstring). Picklable."""
 
@@ -102,6 +117,12 @@ class Sink(ABC):
     """Its writers are given Arrow record batches: cutline turns records (dicts) into one, and
     a record that does not fit fails naming it (``on_error``). ``False``: batches as they
     come, Arrow or lists of records."""
+
+    def global_committer(self) -> GlobalCommitter | None:
+        """Its committer on the driver, if its commit must cover every subtask at once (its
+        writers' :meth:`SinkWriter.commit` then usually does nothing); ``None``: each writer
+        commits its own."""
+        return None
 
     @abstractmethod
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> SinkWriter:

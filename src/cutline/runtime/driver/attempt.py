@@ -57,6 +57,7 @@ from cutline.runtime.driver.events import (
     SavepointCompleted,
 )
 from cutline.runtime.driver.failure_detector import FailureDetector
+from cutline.runtime.driver.global_commits import GlobalCommitError
 from cutline.runtime.driver.result import Failure
 from cutline.runtime.driver.run import JobRun
 from cutline.runtime.driver.savepoints import SavepointRequests
@@ -515,19 +516,24 @@ class JobAttempt:
                     storage.remove_folder(target)
             self._carry_out(self.coordinator.metadata_failed(n, str(exc), now))
             return
+        location = (
+            CheckpointLocation(storage.fs, target, storage.url_of)
+            if target is not None
+            else storage.location(n)
+        )
         hook = run.config.checkpoint_written
         if hook is not None:
-            hook(
-                n,
-                CheckpointLocation(storage.fs, target, storage.url_of)
-                if target is not None
-                else storage.location(n),
-            )
+            hook(n, location)
         if target is not None:
             run.delete_shared(run.registry.settled(n))
         else:
             shared = [ref.path for h in metadata.handles.values() for ref in h.shared]
             run.delete_shared(run.registry.completed(n, shared))
+        try:  # (before the subtasks hear of it; a restore of it commits it again)
+            run.global_commits.commit(n, location)
+        except GlobalCommitError as exc:
+            self.failures.fail(Failure("commit", str(exc)))
+            return
         self._carry_out(self.coordinator.metadata_written(n, now))
         if target is None:
             run.retire_earlier(len(self.coordinator.completed))

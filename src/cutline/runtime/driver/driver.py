@@ -65,6 +65,7 @@ from cutline.runtime.driver.events import (
     Restarting,
     WaitingForSlots,
 )
+from cutline.runtime.driver.global_commits import GlobalCommitError
 from cutline.runtime.driver.metrics import JobMetrics
 from cutline.runtime.driver.result import (
     CheckpointWarning,
@@ -427,6 +428,14 @@ class JobDriver:
 
     def _attempt(self, generation: int, restore: RestoreSpec | None) -> Failure | None:
         config, plan = self.config, self.plan
+        if restore is not None:  # its global commits may not have happened: once more
+            try:
+                location = CheckpointLocation.open(
+                    restore.url, storage_options=config.storage_options
+                )
+                self.job.global_commits.commit(restore.checkpoint_id, location)
+            except (GlobalCommitError, StorageError) as exc:
+                return Failure("commit", str(exc))
         waited = self._slots(generation)
         if waited is not None:
             return waited

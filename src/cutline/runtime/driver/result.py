@@ -57,7 +57,7 @@ class Failure:
     """``task`` (an exception), ``lost`` (a worker died or stopped answering), ``deadline`` (a
     slot did not get through a phase of its start or end in time), ``checkpoint`` (too many
     failed checkpoints), ``launcher`` (Spark itself), ``lock`` (another job took the checkpoint
-    directory over: never restarted)."""
+    directory over: never restarted), ``commit`` (a sink's global commit on the driver)."""
     message: str
     subtask: str | None = None
     operator: str | None = None

@@ -23,6 +23,7 @@ from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.config import JobConfig
 from cutline.runtime.driver.events import EventListener, JobWarning
+from cutline.runtime.driver.global_commits import GlobalCommits
 from cutline.runtime.driver.metrics import JobMetrics, MetricsCollector
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.graph import ExecutionPlan
@@ -54,6 +55,8 @@ class JobRun:
         self.first_id = first_id
         """The first checkpoint id of this run; checkpoints below it belong to earlier runs."""
         self.next_id = first_id
+        self.global_commits = GlobalCommits(plan)
+        """The global committers of its sinks (on the driver, for the whole run)."""
         self.savepoints: dict[int, str] = {}
         """This run's savepoints: id -> folder (restored from after a failure when newest)."""
         self.stopped_with: int | None = None
