@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pytest
 from test_savepoints import endpoints_of
 
-from cutline import JobClient, SourceError, StreamEnvironment
+from cutline import JobClient, JobFailedError, SourceError, StreamEnvironment
 from cutline.runtime.checkpoint.reader import open_checkpoint
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.task.local import ThreadLauncher
@@ -200,3 +200,27 @@ def test_a_file_that_changes_after_it_was_read_is_reported_and_not_read_again(
     assert_every_row_once(published(tmp_path / "out"), 3)
     changed = [m for m in warned if "changed after it was read" in m]
     assert len(changed) == 1 and "part-0000.jsonl" in changed[0], warned
+
+
+def test_a_watched_directory_that_goes_away_fails_the_job_naming_it(tmp_path: Path) -> None:
+    """Removed once a checkpoint shows its file read: the next listing fails the job, naming
+    the directory (never a silent end of the input)."""
+    (tmp_path / "landing").mkdir()
+    put_file(tmp_path / "landing", 0)
+
+    def listener(kind: str, message: str) -> None:
+        landing = tmp_path / "landing"
+        due = kind == "checkpoint" and landing.exists()
+        if due and finished_files(tmp_path / "ck", int(message.split()[0])) >= 1:
+            for path in landing.iterdir():
+                path.unlink()
+            landing.rmdir()
+
+    env = StreamEnvironment(
+        1, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_attempts=0
+    )
+    env.read_jsonl(tmp_path / "landing", monitor="20ms", name="landing").write_parquet(
+        tmp_path / "out", name="out"
+    )
+    with pytest.raises(JobFailedError, match=r"landing.*does not exist"):
+        env.execute(launcher=ThreadLauncher(), listener=listener)
