@@ -127,7 +127,7 @@ class LedgerReader(SplitReader):
 class Broken(Source):
     """A one-account ledger whose reader breaks the contract as ``how`` says: ``raises`` (in
     read), ``wrong`` (read returns a list), ``unpicklable`` (a position of a lock),
-    ``stranger`` (records of a split it was not given)."""
+    ``stranger`` (records of a split it was not given), ``nameless`` (records of no split)."""
 
     how: str
 
@@ -154,6 +154,8 @@ class BrokenReader(SplitReader):
             return [{"x": 1}]
         if self.how == "stranger":
             return Records([{"x": 1}], "elsewhere")
+        if self.how == "nameless":
+            return Records([{"x": 1}], None)
         return Records([{"x": self.reads}], "only") if self.reads < 1_000_000 else Finished("only")
 
     def position(self, split: str) -> Any:

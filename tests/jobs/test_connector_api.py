@@ -166,6 +166,7 @@ def test_a_connector_stopped_with_a_savepoint_resumes_at_another_parallelism(
         ("wrong", r"source broken: its reader's read\(\) returned \[\{'x': 1\}\], not Records"),
         ("stranger", r"source broken: its reader returned records of split 'elsewhere'"),
         ("unpicklable", r"source broken: the position of split 'only' cannot be pickled"),
+        ("nameless", r"source broken: its reader returned Records without a split"),
     ],
 )
 def test_a_connector_that_breaks_the_contract_is_named(

@@ -41,7 +41,7 @@ from cutline.protocol.splits import (
     merge_split_states,
 )
 from cutline.protocol.watermarks import SplitWatermarks, WatermarkAction, lowest_after
-from cutline.runtime.time import WatermarkStrategy
+from cutline.runtime.time import EventTimeError, WatermarkStrategy
 
 SOURCE_STATE = 2
 """The format of a source subtask's state: ``{"format": 2, "splits": {id: SplitState}}``."""
@@ -108,8 +108,12 @@ class SourceOperator:
             case Records(batch=batch, split=split):
                 self._check_records(batch, split)
                 if self.generator is not None and len(batch):
-                    key = ALL if split is None or not self.source.watermarks_per_split else split
-                    values = self.strategy.event_time.present(batch)  # type: ignore[union-attr]
+                    key = ALL if not self.source.watermarks_per_split else split
+                    assert key is not None and self.strategy is not None
+                    try:
+                        values = self.strategy.event_time.present(batch)
+                    except EventTimeError as exc:
+                        raise SourceError(f"source {self.name}: {exc}") from None
                     if len(values):
                         highest = int(values.max())
                         self.watermarks += self.generator.records(key, highest, time.monotonic())
@@ -251,6 +255,12 @@ class SourceOperator:
             raise SourceError(
                 f"source {self.name}: its reader returned Records of {type(batch).__name__}, "
                 "not a pyarrow.RecordBatch or a list of records"
+            )
+        if split is None and self.source.watermarks_per_split:
+            raise SourceError(
+                f"source {self.name}: its reader returned Records without a split: name the "
+                "split the records are of, or set watermarks_per_split = False on the source "
+                "(its reader reads its splits together)"
             )
         if split is not None and not self.book.reads(split):
             raise SourceError(
