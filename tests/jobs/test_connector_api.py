@@ -326,3 +326,23 @@ def test_the_sink_of_the_write_your_own_page_is_exact_through_a_failure(
     )
     assert len(result.restarts) == 1
     assert_exact(ledger, journal(tmp_path / "out"), [], with_windows=False)
+
+
+def test_a_sink_of_the_api_counts_as_a_sink(tmp_path: Path) -> None:
+    """No "no sink" warning for a job whose only sink is ``sink_to``; its operator is a sink
+    in the checkpoints' statistics (``cutline checkpoints show``)."""
+    import warnings
+
+    env = StreamEnvironment(1, checkpoint_interval=None, checkpoint_dir=tmp_path / "ck")
+    env.from_source(Ledger(accounts=1, per_account=10), name="ledger").sink_to(
+        AppendTo(str(tmp_path / "seen.jsonl")), name="hook"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = env.execute(launcher=ThreadLauncher())
+    assert len((tmp_path / "seen.jsonl").read_text().splitlines()) == 10
+    from cutline.runtime.checkpoint.reader import open_checkpoint
+
+    extra = open_checkpoint(str(tmp_path / "ck")).metadata.extra
+    names = {name: uid for uid, name in extra["operator_names"].items()}
+    assert extra["operator_kinds"][names["hook"]] == "sink" and result.checkpoints[-1].final
