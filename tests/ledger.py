@@ -325,3 +325,28 @@ class LedgerbookCommitter(GlobalCommitter):
                 os.replace(self.directory / ".staging" / name, self.directory / name)
         with open(log, "a") as out:
             out.write(f"{checkpoint_id}\n")
+
+
+@dataclass(frozen=True)
+class Closing(Ledger):
+    """A ledger whose readers note, in ``folder``, each checkpoint they were told of and that
+    they were closed."""
+
+    folder: str = ""
+
+    def reader(self, context: SourceContext) -> SplitReader:
+        return ClosingReader(self, Path(self.folder) / f"reader-{context.subtask}")
+
+
+class ClosingReader(LedgerReader):
+    def __init__(self, ledger: Ledger, note: Path) -> None:
+        super().__init__(ledger)
+        self.note = note
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        with open(self.note, "a") as out:
+            out.write(f"complete {checkpoint_id}\n")
+
+    def close(self) -> None:
+        with open(self.note, "a") as out:
+            out.write("closed\n")

@@ -28,7 +28,7 @@ from test_savepoints import SavepointOnHold, endpoints_of
 from cutline import JobClient, JobFailedError, SourceHold, StreamEnvironment, Tumbling
 from cutline.runtime.task.local import ThreadLauncher
 
-from ledger import DISORDER, Broken, Journal, Ledger, Ledgerbook, entries, journal
+from ledger import DISORDER, Broken, Closing, Journal, Ledger, Ledgerbook, entries, journal
 
 Row = dict[str, Any]
 
@@ -346,3 +346,25 @@ def test_a_sink_of_the_api_counts_as_a_sink(tmp_path: Path) -> None:
     extra = open_checkpoint(str(tmp_path / "ck")).metadata.extra
     names = {name: uid for uid, name in extra["operator_names"].items()}
     assert extra["operator_kinds"][names["hook"]] == "sink" and result.checkpoints[-1].final
+
+
+def test_readers_are_told_of_completed_checkpoints_and_closed_when_their_subtask_ends(
+    tmp_path: Path,
+) -> None:
+    """Through a failure: the failed attempt's readers are closed too."""
+    ledger = Closing(accounts=4, per_account=200, folder=str(tmp_path))
+    fail = FailAt("acct-01", 150, str(tmp_path / "failed"))
+    env = StreamEnvironment(
+        2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_delay=0
+    )
+    env.from_source(ledger, name="ledger").map(fail, name="fail").collect()
+    result = env.execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert len(result.restarts) == 1
+    for subtask in range(2):
+        notes = (tmp_path / f"reader-{subtask}").read_text().splitlines()
+        assert notes.count("closed") == 2, notes  # once per attempt
+        completed = [int(n.split()[1]) for n in notes if n.startswith("complete")]
+        assert completed and completed == sorted(completed)
+        assert result.checkpoints[-1].checkpoint_id in completed

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cutline.api.settings import location
+from cutline.api.settings import location, seconds
 from cutline.api.streams import Dataflow, DataStream
 from cutline.connectors.source import Source, SourceError
 from cutline.runtime.io.formats import CsvOptions, InputWarning
@@ -163,6 +163,7 @@ class Sources(Dataflow):
             there whole: write it under a name starting with ``.`` or ``_`` (never read), then
             rename it into place, as Spark and Flink expect. A file already read is never read
             again, even if it changes. ``schema=`` is needed while the directory is empty.
+            A number is seconds, as for ``checkpoint_interval``.
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore passes over exactly those.
@@ -379,7 +380,9 @@ class Sources(Dataflow):
         chosen = _column_names(what, columns)
         options = self.settings.storage_options
         url = location(path)
-        every = None if monitor is None else duration_ms(monitor, f"{what}: monitor") / 1000
+        every = seconds(monitor, f"{what}: monitor")  # (seconds, or "5s", as every interval)
+        if every is not None and not 0 < every < math.inf:
+            raise ValueError(f"{what}: monitor must be a positive duration, not {monitor!r}")
         source = FileSource(
             url, fmt, options, schema=schema, csv=csv or CsvOptions(), monitor=every
         )
