@@ -256,6 +256,14 @@ class RescaledStates:
 
     states: dict[int, Any]
 
+    @staticmethod
+    def of(state: Any, subtask: int) -> dict[int, Any]:
+        """A sink's restored state as its writer takes it: old subtask index -> state (its
+        own at the same parallelism, those it adopts at another; none on a fresh start)."""
+        if isinstance(state, RescaledStates):
+            return dict(state.states)
+        return {} if state is None else {subtask: state}
+
 
 class Logic:
     """The picklable description of an operator's work."""
@@ -875,10 +883,7 @@ class SinkLogic(Logic):
     sink: Sink
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
-        if isinstance(state, RescaledStates):
-            restored: dict[int, Any] = dict(state.states)
-        else:
-            restored = {} if state is None else {ctx.subtask: state}
+        restored = RescaledStates.of(state, ctx.subtask)
         context = SinkContext(
             ctx.name,
             ctx.subtask,

@@ -156,11 +156,18 @@ class SourceOperator:
 
     def snapshot(self) -> dict[str, Any]:
         """The state of every split of this subtask, for a checkpoint."""
-        positions = {}
-        for split in self.book.unfinished:
-            position = self._call(
-                f"give its position in split {split!r}", self.reader.position, split
-            )
+        positions = {
+            split: self._call(f"give its position in split {split!r}", self.reader.position, split)
+            for split in self.book.unfinished
+        }
+        try:
+            pickle.dumps(positions)
+        except Exception:  # (now, naming the split, rather than when the state file is written)
+            self._check_picklable(positions)
+        return {"format": SOURCE_STATE, "splits": self.book.snapshot(positions)}
+
+    def _check_picklable(self, positions: Mapping[str, Any]) -> None:
+        for split, position in positions.items():
             try:
                 pickle.dumps(position)
             except Exception as exc:
@@ -169,8 +176,6 @@ class SourceOperator:
                     f"({type(exc).__name__}: {exc}): a position must be small and picklable "
                     f"(it was {position!r:.200})"
                 ) from None
-            positions[split] = position
-        return {"format": SOURCE_STATE, "splits": self.book.snapshot(positions)}
 
     def checkpoint_complete(self, checkpoint_id: int) -> None:
         self._call("take a completed checkpoint", self.reader.checkpoint_complete, checkpoint_id)

@@ -115,37 +115,53 @@ def begin_lineage(
     return lineage
 
 
-def lineage_start(storage: CheckpointStorage) -> int:
-    """The first checkpoint id of the directory's current lineage (0: every one counts)."""
+@dataclass(frozen=True)
+class Standing:
+    """A directory as a run finds it (read once): its lineage, its complete checkpoints, and
+    what a run resuming it starts from."""
+
+    lineage: Lineage | None
+    completed: list[int]
+    """Every complete checkpoint there, of any lineage."""
+    resumable: Resumable | None
+    """The newest complete checkpoint of the current lineage, else what that lineage's first
+    run restored; ``None``: nothing (a resumed run starts from the beginning)."""
+
+    @property
+    def since(self) -> int:
+        """The current lineage's first checkpoint id (0: every one counts)."""
+        return 0 if self.lineage is None else self.lineage.since
+
+
+def standing(storage: CheckpointStorage) -> Standing:
     lineage = read_lineage(storage)
-    return 0 if lineage is None else lineage.since
+    completed = storage.completed_ids()
+    since = 0 if lineage is None else lineage.since
+    mine = [c for c in completed if c >= since]
+    found = None
+    if mine:
+        found = Resumable(storage.url_of(storage.checkpoint_path(mine[-1])), mine[-1])
+    elif lineage is not None and lineage.restored_from is not None:
+        found = Resumable(lineage.restored_from, None)
+    return Standing(lineage, completed, found)
 
 
 def resumable(storage: CheckpointStorage) -> Resumable | None:
-    """What a run resuming the directory starts from: the newest complete checkpoint of its
-    current lineage, else what that lineage's first run restored; ``None``: nothing (a
-    resumed run starts from the beginning)."""
-    lineage = read_lineage(storage)
-    since = 0 if lineage is None else lineage.since
-    complete = [c for c in storage.completed_ids() if c >= since]
-    if complete:
-        return Resumable(storage.url_of(storage.checkpoint_path(complete[-1])), complete[-1])
-    if lineage is not None and lineage.restored_from is not None:
-        return Resumable(lineage.restored_from, None)
-    return None
+    """What a run resuming the directory starts from (:attr:`Standing.resumable`)."""
+    return standing(storage).resumable
 
 
 def summary(storage: CheckpointStorage) -> list[str]:
     """What ``restore_from="latest"`` resumes in the directory, and, if a run began a new
     lineage there, which checkpoints are an earlier one's (for ``cutline checkpoints list``)."""
-    found = resumable(storage)
+    now = standing(storage)
+    found, lineage = now.resumable, now.lineage
     if found is None:
         lines = ["restore_from='latest' finds nothing to resume: it starts from the beginning"]
     elif found.checkpoint_id is not None:
         lines = [f"restore_from='latest' resumes checkpoint {found.checkpoint_id}"]
     else:
         lines = [f"restore_from='latest' restores {found.url}, where this lineage began"]
-    lineage = read_lineage(storage)
     if lineage is not None and lineage.since > 1:
         lines.append(
             f"checkpoints below {lineage.since} are of runs before a fresh start or a restore "
@@ -154,10 +170,11 @@ def summary(storage: CheckpointStorage) -> list[str]:
     return lines
 
 
-def refuse_fresh_start(storage: CheckpointStorage) -> None:
-    """Raise :class:`ResumableCheckpointError` if the directory holds something to resume: a
-    run without ``restore_from`` must say whether it resumes or starts again."""
-    found = resumable(storage)
+def refuse_fresh_start(storage: CheckpointStorage, now: Standing | None = None) -> None:
+    """Raise :class:`ResumableCheckpointError` if the directory (as ``now`` found it, else as
+    it is read now) holds something to resume: a run without ``restore_from`` must say whether
+    it resumes or starts again."""
+    found = (now or standing(storage)).resumable
     if found is None:
         return
     when = ""

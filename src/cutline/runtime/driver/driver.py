@@ -37,10 +37,8 @@ from cutline.protocol.coordinator import (
 from cutline.protocol.registry import SharedStateRegistry
 from cutline.runtime.checkpoint.lineage import (
     begin_lineage,
-    lineage_start,
-    read_lineage,
     refuse_fresh_start,
-    resumable,
+    standing,
 )
 from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock, Owner
 from cutline.runtime.checkpoint.restore import RestoreError, RestoreSpec, plan_restore
@@ -214,9 +212,10 @@ class JobDriver:
         deleted). A start from the beginning over a checkpoint to resume is refused unless
         the job was told ``fresh``."""
         storage, job, initial = self.storage, self.job, self._initial
+        now = standing(storage)
         if initial is None and not self.config.fresh:
-            refuse_fresh_start(storage)
-        found = resumable(storage)
+            refuse_fresh_start(storage, now)
+        found = now.resumable
         continues = (
             initial is not None
             and found is not None
@@ -226,11 +225,9 @@ class JobDriver:
                 else initial.url == found.url
             )
         )
-        completed = storage.completed_ids()
         if continues:
-            since = lineage_start(storage)
-            return [c for c in completed if since <= c < job.first_id]
-        if initial is not None or completed or read_lineage(storage) is not None:
+            return [c for c in now.completed if now.since <= c < job.first_id]
+        if initial is not None or now.completed or now.lineage is not None:
             begin_lineage(
                 storage, job.first_id, initial.url if initial is not None else None, job.run_id
             )
@@ -377,7 +374,8 @@ class JobDriver:
                 raise RestoreError(f"cannot restore {url}: {exc}") from None
         else:
             storage = CheckpointStorage(url, storage_options=options)
-            latest, skipped = storage.latest(since=lineage_start(storage))
+            now = standing(storage)
+            latest, skipped = storage.latest(since=now.since)
             for skip in skipped:
                 self._warn(f"{url}: {skip.reason} (skipped)")
             if latest is None and skipped:
@@ -389,7 +387,7 @@ class JobDriver:
                     "(without restore_from) writing to new output directories: the output "
                     "published so far holds what these checkpoints covered"
                 )
-            found = resumable(storage) if latest is None else None
+            found = now.resumable if latest is None else None
             if found is not None and found.checkpoint_id is None:  # the lineage's start
                 return self._resolve(found.url)
             if latest is None:
@@ -428,7 +426,8 @@ class JobDriver:
 
     def _attempt(self, generation: int, restore: RestoreSpec | None) -> Failure | None:
         config, plan = self.config, self.plan
-        if restore is not None:  # its global commits may not have happened: once more
+        if restore is not None and self.job.global_commits.committers:
+            # the restored checkpoint's global commits may not have happened: once more
             try:
                 location = CheckpointLocation.open(
                     restore.url, storage_options=config.storage_options

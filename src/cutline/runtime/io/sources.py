@@ -21,8 +21,9 @@ there, which replays exactly the records after it. Records come out as
   fixed when the job is built (given, or inferred from a sample of every file:
   :meth:`FileSource.prepare`); position: per file, the rows consumed (handed out or
   rejected). CSV and JSON-lines files are read a block of whole records at a time
-  (``block_size``), Parquet files a row group's batch at a time. A record that is malformed or does not fit the schema is *rejected*, naming
-  ``file:line`` (1-based): an error, or a dead letter.
+  (``block_size``), Parquet files a row group's batch at a time. A record that is malformed
+  or does not fit the schema is *rejected*, naming ``file:line`` (1-based): an error, or a
+  dead letter.
 """
 
 from __future__ import annotations
@@ -108,9 +109,8 @@ class SequenceReader(SplitReader):
         self._source = source
         self._splits = np.zeros(0, dtype=np.int64)
         self._emitted = np.zeros(0, dtype=np.int64)
-        self._finished: list[str] = []
-        """Splits past the end, not yet said finished."""
         self._said: set[str] = set()
+        """Splits past the end that :meth:`read` said finished."""
 
     def add_split(self, split: Split, position: Any) -> None:
         count = 0 if position is None else position

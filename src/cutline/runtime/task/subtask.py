@@ -193,11 +193,7 @@ class SubtaskRunner:
                 "jsonl",
                 setup.storage_options,
             )
-            dead = restored.get(DEAD_LETTERS)
-            if isinstance(dead, RescaledStates):  # a restore at another parallelism
-                adopted: dict[int, Any] = dict(dead.states)
-            else:
-                adopted = {} if dead is None else {self.index: dead}
+            adopted = RescaledStates.of(restored.get(DEAD_LETTERS), self.index)
             context = SinkContext(
                 "dead letters", self.index, setup.plan.parallelism, setup.generation, setup.run
             )
