@@ -199,15 +199,10 @@ class JournalWriter(SinkWriter):
         self.context = context
         self.rows: list[dict[str, Any]] = []
         self.prepared: list[tuple[int, str]] = []  # (checkpoint, file name), not committed
-        keep = set()
-        for committables in restored.values():
-            for _, name in committables or ():
-                keep.add(name)
-                self._publish(name)  # may not have been: once, idempotently
-        mine = {f"{index:03d}" for index in (*restored, context.subtask)}
-        for staged in self.staging.iterdir():  # what they staged after the restored checkpoint
-            if staged.name.split("-")[0] in mine and staged.name not in keep:
-                staged.unlink()
+        keep = {name for committables in restored.values() for _, name in committables or ()}
+        for name in keep:
+            self._publish(name)  # may not have been: once, idempotently
+        drop_staged(self.staging, keep, (*restored, context.subtask))
 
     def write(self, batch: Batch) -> None:
         self.rows += batch.to_pylist() if isinstance(batch, pa.RecordBatch) else list(batch)
@@ -215,21 +210,16 @@ class JournalWriter(SinkWriter):
     def prepare_commit(self, checkpoint_id: int) -> PendingCommit:
         rows, self.rows = self.rows, []
         if rows:
-            name = f"{self.context.subtask:03d}-{checkpoint_id:08d}-{self.context.run}-{self.context.generation}.jsonl"
+            name = staged_name(self.context, checkpoint_id)
             self.prepared.append((checkpoint_id, name))
             return Staged(self.staging / name, rows, list(self.prepared))
         return Staged(None, [], list(self.prepared))
 
     def commit(self, checkpoint_id: int) -> None:
         due = [p for p in self.prepared if p[0] <= checkpoint_id]
-        if self.fail_commit is not None and due:
-            try:
-                os.close(os.open(self.fail_commit, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                pass
-            else:
-                raise ConnectionError(f"the journal's disk went away committing {due[0][1]}")
-        for _, name in [p for p in self.prepared if p[0] <= checkpoint_id]:
+        if self.fail_commit is not None and due and first_time(self.fail_commit):
+            raise ConnectionError(f"the journal's disk went away committing {due[0][1]}")
+        for _, name in due:
             self._publish(name)
         self.prepared = [p for p in self.prepared if p[0] > checkpoint_id]
 
@@ -283,18 +273,14 @@ class LedgerbookWriter(SinkWriter):
         self.context = context
         self.rows: list[dict[str, Any]] = []
         keep = {name for names in restored.values() for name in names or ()}
-        mine = {f"{index:03d}" for index in (*restored, context.subtask)}
-        for staged in self.staging.iterdir():  # staged after the restored checkpoint
-            if staged.name.split("-")[0] in mine and staged.name not in keep:
-                staged.unlink()
+        drop_staged(self.staging, keep, (*restored, context.subtask))
 
     def write(self, batch: Batch) -> None:
         self.rows += batch.to_pylist() if isinstance(batch, pa.RecordBatch) else list(batch)
 
     def prepare_commit(self, checkpoint_id: int) -> PendingCommit:
         rows, self.rows = self.rows, []
-        c = self.context
-        name = f"{c.subtask:03d}-{checkpoint_id:08d}-{c.run}-{c.generation}.jsonl"
+        name = staged_name(self.context, checkpoint_id)
         return Staged(self.staging / name if rows else None, rows, [name] if rows else [])
 
     def commit(self, checkpoint_id: int) -> None:
@@ -311,15 +297,8 @@ class LedgerbookCommitter(GlobalCommitter):
         done = log.read_text().split() if log.exists() else []
         if str(checkpoint_id) in done:
             return  # committed before a failure: nothing twice
-        if self.fail_commit is not None and any(committables):
-            try:
-                os.close(os.open(self.fail_commit, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                pass
-            else:
-                raise ConnectionError(
-                    f"the ledgerbook's table is locked (checkpoint {checkpoint_id})"
-                )
+        if self.fail_commit is not None and any(committables) and first_time(self.fail_commit):
+            raise ConnectionError(f"the ledgerbook's table is locked (checkpoint {checkpoint_id})")
         for names in committables:
             for name in names or ():
                 os.replace(self.directory / ".staging" / name, self.directory / name)
@@ -350,3 +329,26 @@ class ClosingReader(LedgerReader):
     def close(self) -> None:
         with open(self.note, "a") as out:
             out.write("closed\n")
+
+
+def staged_name(context: SinkContext, checkpoint_id: int) -> str:
+    """The file a writer stages for a checkpoint (its subtask first, its attempt last)."""
+    c = context
+    return f"{c.subtask:03d}-{checkpoint_id:08d}-{c.run}-{c.generation}.jsonl"
+
+
+def drop_staged(staging: Path, keep: set[str], subtasks: Iterable[int]) -> None:
+    """Remove what ``subtasks`` staged but ``keep``: staged after the restored checkpoint."""
+    mine = {f"{index:03d}" for index in subtasks}
+    for staged in staging.iterdir():
+        if staged.name.split("-")[0] in mine and staged.name not in keep:
+            staged.unlink()
+
+
+def first_time(flag: str) -> bool:
+    """Whether ``flag`` did not exist yet (it does now): for faults that strike once."""
+    try:
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True

@@ -12,7 +12,6 @@ is fixed.
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import types
@@ -28,7 +27,17 @@ from test_savepoints import SavepointOnHold, endpoints_of
 from cutline import JobClient, JobFailedError, SourceHold, StreamEnvironment, Tumbling
 from cutline.runtime.task.local import ThreadLauncher
 
-from ledger import DISORDER, Broken, Closing, Journal, Ledger, Ledgerbook, entries, journal
+from ledger import (
+    DISORDER,
+    Broken,
+    Closing,
+    Journal,
+    Ledger,
+    Ledgerbook,
+    entries,
+    first_time,
+    journal,
+)
 
 Row = dict[str, Any]
 
@@ -46,11 +55,8 @@ class FailAt:
         return "fail_at"
 
     def __call__(self, record: Row) -> Row:
-        if record["account"] == self.account and record["entry"] == self.entry:
-            try:
-                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return record
+        hit = record["account"] == self.account and record["entry"] == self.entry
+        if hit and first_time(self.flag):
             raise RuntimeError(f"injected failure at {self.account}#{self.entry}")
         return record
 
