@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from cutline import ResumableCheckpointError, StreamEnvironment
 from cutline.cli import main
-from cutline.runtime.checkpoint.lineage import LINEAGE, begin_lineage, read_lineage, resumable
+from cutline.runtime.checkpoint.lineage import begin_lineage, read_lineage, resumable
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.checkpoint.verify import verify_checkpoint
 from cutline.runtime.task.local import ThreadLauncher
@@ -65,7 +65,8 @@ def test_a_second_run_without_restore_from_is_refused_and_deletes_nothing(
     assert re.search(r"taken \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", message)
     assert storage.completed_ids() == [last]
     assert verify_checkpoint(storage.location(last)).ok
-    assert not (tmp_path / "ck" / LINEAGE).exists()
+    began = read_lineage(storage)  # (by the first run: the refused one began nothing)
+    assert began is not None and (began.since, began.restored_from) == (1, None)
     # and it resumes, going on from that checkpoint
     again = job(tmp_path, n=None).execute(
         launcher=ThreadLauncher(), stop_after=0.3, restore_from="latest"
@@ -153,4 +154,5 @@ def test_a_directory_without_a_complete_checkpoint_needs_neither(tmp_path: Path)
     (tmp_path / "ck").mkdir()
     result = job(tmp_path).execute(launcher=ThreadLauncher())
     assert counts(result) == N
-    assert not (tmp_path / "ck" / LINEAGE).exists(), "nothing earlier: no lineage to begin"
+    began = read_lineage(CheckpointStorage(str(tmp_path / "ck")))
+    assert began is not None and (began.since, began.restored_from) == (1, None)

@@ -55,6 +55,12 @@ class SinkContext:
     """The id of this run of the job (one ``execute()``): lowercase letters and digits."""
     checkpoint_dir: str = ""
     storage_options: Mapping[str, Any] | None = None
+    job: str = ""
+    """The id of the job: the same for every run that resumes the checkpoint directory's
+    lineage (``restore_from="latest"``), new for a fresh start or a restore from elsewhere.
+    Lowercase letters and digits. A transactional sink names its transactions with it (and
+    ``name``, ``subtask`` and the checkpoint id), so that after any restart it finds the
+    ones it staged and the restored checkpoint does not hold, and aborts them."""
 
 
 class PendingCommit(ABC):

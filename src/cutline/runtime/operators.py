@@ -137,6 +137,8 @@ class OperatorContext:
     dead_letters: DeadLetterOutput | None = None
     run: str = "r0"
     """The id of this run of the job (one ``execute()``): sinks name their files with it."""
+    job: str = "r0"
+    """The id of the job's lineage, the same across resumed runs (``SinkContext.job``)."""
     state: StateConfig = field(default_factory=StateConfig)
     """The keyed state backend and how it checkpoints."""
     restore_store: SegmentSource | None = None
@@ -892,6 +894,7 @@ class SinkLogic(Logic):
             ctx.run,
             ctx.checkpoint_dir,
             ctx.storage_options,
+            ctx.job,
         )
         return _Sink(self.sink.writer(context, restored), self.sink.columnar, ctx)
 

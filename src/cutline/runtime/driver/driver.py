@@ -226,11 +226,12 @@ class JobDriver:
             )
         )
         if continues:
+            if now.lineage is not None and now.lineage.run:
+                job.job_id = now.lineage.run
             return [c for c in now.completed if now.since <= c < job.first_id]
-        if initial is not None or now.completed or now.lineage is not None:
-            begin_lineage(
-                storage, job.first_id, initial.url if initial is not None else None, job.run_id
-            )
+        begin_lineage(
+            storage, job.first_id, initial.url if initial is not None else None, job.run_id
+        )
         return []
 
     def _last_complete(self) -> int | None:
@@ -464,6 +465,7 @@ class JobDriver:
             dead_letter_dir=config.dead_letter_dir,
             on_error=config.on_error,
             run=self.job.run_id,
+            job=self.job.job_id,
             barriers=config.barriers,
             rate_limits=config.rate_limits,
             hold=config.hold if generation == 1 else None,

@@ -46,6 +46,11 @@ class JobRun:
         self.listener = listener
         self.run_id = secrets.token_hex(4)
         """This run's id, in the names of its output files."""
+        self.job_id = self.run_id
+        """The id of the job's lineage: the run that began the checkpoint directory's current
+        lineage (this one, unless it resumes an earlier run's). The same across the runs that
+        resume one another, so a transactional sink knows its own transactions after a
+        restart of the whole job (``SinkContext.job``)."""
         self.started = time.monotonic()
         self.result = JobResult()
         self.metrics = MetricsCollector(plan)

@@ -86,6 +86,8 @@ class SlotSetup:
     heartbeat_interval: float = 0.25
     run: str = "r0"
     """The id of this run of the job (one ``execute()``), in every output file's name."""
+    job: str = "r0"
+    """The id of the job's lineage (``SinkContext.job``): the same across resumed runs."""
     barriers: BarrierHandling = field(default_factory=BarrierHandling)
     drain: bool = False
     """The sources read nothing: the job publishes what it restored and ends (it restores the

@@ -195,7 +195,12 @@ class SubtaskRunner:
             )
             adopted = RescaledStates.of(restored.get(DEAD_LETTERS), self.index)
             context = SinkContext(
-                "dead letters", self.index, setup.plan.parallelism, setup.generation, setup.run
+                "dead letters",
+                self.index,
+                setup.plan.parallelism,
+                setup.generation,
+                setup.run,
+                job=setup.job,
             )
             self._dead_letters = DeadLetterOutput(sink.writer(context, adopted))
         for op in self.chain.operators:
@@ -247,6 +252,7 @@ class SubtaskRunner:
             on_error=setup.on_error.get(uid, "fail"),
             dead_letters=self._dead_letters,
             run=setup.run,
+            job=setup.job,
             state=setup.state,
             restore_store=self._restore_location,
             restore_checkpoint=(
