@@ -41,6 +41,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
+from cutline.api.outputs import Outputs
 from cutline.api.settings import Settings, location
 from cutline.connectors.sink import FunctionSink, Sink
 from cutline.runtime.graph import Edge, GraphError, JobGraph, KeySelector, Operator
@@ -259,7 +260,7 @@ class _Operators:
         return self.transform(*_per_record("map_batches", fn), name=name, on_error=on_error)
 
 
-class DataStream(_Operators):
+class DataStream(_Operators, Outputs):
     """A stream of records: the output of one operator."""
 
     def __init__(self, env: Dataflow, operator: Operator, event_time: EventTime | None = None):

@@ -59,8 +59,11 @@ class SinkContext:
     """The id of the job: the same for every run that resumes the checkpoint directory's
     lineage (``restore_from="latest"``), new for a fresh start or a restore from elsewhere.
     Lowercase letters and digits. A transactional sink names its transactions with it (and
-    ``name``, ``subtask`` and the checkpoint id), so that after any restart it finds the
+    ``uid``, ``subtask`` and the checkpoint id), so that after any restart it finds the
     ones it staged and the restored checkpoint does not hold, and aborts them."""
+    uid: str = ""
+    """The sink operator's id: unique in the job, the same in every run (its ``name=``, or
+    one derived from what it is and reads). Two sinks of one job never share it."""
 
 
 class PendingCommit(ABC):

@@ -25,7 +25,7 @@ split not started yet may hold (:meth:`SplitReader.lowest_timestamp`, :meth:`Spl
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -120,9 +120,16 @@ class SplitReader(ABC):
         ``None``: none (the split holds the watermark back until it starts)."""
         return None
 
+    def positions_taken(self, checkpoint_id: int, positions: Mapping[str, Any]) -> None:
+        """Checkpoint ``checkpoint_id`` holds ``positions`` (what :meth:`position` just gave,
+        per unfinished split). A reader that publishes its positions once a checkpoint
+        completes keeps them until :meth:`checkpoint_complete` (several checkpoints may be in
+        flight; one may never complete)."""
+        return None
+
     def checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: the positions it holds are durable (a
-        Kafka reader may publish its offsets for monitoring now)."""
+        Kafka reader may publish those :meth:`positions_taken` gave for it, for monitoring)."""
         return None
 
     def close(self) -> None:

@@ -139,6 +139,8 @@ class OperatorContext:
     """The id of this run of the job (one ``execute()``): sinks name their files with it."""
     job: str = "r0"
     """The id of the job's lineage, the same across resumed runs (``SinkContext.job``)."""
+    uid: str = ""
+    """The operator's id (unique in the job, the same in every run)."""
     state: StateConfig = field(default_factory=StateConfig)
     """The keyed state backend and how it checkpoints."""
     restore_store: SegmentSource | None = None
@@ -895,6 +897,7 @@ class SinkLogic(Logic):
             ctx.checkpoint_dir,
             ctx.storage_options,
             ctx.job,
+            ctx.uid,
         )
         return _Sink(self.sink.writer(context, restored), self.sink.columnar, ctx)
 

@@ -154,8 +154,8 @@ class SourceOperator:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def snapshot(self) -> dict[str, Any]:
-        """The state of every split of this subtask, for a checkpoint."""
+    def snapshot(self, checkpoint_id: int | None = None) -> dict[str, Any]:
+        """The state of every split of this subtask, for checkpoint ``checkpoint_id``."""
         positions = {
             split: self._call(f"give its position in split {split!r}", self.reader.position, split)
             for split in self.book.unfinished
@@ -164,6 +164,9 @@ class SourceOperator:
             pickle.dumps(positions)
         except Exception:  # (now, naming the split, rather than when the state file is written)
             self._check_picklable(positions)
+        if checkpoint_id is not None:
+            taken = self.reader.positions_taken
+            self._call("take the positions of a checkpoint", taken, checkpoint_id, positions)
         return {"format": SOURCE_STATE, "splits": self.book.snapshot(positions)}
 
     def _check_picklable(self, positions: Mapping[str, Any]) -> None:

@@ -253,6 +253,7 @@ class SubtaskRunner:
             dead_letters=self._dead_letters,
             run=setup.run,
             job=setup.job,
+            uid=uid,
             state=setup.state,
             restore_store=self._restore_location,
             restore_checkpoint=(
@@ -601,7 +602,7 @@ class SubtaskRunner:
             older.kind = older.first_barrier = older.trigger_seen = None
         if self._reader is not None:
             self._current = self.chain.operators[0].name
-            parts[self.chain.operators[0].uid] = self._reader.snapshot()
+            parts[self.chain.operators[0].uid] = self._reader.snapshot(checkpoint_id)
         for uid, running in self._operators:
             self._current = uid
             parts[uid] = running.snapshot(checkpoint_id, base=base, savepoint=savepoint)

@@ -1,0 +1,86 @@
+"""Where a stream goes besides files: Kafka, PostgreSQL and Delta Lake (``DataStream``'s
+``write_kafka``, ``write_postgres``, ``write_delta``). Each builds a connector of
+:mod:`cutline.connectors` and hands it to ``sink_to``; each says its guarantee."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cutline.connectors.sink import Sink
+
+
+class Outputs:
+    """The writers of :class:`~cutline.api.DataStream` to external systems."""
+
+    def sink_to(self, sink: Sink, *, name: str | None = None) -> None:  # (DataStream's)
+        raise NotImplementedError
+
+    def write_kafka(
+        self,
+        topic: str,
+        *,
+        bootstrap_servers: str,
+        key: str | None = None,
+        value_format: str = "json",
+        config: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Send the records to Kafka ``topic``, **at least once**: an idempotent producer,
+        flushed at every checkpoint (a checkpoint completes only once the brokers have every
+        record before it); after a failure the records since the restored checkpoint are
+        sent again. Each record is a JSON object (``value_format="json"``), or its ``value``
+        field's bytes or text (``"raw"``, ``"string"``); ``key=``: the field that keys it.
+        ``docs/connectors.md`` says why not exactly once, and what a reader does."""
+        from cutline.connectors.kafka.sink import KafkaSink
+
+        sink = KafkaSink(topic, bootstrap_servers, key, value_format, dict(config or {}))
+        self.sink_to(sink, name=name)
+
+    def write_postgres(
+        self,
+        dsn: str,
+        *,
+        table: str,
+        key: str | Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+        batch_rows: int = 20_000,
+        name: str | None = None,
+    ) -> None:
+        """Write the records into PostgreSQL ``table``, **exactly once**: a transaction per
+        subtask and checkpoint, prepared at the barrier and committed when the checkpoint
+        completes (two-phase commit; the server needs ``max_prepared_transactions`` > 0).
+        Inserts every record (``COPY``), or with ``key=`` upserts on those columns (a
+        primary key or unique constraint): a record replaces its key's row. The table must
+        exist with a column per field (``columns=``: only those fields are written); checked
+        now, on the driver, with the server."""
+        from cutline.connectors.postgres import PostgresSink
+
+        keys = None if key is None else ((key,) if isinstance(key, str) else tuple(key))
+        chosen = None if columns is None else tuple(columns)
+        sink = PostgresSink(dsn, table, keys, batch_rows, chosen)
+        sink.check()
+        self.sink_to(sink, name=name)
+
+    def write_delta(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        partition_by: Sequence[str] | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Append the records to the Delta Lake table at ``path`` (made if missing),
+        **exactly once**: each subtask stages Parquet files at the barrier, and the driver
+        commits them all in one Delta commit per checkpoint, which records the job and the
+        checkpoint (an application transaction) so that no checkpoint is committed twice."""
+        from cutline.connectors.delta import DeltaSink
+
+        where = os.fspath(path)
+        sink = DeltaSink(
+            where,
+            storage_options=dict(storage_options) if storage_options else None,
+            partition_by=list(partition_by) if partition_by else None,
+        )
+        self.sink_to(sink, name=name)

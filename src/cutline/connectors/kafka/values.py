@@ -1,0 +1,274 @@
+"""What a Kafka record becomes: its value decoded (JSON, raw bytes, a string, or a function of
+the user's) and Kafka's own fields beside it (``_key``, ``_partition``, ``_offset``,
+``_timestamp``).
+
+One read of a partition is decoded at once. JSON values with a schema take the fast path, every
+value of the read parsed by Arrow in one go; a read that Arrow cannot take whole (a value that
+is not one JSON object on one line, a field of another type) is decoded record by record, so
+that each record that does not decode is named, with its topic, partition and offset, and goes
+to the dead letters or fails the job, as the source was told: never a crash, never a silent
+drop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.json as pj
+
+KAFKA_FIELDS = ("_key", "_partition", "_offset", "_timestamp")
+"""The fields a Kafka record adds to its value's."""
+
+KAFKA_SCHEMA = pa.schema(
+    [
+        ("_key", pa.string()),
+        ("_partition", pa.int32()),
+        ("_offset", pa.int64()),
+        ("_timestamp", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+"""Their Arrow types with ``key_format="string"`` (``"raw"``: ``_key`` is binary)."""
+
+VALUE_FORMATS = ("json", "raw", "string")
+
+Deserializer = Callable[[bytes], dict[str, Any]]
+"""A user's deserializer: a value's bytes to the record's fields (a dict); what it raises
+rejects that record."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """The parts of a consumed Kafka message a record is made of."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+    """Epoch milliseconds (the producer's create time or the broker's log-append time)."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message whose value did not decode, and why."""
+
+    message: Message
+    why: str
+
+    def record(self) -> dict[str, Any]:
+        """What the dead letters keep of it: where it was, and its bytes as text."""
+        m = self.message
+        return {
+            "topic": m.topic,
+            "partition": m.partition,
+            "offset": m.offset,
+            "key": None if m.key is None else m.key.decode("utf-8", "backslashreplace"),
+            "value": None if m.value is None else m.value.decode("utf-8", "backslashreplace"),
+        }
+
+    def describe(self) -> str:
+        m = self.message
+        return f"topic {m.topic!r} partition {m.partition} offset {m.offset}: {self.why}"
+
+
+@dataclass(frozen=True)
+class ValueFormat:
+    """How one source decodes its records (picklable: it travels with the source).
+
+    ``value_format``: ``"json"`` (an object per value: its fields), ``"raw"`` (a ``value``
+    column of bytes), ``"string"`` (``value`` as UTF-8 text), or a deserializer of the user's.
+    ``schema``: the value's fields as Arrow types (JSON, or a deserializer's dicts); ``None``
+    with a deserializer, or JSON on an empty topic: records are Python dicts.
+    """
+
+    value_format: str | Deserializer = "json"
+    schema: pa.Schema | None = None
+    key_format: str = "string"
+
+    def record_schema(self) -> pa.Schema | None:
+        """The columns of the records, when they are Arrow batches."""
+        value = self.value_schema()
+        if value is None:
+            return None
+        return pa.schema([*value, *self.kafka_schema()])
+
+    def value_schema(self) -> pa.Schema | None:
+        if self.value_format == "raw":
+            return pa.schema([("value", pa.binary())])
+        if self.value_format == "string":
+            return pa.schema([("value", pa.string())])
+        return self.schema
+
+    def kafka_schema(self) -> pa.Schema:
+        if self.key_format == "raw":
+            return KAFKA_SCHEMA.set(0, pa.field("_key", pa.binary()))
+        return KAFKA_SCHEMA
+
+    def decode(
+        self, messages: Sequence[Message]
+    ) -> tuple[pa.RecordBatch | list[Any], list[Rejected]]:
+        """The records of ``messages`` (one partition's, in order) and those rejected."""
+        if self.value_format in ("raw", "string"):
+            return self._plain(messages)
+        schema = self.schema
+        if isinstance(self.value_format, str) and schema is not None:
+            fast = _json_at_once(messages, schema)
+            if fast is not None:
+                return self._with_kafka_fields(fast, messages), []
+        rows: list[dict[str, Any]] = []
+        kept: list[Message] = []
+        rejected: list[Rejected] = []
+        for message in messages:
+            try:
+                rows.append(self._one(message))
+                kept.append(message)
+            except _Undecodable as exc:
+                rejected.append(Rejected(message, str(exc)))
+        if schema is None:
+            for row, message in zip(rows, kept, strict=True):
+                row.update(self._fields(message))
+            return rows, rejected
+        columns, fit = _fit(rows, kept, schema, rejected)
+        return self._with_kafka_fields(columns, fit), rejected
+
+    def _one(self, message: Message) -> dict[str, Any]:
+        value = message.value
+        if value is None:
+            raise _Undecodable("it has no value (a tombstone)")
+        if callable(self.value_format):
+            try:
+                row = self.value_format(value)
+            except Exception as exc:
+                raise _Undecodable(f"the deserializer raised {type(exc).__name__}: {exc}") from None
+            if not isinstance(row, dict):
+                raise _Undecodable(
+                    f"the deserializer returned {type(row).__name__}, not a dict of fields"
+                )
+            return dict(row)
+        try:
+            row = json.loads(value)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _Undecodable(f"its value is not JSON ({exc}): {value[:80]!r}") from None
+        if not isinstance(row, dict):
+            raise _Undecodable(f"its value is JSON {type(row).__name__}, not an object")
+        return row
+
+    def _plain(self, messages: Sequence[Message]) -> tuple[pa.RecordBatch, list[Rejected]]:
+        if self.value_format == "raw":
+            values = pa.array([m.value for m in messages], pa.binary())
+            return self._with_kafka_fields(pa.table({"value": values}), messages), []
+        texts: list[str | None] = []
+        kept: list[Message] = []
+        rejected: list[Rejected] = []
+        for m in messages:
+            try:
+                texts.append(None if m.value is None else m.value.decode("utf-8"))
+                kept.append(m)
+            except UnicodeDecodeError as exc:
+                rejected.append(Rejected(m, f"its value is not UTF-8 text ({exc})"))
+        table = pa.table({"value": pa.array(texts, pa.string())})
+        return self._with_kafka_fields(table, kept), rejected
+
+    def _fields(self, message: Message) -> dict[str, Any]:
+        key: Any = message.key
+        if key is not None and self.key_format == "string":
+            key = key.decode("utf-8", "backslashreplace")
+        return {
+            "_key": key,
+            "_partition": message.partition,
+            "_offset": message.offset,
+            "_timestamp": dt.datetime.fromtimestamp(message.timestamp / 1000, dt.UTC),
+        }
+
+    def _with_kafka_fields(self, table: pa.Table, messages: Sequence[Message]) -> pa.RecordBatch:
+        kafka = self.kafka_schema()
+        keys: list[Any] = [m.key for m in messages]
+        if self.key_format == "string":
+            keys = [None if k is None else k.decode("utf-8", "backslashreplace") for k in keys]
+        arrays = [
+            pa.array(keys, kafka.field("_key").type),
+            pa.array([m.partition for m in messages], pa.int32()),
+            pa.array([m.offset for m in messages], pa.int64()),
+            pa.array([m.timestamp for m in messages], pa.int64()).cast(
+                kafka.field("_timestamp").type
+            ),
+        ]
+        columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
+        return pa.RecordBatch.from_arrays(
+            [*columns, *arrays], schema=pa.schema([*table.schema, *kafka])
+        )
+
+
+class _Undecodable(Exception):
+    pass
+
+
+def _json_at_once(messages: Sequence[Message], schema: pa.Schema) -> pa.Table | None:
+    """Every value parsed by Arrow at once, if each is one JSON object on one line and every
+    field fits ``schema``; ``None``: decode them one by one."""
+    values = [m.value for m in messages]
+    if not values or any(v is None or not v.strip() or b"\n" in v or b"\r" in v for v in values):
+        return None
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    data = b"\n".join(values)  # type: ignore[arg-type]
+    block = max(1 << 20, len(data) + 1)  # (one block: the rows stay in order, one per value)
+    try:
+        table = pj.read_json(
+            pa.BufferReader(data),
+            read_options=pj.ReadOptions(block_size=block),
+            parse_options=options,
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if table.num_rows != len(values):
+        return None
+    return table.select(schema.names)
+
+
+def _fit(
+    rows: list[dict[str, Any]],
+    messages: list[Message],
+    schema: pa.Schema,
+    rejected: list[Rejected],
+) -> tuple[pa.Table, list[Message]]:
+    """``rows`` as a table of ``schema``; a row whose fields do not fit is rejected (named)."""
+    try:
+        return pa.Table.from_pylist(rows, schema=schema), messages
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        pass
+    kept_rows: list[dict[str, Any]] = []
+    kept: list[Message] = []
+    for row, message in zip(rows, messages, strict=True):
+        try:
+            pa.Table.from_pylist([row], schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as exc:
+            rejected.append(Rejected(message, f"a field does not fit the schema: {exc}"))
+            continue
+        kept_rows.append(row)
+        kept.append(message)
+    return pa.Table.from_pylist(kept_rows, schema=schema), kept
+
+
+def infer_schema(values: Sequence[bytes]) -> pa.Schema | None:
+    """The Arrow schema of sample JSON values (objects), as Arrow's JSON reader infers it;
+    ``None``: no value to infer from."""
+    rows = []
+    for value in values:
+        try:
+            row = json.loads(value)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(row, dict):
+            rows.append(json.dumps(row).encode())
+    if not rows:
+        return None
+    try:
+        return pj.read_json(pa.BufferReader(b"\n".join(rows))).schema
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return pa.Table.from_pylist([json.loads(r) for r in rows]).schema
