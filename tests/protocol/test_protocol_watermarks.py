@@ -112,6 +112,26 @@ def test_an_idle_split_stops_holding_the_watermark_back_and_all_idle_says_so() -
     assert splits.records(1, 2000, now=9.0) == [EmitStatus(idle=False), EmitWatermark(1999)]
 
 
+def test_a_partition_that_never_shows_a_record_goes_idle_once_read_to_its_end() -> None:
+    """A split that never showed a record holds the watermark (a file waiting its turn) until
+    its reader says it read all there is (an empty Kafka partition): its idle time counts from
+    then, so it does not hold the watermark back for ever."""
+    splits: SplitWatermarks[str] = SplitWatermarks(bound=0, idle_timeout=5.0, bounded=False)
+    splits.split_added("t/0")
+    splits.split_added("t/1")  # empty, and stays so
+    splits.split_added("file", lowest=100)  # (never said caught up: it holds until it starts)
+    assert splits.records("t/0", 500, now=1.0) == []
+    assert splits.tick(50.0) == []  # t/0 idle since 6.0, but t/1 holds it at MIN
+    assert splits.caught_up("t/1", now=50.0) == []
+    assert splits.caught_up("t/1", now=53.0) == []  # (from the first time it was said)
+    assert splits.tick(54.9) == []
+    assert splits.tick(55.0) == [EmitWatermark(99)]  # t/1 idle: the file holds it
+    assert splits.records("file", 800, now=56.0) == [EmitWatermark(799)]
+    assert splits.caught_up("t/0", now=57.0) == []  # (it showed records: counts from those)
+    assert splits.tick(60.0) == []
+    assert splits.tick(61.0) == [EmitStatus(idle=True)]  # the file, too
+
+
 def test_an_unbounded_subtask_without_splits_is_idle_not_at_its_end() -> None:
     """Splits found while the job runs (a watched directory): with none to read the subtask
     holds nothing back (idle), never MAX_WATERMARK; a split found later brings it back."""

@@ -120,6 +120,14 @@ class SplitReader(ABC):
         ``None``: none (the split holds the watermark back until it starts)."""
         return None
 
+    def caught_up(self) -> Iterable[str]:
+        """The splits it has read all there is of, for now (a partition at its end): with
+        event time, one that never showed a record stops holding the watermark back
+        ``idle_timeout`` after it is first said here (so an empty partition does not hold it
+        for ever). Asked every few tens of milliseconds when there is an ``idle_timeout``;
+        by default none (a split holds the watermark until its records start)."""
+        return ()
+
     def positions_taken(self, checkpoint_id: int, positions: Mapping[str, Any]) -> None:
         """Checkpoint ``checkpoint_id`` holds ``positions`` (what :meth:`position` just gave,
         per unfinished split). A reader that publishes its positions once a checkpoint

@@ -21,7 +21,11 @@ they return, in order:
   :data:`MIN_WATERMARK`; a finished split holds nothing. A split that showed no record for
   ``idle_timeout`` (processing time, given by the host: :meth:`SplitWatermarks.tick`) is
   **idle** and stops holding the watermark back until it has records again; when every
-  split is idle the subtask says so downstream (``EmitStatus(idle=True)``).
+  split is idle the subtask says so downstream (``EmitStatus(idle=True)``). A split that
+  never showed a record holds the watermark until its records start (a file waiting its
+  turn), unless its reader says it read all there is (``caught_up(split, now)``: a Kafka
+  partition at its end): its idle time counts from then, so that an empty partition does
+  not hold the watermark back for ever.
 * :class:`WatermarkValve`, beside a subtask with inputs (Flink's ``StatusWatermarkValve``):
   its watermark is the minimum over its input channels' watermarks. An idle channel does not
   hold it back; a channel that becomes active again holds it back only once its own
@@ -33,6 +37,7 @@ they return, in order:
 event (method)                                         actions it may return
 =====================================================  =========================================
 ``SplitWatermarks.split_added(split, lowest)``         none (a split held back from the start)
+``SplitWatermarks.caught_up(split, now)``              none (its idle time counts from now)
 ``SplitWatermarks.records(split, highest, now)``       ``EmitStatus(idle=False)`` if the subtask
                                                        was idle, then ``EmitWatermark(W)`` if
                                                        its watermark advanced
@@ -124,7 +129,8 @@ class _Split:
     held: int
     """What this split promises: no more record at or below it."""
     last_records: float | None = None
-    """When it last had records (processing time), once started."""
+    """When it last had records (processing time), once started; or, never started, when
+    its reader first said it read all there is."""
     idle: bool = False
 
 
@@ -169,6 +175,15 @@ class SplitWatermarks(Generic[S]):
             raise WatermarkError(f"split {split!r} was added twice")
         held = MIN_WATERMARK if lowest is None else max(MIN_WATERMARK, lowest - 1)
         self._splits[split] = _Split(held)
+        return []
+
+    def caught_up(self, split: S, now: float) -> list[WatermarkAction]:
+        """The reader read all there is of ``split`` for now (a partition at its end). One
+        that never showed a record counts its idle time from ``now`` (the first time): so an
+        empty partition goes idle; one that did counts from its last records, as ever."""
+        state = self._live(split)
+        if state.last_records is None:
+            state.last_records = now
         return []
 
     def records(self, split: S, highest: int, now: float) -> list[WatermarkAction]:

@@ -88,6 +88,7 @@ class SourceOperator:
         self._add(self.book.discovered(listing))
         interval = source.discovery_interval
         self._discover_at = None if interval is None else time.monotonic() + interval
+        self._caught_up_at = 0.0
         self._quiet()
 
     # -------------------------------------------------------------------- reading
@@ -135,15 +136,24 @@ class SourceOperator:
 
     def tick(self, now: float) -> list[WatermarkAction]:
         """Processing time is ``now`` (monotonic seconds): splits idle for ``idle_timeout``
-        stop holding the watermark back; an unbounded source lists its splits again when its
-        ``discovery_interval`` has passed."""
+        stop holding the watermark back (a split that never showed a record counts from when
+        its reader said it read all there is); an unbounded source lists its splits again
+        when its ``discovery_interval`` has passed."""
         if self._discover_at is not None and now >= self._discover_at:
             interval = self.source.discovery_interval
             assert interval is not None
             self._discover_at = now + interval
             self._add(self.book.discovered(self._listing()))
-        if self.generator is not None:
-            self.watermarks += self.generator.tick(now)
+        generator = self.generator
+        if generator is not None:
+            timeout = generator.idle_timeout
+            if timeout is not None and now >= self._caught_up_at:
+                self._caught_up_at = now + min(0.05, timeout / 4)
+                asked = "say which splits it read to their end"
+                for split in self._call(asked, self.reader.caught_up):
+                    if self.book.reads(split):
+                        self.watermarks += generator.caught_up(split, now)
+            self.watermarks += generator.tick(now)
         return self.take_watermarks()
 
     def end(self) -> list[WatermarkAction]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from cutline.connectors.sink import Sink, SinkContext, SinkError, SinkWriter
 from cutline.connectors.source import Batch
 
+LOG = logging.getLogger("cutline.connectors.kafka")
 FLUSH_TIMEOUT = 60.0
 """Seconds a checkpoint's flush may wait for the brokers' acknowledgements; then the
 checkpoint fails (and the job restarts) rather than complete over records not written."""
@@ -78,6 +80,7 @@ class KafkaWriter(SinkWriter):
         self.context = context
         config: dict[str, Any] = {
             "bootstrap.servers": sink.bootstrap_servers,
+            "logger": LOG,
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,

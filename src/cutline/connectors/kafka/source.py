@@ -26,6 +26,7 @@ checkpoints and are the only truth.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import time
 import zlib
@@ -64,6 +65,7 @@ from cutline.connectors.source import (
 )
 from cutline.protocol.splits import Split
 
+LOG = logging.getLogger("cutline.connectors.kafka")
 METADATA_TIMEOUT = 10.0
 """Seconds a look-up of the brokers' metadata (topics, partitions, offsets) may take."""
 SAMPLE = 500
@@ -222,6 +224,7 @@ class _client:
 def _consumer_config(source: KafkaSource, group: str | None) -> dict[str, Any]:
     config: dict[str, Any] = {
         "bootstrap.servers": source.bootstrap_servers,
+        "logger": LOG,  # (librdkafka's messages through Python's logging, not on stderr)
         "group.id": group or "cutline",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -384,6 +387,9 @@ class KafkaReader(SplitReader):
         self.assigned: set[str] = set()
         """The splits assigned to the consumer."""
         self.taken: dict[int, dict[str, Any]] = {}
+        """Checkpoint -> the positions it holds, to publish when it completes (group_id)."""
+        self.ended: dict[str, int] = {}
+        """Where the partitions finished since the last checkpoint ended."""
         self._errors: list[str] = []
         self._lock = threading.Lock()
         self._warned_down = False
@@ -495,18 +501,36 @@ class KafkaReader(SplitReader):
 
     def _finish(self, split: str) -> ReadResult:
         topic, partition = parse_split(split)
-        self.next.pop(split, None)
+        end = self.next.pop(split, None)
+        if end is not None:
+            self.ended[split] = end
         self.waiting = deque((s, m) for s, m in self.waiting if s != split)
         if split in self.assigned:
             self.assigned.discard(split)
             self.consumer.incremental_unassign([TopicPartition(topic, partition)])
         return Finished(split)
 
+    def caught_up(self) -> list[str]:
+        """The partitions read to the end the client last heard of (their high watermark)."""
+        done = []
+        for split in self.assigned:
+            at = self.next.get(split)
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(*parse_split(split)), cached=True
+                )
+            except KafkaException:
+                continue
+            if high >= 0 and (at or 0) >= high and not any(s == split for s, _ in self.waiting):
+                done.append(split)
+        return done
+
     # ------------------------------------------------------------ checkpoints
 
     def positions_taken(self, checkpoint_id: int, positions: Mapping[str, Any]) -> None:
-        if self.source.group_id is not None:
-            self.taken[checkpoint_id] = dict(positions)
+        if self.source.group_id is not None:  # (with the ends of those finished since)
+            self.taken[checkpoint_id] = {**self.ended, **positions}
+            self.ended = {}
 
     def checkpoint_complete(self, checkpoint_id: int) -> None:
         """Publish the completed checkpoint's offsets to the consumer group (monitoring)."""

@@ -135,6 +135,7 @@ class ValueFormat:
                 row.update(self._fields(message))
             return rows, rejected
         columns, fit = _fit(rows, kept, schema, rejected)
+        rejected.sort(key=lambda r: r.message.offset)
         return self._with_kafka_fields(columns, fit), rejected
 
     def _one(self, message: Message) -> dict[str, Any]:
