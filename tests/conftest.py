@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, settings
 sys.path.insert(0, str(Path(__file__).parent))
 from paths import GROUPS, TESTS, import_path
 
+from server_fixtures import kafka_broker, postgres  # noqa: F401 (fixtures of every group)
+
 sys.path[:0] = [p for p in import_path() if p not in sys.path]
 
 settings.register_profile(

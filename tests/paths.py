@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-GROUPS = ("protocol", "sim", "runtime", "jobs", "spark", "tools")
+GROUPS = ("protocol", "sim", "runtime", "jobs", "connectors", "spark", "tools")
 """The groups, from the bottom of the house up: protocol, simulator, runtime pieces, whole
-jobs on the thread launcher, jobs on Spark, the command line and the report."""
+jobs on the thread launcher, the connectors against real servers, jobs on Spark, the command
+line and the report."""
 SCENARIOS = TESTS / "scenarios"
 """Hand-derived scenarios of the simulator, with their expected output."""
 

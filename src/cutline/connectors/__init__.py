@@ -11,8 +11,18 @@
 
 The built-in connectors (``env.from_sequence``, ``env.read_parquet``, ``read_csv``,
 ``read_jsonl``, ``write_parquet``, ``write_jsonl``, ``collect``) are of this API like any
-other. How to write one: ``docs/connectors.md``.
+other, and so are those to other systems, imported when first named:
+
+* :class:`KafkaSource` (``env.read_kafka``, exactly once) and :class:`KafkaSink`
+  (``stream.write_kafka``, at least once), on confluent-kafka;
+* :class:`PostgresSink` (``stream.write_postgres``, exactly once by two-phase commit), on
+  psycopg;
+* :class:`DeltaSink` (``stream.write_delta``, exactly once), on deltalake.
+
+How to write one: ``docs/connectors.md``.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from cutline.connectors.sink import (
     FunctionSink,
@@ -36,13 +46,41 @@ from cutline.connectors.source import (
 )
 from cutline.protocol.splits import Split
 
+if TYPE_CHECKING:
+    from cutline.connectors.delta import DeltaSink
+    from cutline.connectors.kafka import KafkaSink, KafkaSource
+    from cutline.connectors.postgres import PostgresSink
+
+_LAZY = {
+    "DeltaSink": "cutline.connectors.delta",
+    "KafkaSink": "cutline.connectors.kafka",
+    "KafkaSource": "cutline.connectors.kafka",
+    "PostgresSink": "cutline.connectors.postgres",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The connectors to other systems, imported (with their client library) when first
+    named: ``import cutline`` does not load confluent-kafka, psycopg and deltalake."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cutline.connectors' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "Batch",
+    "DeltaSink",
     "Finished",
     "FunctionSink",
     "GlobalCommitter",
+    "KafkaSink",
+    "KafkaSource",
     "Nothing",
     "PendingCommit",
+    "PostgresSink",
     "ReadResult",
     "Records",
     "Sink",

@@ -1,4 +1,4 @@
-"""Fixtures of the connectors' tests: real servers on loopback (``cutline.examples.servers``),
+"""The fixtures of real servers on loopback (``cutline.examples.servers``),
 one a test, each on a port and in a folder of its own, so that tests run side by side under
 pytest-xdist. A fixture skips its test only when its server cannot run here (its package is
 not installed, or it does not come up: :class:`ServerUnavailable`, whose message says why)."""
@@ -13,12 +13,6 @@ import pytest
 from cutline.examples.servers import KafkaBroker, PostgresServer, ServerUnavailable
 
 Server = TypeVar("Server", KafkaBroker, PostgresServer)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "connectors: the connectors, against real servers (tests/connectors)"
-    )
 
 
 def serving(kind: type[Server], **options: Any) -> Iterator[Server]:

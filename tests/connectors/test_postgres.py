@@ -1,0 +1,683 @@
+"""The PostgreSQL sink (``cutline.connectors.postgres``), exactly once by two-phase commit,
+against a real server (the ``postgres`` fixture): jobs with slots as threads, and its writer
+driven by hand.
+
+The job: ``from_sequence(0, N)``, each number a purchase of a user (:func:`purchase`), the
+users' running sums written into a table. A user's purchases are the numbers of one split of
+the sequence (``from_sequence`` deals ``value % 128`` into split ``value % 128``; there are
+:data:`USERS` = 128 users), read in order by one subtask, so every running sum is fixed and
+computed here in plain Python: inserted, the table holds each of them once; upserted, each
+user's total. Amounts are positive: a user's running sums all differ, and a row written twice
+shows. At the end of every test nothing is left prepared (``pg_prepared_xacts`` is empty):
+nothing holds locks.
+
+Faults land by construction: the sources hold half-way until two checkpoints (with rows)
+completed (``SourceHold``), and the failure strikes past the hold; the server is stopped by the
+job's listener at a complete checkpoint with rows, with input left.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+from test_savepoints import SavepointOnHold, endpoints_of
+
+from cutline import (
+    CheckpointCompleted,
+    DataStream,
+    JobClient,
+    JobEvent,
+    JobFailedError,
+    JobFailure,
+    JobListener,
+    Restarting,
+    SavepointCompleted,
+    SourceHold,
+    StreamEnvironment,
+)
+from cutline.connectors import PendingCommit, SinkContext, SinkError
+from cutline.connectors.postgres import PostgresSink, PostgresWriter, transaction_id
+from cutline.examples.servers import PostgresServer, free_port
+from cutline.runtime.task.local import ThreadLauncher
+
+from ledger import first_time
+
+pytestmark = pytest.mark.connectors
+
+N = 3000
+USERS = 128
+"""As many as ``from_sequence``'s splits: each user's purchases are one split's."""
+SUMS = 'CREATE TABLE sums ("user" text NOT NULL, amount bigint NOT NULL)'
+TOTALS = 'CREATE TABLE totals ("user" text PRIMARY KEY, amount bigint NOT NULL)'
+EVENTS = "CREATE TABLE events (n bigint NOT NULL)"
+
+
+# -- the job and its answer ---------------------------------------------------------------------
+
+
+def purchase(record: dict[str, int]) -> dict[str, Any]:
+    n = record["value"]
+    return {"user": f"u{n % USERS:03d}", "amount": n * 7919 % 97 + 1, "n": n}
+
+
+def running_sums(n: int) -> Counter[tuple[str, int]]:
+    """Every (user, running sum) row of the first ``n`` purchases, counted."""
+    totals: Counter[str] = Counter()
+    rows: Counter[tuple[str, int]] = Counter()
+    for value in range(n):
+        bought = purchase({"value": value})
+        totals[bought["user"]] += bought["amount"]
+        rows[(bought["user"], totals[bought["user"]])] += 1
+    assert max(rows.values()) == 1  # (positive amounts: a user's running sums differ)
+    return rows
+
+
+def totals(n: int) -> dict[str, int]:
+    """Each user's total after the first ``n`` purchases."""
+    sums: Counter[str] = Counter()
+    for value in range(n):
+        bought = purchase({"value": value})
+        sums[bought["user"]] += bought["amount"]
+    return dict(sums)
+
+
+@dataclass(frozen=True)
+class FailAt:
+    """Raises once (a flag file remembers it), at purchase ``n``."""
+
+    n: int
+    flag: str
+
+    @property
+    def __name__(self) -> str:
+        return "fail_at"
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        if record["n"] == self.n and first_time(self.flag):
+            raise RuntimeError(f"injected failure at purchase {self.n}")
+        return record
+
+
+def environment(
+    tmp_path: Path, parallelism: int, checkpoints: str, **options: Any
+) -> StreamEnvironment:
+    settings: dict[str, Any] = {
+        "checkpoint_interval": 0.05,
+        "checkpoint_dir": tmp_path / checkpoints,
+        "restart_delay": 0,
+        "batch_size": 50,
+    }
+    settings.update(options)
+    return StreamEnvironment(parallelism, **settings)
+
+
+def running_sum_stream(env: StreamEnvironment, n: int, fail: FailAt | None = None) -> DataStream:
+    stream = env.from_sequence(0, n, name="numbers").map(purchase, name="purchase")
+    if fail is not None:
+        stream = stream.map(fail, name="fail")
+    return stream.key_by("user").sum("amount", name="sums")
+
+
+def sums_job(
+    tmp_path: Path,
+    parallelism: int,
+    dsn: str,
+    *,
+    n: int = N,
+    upsert: bool = False,
+    table: str | None = None,
+    fail: FailAt | None = None,
+    checkpoints: str = "ck",
+    batch_rows: int = 20_000,
+    **options: Any,
+) -> StreamEnvironment:
+    """The users' running sums into ``sums`` (inserted) or ``totals`` (upserted on the user)."""
+    env = environment(tmp_path, parallelism, checkpoints, **options)
+    running_sum_stream(env, n, fail).write_postgres(
+        dsn,
+        table=table or ("totals" if upsert else "sums"),
+        key=["user"] if upsert else None,
+        columns=["user", "amount"],
+        batch_rows=batch_rows,
+        name="pg",
+    )
+    return env
+
+
+def half_way(n: int, parallelism: int) -> SourceHold:
+    """Each source subtask holds after half its numbers until two checkpoints completed."""
+    return SourceHold(records=n // (2 * parallelism), checkpoints=2)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+def execute(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        for statement in statements:
+            connection.execute(statement)
+
+
+def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        return connection.execute(statement).fetchall()
+
+
+def rows_of(dsn: str, table: str) -> Counter[tuple[Any, ...]]:
+    return Counter(query(dsn, f"SELECT * FROM {table}"))
+
+
+def prepared(dsn: str) -> list[str]:
+    """The transactions left prepared on the server (of every database)."""
+    return [gid for (gid,) in query(dsn, "SELECT gid FROM pg_prepared_xacts ORDER BY gid")]
+
+
+def assert_inserted(dsn: str, n: int, table: str = "sums", times: int = 1) -> None:
+    """Every running sum of the first ``n`` purchases in ``table``, ``times`` times; nothing
+    prepared."""
+    wanted = Counter({row: times for row in running_sums(n)})
+    assert rows_of(dsn, table) == wanted
+    assert prepared(dsn) == []
+
+
+def assert_upserted(dsn: str, n: int) -> None:
+    """Each user's total in ``totals``, once; nothing prepared."""
+    assert dict(query(dsn, "SELECT * FROM totals")) == totals(n)
+    assert query(dsn, "SELECT count(*) FROM totals") == [(USERS,)]
+    assert prepared(dsn) == []
+
+
+GID = re.compile(r"PREPARE TRANSACTION 'cutline:([a-z0-9]+):([0-9a-f]{8}):(\d+):(\d+)'")
+
+
+def prepared_in_log(postgres: PostgresServer) -> list[tuple[str, str, int, int]]:
+    """(job, sink, subtask, checkpoint) of every transaction prepared, in order, from the
+    server's log (``log_statement=all``)."""
+    return [
+        (job, sink, int(subtask), int(checkpoint))
+        for job, sink, subtask, checkpoint in GID.findall(postgres.log.read_text())
+    ]
+
+
+# -- exactly once, inserted and upserted ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+def test_every_running_sum_is_inserted_once(
+    postgres: PostgresServer, tmp_path: Path, parallelism: int
+) -> None:
+    execute(postgres.dsn, SUMS)
+    env = sums_job(tmp_path, parallelism, postgres.dsn)
+    result = env.execute(launcher=ThreadLauncher(), hold_sources=half_way(N, parallelism))
+    assert not result.restarts
+    assert len(result.checkpoints) >= 3  # (two at the hold, and the final one)
+    assert_inserted(postgres.dsn, N)
+
+
+@pytest.mark.parametrize("batch_rows", [1, 20_000])
+def test_each_users_total_is_upserted(
+    postgres: PostgresServer, tmp_path: Path, batch_rows: int
+) -> None:
+    """Upserts in batches of one row too: each batch is flushed while the previous checkpoint's
+    transaction, holding the same users' rows, may still be prepared."""
+    execute(postgres.dsn, TOTALS)
+    env = sums_job(tmp_path, 2, postgres.dsn, upsert=True, batch_rows=batch_rows)
+    result = env.execute(launcher=ThreadLauncher(), hold_sources=half_way(N, 2))
+    assert not result.restarts
+    assert_upserted(postgres.dsn, N)
+
+
+@pytest.mark.parametrize(
+    ("upsert", "parallelism", "seed"), [(False, 2, 1), (False, 3, 2), (True, 2, 3), (True, 1, 4)]
+)
+def test_a_failure_at_a_random_purchase_restarts_exactly(
+    postgres: PostgresServer, tmp_path: Path, upsert: bool, parallelism: int, seed: int
+) -> None:
+    """A failure at a random purchase past the hold (two checkpoints with rows completed before
+    it): the restored job commits what the restored checkpoint prepared, rolls back the rest,
+    and writes the purchases after it again."""
+    execute(postgres.dsn, TOTALS if upsert else SUMS)
+    at = random.Random(seed).randrange(3 * N // 4, N)
+    fail = FailAt(at, str(tmp_path / "failed"))
+    env = sums_job(tmp_path, parallelism, postgres.dsn, upsert=upsert, fail=fail)
+    result = env.execute(launcher=ThreadLauncher(), hold_sources=half_way(N, parallelism))
+    assert len(result.restarts) == 1
+    assert f"injected failure at purchase {at}" in result.restarts[0].cause
+    assert result.restarts[0].restored_from is not None
+    if upsert:
+        assert_upserted(postgres.dsn, N)
+    else:
+        assert_inserted(postgres.dsn, N)
+
+
+# -- recovery, by hand --------------------------------------------------------------------------
+
+
+def context(
+    subtask: int = 0,
+    parallelism: int = 1,
+    *,
+    generation: int = 1,
+    job: str = "jobone",
+    uid: str = "events",
+) -> SinkContext:
+    return SinkContext("pg", subtask, parallelism, generation, "run1", job=job, uid=uid)
+
+
+def numbers(*ns: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"n": n} for n in ns])
+
+
+def written(dsn: str) -> list[int]:
+    return [n for (n,) in query(dsn, "SELECT n FROM events ORDER BY n")]
+
+
+def die(writer: PostgresWriter) -> None:
+    """The writer's process dies: its connections drop (the server rolls back the open
+    transaction), and nothing is committed nor rolled back by it."""
+    assert writer.data is not None
+    writer.data.close()
+    writer.control.close()
+
+
+def gid(subtask: int, checkpoint: int, job: str = "jobone", uid: str = "events") -> str:
+    return transaction_id(job, uid, subtask, checkpoint)
+
+
+def test_transaction_ids_name_the_job_the_sink_the_subtask_and_the_checkpoint() -> None:
+    assert gid(2, 17) == f"cutline:jobone:{zlib.crc32(b'events'):08x}:2:17"
+    assert gid(2, 17, uid="audit") != gid(2, 17) != gid(2, 17, job="jobtwo")
+
+
+@pytest.mark.parametrize("server_restarts", [False, True])
+def test_a_restored_writer_commits_the_restored_checkpoint_and_rolls_back_the_next(
+    postgres: PostgresServer, server_restarts: bool
+) -> None:
+    """Checkpoints 1 and 2 prepared, the writer dies (and the server restarts: prepared
+    transactions survive it); the writer restored with checkpoint 1 commits 1, rolls back 2;
+    restored again with checkpoint 1, it does nothing more (a commit is idempotent)."""
+    dsn = postgres.dsn
+    execute(dsn, EVENTS)
+    sink = PostgresSink(dsn, "events")
+    writer = sink.writer(context(), {})
+    writer.write(numbers(1, 2, 3))
+    first = writer.prepare_commit(1)
+    writer.write(numbers(4, 5))
+    second = writer.prepare_commit(2)
+    writer.write(numbers(6))  # (open, never prepared)
+    assert first == [(1, gid(0, 1))]
+    assert second == [(1, gid(0, 1)), (2, gid(0, 2))]
+    die(writer)
+    if server_restarts:
+        postgres.restart()
+    assert prepared(dsn) == [gid(0, 1), gid(0, 2)]
+    assert written(dsn) == []
+
+    restored = sink.writer(context(generation=2), {0: first})
+    assert written(dsn) == [1, 2, 3]
+    assert prepared(dsn) == []
+    restored.write(numbers(7))
+    assert restored.prepare_commit(3) == [(3, gid(0, 3))]
+    restored.commit(3)
+    restored.commit(3)
+    restored.close()
+    sink.writer(context(generation=3), {0: first}).close()
+    assert written(dsn) == [1, 2, 3, 7]
+    assert prepared(dsn) == []
+
+
+def test_a_writer_restored_at_a_lower_parallelism_settles_every_old_subtask(
+    postgres: PostgresServer,
+) -> None:
+    dsn = postgres.dsn
+    execute(dsn, EVENTS)
+    sink = PostgresSink(dsn, "events")
+    zero, one = sink.writer(context(0, 2), {}), sink.writer(context(1, 2), {})
+    zero.write(numbers(1))
+    one.write(numbers(2))
+    kept = {0: zero.prepare_commit(1), 1: one.prepare_commit(1)}
+    zero.write(numbers(3))
+    one.write(numbers(4))
+    zero.prepare_commit(2)
+    one.prepare_commit(2)
+    die(zero)
+    die(one)
+    assert prepared(dsn) == sorted(gid(s, c) for s in (0, 1) for c in (1, 2))
+
+    sink.writer(context(0, 1, generation=2), kept).close()
+    assert written(dsn) == [1, 2]
+    assert prepared(dsn) == []
+
+
+def test_a_writer_restored_at_a_higher_parallelism_settles_only_the_old_subtasks_it_takes_over(
+    postgres: PostgresServer,
+) -> None:
+    dsn = postgres.dsn
+    execute(dsn, EVENTS)
+    sink = PostgresSink(dsn, "events")
+    writer = sink.writer(context(0, 1), {})
+    writer.write(numbers(1))
+    kept = writer.prepare_commit(1)
+    writer.write(numbers(2))
+    writer.prepare_commit(2)
+    die(writer)
+
+    sink.writer(context(1, 2, generation=2), {}).close()  # (old subtask 0 is not its)
+    assert prepared(dsn) == [gid(0, 1), gid(0, 2)]
+    sink.writer(context(0, 2, generation=2), {0: kept}).close()
+    assert written(dsn) == [1]
+    assert prepared(dsn) == []
+
+
+def test_the_transactions_of_another_job_or_another_sink_are_never_touched(
+    postgres: PostgresServer,
+) -> None:
+    dsn = postgres.dsn
+    execute(dsn, EVENTS)
+    sink = PostgresSink(dsn, "events")
+    others = [sink.writer(context(job="jobtwo"), {}), sink.writer(context(uid="audit"), {})]
+    for i, other in enumerate(others):
+        other.write(numbers(100 + i))
+        other.prepare_commit(1)
+    mine = sink.writer(context(), {})
+    mine.write(numbers(1))
+    mine.prepare_commit(1)
+    die(mine)
+    theirs = sorted([gid(0, 1, job="jobtwo"), gid(0, 1, uid="audit")])
+    assert prepared(dsn) == sorted([*theirs, gid(0, 1)])
+
+    sink.writer(context(generation=2), {}).close()  # (a restore from before checkpoint 1)
+    assert prepared(dsn) == theirs
+    for other in others:
+        other.commit(1)
+        other.close()
+    assert written(dsn) == [100, 101]
+    assert prepared(dsn) == []
+
+
+def test_an_upsert_barrier_before_the_last_checkpoints_commit_does_not_block_the_writer(
+    postgres: PostgresServer,
+) -> None:
+    """Checkpoint 1 prepared an upsert of user u; rows of u come again (in batches of one row)
+    and checkpoint 2's barrier comes before checkpoint 1 is known complete: writing them would
+    wait for checkpoint 1's row lock, which only the writer's thread releases (when told that
+    checkpoint 1 completed). So they wait in the writer, and checkpoint 2 is prepared on the
+    snapshot thread (a PendingCommit), which the commit of checkpoint 1 lets through."""
+    dsn = postgres.dsn
+    execute(dsn, TOTALS)
+    sink = PostgresSink(dsn, "totals", key=("user",), batch_rows=1)
+    writer = sink.writer(context(uid="totals"), {})
+    row = pa.RecordBatch.from_pylist
+    writer.write(row([{"user": "u", "amount": 5}]))
+    assert writer.prepare_commit(1) == [(1, gid(0, 1, uid="totals"))]
+    writer.write(row([{"user": "u", "amount": 7}]))
+    writer.write(row([{"user": "v", "amount": 1}]))
+    pending = writer.prepare_commit(2)
+    assert isinstance(pending, PendingCommit)
+    with ThreadPoolExecutor(1) as snapshot_thread:
+        second = snapshot_thread.submit(pending.complete)
+        writer.commit(1)
+        assert second.result(timeout=60) == [(2, gid(0, 2, uid="totals"))]
+    assert query(dsn, "SELECT * FROM totals") == [("u", 5)]
+    writer.commit(2)
+    writer.close()
+    assert sorted(query(dsn, "SELECT * FROM totals")) == [("u", 7), ("v", 1)]
+    assert prepared(dsn) == []
+
+
+# -- resumed, restored elsewhere, started afresh ------------------------------------------------
+
+
+@pytest.mark.parametrize("postgres", [{"settings": {"log_statement": "all"}}], indirect=True)
+def test_a_resumed_job_keeps_its_job_id_and_a_fresh_start_begins_another(
+    postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped with a savepoint half-way, resumed (``restore_from="latest"``) at another
+    parallelism: its transactions carry the same job id, and over the two runs every running
+    sum is in the table once. A fresh start (another directory) is another job: its
+    transactions carry another id, and it writes every running sum again."""
+    dsn = postgres.dsn
+    execute(dsn, SUMS)
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint(stop=True)
+    )
+    first = sums_job(tmp_path, 2, dsn).execute(
+        launcher=ThreadLauncher(),
+        listener=asking,
+        hold_sources=SourceHold(records=N // 4, checkpoints=1000),  # (until the job stops)
+    )
+    path = asking.answer()
+    assert isinstance(path, str) and first.savepoints == [path]
+    assert 0 < sum(rows_of(dsn, "sums").values()) < N, "stopped half-way"
+    before = prepared_in_log(postgres)
+
+    second = sums_job(tmp_path, 3, dsn).execute(launcher=ThreadLauncher(), restore_from="latest")
+    assert second.restored_from is not None
+    resumed = prepared_in_log(postgres)[len(before) :]
+    (job,) = {j for j, *_ in before}
+    assert before and resumed and {j for j, *_ in resumed} == {job}
+    assert {s for _, _, s, _ in resumed} == {0, 1, 2}
+    assert min(c for *_, c in resumed) > max(c for *_, c in before)
+    assert_inserted(dsn, N)
+
+    third = sums_job(tmp_path, 2, dsn, checkpoints="ck-fresh").execute(
+        launcher=ThreadLauncher(), fresh=True
+    )
+    assert third.restored_from is None
+    fresh = prepared_in_log(postgres)[len(before) + len(resumed) :]
+    assert fresh and {j for j, *_ in fresh} != {job} and len({j for j, *_ in fresh}) == 1
+    assert {sink for _, sink, *_ in fresh} == {sink for _, sink, *_ in before}
+    assert_inserted(dsn, N, times=2)
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1)])
+def test_a_savepoint_restored_into_another_directory_is_exact(
+    postgres: PostgresServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    before: int,
+    after: int,
+) -> None:
+    """Restored from a savepoint elsewhere, the job is another job (another id): what the
+    savepoint holds prepared is still committed once, and nothing is left prepared."""
+    dsn = postgres.dsn
+    execute(dsn, SUMS)
+    asking = SavepointOnHold(
+        endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint(stop=True)
+    )
+    sums_job(tmp_path, before, dsn).execute(
+        launcher=ThreadLauncher(),
+        listener=asking,
+        hold_sources=SourceHold(records=N // (2 * before), checkpoints=1000),
+    )
+    path = asking.answer()
+    assert isinstance(path, str)
+    env = sums_job(tmp_path, after, dsn, checkpoints="ck2")
+    assert env.execute(launcher=ThreadLauncher(), restore_from=path).restored_from == path
+    assert_inserted(dsn, N)
+
+
+# -- the server lost while the job runs ---------------------------------------------------------
+
+
+class Outage(JobListener):
+    """Stops the server at the first complete checkpoint with rows (committed or prepared),
+    and starts it again when the job says it restarts (or failed for good)."""
+
+    def __init__(self, postgres: PostgresServer, table: str) -> None:
+        self.postgres, self.table = postgres, table
+        self.stopped_at: int | None = None
+        self.restarted = False
+
+    def on_event(self, event: JobEvent) -> None:
+        match event:
+            case SavepointCompleted():
+                pass
+            case CheckpointCompleted(final=False) if self.stopped_at is None:
+                dsn = self.postgres.dsn
+                seen = query(
+                    dsn,
+                    f"SELECT (SELECT count(*) FROM {self.table}) + "
+                    "(SELECT count(*) FROM pg_prepared_xacts)",
+                )
+                if seen[0][0]:
+                    self.postgres.stop()
+                    self.stopped_at = event.checkpoint
+            case Restarting() | JobFailure() if self.stopped_at is not None:
+                if not self.postgres.running:
+                    self.postgres.start()
+                    self.restarted = True
+
+
+@pytest.mark.parametrize("upsert", [False, True])
+def test_the_database_lost_while_the_job_runs(
+    postgres: PostgresServer, tmp_path: Path, upsert: bool
+) -> None:
+    """The server stops at a complete checkpoint with rows (its transactions prepared, or
+    some committed) and input is left: the job fails (the sink cannot reach it), restarts
+    once the server is back, commits what the restored checkpoint prepared (prepared
+    transactions survive the server's restart) and is exact."""
+    dsn = postgres.dsn
+    execute(dsn, TOTALS if upsert else SUMS)
+    outage = Outage(postgres, "totals" if upsert else "sums")
+    env = sums_job(tmp_path, 2, dsn, upsert=upsert)
+    result = env.execute(launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2))
+    assert outage.stopped_at is not None and outage.restarted
+    assert len(result.restarts) == 1
+    assert f"write_postgres({outage.table} at 127.0.0.1:{postgres.port}/postgres)" in (
+        result.restarts[0].cause
+    )
+    restored = result.restarts[0].restored_from
+    assert restored is not None and restored >= outage.stopped_at
+    if upsert:
+        assert_upserted(dsn, N)
+    else:
+        assert_inserted(dsn, N)
+
+
+# -- clear errors -------------------------------------------------------------------------------
+
+
+def build(tmp_path: Path, dsn: str, **options: Any) -> None:
+    """``write_postgres`` on the driver, as a job is built."""
+    env = environment(tmp_path, 1, "ck")
+    running_sum_stream(env, 10).write_postgres(dsn, **options)
+
+
+def run(tmp_path: Path, dsn: str, fn: Any, **options: Any) -> None:
+    """A job of ten records ``fn`` makes into ``dsn`` (no restarts)."""
+    env = environment(tmp_path, 1, "ck", restart_attempts=0)
+    env.from_sequence(0, 10).map(fn).write_postgres(dsn, **options)
+    env.execute(launcher=ThreadLauncher())
+
+
+def where(postgres: PostgresServer, table: str) -> str:
+    return re.escape(f"write_postgres({table} at 127.0.0.1:{postgres.port}/postgres)")
+
+
+@pytest.mark.parametrize("postgres", [{"max_prepared_transactions": 0}], indirect=True)
+def test_a_server_without_prepared_transactions_is_refused_saying_how_to_allow_them(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    execute(postgres.dsn, SUMS)
+    with pytest.raises(SinkError, match=where(postgres, "sums")) as refused:
+        build(tmp_path, postgres.dsn, table="sums", columns=["user", "amount"])
+    assert re.search(
+        r"max_prepared_transactions = 0.*ALTER SYSTEM SET max_prepared_transactions = 64.*"
+        r"-c max_prepared_transactions=64.*restart the server",
+        str(refused.value),
+    )
+
+
+def test_a_table_that_does_not_exist(postgres: PostgresServer, tmp_path: Path) -> None:
+    with pytest.raises(
+        SinkError, match=where(postgres, "public.nope") + r": table 'public.nope' does not exist"
+    ):
+        build(tmp_path, postgres.dsn, table="public.nope")
+
+
+def test_an_upsert_key_without_a_unique_constraint(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    execute(postgres.dsn, SUMS)
+    with pytest.raises(
+        SinkError,
+        match=where(postgres, "sums") + r": an upsert on key \['user'\] needs a primary key or "
+        r"unique constraint.*ALTER TABLE sums ADD PRIMARY KEY \(user\)",
+    ):
+        build(tmp_path, postgres.dsn, table="sums", key=["user"], columns=["user", "amount"])
+
+
+def test_credentials_refused(postgres: PostgresServer, tmp_path: Path) -> None:
+    dsn = f"postgresql://ghost@127.0.0.1:{postgres.port}/postgres"
+    with pytest.raises(
+        SinkError, match=where(postgres, "sums") + r": cannot connect: .*role \"ghost\" does not"
+    ):
+        build(tmp_path, dsn, table="sums")
+
+
+def test_a_server_that_is_not_there(tmp_path: Path) -> None:
+    port = free_port()
+    with pytest.raises(
+        SinkError,
+        match=re.escape(f"write_postgres(sums at 127.0.0.1:{port}/postgres): cannot connect: ")
+        + r".*refused",
+    ):
+        build(tmp_path, f"postgresql://postgres@127.0.0.1:{port}/postgres", table="sums")
+
+
+def test_a_field_that_is_not_a_column_says_columns_is_the_way_out(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    execute(postgres.dsn, SUMS)
+    with pytest.raises(
+        JobFailedError,
+        match=where(postgres, "sums") + r": the records' field\(s\) \['n'\] are not columns of "
+        r"the table \(its columns: user, amount\); write only some fields with columns=\[\.\.\.\]",
+    ):
+        run(tmp_path, postgres.dsn, purchase, table="sums")
+    assert rows_of(postgres.dsn, "sums") == Counter()
+    assert prepared(postgres.dsn) == []
+
+
+def test_a_not_null_column_without_a_value(postgres: PostgresServer, tmp_path: Path) -> None:
+    execute(postgres.dsn, SUMS, "ALTER TABLE sums ADD COLUMN region text NOT NULL")
+    with pytest.raises(
+        JobFailedError,
+        match=where(postgres, "sums") + r": column\(s\) \['region'\] are NOT NULL without a "
+        r"default, and the records have no such field \(their fields: user, amount\)",
+    ):
+        run(tmp_path, postgres.dsn, purchase, table="sums", columns=["user", "amount"])
+    assert prepared(postgres.dsn) == []
+
+
+def text_amount(record: dict[str, int]) -> dict[str, Any]:
+    return {"user": "u", "amount": f"x{record['value']}"}
+
+
+@pytest.mark.parametrize("upsert", [False, True])
+def test_a_value_that_does_not_fit_its_column_fails_the_job_naming_both(
+    postgres: PostgresServer, tmp_path: Path, upsert: bool
+) -> None:
+    execute(postgres.dsn, TOTALS if upsert else SUMS)
+    table = "totals" if upsert else "sums"
+    with pytest.raises(
+        JobFailedError, match=where(postgres, table) + r": writing rows failed: "
+    ) as failed:
+        run(tmp_path, postgres.dsn, text_amount, table=table, key=["user"] if upsert else None)
+    message = str(failed.value)
+    assert 'invalid input syntax for type bigint: "x' in message
+    if not upsert:  # (COPY says where: the column and the value)
+        assert re.search(r'COPY sums, line 1, column amount: "x0"', message), message
+    assert rows_of(postgres.dsn, table) == Counter()
+    assert prepared(postgres.dsn) == []
