@@ -62,3 +62,18 @@ def test_final_labels_keep_the_smallest_label_of_each_vertex() -> None:
         {"vertex": 7, "label": 5},
     ]
     assert final_labels(drops) == {7: 3, 3: 3}
+
+
+@pytest.mark.connectors
+def test_kafka_to_postgres_starts_its_servers_kills_a_worker_and_finds_the_tables_exact(
+    spark, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cutline.examples import kafka_to_postgres
+
+    code = kafka_to_postgres.main([str(tmp_path / "work")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "a worker was killed mid-job: True" in out
+    assert "every running sum in table sums once (6000 rows): True" in out
+    assert "every user's total in table totals: True" in out
+    assert "no prepared transaction left: True" in out
