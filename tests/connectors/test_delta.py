@@ -4,7 +4,9 @@ The job is the ledger's running balance per account (``tests/ledger.py``): each 
 one split, read in order by one subtask, so the balance after each entry is fixed, whatever
 the failures (``assert_exact`` of ``test_connector_api.py``). It runs with slots as threads;
 the table is read back with delta-rs, and its log tells which checkpoints it holds: every
-commit carries the application transaction ``(cutline-<job>-sums, checkpoint id)``.
+commit that adds files carries the application transaction ``(cutline-<job>-sums, checkpoint
+id)``; one that withdraws files (a job restored from an older checkpoint than it committed)
+removes those of the checkpoints after the restored one.
 """
 
 from __future__ import annotations
