@@ -28,6 +28,7 @@ from cutline import (
     SourceHold,
     StreamEnvironment,
 )
+from cutline.runtime.checkpoint.lineage import resumable, summary
 from cutline.runtime.checkpoint.storage import SHARED, CheckpointLocation, CheckpointStorage
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.result import JobResult
@@ -648,3 +649,27 @@ def test_restoring_a_savepoint_after_a_failure_discards_older_checkpoints(
     storage = CheckpointStorage(str(tmp_path / "ck"))
     assert len(storage.completed_ids()) == 1  # retained_checkpoints=1, whatever was restored
     assert set(storage.shared_files()) == referenced(storage)
+
+
+def test_a_job_stopped_with_a_savepoint_resumes_latest_from_that_savepoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``restore_from="latest"`` in the same directory after a stop with a savepoint goes on
+    from the savepoint (its sinks committed what it covers), not from the checkpoint before
+    it, which would publish the records in between twice; ``checkpoints list`` says so."""
+    n = 3000
+    out = tmp_path / "out"
+    _, path = run_until_savepoint(tmp_path, 2, out, n, endpoints_of(monkeypatch))
+    before = published(out)
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    assert storage.completed_ids(), "a checkpoint of the first run, older than the savepoint"
+    found = resumable(storage)
+    assert found is not None and found.url == path and found.savepoint is not None
+    assert summary(storage)[0] == (
+        f"restore_from='latest' restores savepoint {found.savepoint} ({path})"
+    )
+    env = build(tmp_path, 3, out, n)
+    result = env.execute(launcher=ThreadLauncher(), restore_from="latest")
+    assert result.restored_from == path
+    exactly_once(published(out), n)
+    assert len(published(out)) > len(before)

@@ -27,6 +27,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from cutline.runtime.checkpoint.stats import STATS_FOLDER, CheckpointStats, decode, stats_file
 from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
 
 LINEAGE = "_lineage"
@@ -71,12 +72,19 @@ class Resumable:
     url: str
     """The checkpoint's or savepoint's folder."""
     checkpoint_id: int | None
-    """The directory's checkpoint (``None``: the savepoint or checkpoint elsewhere that the
-    lineage's first run restored, and no checkpoint of the lineage completed since)."""
+    """The directory's checkpoint (``None``: a savepoint, or the savepoint or checkpoint
+    elsewhere that the lineage's first run restored, and no checkpoint of the lineage
+    completed since)."""
+    savepoint: int | None = None
+    """The savepoint's id, when it is a savepoint the lineage took after its newest
+    checkpoint (a stop with a savepoint): its sinks may have committed what it covers, so a
+    resumed run goes on from it, never from an older checkpoint."""
 
     def describe(self) -> str:
         if self.checkpoint_id is not None:
             return f"complete checkpoint {self.checkpoint_id} of an earlier run ({self.url})"
+        if self.savepoint is not None:
+            return f"savepoint {self.savepoint} of an earlier run ({self.url})"
         return (
             f"no complete checkpoint since an earlier run restored {self.url}, "
             "which a resumed run restores again"
@@ -139,11 +147,31 @@ def standing(storage: CheckpointStorage) -> Standing:
     since = 0 if lineage is None else lineage.since
     mine = [c for c in completed if c >= since]
     found = None
-    if mine:
+    later = _savepoint_after(storage, mine[-1] if mine else since - 1)
+    if later is not None:
+        found = Resumable(later[1], None, later[0])
+    elif mine:
         found = Resumable(storage.url_of(storage.checkpoint_path(mine[-1])), mine[-1])
     elif lineage is not None and lineage.restored_from is not None:
         found = Resumable(lineage.restored_from, None)
     return Standing(lineage, completed, found)
+
+
+def _savepoint_after(storage: CheckpointStorage, newest: int) -> tuple[int, str] | None:
+    """The newest savepoint taken after checkpoint ``newest`` that the directory's statistics
+    record as completed (its id and folder), if any: what the job stopped with."""
+    for checkpoint_id in reversed(storage.stats_checkpoint_ids()):
+        if checkpoint_id <= newest:
+            return None
+        name = stats_file(checkpoint_id)
+        try:
+            with storage.fs.open(f"{storage.root}/{STATS_FOLDER}/{name}", "rb") as source:
+                record = decode(name, source.read())
+        except (OSError, ValueError):  # (unreadable statistics: `checkpoints list` names them)
+            continue
+        if isinstance(record, CheckpointStats) and record.completed and record.savepoint:
+            return checkpoint_id, record.savepoint
+    return None
 
 
 def resumable(storage: CheckpointStorage) -> Resumable | None:
@@ -160,6 +188,8 @@ def summary(storage: CheckpointStorage) -> list[str]:
         lines = ["restore_from='latest' finds nothing to resume: it starts from the beginning"]
     elif found.checkpoint_id is not None:
         lines = [f"restore_from='latest' resumes checkpoint {found.checkpoint_id}"]
+    elif found.savepoint is not None:
+        lines = [f"restore_from='latest' restores savepoint {found.savepoint} ({found.url})"]
     else:
         lines = [f"restore_from='latest' restores {found.url}, where this lineage began"]
     if lineage is not None and lineage.since > 1:

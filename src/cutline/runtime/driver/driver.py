@@ -388,8 +388,8 @@ class JobDriver:
                     "(without restore_from) writing to new output directories: the output "
                     "published so far holds what these checkpoints covered"
                 )
-            found = now.resumable if latest is None else None
-            if found is not None and found.checkpoint_id is None:  # the lineage's start
+            found = now.resumable
+            if found is not None and found.checkpoint_id is None:  # a savepoint, or the start
                 return self._resolve(found.url)
             if latest is None:
                 raise RestoreError(
