@@ -1,6 +1,6 @@
 """Where a stream goes besides files: Kafka, PostgreSQL and Delta Lake (``DataStream``'s
 ``write_kafka``, ``write_postgres``, ``write_delta``). Each builds a connector of
-:mod:`cutline.connectors` and hands it to ``sink_to``; each says its guarantee."""
+:mod:`cutline.connectors` and adds its sink operator; each says its guarantee."""
 
 from __future__ import annotations
 
@@ -9,13 +9,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cutline.connectors.sink import Sink
+from cutline.runtime.operators import Logic, SinkLogic
 
 
 class Outputs:
     """The writers of :class:`~cutline.api.DataStream` to external systems."""
 
-    def sink_to(self, sink: Sink, *, name: str | None = None) -> None:  # (DataStream's)
-        raise NotImplementedError
+    def transform(self, label: str, logic: Logic, *, name: str | None = None) -> Any:
+        raise NotImplementedError  # (DataStream's)
+
+    def _write(self, label: str, sink: Sink, name: str | None) -> None:
+        """The sink operator ``label`` (its id, unless named, comes from it: two sinks of
+        one stream into two tables have two)."""
+        self.transform(label, SinkLogic(sink), name=name)
 
     def write_kafka(
         self,
@@ -36,7 +42,7 @@ class Outputs:
         from cutline.connectors.kafka.sink import KafkaSink
 
         sink = KafkaSink(topic, bootstrap_servers, key, value_format, dict(config or {}))
-        self.sink_to(sink, name=name)
+        self._write(f"write_kafka({topic})", sink, name)
 
     def write_postgres(
         self,
@@ -61,7 +67,7 @@ class Outputs:
         chosen = None if columns is None else tuple(columns)
         sink = PostgresSink(dsn, table, keys, batch_rows, chosen)
         sink.check()
-        self.sink_to(sink, name=name)
+        self._write(f"write_postgres({table})", sink, name)
 
     def write_delta(
         self,
@@ -83,4 +89,4 @@ class Outputs:
             storage_options=dict(storage_options) if storage_options else None,
             partition_by=list(partition_by) if partition_by else None,
         )
-        self.sink_to(sink, name=name)
+        self._write(f"write_delta({where})", sink, name)
