@@ -405,6 +405,30 @@ def test_the_transactions_of_another_job_or_another_sink_are_never_touched(
     assert prepared(dsn) == []
 
 
+def test_a_checkpoint_restored_by_another_job_has_its_prepared_transactions_committed(
+    postgres: PostgresServer,
+) -> None:
+    """A checkpoint restored elsewhere (another checkpoint directory: another job id) holds
+    transactions named with the old job's id: they are committed all the same; the old job's
+    others (not held) are left alone, as that job may still run."""
+    dsn = postgres.dsn
+    execute(dsn, EVENTS)
+    sink = PostgresSink(dsn, "events")
+    writer = sink.writer(context(job="jobone"), {})
+    writer.write(numbers(1))
+    kept = writer.prepare_commit(1)
+    writer.write(numbers(2))
+    writer.prepare_commit(2)
+    die(writer)
+
+    sink.writer(context(job="jobtwo"), {0: kept}).close()
+    assert written(dsn) == [1]
+    assert prepared(dsn) == [gid(0, 2, job="jobone")]
+    sink.writer(context(job="jobone", generation=2), {0: kept}).close()
+    assert written(dsn) == [1]
+    assert prepared(dsn) == []
+
+
 def test_an_upsert_barrier_before_the_last_checkpoints_commit_does_not_block_the_writer(
     postgres: PostgresServer,
 ) -> None:

@@ -34,7 +34,7 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cutline.connectors.sink import Sink, SinkContext, SinkError, SinkWriter
+from cutline.connectors.sink import PendingCommit, Sink, SinkContext, SinkError, SinkWriter
 from cutline.connectors.source import Batch
 
 CONNECT_TIMEOUT = 10
@@ -269,6 +269,8 @@ class PostgresWriter(SinkWriter):
         """Whether ``data`` has a transaction open (rows written since the last barrier)."""
         self.prepared: list[tuple[int, str]] = []
         """(checkpoint, transaction id) prepared and not known to be committed, oldest first."""
+        self.preparing: list[int] = []
+        """Upserts: the checkpoints whose prepare the snapshot thread has still to do."""
 
     # ---------------------------------------------------------------- restore
 
@@ -278,17 +280,16 @@ class PostgresWriter(SinkWriter):
         held = {gid for committable in restored.values() for _, gid in committable or ()}
         rows = self.control.execute(
             "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND "
-            "starts_with(gid, %s) ORDER BY prepared",
-            (self.prefix,),
+            "(starts_with(gid, %s) OR gid = ANY(%s)) ORDER BY prepared",
+            (self.prefix, sorted(held)),
         ).fetchall()
         for (gid,) in rows:
-            subtask = int(gid[len(self.prefix) :].split(":")[0])
-            if subtask % self.context.parallelism != self.context.subtask:
-                continue  # (another subtask's to settle)
-            if gid in held:
+            if gid in held:  # (named by another job when restored from elsewhere)
                 self._finish("COMMIT PREPARED", gid)
-            else:
-                self._finish("ROLLBACK PREPARED", gid)
+                continue
+            subtask = int(gid[len(self.prefix) :].split(":")[0])
+            if subtask % self.context.parallelism == self.context.subtask:
+                self._finish("ROLLBACK PREPARED", gid)  # (else another subtask's to settle)
 
     def _finish(self, command: str, gid: str) -> None:
         try:
@@ -315,31 +316,45 @@ class PostgresWriter(SinkWriter):
                     f"fields: {', '.join(batch.schema.names)})"
                 )
             batch = batch.select(list(self.sink.columns))
-        if self.buffer and batch.schema != self.buffer[0].schema:
-            self._flush()  # (a flush writes batches of one schema)
         names = list(batch.schema.names)
         if names != self.fields:
             self.table.check_fields(self.sink, names)
             self.fields = names
         self.buffer.append(batch)
         self.buffered += batch.num_rows
-        if self.buffered >= self.sink.batch_rows:
-            self._flush()
+        if self.buffered >= self.sink.batch_rows and not self._may_wait():
+            self._flush(self._take())
 
-    def _flush(self) -> None:
-        if not self.buffer:
-            return
+    def _may_wait(self) -> bool:
+        """Whether writing now could wait for row locks of a transaction still prepared:
+        an upsert of a key that one wrote waits until it is committed, which this thread
+        does (:meth:`commit`) once told its checkpoint completed, so it must not wait."""
+        return self.sink.key is not None and bool(self.prepared or self.preparing)
+
+    def _take(self) -> list[pa.RecordBatch]:
         batches, self.buffer, self.buffered = self.buffer, [], 0
-        table = pa.Table.from_batches(batches).combine_chunks()
+        return batches
+
+    def _flush(self, batches: list[pa.RecordBatch]) -> None:
+        if not batches:
+            return
+        runs: list[list[pa.RecordBatch]] = []  # (a statement writes batches of one schema)
+        for batch in batches:
+            if runs and runs[-1][0].schema == batch.schema:
+                runs[-1].append(batch)
+            else:
+                runs.append([batch])
         assert self.data is not None
         try:
             if not self.open:
                 self.data.execute("BEGIN")
                 self.open = True
-            if self.sink.key is None:
-                self._copy(table)
-            else:
-                self._upsert(table)
+            for run in runs:
+                table = pa.Table.from_batches(run).combine_chunks()
+                if self.sink.key is None:
+                    self._copy(table)
+                else:
+                    self._upsert(table)
         except psycopg.Error as exc:
             raise SinkError(
                 f"{self.sink.describe()}: writing rows failed: {_describe(exc)}"
@@ -399,10 +414,21 @@ class PostgresWriter(SinkWriter):
 
     # ------------------------------------------------------------ checkpoints
 
-    def prepare_commit(self, checkpoint_id: int) -> list[tuple[int, str]] | None:
+    def prepare_commit(self, checkpoint_id: int) -> list[tuple[int, str]] | PendingCommit | None:
         """The barrier: the interval's rows are sent and their transaction prepared. The
-        committable: every transaction prepared and not known to be committed."""
-        self._flush()
+        committable: every transaction prepared and not known to be committed. Upserts that
+        could wait for an earlier checkpoint's prepared transaction (its completion may come
+        after this barrier) are sent by the snapshot thread, while this one goes on (and
+        commits that transaction when told)."""
+        if self._may_wait():
+            self.preparing.append(checkpoint_id)
+            return _Prepare(self, checkpoint_id, self._take())
+        return self._prepare(checkpoint_id, self._take())
+
+    def _prepare(
+        self, checkpoint_id: int, batches: list[pa.RecordBatch]
+    ) -> list[tuple[int, str]] | None:
+        self._flush(batches)
         if self.open:
             gid = transaction_id(
                 self.context.job, self.context.uid, self.context.subtask, checkpoint_id
@@ -438,6 +464,21 @@ class PostgresWriter(SinkWriter):
             if conn is not None:
                 with contextlib.suppress(psycopg.Error):
                     conn.close()
+
+
+@dataclass
+class _Prepare(PendingCommit):
+    """An upsert writer's prepare of ``checkpoint_id``, done on the snapshot thread."""
+
+    writer: PostgresWriter
+    checkpoint_id: int
+    batches: list[pa.RecordBatch]
+
+    def complete(self) -> list[tuple[int, str]] | None:
+        try:
+            return self.writer._prepare(self.checkpoint_id, self.batches)
+        finally:
+            self.writer.preparing.remove(self.checkpoint_id)
 
 
 def _describe(exc: psycopg.Error) -> str:
