@@ -640,3 +640,38 @@ def test_offsets_are_published_to_the_group_for_monitoring(
     finally:
         consumer.close()
     assert [tp.offset for tp in committed] == [20, 20]
+
+
+def test_a_broker_lost_while_the_job_runs_is_waited_for_and_nothing_is_lost(
+    kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker stops answering (SIGSTOP, by construction right after a chunk of rows went
+    in at a checkpoint) and comes back a checkpoint later: the readers wait for it, and
+    every running sum is published once."""
+    kafka_broker.create_topic("clicks", 3)
+    rows = [click(i, users=6) for i in range(240)]
+    chunks = [rows[i : i + 30] for i in range(0, 240, 30)]
+    ends = {f"clicks/{p}": 0 for p in range(3)}
+    feeder = Feeder(
+        kafka_broker, "clicks", chunks[1:], 3, tmp_path / "ck1", endpoints_of(monkeypatch), ends
+    )
+    feeder.feed(chunks[0])
+    frozen: list[int] = []
+    real = Feeder.__call__
+
+    def call(self: Feeder, kind: str, message: str) -> None:
+        if kind == "checkpoint" and len(self.chunks) == 4 and not frozen:
+            real(self, kind, message)  # (a chunk goes in, then the broker stops answering)
+            kafka_broker.freeze()
+            frozen.append(int(message.split()[0]))
+            return
+        if kind == "checkpoint" and len(frozen) == 1:
+            kafka_broker.thaw()  # (a checkpoint completed while it did not answer)
+            frozen.append(int(message.split()[0]))
+        real(self, kind, message)
+
+    monkeypatch.setattr(Feeder, "__call__", call)
+    run(summing_job(tmp_path, kafka_broker, 2, "ck1", "out"), listener=feeder)
+    feeder.savepoint()
+    assert len(frozen) == 2 and frozen[1] > frozen[0]
+    assert published(tmp_path / "out") == running_sums(rows)

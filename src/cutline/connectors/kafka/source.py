@@ -172,13 +172,68 @@ class KafkaSource(Source):
     # --------------------------------------------------------------- every subtask
 
     def splits(self) -> Iterable[Split]:
+        """The partitions: a bounded source's, as the driver found them; an unbounded
+        source's as this process last listed them (the first time, now: unreachable brokers
+        fail the subtask), listed again meanwhile on a thread of its own, so that the
+        subtask never waits for brokers that do not answer, and a listing that fails keeps
+        the partitions known."""
         if self.bounded and self.ends is not None:
             return [_split(*parse_split(s)) for s in self.ends]
-        with _client(self) as consumer:
-            return [_split(t, p) for t, p in _partitions(consumer, self, check=False)]
+        key = (self.bootstrap_servers, self.topics, tuple(sorted(map(str, self.config.items()))))
+        with _LISTINGS_LOCK:
+            listing = _LISTINGS.setdefault(key, _Listing())
+        return [_split(t, p) for t, p in listing.get(self)]
 
     def reader(self, context: SourceContext) -> KafkaReader:
         return KafkaReader(self, context)
+
+
+class _Listing:
+    """The partitions of one source's topics as this process last listed them."""
+
+    def __init__(self) -> None:
+        self.partitions: list[tuple[str, int]] | None = None
+        self.refreshing: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def get(self, source: KafkaSource) -> list[tuple[str, int]]:
+        with self.lock:
+            known = self.partitions
+            if known is not None:
+                if self.refreshing is None or not self.refreshing.is_alive():
+                    self.refreshing = threading.Thread(
+                        target=self._refresh, args=(source,), daemon=True
+                    )
+                    self.refreshing.start()
+                return known
+        found = _list(source)  # (the first time: now)
+        with self.lock:
+            self.partitions = _more(self.partitions, found)
+            return self.partitions
+
+    def _refresh(self, source: KafkaSource) -> None:
+        try:
+            found = _list(source)
+        except SourceError:
+            return  # (the brokers do not answer: the partitions known stay)
+        with self.lock:
+            self.partitions = _more(self.partitions, found)
+
+
+def _list(source: KafkaSource) -> list[tuple[str, int]]:
+    with _client(source) as consumer:
+        return _partitions(consumer, source, check=False)
+
+
+def _more(
+    known: list[tuple[str, int]] | None, found: list[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """Partitions are never removed from a topic: a listing adds to what is known."""
+    return sorted(set(known or ()) | set(found))
+
+
+_LISTINGS: dict[tuple[Any, ...], _Listing] = {}
+_LISTINGS_LOCK = threading.Lock()
 
 
 def _split(topic: str, partition: int) -> Split:
