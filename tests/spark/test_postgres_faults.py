@@ -8,7 +8,8 @@ fixed and computed here in plain Python). The kills land by construction: at a r
 while the sources hold part-way (``_execute_killing`` of ``test_event_time_faults.py``), and,
 with a test-only sink (:class:`KillsAtCommit`), between a checkpoint's completion and the
 commit of its transactions: the writer SIGKILLs its own process the first time it is told to
-commit one. The restored job commits them from the restored checkpoint.
+commit one. The restored job commits them from the restored checkpoint. The server: the
+``postgres`` fixture of ``tests/server_fixtures.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import random
 import signal
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from cutline import SourceHold, StreamEnvironment
 from cutline.connectors import SinkContext
 from cutline.connectors.postgres import PostgresSink, PostgresWriter
 from cutline.demo import WorkerKiller
-from cutline.examples.servers import PostgresServer, ServerUnavailable
+from cutline.examples.servers import PostgresServer
 
 from ledger import first_time
 
@@ -41,22 +42,6 @@ TABLES = {
     False: 'CREATE TABLE sums ("user" text NOT NULL, amount bigint NOT NULL)',
     True: 'CREATE TABLE totals ("user" text PRIMARY KEY, amount bigint NOT NULL)',
 }
-
-
-@pytest.fixture
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
-    """A running PostgreSQL of the test's own (as ``tests/connectors/conftest.py``'s)."""
-    try:
-        server = PostgresServer(directory=tmp_path_factory.mktemp("postgres"))
-    except ServerUnavailable as error:
-        pytest.skip(f"PostgreSQL cannot run here: {error}")
-    try:
-        server.start()
-    except ServerUnavailable as error:
-        server.close()
-        pytest.skip(f"PostgreSQL cannot run here: {error}")
-    with server:
-        yield server
 
 
 def purchase(record: dict[str, int]) -> dict[str, Any]:
