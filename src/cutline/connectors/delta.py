@@ -19,10 +19,9 @@ Why every row is in the table once:
   checkpoint recorded there (delta-rs itself would accept the same commit again). The job's id
   (``SinkContext.job``) is the same for the runs that resume a checkpoint directory
   (``restore_from="latest"``): they go on with the same app id; a fresh start has a new one.
-* a job may restore an *older* checkpoint than the newest it committed: a run resumed from
-  its checkpoint directory after a stop with a savepoint (``restore_from="latest"`` restores
-  the newest checkpoint, not the savepoint, which committed too), or whose newest checkpoint
-  is damaged. The rows of the checkpoints after the restored one come again: the committer,
+* a job may restore an *older* checkpoint than the newest it committed: one restored by hand
+  (``restore_from=`` an older checkpoint's or savepoint's folder), or a run resumed from its
+  checkpoint directory whose newest checkpoint is damaged. The rows of the checkpoints after the restored one come again: the committer,
   called for the restored one, **withdraws** the files the job added for those (one commit
   of remove actions; the app's transaction keeps the newest checkpoint it committed).
 * files written by an attempt that failed before their checkpoint completed are **orphans**:
