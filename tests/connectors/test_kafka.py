@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from test_runtime_jobs import dead_letters
-from test_savepoints import endpoints_of
+from test_savepoints import StopWithSavepoint, endpoints_of
 
 from cutline import JobClient, JobFailedError, SourceError, StreamEnvironment, Tumbling
 from cutline.connectors.kafka import KafkaSource, ValueFormat
@@ -356,11 +356,10 @@ def positions(checkpoints: Path, checkpoint: int, uid: str) -> dict[str, int]:
     return found
 
 
-class Feeder:
+class Feeder(StopWithSavepoint):
     """The job's listener: on each complete checkpoint, the next chunk of rows goes into the
-    topic (and ``then(checkpoint)`` is called); once a checkpoint holds every partition's
-    end as the source's position (``ends``, kept up to date as rows are put), the job is
-    asked to stop with a savepoint (on a thread, waiting until the request is queued)."""
+    topic; once a checkpoint holds every partition's end as the source's position (``ends``,
+    kept up to date as rows are put), the job is asked to stop with a savepoint."""
 
     def __init__(
         self,
@@ -373,26 +372,21 @@ class Feeder:
         ends: dict[str, int],
         uid: str = "clicks",
     ) -> None:
+        super().__init__(checkpoints, endpoints)
         self.broker, self.topic, self.partitions = broker, topic, partitions
         self.chunks = list(chunks)
-        self.checkpoints, self.endpoints, self.uid = checkpoints, endpoints, uid
+        self.uid = uid
         self.ends = ends
-        self.answers: list[Any] = []
-        self.thread: threading.Thread | None = None
 
     def __call__(self, kind: str, message: str) -> None:
-        if kind != "checkpoint" or self.thread is not None:
+        if kind != "checkpoint" or self.stopping:
             return
         checkpoint = int(message.split()[0])
         if self.chunks:
             self.feed(self.chunks.pop(0))
             return
         if positions(self.checkpoints, checkpoint, self.uid) == self.ends:
-            endpoint = self.endpoints[-1]
-            self.thread = threading.Thread(target=self._stop, daemon=True)
-            self.thread.start()
-            while endpoint.requests.empty() and self.thread.is_alive():
-                threading.Event().wait(0.002)
+            self.stop()
 
     def feed(self, rows: list[Row]) -> None:
         for p in range(self.partitions):
@@ -400,18 +394,6 @@ class Feeder:
             if mine:
                 offsets = produce(self.broker, self.topic, mine, partition=p)
                 self.ends[f"{self.topic}/{p}"] = offsets[-1] + 1
-
-    def _stop(self) -> None:
-        try:
-            self.answers.append(JobClient(str(self.checkpoints)).savepoint(stop=True))
-        except Exception as exc:
-            self.answers.append(exc)
-
-    def savepoint(self) -> str:
-        assert self.thread is not None, "the job was never asked to stop"
-        self.thread.join(60)
-        assert self.answers and isinstance(self.answers[0], str), self.answers
-        return str(self.answers[0])
 
 
 def summing_job(

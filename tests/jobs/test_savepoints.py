@@ -100,6 +100,41 @@ def endpoints_of(monkeypatch: pytest.MonkeyPatch) -> list[JobEndpoint]:
     return made
 
 
+class StopWithSavepoint:
+    """A listener's way to stop its job with a savepoint: :meth:`stop` asks for it on a
+    thread (``JobClient(checkpoints).savepoint(stop=True)``) and keeps the listener, so the
+    driver, until the request is queued at the job's endpoint; :meth:`savepoint` is the
+    answer."""
+
+    def __init__(self, checkpoints: Path, endpoints: list[JobEndpoint]) -> None:
+        self.checkpoints, self.endpoints = checkpoints, endpoints
+        self.answers: list[Any] = []
+        self.thread: threading.Thread | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self.thread is not None
+
+    def stop(self) -> None:
+        endpoint = self.endpoints[-1]
+        self.thread = threading.Thread(target=self._ask, daemon=True)
+        self.thread.start()
+        while endpoint.requests.empty() and self.thread.is_alive():
+            threading.Event().wait(0.002)
+
+    def _ask(self) -> None:
+        try:
+            self.answers.append(JobClient(str(self.checkpoints)).savepoint(stop=True))
+        except Exception as exc:
+            self.answers.append(exc)
+
+    def savepoint(self) -> str:
+        assert self.thread is not None, "the job was never asked to stop"
+        self.thread.join(60)
+        assert self.answers and isinstance(self.answers[0], str), self.answers
+        return str(self.answers[0])
+
+
 def half_of_each_subtask(n: int, parallelism: int) -> SourceHold:
     """Hold every source subtask of ``from_sequence(0, n)`` after half its records (each has
     about ``n / parallelism``), until two checkpoints triggered after that completed."""

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
-from test_savepoints import endpoints_of
+from test_savepoints import StopWithSavepoint, endpoints_of
 
-from cutline import JobClient, JobFailedError, SourceError, StreamEnvironment
+from cutline import JobFailedError, SourceError, StreamEnvironment
 from cutline.runtime.checkpoint.reader import open_checkpoint
-from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.task.local import ThreadLauncher
 
 ROWS = 50
@@ -49,45 +47,27 @@ def finished_files(directory: Path, checkpoint: int) -> int:
     return done
 
 
-class Feeder:
+class Feeder(StopWithSavepoint):
     """The job's listener: on each complete checkpoint, the next file of ``numbers`` goes into
     the directory; once a checkpoint shows ``until`` files finished, the job is asked to stop
-    with a savepoint (on a thread, waiting until the request is queued)."""
+    with a savepoint."""
 
     def __init__(
         self, folder: Path, checkpoints: Path, numbers: list[int], until: int, endpoints: Any
     ) -> None:
-        self.folder, self.checkpoints = folder, checkpoints
+        super().__init__(checkpoints, endpoints)
+        self.folder = folder
         self.numbers = list(numbers)
         self.until = until
-        self.endpoints: list[JobEndpoint] = endpoints
-        self.answers: list[Any] = []
-        self.thread: threading.Thread | None = None
 
     def __call__(self, kind: str, message: str) -> None:
-        if kind != "checkpoint" or self.thread is not None:
+        if kind != "checkpoint" or self.stopping:
             return
         checkpoint = int(message.split()[0])
         if self.numbers:
             put_file(self.folder, self.numbers.pop(0))
         if finished_files(self.checkpoints, checkpoint) >= self.until:
-            endpoint = self.endpoints[-1]
-            self.thread = threading.Thread(target=self._stop, daemon=True)
-            self.thread.start()
-            while endpoint.requests.empty() and self.thread.is_alive():
-                threading.Event().wait(0.002)
-
-    def _stop(self) -> None:
-        try:
-            self.answers.append(JobClient(str(self.checkpoints)).savepoint(stop=True))
-        except Exception as exc:
-            self.answers.append(exc)
-
-    def savepoint(self) -> str:
-        assert self.thread is not None, "the job was never asked to stop"
-        self.thread.join(60)
-        assert self.answers and isinstance(self.answers[0], str), self.answers
-        return str(self.answers[0])
+            self.stop()
 
 
 def watching_job(
