@@ -705,3 +705,42 @@ def test_a_value_that_does_not_fit_its_column_fails_the_job_naming_both(
         assert re.search(r'COPY sums, line 1, column amount: "x0"', message), message
     assert rows_of(postgres.dsn, table) == Counter()
     assert prepared(postgres.dsn) == []
+
+
+@dataclass(frozen=True)
+class Price:
+    """Record ``n`` prices item ``n % 7``, always at the same price: each item's row is fixed
+    whichever of its records is written last."""
+
+    @property
+    def __name__(self) -> str:
+        return "price"
+
+    def __call__(self, record: dict[str, int]) -> dict[str, Any]:
+        item = record["value"] % 7
+        return {"user": f"item-{item}", "amount": 100 + item}
+
+
+def test_upserts_of_one_key_from_every_subtask_go_through_one_and_never_wait_for_each_other(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Every source subtask has records of every key and no key_by comes before the sink:
+    two writers upserting one key would each wait for the other's prepared transaction,
+    committed only once a checkpoint the waiting one holds up completes. The records go to
+    the sink hashed by the key, so one writer has each; after a key_by of the key (a running
+    sum) they are not hashed again."""
+    execute(postgres.dsn, TOTALS)
+    env = environment(tmp_path, 2, "ck", checkpoint_interval=0.02, batch_size=8)
+    env.from_sequence(0, 4000, name="numbers").map(Price(), name="price").write_postgres(
+        postgres.dsn, table="totals", key=["user"], batch_rows=1, name="totals"
+    )
+    sink = env.graph.operators["totals"]
+    assert [(e.partitioning, e.key) for e in sink.inputs] == [("hash", "user")]
+    env.execute(launcher=ThreadLauncher(), hold_sources=half_way(4000, 2))
+    assert dict(query(postgres.dsn, 'SELECT "user", amount FROM totals')) == {
+        f"item-{i}": 100 + i for i in range(7)
+    }
+    assert prepared(postgres.dsn) == []
+    # (after a key_by of the same field: as it comes, chained)
+    env = sums_job(tmp_path, 2, postgres.dsn, upsert=True, checkpoints="ck2")
+    assert [e.partitioning for e in env.graph.operators["pg"].inputs] == ["forward"]

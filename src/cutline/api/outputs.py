@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cutline.connectors.sink import Sink
-from cutline.runtime.operators import Logic, SinkLogic
+from cutline.runtime.graph import Edge, KeySelector, Operator
+from cutline.runtime.operators import Logic, RollingLogic, SinkLogic
+from cutline.runtime.windows import WindowLogic
 
 
 class Outputs:
@@ -18,10 +21,24 @@ class Outputs:
     def transform(self, label: str, logic: Logic, *, name: str | None = None) -> Any:
         raise NotImplementedError  # (DataStream's)
 
-    def _write(self, label: str, sink: Sink, name: str | None) -> None:
+    operator: Operator  # (DataStream's)
+
+    def _through(
+        self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: str
+    ) -> Any:
+        raise NotImplementedError  # (DataStream's)
+
+    def _write(
+        self, label: str, sink: Sink, name: str | None, key: tuple[str, ...] | None = None
+    ) -> None:
         """The sink operator ``label`` (its id, unless named, comes from it: two sinks of
-        one stream into two tables have two)."""
-        self.transform(label, SinkLogic(sink), name=name)
+        one stream into two tables have two). With ``key``, its subtasks get the records
+        hashed by those fields, unless each key's records come from one subtask already."""
+        if key is None or _keyed_by(self.operator, key):
+            self.transform(label, SinkLogic(sink), name=name)
+            return
+        edge = Edge(self.operator.uid, "hash", _selector(key))
+        self._through(edge, label, SinkLogic(sink), name, "fail")
 
     def write_kafka(
         self,
@@ -60,14 +77,19 @@ class Outputs:
         Inserts every record (``COPY``), or with ``key=`` upserts on those columns (a
         primary key or unique constraint): a record replaces its key's row. The table must
         exist with a column per field (``columns=``: only those fields are written); checked
-        now, on the driver, with the server."""
+        now, on the driver, with the server. Upserts of one key all go through one subtask
+        (the records are hashed by ``key`` on their way to the sink, unless they come from a
+        ``key_by`` of those fields already)."""
         from cutline.connectors.postgres import PostgresSink
 
         keys = None if key is None else ((key,) if isinstance(key, str) else tuple(key))
         chosen = None if columns is None else tuple(columns)
         sink = PostgresSink(dsn, table, keys, batch_rows, chosen)
         sink.check()
-        self._write(f"write_postgres({table})", sink, name)
+        # upserts of one key from two subtasks would wait for each other's prepared
+        # transactions, each committed only once a checkpoint the other holds up completes:
+        # each key is upserted by one subtask
+        self._write(f"write_postgres({table})", sink, name, keys)
 
     def write_delta(
         self,
@@ -90,3 +112,30 @@ class Outputs:
             partition_by=list(partition_by) if partition_by else None,
         )
         self._write(f"write_delta({where})", sink, name)
+
+
+@dataclass(frozen=True)
+class Fields:
+    """A key of several fields: the tuple of their values (picklable, compared by value)."""
+
+    names: tuple[str, ...]
+
+    def __call__(self, record: Any) -> tuple[Any, ...]:
+        return tuple(record[n] for n in self.names)
+
+
+def _selector(key: tuple[str, ...]) -> KeySelector:
+    return key[0] if len(key) == 1 else Fields(key)
+
+
+def _keyed_by(operator: Operator, key: tuple[str, ...]) -> bool:
+    """Whether the records of ``operator`` of one value of ``key`` all come from one subtask:
+    it reads its input hashed by those fields and keeps them (a rolling sum, min, max or
+    count, or a window, of ``key_by`` those fields)."""
+    if len(operator.inputs) != 1:
+        return False
+    edge, logic = operator.inputs[0], operator.logic
+    keeps = isinstance(logic, WindowLogic) or (
+        isinstance(logic, RollingLogic) and logic.how != "reduce"
+    )
+    return keeps and edge.partitioning == "hash" and edge.key == _selector(key)
