@@ -23,7 +23,7 @@ from test_connector_api import FailAt, assert_exact
 from test_savepoints import SavepointOnHold, endpoints_of
 
 from cutline import CheckpointWarning, JobClient, JobFailedError, SourceHold, StreamEnvironment
-from cutline.connectors import SinkContext, SinkError
+from cutline.connectors import SinkContext, SinkError, delta
 from cutline.connectors.delta import DeltaCommittable, DeltaSink, app_id
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -117,10 +117,14 @@ def test_the_running_sums_are_in_the_table_once_a_commit_per_checkpoint(tmp_path
     assert len(commits(table)) >= 2  # (held part-way until two checkpoints completed)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(("seed", "ahead"), [(1, None), (2, None), (3, None), (4, 7), (5, 40)])
 def test_the_running_sums_are_in_the_table_once_through_a_failure_at_a_random_entry(
-    tmp_path: Path, seed: int
+    tmp_path: Path, seed: int, ahead: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``ahead``: the writers write a data file every that many rows, ahead of the barrier
+    (files of an interval that fails are orphans, deleted by the restored writers)."""
+    if ahead is not None:
+        monkeypatch.setattr(delta, "AHEAD_ROWS", ahead)
     rng = random.Random(f"delta-{seed}")
     ledger = Ledger(accounts=5, per_account=300, numbered=seed != 2)
     fail = FailAt(f"acct-{rng.randrange(5):02d}", rng.randrange(100, 300), str(tmp_path / "f"))

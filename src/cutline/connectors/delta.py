@@ -43,6 +43,7 @@ written through delta-rs's own object store, so every store it knows works, loca
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -51,6 +52,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, cast
@@ -77,6 +79,11 @@ from cutline.connectors.sink import (
 STATS_COLUMNS = 32
 """Statistics of the first 32 columns (Delta's default ``dataSkippingNumIndexedCols``)."""
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+AHEAD_ROWS = 1 << 20
+"""Rows a writer gathers before it writes them as a data file ahead of the barrier, on a
+thread of its own, while records keep flowing (the rest is written at the barrier)."""
 
 
 def app_id(job: str, sink: str) -> str:
@@ -167,7 +174,21 @@ class DeltaWriter(SinkWriter):
         """What every batch is made to fit: the table's schema, or else the first batch's."""
         self.partition_by = tuple(sink.partition_by or ())
         self.batches: list[pa.RecordBatch] = []
-        self.unwritten: list[tuple[int, list[pa.RecordBatch], pa.Schema]] = []
+        self.rows = 0
+        """Rows in ``batches``: from :data:`AHEAD_ROWS` on, they are written ahead."""
+        self.ahead: list[Future[list[DataFile]]] = []
+        """Files of the interval written ahead of its barrier, on the writer's own thread."""
+        self.encoder: ThreadPoolExecutor | None = None
+        self.prepared = max(
+            (c.checkpoint for c in restored.values() if isinstance(c, DeltaCommittable)),
+            default=0,
+        )
+        """The checkpoint whose barrier came last, or the restored one (files written ahead
+        are named after it: for the checkpoint after it, which commits them, or else removes
+        them as orphans after a restore)."""
+        self.unwritten: list[
+            tuple[int, list[pa.RecordBatch], pa.Schema, list[Future[list[DataFile]]]]
+        ] = []
         self.written: list[DataFile] = []
         self.schema = b""
         self.lock, self.writing = threading.Lock(), threading.Lock()
@@ -185,15 +206,25 @@ class DeltaWriter(SinkWriter):
         if self.target is None:
             self.target = self._first_schema(batch.schema)
         self.batches.append(self._conform(batch))
+        self.rows += batch.num_rows
+        if self.rows >= AHEAD_ROWS:  # (encoded on another core while records flow)
+            if self.encoder is None:
+                self.encoder = ThreadPoolExecutor(1, thread_name_prefix="delta-files")
+            batches, target = self.batches, self.target
+            # named after the last barrier: what comes before the next one, which commits it
+            job = self.encoder.submit(self._write_files, self.prepared + 1, batches, target)
+            self.ahead.append(job)
+            self.batches, self.rows = [], 0
 
     def prepare_commit(self, checkpoint_id: int) -> PendingCommit:
         if self.failed is not None:
             raise self.failed
-        if self.batches:
+        if self.batches or self.ahead:
             assert self.target is not None
             with self.lock:
-                self.unwritten.append((checkpoint_id, self.batches, self.target))
-            self.batches = []
+                self.unwritten.append((checkpoint_id, self.batches, self.target, self.ahead))
+            self.batches, self.rows, self.ahead = [], 0, []
+        self.prepared = checkpoint_id
         return FilesToWrite(self, checkpoint_id)
 
     def commit(self, checkpoint_id: int) -> None:
@@ -201,15 +232,26 @@ class DeltaWriter(SinkWriter):
             self.written = [f for f in self.written if f.checkpoint > checkpoint_id]
 
     def abort(self) -> None:
-        self.batches = []
+        self.batches, self.rows, self.ahead = [], 0, []
+        if self.encoder is not None:  # (what it wrote ahead is an orphan: see _remove_orphans)
+            self.encoder.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        if self.encoder is not None:
+            self.encoder.shutdown(wait=True)
 
     def committable(self, checkpoint_id: int) -> DeltaCommittable:
         """Write the files still to write: what checkpoint ``checkpoint_id`` commits."""
         with self.writing:
             while self.unwritten:
-                checkpoint, batches, target = self.unwritten[0]
+                checkpoint, batches, target, ahead = self.unwritten[0]
                 try:
-                    files = self._write_files(checkpoint, batches, target)
+                    files = [
+                        dataclasses.replace(f, checkpoint=checkpoint)
+                        for job in ahead
+                        for f in job.result()
+                    ]
+                    files += self._write_files(checkpoint, batches, target) if batches else []
                 except SinkError as exc:
                     self.failed = exc
                     raise
