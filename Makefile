@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/b4_backpressure.py
 	$(BIN)/python bench/b5_sim.py
 	$(BIN)/python bench/b6_cadence.py
+	$(BIN)/python bench/connectors.py
 
 $(STAMP): pyproject.toml | check-python check-java
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
