@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -31,10 +30,10 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from cutline.connectors.kafka.source import LOG, reason
 from cutline.connectors.sink import Sink, SinkContext, SinkError, SinkWriter
 from cutline.connectors.source import Batch
 
-LOG = logging.getLogger("cutline.connectors.kafka")
 FLUSH_TIMEOUT = 60.0
 """Seconds a checkpoint's flush may wait for the brokers' acknowledgements; then the
 checkpoint fails (and the job restarts) rather than complete over records not written."""
@@ -111,7 +110,7 @@ class KafkaWriter(SinkWriter):
                     self.producer.poll(0.1)
                     self._raise_failures()
                 except KafkaException as exc:
-                    raise SinkError(f"write_kafka({sink.topic}): {_reason(exc)}") from None
+                    raise SinkError(f"write_kafka({sink.topic}): {reason(exc)}") from None
         self.producer.poll(0)
 
     def _value(self, row: Mapping[str, Any]) -> bytes | None:
@@ -186,8 +185,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     return str(value)
-
-
-def _reason(exc: KafkaException) -> str:
-    error = exc.args[0] if exc.args else None
-    return error.str() if isinstance(error, KafkaError) else str(exc)

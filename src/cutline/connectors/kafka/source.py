@@ -25,6 +25,7 @@ checkpoints and are the only truth.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -260,20 +261,9 @@ def _check_start(start: Any) -> None:
 # ----------------------------------------------------------------- metadata
 
 
-class _client:
+def _client(source: KafkaSource) -> contextlib.closing[Consumer]:
     """A consumer for metadata look-ups, closed after use."""
-
-    def __init__(self, source: KafkaSource) -> None:
-        self.source = source
-        self.consumer: Consumer | None = None
-
-    def __enter__(self) -> Consumer:
-        self.consumer = Consumer(_consumer_config(self.source, group=None))
-        return self.consumer
-
-    def __exit__(self, *exc: object) -> None:
-        if self.consumer is not None:
-            self.consumer.close()
+    return contextlib.closing(Consumer(_consumer_config(source, group=None)))
 
 
 def _consumer_config(source: KafkaSource, group: str | None) -> dict[str, Any]:
@@ -302,7 +292,7 @@ def _partitions(consumer: Consumer, source: KafkaSource, *, check: bool) -> list
             metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT)
         except KafkaException as exc:
             raise SourceError(
-                f"cannot reach the Kafka brokers at {where} to read topic {topic!r}: {_reason(exc)}"
+                f"cannot reach the Kafka brokers at {where} to read topic {topic!r}: {reason(exc)}"
             ) from None
         entry = metadata.topics.get(topic)
         error = entry.error if entry is not None else None
@@ -336,7 +326,8 @@ def _others(consumer: Consumer) -> str:
     return f" (its topics: {', '.join(names[:20])}{', ...' if len(names) > 20 else ''})"
 
 
-def _reason(exc: KafkaException) -> str:
+def reason(exc: KafkaException) -> str:
+    """What a client exception says (its error's text)."""
     error = exc.args[0] if exc.args else None
     return error.str() if isinstance(error, KafkaError) else str(exc)
 
@@ -348,7 +339,7 @@ def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, in
         )
     except KafkaException as exc:
         raise SourceError(
-            f"cannot read the offsets of {split_id(topic, partition)}: {_reason(exc)}"
+            f"cannot read the offsets of {split_id(topic, partition)}: {reason(exc)}"
         ) from None
     return int(low), int(high)
 
@@ -382,7 +373,7 @@ def _resolve_start(
     try:
         found = consumer.offsets_for_times(asked, timeout=METADATA_TIMEOUT)
     except KafkaException as exc:
-        raise SourceError(f"cannot find the offsets at time {start}: {_reason(exc)}") from None
+        raise SourceError(f"cannot find the offsets at time {start}: {reason(exc)}") from None
     offsets = {}
     for tp in found:
         offset = tp.offset
@@ -444,7 +435,7 @@ class KafkaReader(SplitReader):
         self.taken: dict[int, dict[str, Any]] = {}
         """Checkpoint -> the positions it holds, to publish when it completes (group_id)."""
         self.ended: dict[str, int] = {}
-        """Where the partitions finished since the last checkpoint ended."""
+        """Where the partitions finished since the last checkpoint ended (group_id)."""
         self._errors: list[str] = []
         self._lock = threading.Lock()
         self._warned_down = False
@@ -557,7 +548,7 @@ class KafkaReader(SplitReader):
     def _finish(self, split: str) -> ReadResult:
         topic, partition = parse_split(split)
         end = self.next.pop(split, None)
-        if end is not None:
+        if end is not None and self.source.group_id is not None:
             self.ended[split] = end
         self.waiting = deque((s, m) for s, m in self.waiting if s != split)
         if split in self.assigned:
@@ -605,7 +596,7 @@ class KafkaReader(SplitReader):
             except KafkaException as exc:  # (monitoring only: the job goes on)
                 if self.context.warn is not None:
                     self.context.warn(
-                        f"committing offsets to group {self.source.group_id!r} failed: {_reason(exc)}"
+                        f"committing offsets to group {self.source.group_id!r} failed: {reason(exc)}"
                     )
 
     def close(self) -> None:

@@ -176,12 +176,15 @@ class ValueFormat:
         table = pa.table({"value": pa.array(texts, pa.string())})
         return self._with_kafka_fields(table, kept), rejected
 
+    def _key(self, key: bytes | None) -> str | bytes | None:
+        """``_key``: as given (``key_format="raw"``), or as text."""
+        if key is None or self.key_format == "raw":
+            return key
+        return key.decode("utf-8", "backslashreplace")
+
     def _fields(self, message: Message) -> dict[str, Any]:
-        key: Any = message.key
-        if key is not None and self.key_format == "string":
-            key = key.decode("utf-8", "backslashreplace")
         return {
-            "_key": key,
+            "_key": self._key(message.key),
             "_partition": message.partition,
             "_offset": message.offset,
             "_timestamp": dt.datetime.fromtimestamp(message.timestamp / 1000, dt.UTC),
@@ -189,11 +192,8 @@ class ValueFormat:
 
     def _with_kafka_fields(self, table: pa.Table, messages: Sequence[Message]) -> pa.RecordBatch:
         kafka = self.kafka_schema()
-        keys: list[Any] = [m.key for m in messages]
-        if self.key_format == "string":
-            keys = [None if k is None else k.decode("utf-8", "backslashreplace") for k in keys]
         arrays = [
-            pa.array(keys, kafka.field("_key").type),
+            pa.array([self._key(m.key) for m in messages], kafka.field("_key").type),
             pa.array([m.partition for m in messages], pa.int32()),
             pa.array([m.offset for m in messages], pa.int64()),
             pa.array([m.timestamp for m in messages], pa.int64()).cast(
