@@ -27,7 +27,6 @@ import json
 import time
 from dataclasses import dataclass
 
-from cutline.runtime.checkpoint.stats import STATS_FOLDER, CheckpointStats, decode, stats_file
 from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
 
 LINEAGE = "_lineage"
@@ -163,13 +162,11 @@ def _savepoint_after(storage: CheckpointStorage, newest: int) -> tuple[int, str]
     for checkpoint_id in reversed(storage.stats_checkpoint_ids()):
         if checkpoint_id <= newest:
             return None
-        name = stats_file(checkpoint_id)
         try:
-            with storage.fs.open(f"{storage.root}/{STATS_FOLDER}/{name}", "rb") as source:
-                record = decode(name, source.read())
-        except (OSError, ValueError):  # (unreadable statistics: `checkpoints list` names them)
+            record = storage.checkpoint_stats(checkpoint_id)
+        except StorageError:  # (unreadable statistics: `checkpoints list` names them)
             continue
-        if isinstance(record, CheckpointStats) and record.completed and record.savepoint:
+        if record is not None and record.completed and record.savepoint:
             return checkpoint_id, record.savepoint
     return None
 

@@ -488,25 +488,28 @@ class CheckpointStorage:
     def _stats_say_completed(self, checkpoint_id: int) -> bool:
         """Whether the statistics file of ``checkpoint_id`` says it completed (a savepoint's
         does not count: its metadata is in its own folder)."""
+        record = self.checkpoint_stats(checkpoint_id)
+        return record is not None and record.completed and not record.savepoint
+
+    def checkpoint_stats(self, checkpoint_id: int) -> CheckpointStats | None:
+        """The statistics of ``checkpoint_id`` (a checkpoint's or a savepoint's), ``None`` if
+        there are none or they are damaged (`cutline checkpoints list` names those)."""
         name = stats_file(checkpoint_id)
         path = f"{self.root}/{STATS_FOLDER}/{name}"
         try:
             with self.fs.open(path, "rb") as source:
                 data = source.read()
         except (FileNotFoundError, *_DAMAGED):
-            return False
+            return None
         except OSError as exc:
             raise StorageError(f"cannot read {self._where(path)}: {exc.strerror or exc}") from exc
         try:
             record = decode(name, data)
-        except ValueError:  # damaged: `cutline checkpoints list` names it
-            return False
-        return (
-            isinstance(record, CheckpointStats)
-            and record.checkpoint_id == checkpoint_id
-            and record.completed
-            and not record.savepoint
-        )
+        except ValueError:
+            return None
+        if isinstance(record, CheckpointStats) and record.checkpoint_id == checkpoint_id:
+            return record
+        return None
 
     def missing_metadata_reason(self, checkpoint_id: int) -> str:
         """What is wrong with a checkpoint of :meth:`completed_without_metadata`."""
