@@ -426,10 +426,8 @@ class Sources(Dataflow):
                 discovery_interval=every,
             )
             prepared, notes = source.prepare()  # on the driver, now: the topics are there
-        except SourceError as exc:
+        except SourceError as exc:  # (a bad argument's ValueError names read_kafka already)
             raise SourceError(f"{what}({', '.join(names)}): {exc}") from None
-        except ValueError as exc:
-            raise ValueError(f"{what}({', '.join(names)}): {exc}") from None
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
         idle = idle_timeout if event_time is not None else None
