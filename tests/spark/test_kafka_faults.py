@@ -15,13 +15,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Producer
 from test_event_time_faults import _execute_killing
 from test_kafka import put, read_topic, running_sums
 
 from cutline import StreamEnvironment, Tumbling
 from cutline.demo import WorkerKiller
-from cutline.examples.servers import KafkaBroker, PostgresServer
+from cutline.examples.servers import KafkaBroker, PostgresServer, produce
 
 pytestmark = pytest.mark.connectors
 
@@ -75,15 +74,13 @@ def test_kafka_windows_into_kafka_have_every_result_through_a_sigkill(
     kafka_broker.create_topic("clicks", 3)
     kafka_broker.create_topic("counts", 2)
     base = 1_700_000_000_000
-    producer = Producer(
-        {"bootstrap.servers": kafka_broker.bootstrap_servers, "batch.num.messages": 1}
-    )
     rows = clicks()
-    for i, row in enumerate(rows):  # (one record a request, as Tansu needs)
-        producer.produce(
-            "clicks", json.dumps(row).encode(), partition=i % 3, timestamp=base + i * 20
+    for p in range(3):  # (row i into partition i % 3, at base + 20 i ms)
+        mine = range(p, len(rows), 3)
+        values = [json.dumps(rows[i]) for i in mine]
+        produce(
+            kafka_broker, "clicks", values, partition=p, timestamps=[base + i * 20 for i in mine]
         )
-        producer.flush()
     env = StreamEnvironment(
         2, checkpoint_interval=0.2, checkpoint_dir=str(tmp_path / "ck"), restart_delay=0
     )

@@ -271,10 +271,12 @@ def produce(
     records: Iterable[bytes | str | tuple[bytes | str | None, bytes | str]],
     partition: int = 0,
     timeout: float = 10.0,
+    timestamps: Iterable[int] | None = None,
 ) -> list[int]:
     """Send ``records`` (values, or ``(key, value)`` pairs) to ``partition`` of ``topic``, one
     record a batch (``batch.num.messages=1``: Tansu's high watermark is wrong after a batch of
-    several records), wait until all are written and return their offsets, in order."""
+    several records), wait until all are written and return their offsets, in order.
+    ``timestamps``: each record's timestamp (epoch milliseconds; else the producer's clock)."""
     from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
     config = {"bootstrap.servers": broker.bootstrap_servers, "batch.num.messages": 1}
@@ -289,9 +291,14 @@ def produce(
             errors.append(error)
 
     records = list(records)
-    for record in records:
+    times = list(timestamps) if timestamps is not None else [0] * len(records)
+    if len(times) != len(records):
+        raise ValueError(f"{len(records)} records but {len(times)} timestamps")
+    for record, at in zip(records, times, strict=True):
         key, value = record if isinstance(record, tuple) else (None, record)
-        producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+        producer.produce(
+            topic, value, key, partition=partition, timestamp=at, on_delivery=delivered
+        )
         producer.poll(0)
     producer.flush(timeout)
     if len(offsets) < len(records):
