@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from test_connector_api import FailAt, assert_exact
@@ -124,7 +126,7 @@ def test_the_running_sums_are_in_the_table_once_through_a_failure_at_a_random_en
     """``ahead``: the writers write a data file every that many rows, ahead of the barrier
     (files of an interval that fails are orphans, deleted by the restored writers)."""
     if ahead is not None:
-        monkeypatch.setattr(delta, "AHEAD_ROWS", ahead)
+        monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", ahead)
     rng = random.Random(f"delta-{seed}")
     ledger = Ledger(accounts=5, per_account=300, numbered=seed != 2)
     fail = FailAt(f"acct-{rng.randrange(5):02d}", rng.randrange(100, 300), str(tmp_path / "f"))
@@ -137,14 +139,18 @@ def test_the_running_sums_are_in_the_table_once_through_a_failure_at_a_random_en
     assert_one_commit_per_checkpoint(table, {c.checkpoint_id for c in result.checkpoints})
 
 
-def staged(sink: DeltaSink, job: str, batches: dict[int, list[Row]], subtask: int = 0) -> list[Any]:
-    """A writer's committables for ``batches`` (checkpoint -> records), never told that one
-    was committed (so each holds the files of the ones before as well)."""
+def staged(
+    sink: DeltaSink, job: str, batches: dict[int, list[Row]], subtask: int = 0, size: int = 0
+) -> list[Any]:
+    """A writer's committables for ``batches`` (checkpoint -> records, written ``size`` at a
+    time, or at once), never told that one was committed (so each holds the files of the ones
+    before as well)."""
     writer = sink.writer(SinkContext("sums", subtask, 2, 1, "r1", job=job), {})
     out = []
     for checkpoint, records in batches.items():
-        if records:
-            writer.write(pa.RecordBatch.from_pylist(records))
+        for start in range(0, len(records), size or len(records) or 1):
+            stop = start + size if size else len(records)
+            writer.write(pa.RecordBatch.from_pylist(records[start:stop]))
         out.append(writer.prepare_commit(checkpoint).complete())
     return out
 
@@ -311,3 +317,136 @@ def test_a_table_of_another_schema_fails_the_job_at_its_first_batch(tmp_path: Pa
         env.execute(launcher=ThreadLauncher())
     assert DeltaTable(str(path)).version() == 0 and len(rows(path)) == 1
     assert len(list(path.glob("*.parquet"))) == 1  # (no file written either)
+
+
+def test_the_statistics_are_those_delta_rs_writes_of_the_same_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken from the Parquet footer (several row groups here), they equal delta-rs's own for
+    every type it bounds; a float column with NaN or an infinity has none (a bound JSON cannot
+    hold, or one that would not bound the NaN), and a binary or nested one only null counts."""
+    monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", 3)
+    utc = pa.timestamp("us", tz="UTC")
+    columns = {
+        "i": pa.array([5, -3, None, 9, 0, 2, 7], pa.int64()),
+        "small": pa.array([1, 2, 3, 4, 5, 6, None], pa.int16()),
+        "f": pa.array([0.5, 2.5, -1.0, None, 3.0, 1.0, 0.0]),
+        "s": pa.array(["m", "b", None, "z" * 40, "a" * 40, "q", "c"]),
+        "b": pa.array([True, False, True, None, True, True, True]),
+        "d": pa.array([19000, 18000, 20000, None, 19500, 1, 19999], pa.date32()),
+        "t": pa.array([10**15, 2 * 10**15, None, 1, 5 * 10**14, 3, 10**12], utc),
+        "nan": pa.array([1.0, float("nan"), 2.0, 3.0, 4.0, 5.0, 6.0]),
+        "inf": pa.array([1.0, float("inf"), 2.0, 3.0, 4.0, 5.0, 6.0]),
+        "raw": pa.array([b"x", b"y", None, b"z", b"w", b"v", b"u"]),
+        "l": pa.array([[1], [2, 3], None, [], [4], [5], [6]]),
+    }
+    records = pa.table(columns)
+    ours_sink = DeltaSink(str(tmp_path / "ours"))
+    [committable] = staged(ours_sink, "j1", {1: records.to_pylist()}, size=3)
+    assert isinstance(committable, DeltaCommittable) and len(committable.files) == 1
+    [data] = committable.files
+    assert pq.ParquetFile(tmp_path / "ours" / data.path).metadata.num_row_groups == 3
+    ours = json.loads(data.stats)
+    write_deltalake(str(tmp_path / "theirs"), records)
+    [theirs] = [
+        json.loads(a["add"]["stats"]) for a in log_actions(tmp_path / "theirs") if "add" in a
+    ]
+    bounded = ["i", "small", "f", "b", "d", "t"]
+    for kind in ("minValues", "maxValues"):
+        for stats in (ours, theirs):  # (an instant: delta-rs leaves out a zero fraction)
+            stats[kind]["t"] = datetime.fromisoformat(stats[kind]["t"])
+        assert {c: ours[kind][c] for c in bounded} == {c: theirs[kind][c] for c in bounded}
+    assert theirs["minValues"]["s"] == "a" * 40  # (ours: its first 32 characters, as Spark's)
+    assert ours["minValues"]["s"] == "a" * 32 and "s" not in ours["maxValues"]  # (z * 40)
+    assert not {"nan", "inf", "raw", "l"} & {*ours["minValues"], *ours["maxValues"]}
+    assert ours["numRecords"] == 7
+    assert ours["nullCount"] == {c: records.column(c).null_count for c in columns if c != "l"}
+
+
+def log_actions(table: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for path in sorted((table / "_delta_log").glob("*.json"))
+        for line in path.read_text().splitlines()
+    ]
+
+
+def test_a_column_of_mostly_distinct_values_is_written_without_a_dictionary(
+    tmp_path: Path,
+) -> None:
+    """Ids and free text are encoded plain (a dictionary of them is work thrown away, and a
+    larger file); a column of few values keeps its dictionary."""
+    records = [{"id": f"user-{i}", "city": f"city-{i % 7}", "n": i} for i in range(5000)]
+    sink = DeltaSink(str(tmp_path / "table"))
+    [committable] = staged(sink, "j1", {1: records})
+    sink.global_committer().commit(1, [committable])
+    [data] = committable.files
+    chunks = pq.ParquetFile(tmp_path / "table" / data.path).metadata.row_group(0)
+    encodings = {chunks.column(i).path_in_schema: chunks.column(i).encodings for i in range(3)}
+    assert "RLE_DICTIONARY" in encodings["city"]
+    assert "RLE_DICTIONARY" not in encodings["id"] and "RLE_DICTIONARY" not in encodings["n"]
+    assert sorted(rows(tmp_path / "table"), key=lambda r: r["n"]) == records
+
+
+@pytest.mark.parametrize(("target", "most_open"), [(1, 64), (1 << 30, 1)])
+def test_files_are_rolled_when_large_and_when_too_many_are_open_and_every_row_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: int, most_open: int
+) -> None:
+    """A part file past its target size is closed and another opened; past the most open
+    files, the one written least recently is closed: every row still in the table once."""
+    monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", 10)
+    monkeypatch.setattr(delta.files, "TARGET_FILE_BYTES", target)
+    monkeypatch.setattr(delta.files, "MAX_OPEN_FILES", most_open)
+    sink = DeltaSink(str(tmp_path / "table"), partition_by=["city"])
+    records = [{"city": f"c{i % 3}", "n": i} for i in range(120)]
+    one, two = staged(sink, "j1", {1: records[:60], 2: records[60:]}, size=10)
+    committer = sink.global_committer()
+    committer.commit(1, [one])
+    committer.commit(2, [two])
+    assert sorted(rows(tmp_path / "table"), key=lambda r: r["n"]) == records
+    [(_, first, _), (_, second, _)] = commits(tmp_path / "table")
+    assert len(first) > 3 and len(second) > 3  # (3 partitions: one file each, if not rolled)
+    assert {checkpoint_of(p) for p in first} == {1} and {checkpoint_of(p) for p in second} == {2}
+
+
+def test_a_column_of_nulls_that_gets_a_type_mid_interval_goes_into_files_of_each_type(
+    tmp_path: Path,
+) -> None:
+    sink = DeltaSink(str(tmp_path / "table"))
+    records = [{"n": 1, "x": None}, {"n": 2, "x": None}, {"n": 3, "x": "c"}, {"n": 4, "x": None}]
+    writer = sink.writer(SinkContext("sums", 0, 1, 1, "r1", job="j1"), {})
+    for record in records:
+        writer.write(pa.RecordBatch.from_pylist([record]))
+    committable = writer.prepare_commit(1).complete()
+    assert len(committable.files) == 2
+    sink.global_committer().commit(1, [committable])
+    assert sorted(rows(tmp_path / "table"), key=lambda r: r["n"]) == records
+    assert DeltaTable(sink.path).schema().to_arrow().field("x").type == pa.string()
+
+
+def test_a_file_that_cannot_be_written_fails_the_checkpoint_and_every_later_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's thread could not write a row group: the files of the interval lack it,
+    so they are never committed; the writer refuses from then on, naming the table."""
+    monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", 2)
+    sink = DeltaSink(str(tmp_path / "table"))
+    writer = sink.writer(SinkContext("sums", 0, 1, 1, "r1", job="j1"), {})
+    appends = 0
+
+    def append(self: Any, rows: pa.Table) -> None:
+        nonlocal appends
+        appends += 1
+        if appends == 2:
+            raise OSError("the disk is full")
+        self.parquet.write_table(rows)
+
+    monkeypatch.setattr(delta.files.PartFile, "append", append)
+    message = rf"cannot write into {tmp_path / 'table'}: the disk is full"
+    with pytest.raises(SinkError, match=message):  # (at a later hand-over, or the barrier)
+        for n in range(6):
+            writer.write(pa.RecordBatch.from_pylist([{"n": n}]))
+        writer.prepare_commit(1).complete()
+    with pytest.raises(SinkError, match=message):
+        writer.write(pa.RecordBatch.from_pylist([{"n": 9}]))
+    writer.abort()
