@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from deltalake.fs import DeltaStorageHandler
 from test_connector_api import FailAt, assert_exact
 from test_savepoints import SavepointOnHold, endpoints_of
 
@@ -450,3 +452,24 @@ def test_a_file_that_cannot_be_written_fails_the_checkpoint_and_every_later_call
     with pytest.raises(SinkError, match=message):
         writer.write(pa.RecordBatch.from_pylist([{"n": 9}]))
     writer.abort()
+
+
+def test_a_table_at_a_uri_is_written_through_delta_rs_own_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URI (``s3://`` and the others) goes through delta-rs's object store, not Arrow's
+    local filesystem (here that store on a local folder): files, partitions, commits and
+    orphans. A ``file://`` URI is a local path."""
+    monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", 4)
+    sink = DeltaSink((tmp_path / "table").as_uri(), partition_by=["city"])
+    assert sink.path == str(tmp_path / "table")
+    (tmp_path / "table").mkdir()
+    store = pafs.PyFileSystem(DeltaStorageHandler(sink.path))
+    monkeypatch.setattr(DeltaSink, "store", lambda self: store)
+    records = [{"city": f"c{i % 2}", "n": i} for i in range(20)]
+    one, two = staged(sink, "j1", {1: records[:10], 2: records[10:]}, size=3)
+    sink.global_committer().commit(1, [one])
+    assert sorted(rows(tmp_path / "table"), key=lambda r: r["n"]) == records[:10]
+    sink.writer(SinkContext("sums", 0, 2, 2, "r1", job="j1"), {0: one})  # the next attempt
+    on_disk = {p.name for p in (tmp_path / "table").rglob("*.parquet")}
+    assert on_disk == {Path(f.path).name for f in one.files} and len(two.files) == 4

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
+from urllib.request import url2pathname
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -72,6 +73,8 @@ class DeltaTarget:
 
     def __post_init__(self) -> None:
         path = os.fspath(self.path)
+        if path.startswith("file://"):  # (a local path: as one, delta-rs's store needs it made)
+            path = url2pathname(urlparse(path).path)
         if "://" not in path:
             path = os.path.abspath(path)  # (a worker's working directory is not the driver's)
         object.__setattr__(self, "path", path)
