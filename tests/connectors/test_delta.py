@@ -473,3 +473,21 @@ def test_a_table_at_a_uri_is_written_through_delta_rs_own_store(
     sink.writer(SinkContext("sums", 0, 2, 2, "r1", job="j1"), {0: one})  # the next attempt
     on_disk = {p.name for p in (tmp_path / "table").rglob("*.parquet")}
     assert on_disk == {Path(f.path).name for f in one.files} and len(two.files) == 4
+
+
+def test_the_files_codec_is_chosen_and_a_codec_unknown_is_refused_at_build(
+    tmp_path: Path,
+) -> None:
+    sink = DeltaSink(str(tmp_path / "table"), compression="SNAPPY")
+    one, _ = staged(sink, "j1", {1: [{"n": 1}], 2: [{"n": 2}]})
+    sink.global_committer().commit(1, [one])
+    [data] = one.files
+    assert data.path.endswith(".snappy.parquet")
+    chunk = pq.ParquetFile(tmp_path / "table" / data.path).metadata.row_group(0).column(0)
+    assert chunk.compression == "SNAPPY"
+    sink.writer(SinkContext("sums", 0, 2, 2, "r1", job="j1"), {0: one})  # (2's an orphan)
+    assert {p.name for p in (tmp_path / "table").glob("*.parquet")} == {data.path}
+    assert rows(tmp_path / "table") == [{"n": 1}]
+    env = StreamEnvironment(1)
+    with pytest.raises(ValueError, match=r"compression must be one of zstd, snappy, .*'zip'"):
+        env.from_sequence(0, 3).write_delta(tmp_path / "t2", compression="zip")

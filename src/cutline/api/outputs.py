@@ -97,12 +97,15 @@ class Outputs:
         *,
         partition_by: Sequence[str] | None = None,
         storage_options: Mapping[str, str] | None = None,
+        compression: str = "zstd",
         name: str | None = None,
     ) -> None:
         """Append the records to the Delta Lake table at ``path`` (made if missing),
-        **exactly once**: each subtask stages Parquet files at the barrier, and the driver
-        commits them all in one Delta commit per checkpoint, which records the job and the
-        checkpoint (an application transaction) so that no checkpoint is committed twice."""
+        **exactly once**: each subtask writes Parquet files while the records come and
+        closes them at the barrier, and the driver commits them all in one Delta commit per
+        checkpoint, which records the job and the checkpoint (an application transaction)
+        so that no checkpoint is committed twice. ``compression``: the files' Parquet codec
+        (``zstd``, ``snappy``, ``lz4``, ``gzip``, ``brotli`` or ``none``)."""
         from cutline.connectors.delta import DeltaSink
 
         where = os.fspath(path)
@@ -110,6 +113,7 @@ class Outputs:
             where,
             storage_options=dict(storage_options) if storage_options else None,
             partition_by=list(partition_by) if partition_by else None,
+            compression=compression,
         )
         self._write(f"write_delta({where})", sink, name)
 

@@ -6,8 +6,8 @@ Flink's Delta sink, on cutline's connector API (:mod:`cutline.connectors.sink`):
    schema and hands them, every :data:`~writer.ROW_GROUP_ROWS` rows, to a thread of its own,
    which encodes them as a row group of an open Parquet **part file** in the table's
    directory (one per ``column=value/`` folder when partitioned), named
-   ``part-<job>-<sink>-<subtask>-<checkpoint>-<uuid>.zstd.parquet`` (``files.py``): the
-   files are written while records flow, on another core;
+   ``part-<job>-<sink>-<subtask>-<checkpoint>-<uuid>.zstd.parquet`` (``compression=`` chooses
+   the codec; ``files.py``): the files are written while records flow, on another core;
 2. at the barrier of checkpoint ``n`` that thread closes the interval's files; the subtask's
    snapshot thread waits for them, and the committable stored in the checkpoint
    (:class:`DeltaCommittable`) holds what Delta's add action needs of each, its statistics

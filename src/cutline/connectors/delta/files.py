@@ -44,6 +44,7 @@ MAX_OPEN_FILES = 64
 least recently is closed (a table partitioned by a column of many values gets more files,
 not more memory or descriptors)."""
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CODECS = ("zstd", "snappy", "lz4", "gzip", "brotli", "none")
 
 
 def app_id(job: str, sink: str) -> str:
@@ -58,7 +59,8 @@ def file_prefix(job: str, sink: str) -> str:
 
 def named(name: str, prefix: str) -> tuple[int, int] | None:
     """The subtask and checkpoint of a data file of ``prefix`` (``part-<job>-<sink>-``)."""
-    found = re.fullmatch(re.escape(prefix) + r"(\d{5})-(\d{10})-[0-9a-f-]+\.zstd\.parquet", name)
+    pattern = re.escape(prefix) + r"(\d{5})-(\d{10})-[0-9a-f-]+\.[a-z0-9]+\.parquet"
+    found = re.fullmatch(pattern, name)
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
@@ -70,8 +72,17 @@ class DeltaTarget:
     path: str
     storage_options: Mapping[str, str] | None = field(default=None, kw_only=True)
     partition_by: Sequence[str] | None = field(default=None, kw_only=True)
+    compression: str = field(default="zstd", kw_only=True)
+    """The data files' Parquet codec: ``zstd`` (smaller), ``snappy`` (Spark's and delta-rs's
+    default: faster), ``lz4``, ``gzip``, ``brotli`` or ``none``."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.compression, str) or self.compression.lower() not in CODECS:
+            raise ValueError(
+                f"write_delta: compression must be one of {', '.join(CODECS)}, "
+                f"not {self.compression!r}"
+            )
+        object.__setattr__(self, "compression", self.compression.lower())
         path = os.fspath(self.path)
         if path.startswith("file://"):  # (a local path: as one, delta-rs's store needs it made)
             path = url2pathname(urlparse(path).path)
@@ -138,13 +149,18 @@ class PartFile:
     """One open part file: rows appended as row groups, statistics from its footer."""
 
     def __init__(
-        self, store: pafs.FileSystem, path: str, first: pa.Table, values: dict[str, str | None]
+        self,
+        store: pafs.FileSystem,
+        path: str,
+        first: pa.Table,
+        values: dict[str, str | None],
+        compression: str,
     ) -> None:
         """A file for rows of ``first``'s schema (its first rows, not written yet)."""
         self.path, self.schema, self.values = path, first.schema, values
         self.out = store.open_output_stream(path)
         self.parquet = pq.ParquetWriter(
-            self.out, self.schema, compression="zstd", use_dictionary=dictionary(first)
+            self.out, self.schema, compression=compression, use_dictionary=dictionary(first)
         )
         self.not_finite: set[str] = set()
         """Float columns with a NaN or an infinity: no bounds in the statistics."""
@@ -216,7 +232,7 @@ class PartFiles:
                         self.store.create_dir(folder.rstrip("/"), recursive=True)
                         self.folders.add(folder)
                     name = f"{folder}{self._name(named_after)}"
-                    part = PartFile(self.store, name, rows, values)
+                    part = PartFile(self.store, name, rows, values, self.target.compression)
                 part.append(rows)
                 if part.size() >= TARGET_FILE_BYTES:
                     self.closed.append(part.close())
@@ -250,7 +266,8 @@ class PartFiles:
 
     def _name(self, checkpoint: int) -> str:
         unique = uuid.uuid4()
-        return f"{self.prefix}{self.subtask:05d}-{checkpoint:010d}-{unique}.zstd.parquet"
+        codec = self.target.compression
+        return f"{self.prefix}{self.subtask:05d}-{checkpoint:010d}-{unique}.{codec}.parquet"
 
 
 # ------------------------------------------------------------------------------- encodings
