@@ -628,7 +628,14 @@ def check_delta(path: Path, expected: dict) -> dict[str, Any]:
 
 
 def cutline_sink(
-    kind: str, dsn: str, rows: pa.Table, expected: dict, work: Path, parallelism: int, spark: Any
+    kind: str,
+    dsn: str,
+    rows: pa.Table,
+    expected: dict,
+    work: Path,
+    parallelism: int,
+    spark: Any,
+    compression: str = "zstd",
 ) -> dict[str, Any]:
     from cutline import StreamEnvironment
 
@@ -648,7 +655,7 @@ def cutline_sink(
     elif kind == "upsert":
         stream.write_postgres(dsn, table=UPSERT_TABLE, key=["user"], columns=columns, name="pg")
     else:
-        stream.write_delta(str(work / "delta"), name="delta")
+        stream.write_delta(str(work / "delta"), compression=compression, name="delta")
     result, seconds, whole, cpu = timed_job(env, spark=spark)
     run = rates(len(rows), seconds, whole, result, cpu)
     if kind == "none":
@@ -711,13 +718,31 @@ def floor_upsert(dsn: str, rows: pa.Table, expected: dict) -> dict[str, Any]:
     return run
 
 
-def floor_delta(rows: pa.Table, expected: dict, work: Path, compression: str) -> dict[str, Any]:
-    from deltalake import WriterProperties, write_deltalake
+DELTA_FLOORS: dict[str, dict[str, Any]] = {
+    "default (snappy)": {},
+    "zstd": {"compression": "ZSTD"},
+    "zstd, no dictionary for user": {"compression": "ZSTD", "plain": ["user"]},
+    "snappy, no dictionaries": {"compression": "SNAPPY", "plain": "all"},
+}
+"""``write_deltalake``'s settings tried: its default, cutline's codec, and what a user who
+knows the data sets (``user`` is unique: a dictionary of it is work thrown away)."""
+
+
+def floor_delta(rows: pa.Table, expected: dict, work: Path, setting: str) -> dict[str, Any]:
+    from deltalake import ColumnProperties, WriterProperties, write_deltalake
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     path = work / "delta"
-    properties = None if compression == "default" else WriterProperties(compression="ZSTD")
+    chosen = DELTA_FLOORS[setting]
+    properties = None
+    if chosen:
+        plain = ColumnProperties(dictionary_enabled=False)
+        properties = WriterProperties(
+            compression=chosen["compression"],
+            default_column_properties=plain if chosen.get("plain") == "all" else None,
+            column_properties={"user": plain} if chosen.get("plain") == ["user"] else None,
+        )
     start = time.perf_counter()
     write_deltalake(str(path), rows, writer_properties=properties)
     seconds = time.perf_counter() - start
@@ -727,16 +752,87 @@ def floor_delta(rows: pa.Table, expected: dict, work: Path, compression: str) ->
     return run
 
 
-def probe_delta(spark: Any, base: Path) -> str | None:
-    """``None`` if ``write_delta`` writes a small table right; else why not (the Delta sink
-    is being written)."""
-    rows = pa.Table.from_batches([sink_rows(pa.array(np.arange(1_000, dtype=np.int64)))])
-    expected = {"rows": 1_000, "amount_sum": int(np.arange(1_000).sum())}
-    try:
-        run = cutline_sink("delta", "", rows, expected, base / "probe", 1, spark)
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-    return None if run["verified"] else f"a probe of 1,000 rows was not verified: {run}"
+def add_delta(
+    add: Callable[[str, Callable[[Path], dict], dict], None],
+    rows: pa.Table,
+    expected: dict,
+    spark: Any,
+    pipeline: bool,
+) -> None:
+    """The Delta systems: cutline's ``write_delta`` in both codecs at parallelism 1 and 2
+    (and, with ``pipeline``, the pipeline without a sink), and ``write_deltalake`` in each of
+    :data:`DELTA_FLOORS`."""
+    for parallelism in (1, 2):
+        if pipeline:
+            add(
+                f"cutline no sink (tally), parallelism {parallelism}",
+                lambda w, p=parallelism: cutline_sink("none", "", rows, expected, w, p, spark),
+                {"parallelism": parallelism, "checkpoint_interval_s": CHECKPOINT_INTERVAL},
+            )
+        for codec in ("zstd", "snappy"):
+            add(
+                f"cutline write_delta {codec}, parallelism {parallelism}",
+                lambda w, p=parallelism, c=codec: cutline_sink(
+                    "delta", "", rows, expected, w, p, spark, c
+                ),
+                {
+                    "parallelism": parallelism,
+                    "checkpoint_interval_s": CHECKPOINT_INTERVAL,
+                    "compression": codec,
+                },
+            )
+    for setting in DELTA_FLOORS:
+        add(
+            f"deltalake.write_deltalake, {setting}",
+            lambda w, c=setting: floor_delta(rows, expected, w, c),
+            {"setting": setting},
+        )
+
+
+def delta_floors(systems: list[dict]) -> dict[str, str | None]:
+    """The fastest ``write_deltalake`` setting of each codec, and of all."""
+    medians = {s["name"]: summary(s["runs"], "records_per_s")["median"] for s in systems}
+    floors = {n: m for n, m in medians.items() if n.startswith("deltalake") and m is not None}
+
+    def best(codec: str) -> str | None:
+        named = [n for n in floors if codec in n]
+        return max(named, key=lambda n: floors[n]) if named else None
+
+    return {
+        "write_delta zstd": best("zstd"),
+        "write_delta snappy": best("snappy"),
+        "write_delta (any codec)": best(""),
+    }
+
+
+def delta_section(spark: Any, rows_n: int, repeats: int, base: Path) -> dict:
+    """The Delta sink alone at ``rows_n`` rows: a job long enough to take checkpoints while
+    it writes, and for the files written while the rows come to matter."""
+    rows = pa.Table.from_batches([sink_rows(pa.array(np.arange(rows_n, dtype=np.int64)))])
+    expected = {"rows": rows_n, "amount_sum": int((np.arange(rows_n) % 1000).sum())}
+    systems: list[dict] = []
+
+    def add(name: str, fn: Callable[[Path], dict], parameters: dict) -> None:
+        systems.append(
+            {"name": name, "fn": fn, "parameters": parameters, "runs": [], "warmup": None}
+        )
+
+    add_delta(add, rows, expected, spark, pipeline=True)
+    rounds(systems, repeats, base / "delta")
+    floors_used = delta_floors(systems)
+
+    def floors(name: str) -> list[str]:
+        codec = "zstd" if "zstd" in name else "snappy"
+        found = [floors_used[f"write_delta {codec}"], floors_used["write_delta (any codec)"]]
+        return [f for f in dict.fromkeys(found) if f is not None] if "write_delta" in name else []
+
+    results = finish(systems, "delta", "records_per_s", floors, rows_n)
+    return {
+        "rows": {"count": rows_n, "columns": {"user": "text 'u<i>'", "amount": "i % 1000"}},
+        "floors_used": floors_used,
+        "results": results,
+        "sink_costs": sink_costs(results, floors_used),
+    }
 
 
 def sink_section(dsn: str, spark: Any, rows_n: int, repeats: int, base: Path) -> dict:
@@ -747,10 +843,6 @@ def sink_section(dsn: str, spark: Any, rows_n: int, repeats: int, base: Path) ->
         conn.execute(f'CREATE TABLE {UPSERT_TABLE} ("user" text PRIMARY KEY, amount bigint)')
     rows = pa.Table.from_batches([sink_rows(pa.array(np.arange(rows_n, dtype=np.int64)))])
     expected = {"rows": rows_n, "amount_sum": int((np.arange(rows_n) % 1000).sum())}
-    delta_pending = probe_delta(spark, base)
-    if delta_pending:
-        print(f"Delta: write_delta does not work yet: {delta_pending}", flush=True)
-
     systems: list[dict] = []
 
     def add(name: str, fn: Callable[[Path], dict], parameters: dict) -> None:
@@ -762,10 +854,7 @@ def sink_section(dsn: str, spark: Any, rows_n: int, repeats: int, base: Path) ->
         ("none", "no sink (tally)"),
         ("insert", "write_postgres insert"),
         ("upsert", "write_postgres upsert key=[user]"),
-        ("delta", "write_delta"),
     ):
-        if kind == "delta" and delta_pending:
-            continue
         for parallelism in (1, 2):
             add(
                 f"cutline {label}, parallelism {parallelism}",
@@ -783,12 +872,7 @@ def sink_section(dsn: str, spark: Any, rows_n: int, repeats: int, base: Path) ->
         lambda w: floor_upsert(dsn, rows, expected),
         {},
     )
-    for compression in ("default", "zstd"):
-        add(
-            f"deltalake.write_deltalake, {compression} compression",
-            lambda w, c=compression: floor_delta(rows, expected, w, c),
-            {"compression": compression},
-        )
+    add_delta(add, rows, expected, spark, pipeline=False)
     rounds(systems, repeats, base / "sinks")
 
     def best_of(prefix: str) -> str | None:
@@ -799,17 +883,19 @@ def sink_section(dsn: str, spark: Any, rows_n: int, repeats: int, base: Path) ->
     floors_used = {
         "write_postgres insert": best_of("psycopg COPY"),
         "write_postgres upsert": best_of("psycopg INSERT"),
-        "write_delta": best_of("deltalake.write_deltalake"),
+        **delta_floors(systems),
     }
 
     def floors(name: str) -> list[str]:
-        return [f for sink, f in floors_used.items() if sink in name and f is not None]
+        found = [f for sink, f in floors_used.items() if sink in name and f is not None]
+        if "write_delta" in name and floors_used["write_delta (any codec)"]:
+            found.append(floors_used["write_delta (any codec)"])
+        return list(dict.fromkeys(found))
 
     results = finish(systems, "sinks", "records_per_s", floors, rows_n)
     return {
         "rows": {"count": rows_n, "columns": {"user": "text 'u<i>'", "amount": "i % 1000"}},
         "floors_used": floors_used,
-        "delta": {"status": "pending", "why": delta_pending} if delta_pending else "measured",
         "results": results,
     }
 
@@ -969,6 +1055,12 @@ def main() -> None:
         default=1_000_000,
         help="rows written by each sink run (at 300,000 the bulk floors take 20-60 ms)",
     )
+    parser.add_argument(
+        "--delta-rows",
+        type=int,
+        default=30_000_000,
+        help="rows of the Delta sink's own part (a job that takes checkpoints while it writes)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/connectors.json"))
     parser.add_argument("--skip-kafka", action="store_true", help="the sinks only")
@@ -986,6 +1078,7 @@ def main() -> None:
         "parameters": {
             "rows": args.rows,
             "sink_rows": args.sink_rows,
+            "delta_rows": args.delta_rows,
             "repeats": args.repeats,
             "checkpoint_interval_s": CHECKPOINT_INTERVAL,
             "spark": "local[2], one session for every run",
@@ -1007,6 +1100,7 @@ def main() -> None:
             report["sinks"]["sink_costs"] = sink_costs(
                 report["sinks"]["results"], report["sinks"]["floors_used"]
             )
+            report["delta"] = delta_section(spark, args.delta_rows, args.repeats, base)
     finally:
         broker.close()
         postgres.close()
@@ -1018,6 +1112,7 @@ def main() -> None:
     everything = [
         *report.get("kafka_source", {}).get("results", []),
         *report.get("sinks", {}).get("results", []),
+        *report.get("delta", {}).get("results", []),
     ]
     print(f"\n{'system':<84} {'records/s':>12} {'min-max':>23}  ratios  verified")
     for result in everything:
