@@ -405,7 +405,8 @@ def test_a_text_file_not_started_holds_the_watermark_where_its_first_records_all
     them, or their highest minus the bound), not at the minimum, so that windows of the files
     before it fire before it starts."""
     from cutline.protocol.watermarks import EmitWatermark
-    from cutline.runtime.time import EventTime, WatermarkStrategy
+    from cutline.runtime.eventtime.timestamps import EventTime
+    from cutline.runtime.eventtime.watermarks import WatermarkStrategy
 
     files = {"a": [1_000, 1_500, 1_999], "b": [5_000, 4_950, 9_000], "c": [20_000, 20_100]}
     for name, times in files.items():

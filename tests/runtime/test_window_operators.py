@@ -20,21 +20,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.eventtime.aggregations import Aggregation
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
+from cutline.runtime.eventtime.keyed import WindowOperator
+from cutline.runtime.eventtime.logic import WindowLogic
+from cutline.runtime.eventtime.panes import PaneWindowOperator
+from cutline.runtime.eventtime.sessions import SessionColumnsOperator
+from cutline.runtime.eventtime.timestamps import EventTime
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import key_group_range
 from cutline.runtime.state.segments import SegmentRef
-from cutline.runtime.time import EventTime
-from cutline.runtime.windows import (
-    Aggregation,
-    PaneWindowOperator,
-    Session,
-    SessionColumnsOperator,
-    Sliding,
-    Tumbling,
-    WindowLogic,
-    WindowOperator,
-)
 
 MAX_PARALLELISM = 16
 

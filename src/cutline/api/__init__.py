@@ -26,6 +26,9 @@ from cutline.runtime.driver.events import (
     WaitingForSlots,
 )
 from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
+from cutline.runtime.eventtime.aggregations import AggregateFunction
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
+from cutline.runtime.eventtime.timestamps import EventTimeError
 from cutline.runtime.io.formats import InputWarning, SourceError
 from cutline.runtime.operators import (
     KeyedProcessFunction,
@@ -35,8 +38,6 @@ from cutline.runtime.operators import (
     RunningOperator,
 )
 from cutline.runtime.task.launch import SourceHold
-from cutline.runtime.time import EventTimeError
-from cutline.runtime.windows import AggregateFunction, Session, Sliding, Tumbling, Window
 from cutline.spark.launcher import SparkSetupError
 
 __all__ = [

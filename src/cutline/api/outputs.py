@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutline.connectors.sink import Sink
+from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.graph import Edge, KeySelector, Operator
 from cutline.runtime.operators import Logic, RollingLogic, SinkLogic
-from cutline.runtime.windows import WindowLogic
 
 
 class Outputs:

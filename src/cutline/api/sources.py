@@ -21,10 +21,11 @@ import pyarrow as pa
 from cutline.api.settings import location, seconds
 from cutline.api.streams import Dataflow, DataStream
 from cutline.connectors.source import Source, SourceError
+from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
+from cutline.runtime.eventtime.watermarks import WatermarkStrategy
 from cutline.runtime.io.formats import CsvOptions, InputWarning, as_schema
 from cutline.runtime.io.sources import FileSource, SequenceSource
 from cutline.runtime.operators import SourceLogic
-from cutline.runtime.time import EventTime, EventTimeError, WatermarkStrategy, duration_ms
 
 
 class Sources(Dataflow):
@@ -509,7 +510,8 @@ class Sources(Dataflow):
         operator = self._add(label, SourceLogic(source, time), [], name, on_error, reads)
         if rate_limit is not None:
             self._rate_limits[operator.uid] = float(rate_limit)
-        return DataStream(self, operator, time.event_time if time is not None else None)
+        event_time = time.event_time if time is not None else None
+        return DataStream(self, operator, event_time, source.record_schema())
 
 
 def _column_names(what: str, columns: Sequence[str] | None) -> tuple[str, ...] | None:

@@ -29,22 +29,26 @@ second ``map(parse)`` on the same stream) are refused here, asking for ``name=``
 
 from __future__ import annotations
 
-import hashlib
-import json
-import linecache
 import os
 import re
-import types
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import fsspec
 import pyarrow as pa
 
+from cutline.api.columns import has_column, numeric_column, window_result_schema, with_count
+from cutline.api.identity import lambda_text, operator_id
 from cutline.api.outputs import Outputs
 from cutline.api.settings import Settings, location
 from cutline.connectors.sink import FunctionSink, Sink
-from cutline.runtime.graph import Edge, GraphError, JobGraph, KeySelector, Operator
+from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregation
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
+from cutline.runtime.eventtime.logic import WindowLogic
+from cutline.runtime.eventtime.output import LATE
+from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
+from cutline.runtime.eventtime.watermarks import WatermarkStrategy
+from cutline.runtime.graph import Edge, GraphError, JobGraph, Operator
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.operators import (
     ON_ERROR,
@@ -59,80 +63,6 @@ from cutline.runtime.operators import (
     SinkLogic,
     function_name,
 )
-from cutline.runtime.time import EventTime, WatermarkStrategy, duration_ms
-from cutline.runtime.windows import (
-    LATE,
-    AggregateFunction,
-    Aggregation,
-    Session,
-    Sliding,
-    Tumbling,
-    Window,
-    WindowLogic,
-)
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
-
-
-def operator_id(label: str, inputs: Sequence[Edge], detail: str = "") -> str:
-    """The id of an unnamed operator: ``label`` made safe (at most 40 characters), then 8 hex
-    digits of a digest of the label, ``detail`` (what a source reads; what tells a lambda
-    from another) and the inputs (their ids, partitioning and key, in any order). Nothing
-    else of the job goes into it."""
-    readable = _UNSAFE.sub("_", label).strip("_.")[:40].rstrip("_.") or "operator"
-    edges = sorted([e.upstream, e.partitioning, _key_name(e.key)] for e in inputs)
-    identity = json.dumps([label, detail, edges])
-    return f"{readable}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
-
-
-def _key_name(key: KeySelector | None) -> str:
-    if key is None or isinstance(key, str):
-        return key or ""
-    return f"{function_name(key)}({_lambda(key)})"
-
-
-def _lambda(fn: Any) -> str:
-    """What tells a lambda (a function without a name) from another: the text of its code
-    without blanks (``m["kind"]=="label"``, from its source file), else the constants and
-    names in it; not its bytecode, which changes with the version of Python. Empty for a
-    function with a name: its name is its identity, whatever its body."""
-    code = getattr(fn, "__code__", None)
-    if function_name(fn) != "lambda" or not isinstance(code, types.CodeType):
-        return ""
-    return _text(code) or _names(code)
-
-
-def _text(code: types.CodeType) -> str:
-    """The source text of ``code`` without blanks; empty when its file cannot be read."""
-    spans = [
-        (line, end_line, col, end)
-        for line, end_line, col, end in code.co_positions()
-        if line is not None
-        and end_line is not None
-        and col is not None
-        and end is not None
-        and (line, col) != (end_line, end)  # (the frame's set-up: no text)
-    ]
-    lines = linecache.getlines(code.co_filename)
-    if not spans or not lines:
-        return ""
-    first, col = min((p[0], p[2]) for p in spans)
-    last, end = max((p[1], p[3]) for p in spans)
-    text = [line.encode() for line in lines[first - 1 : last]]  # columns count UTF-8 bytes
-    if not text:
-        return ""
-    text[-1] = text[-1][:end]
-    text[0] = text[0][col:]
-    return "".join(b"".join(text).decode(errors="replace").split())
-
-
-def _names(code: types.CodeType) -> str:
-    constants = [
-        _names(c) if isinstance(c, types.CodeType) else repr(c)
-        for c in code.co_consts
-        if c is not None
-    ]
-    return f"{constants} {list(code.co_names)} {list(code.co_varnames)}"
 
 
 class Dataflow:
@@ -164,7 +94,7 @@ class Dataflow:
         ``reads`` for a source, and the lambda of a logic whose function, ``fn``, is one)."""
         shown = label if name is None else name
         self._check_on_error(shown, on_error)
-        detail = reads or _lambda(getattr(logic, "fn", None))
+        detail = reads or lambda_text(getattr(logic, "fn", None))
         uid = operator_id(label, inputs, detail) if name is None else name
         taken = self.graph.operators.get(uid)
         if taken is not None and name is not None:
@@ -246,7 +176,13 @@ class _Operators:
         self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """The records for which ``fn(record)`` is true."""
-        return self.transform(*_per_record("filter", fn), name=name, on_error=on_error)
+        stream = self.transform(*_per_record("filter", fn), name=name, on_error=on_error)
+        stream.schema = self._schema()
+        return stream
+
+    def _schema(self) -> pa.Schema | None:
+        """The columns of the records this operator reads (see :mod:`~cutline.api.columns`)."""
+        raise NotImplementedError
 
     def map_batches(
         self,
@@ -263,18 +199,30 @@ class _Operators:
 class DataStream(_Operators, Outputs):
     """A stream of records: the output of one operator."""
 
-    def __init__(self, env: Dataflow, operator: Operator, event_time: EventTime | None = None):
+    def __init__(
+        self,
+        env: Dataflow,
+        operator: Operator,
+        event_time: EventTime | None = None,
+        schema: pa.Schema | None = None,
+    ):
         self.env = env
         self.operator = operator
         self.event_time = event_time
         """Where its records' event time is (``None``: it has none; see ``event_time=`` of the
         sources, :meth:`assign_timestamps`). Operators that change records keep it: a record
         that lost the column fails in the window that needs it."""
+        self.schema = schema
+        """Its records' columns, when known as the job is built (:mod:`~cutline.api.columns`:
+        a key or a field that is not there is refused then); ``None``: unknown."""
 
     def transform(
         self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         return self._through(Edge(self.operator.uid), label, logic, name, on_error)
+
+    def _schema(self) -> pa.Schema | None:
+        return self.schema
 
     def _through(
         self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: str
@@ -328,14 +276,22 @@ class DataStream(_Operators, Outputs):
         strategy = WatermarkStrategy(
             EventTime(column), bound, None if idle is None else idle / 1000
         )
+        if fn is None:
+            has_column(self.schema, column, what)
+            if self.schema is not None:
+                typed = EventTime(column, 0, self.schema.field(column).type)
+                strategy = WatermarkStrategy(typed, strategy.bound, strategy.idle_timeout)
         stream = self.transform(label, AssignTimestampsLogic(strategy, fn), name=name)
         stream.event_time = strategy.event_time
+        stream.schema = self.schema if fn is None else None
         return stream
 
     def key_by(self, key: str | Callable[[Any], Hashable]) -> KeyedStream:
         """Partition by key: a column name (records are dicts or columns) or a function."""
         if not (isinstance(key, str) or callable(key)):
             raise TypeError(f"key_by takes a column name or a function, not {key!r}")
+        if isinstance(key, str):
+            has_column(self.schema, key, f"key_by({key!r})")
         return KeyedStream(self, key)
 
     def union(self, *others: DataStream, name: str | None = None) -> DataStream:
@@ -349,7 +305,10 @@ class DataStream(_Operators, Outputs):
             raise ValueError("union of a stream with itself: every record would come twice")
         inputs = [Edge(s.operator.uid) for s in streams]
         event_time = _common_time([s.event_time for s in streams])
-        return DataStream(self.env, self.env._add("union", PassLogic(), inputs, name), event_time)
+        schemas = [s.schema for s in streams]
+        same = schemas[0] if all(x is not None and x.equals(schemas[0]) for x in schemas) else None
+        operator = self.env._add("union", PassLogic(), inputs, name)
+        return DataStream(self.env, operator, event_time, same)
 
     def iterate(
         self,
@@ -443,6 +402,9 @@ class KeyedStream(_Operators):
         edge = Edge(self.stream.operator.uid, "hash", self.key)
         return self.stream._through(edge, label, logic, name, on_error)
 
+    def _schema(self) -> pa.Schema | None:
+        return self.stream.schema
+
     def process(
         self, function: KeyedProcessFunction, *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
@@ -479,10 +441,17 @@ class KeyedStream(_Operators):
 
     def count(self, *, name: str | None = None) -> DataStream:
         """For every record, the record with a ``count`` field: its key's running count."""
-        return self.transform("count", RollingLogic("count", self.key), name=name)
+        stream = self.transform("count", RollingLogic("count", self.key), name=name)
+        stream.schema = with_count(self.stream.schema)
+        return stream
 
     def _rolling(self, kind: str, field: str | int, name: str | None) -> DataStream:
-        return self.transform(f"{kind}({field})", RollingLogic(kind, self.key, field), name=name)
+        if isinstance(field, str):
+            numeric_column(self.stream.schema, field, f"{kind}({field!r})", kind)
+        logic = RollingLogic(kind, self.key, field)
+        stream = self.transform(f"{kind}({field})", logic, name=name)
+        stream.schema = self.stream.schema  # (the record, its field replaced)
+        return stream
 
     def window(
         self,
@@ -624,6 +593,8 @@ class WindowedStream:
     def _builtin(self, kind: str, field: str, name: str | None, on_error: str) -> WindowedResult:
         if not isinstance(field, str) or not field:
             raise TypeError(f"{kind} of a window takes a column name, not {field!r}")
+        what = f"window({self.assigner}).{kind}({field!r})"
+        numeric_column(self.keyed.stream.schema, field, what, kind)
         return self._apply(Aggregation(kind, field), f"{kind}({field})", name, on_error)
 
     def _apply(
@@ -638,7 +609,14 @@ class WindowedStream:
         stream = keyed.transform(label, logic, name=name, on_error=on_error)
         # results carry event time window_end - 1 (Flink's): a second window regroups them
         result_time = EventTime("window_end", -1, self.event_time.type)
-        return WindowedResult(stream.env, stream.operator, result_time)
+        schema = None
+        if aggregation.builtin:
+            schema = window_result_schema(
+                keyed.stream.schema, keyed.key, aggregation.kind, aggregation.field, result_time
+            )
+        result = WindowedResult(stream.env, stream.operator, result_time, schema)
+        result.input_schema = keyed.stream.schema
+        return result
 
 
 class WindowedResult(DataStream):
@@ -653,7 +631,11 @@ class WindowedResult(DataStream):
         source_time = self.operator.logic.event_time
         stream = self._through(edge, "late", PassLogic(), name, "fail")
         stream.event_time = source_time
+        stream.schema = self.input_schema
         return stream
+
+    input_schema: pa.Schema | None = None
+    """The columns of the records it windows (those of :meth:`late`)."""
 
 
 def _common_time(times: list[EventTime | None]) -> EventTime | None:

@@ -38,6 +38,8 @@ import pyarrow.compute as pc
 from cutline.connectors.sink import Sink, SinkContext, SinkWriter
 from cutline.connectors.source import Source, SourceContext
 from cutline.protocol.watermarks import MAX_WATERMARK, EmitWatermark, SplitWatermarks
+from cutline.runtime.eventtime.timers import EVENT, PROCESSING, TimerService
+from cutline.runtime.eventtime.watermarks import WatermarkStrategy
 from cutline.runtime.source_operator import SourceOperator
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
@@ -49,8 +51,6 @@ from cutline.runtime.state.keygroups import (
     subtask_for_key_group,
 )
 from cutline.runtime.state.segments import SegmentSource
-from cutline.runtime.state.timers import EVENT, PROCESSING, TimerService
-from cutline.runtime.time import WatermarkStrategy
 
 Batch: TypeAlias = Any
 """A ``pyarrow.RecordBatch`` or a ``list`` of records (pyarrow has no type hints)."""

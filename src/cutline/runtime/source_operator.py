@@ -41,7 +41,8 @@ from cutline.protocol.splits import (
     merge_split_states,
 )
 from cutline.protocol.watermarks import SplitWatermarks, WatermarkAction, lowest_after
-from cutline.runtime.time import EventTimeError, WatermarkStrategy
+from cutline.runtime.eventtime.timestamps import EventTimeError
+from cutline.runtime.eventtime.watermarks import WatermarkStrategy
 
 SOURCE_STATE = 2
 """The format of a source subtask's state: ``{"format": 2, "splits": {id: SplitState}}``."""

@@ -22,16 +22,16 @@ from cutline.runtime.checkpoint.storage import (
     StateHandle,
     StorageError,
 )
-from cutline.runtime.network.wire import Watermark, WatermarkStatus, recorded_records
-from cutline.runtime.state.backend import KEYED_FORMAT
-from cutline.runtime.state.keygroups import StateError, key_group
-from cutline.runtime.state.memory import MemoryStateBackend
-from cutline.runtime.window_layouts import (
+from cutline.runtime.eventtime.layouts import (
     WINDOWS,
     columnar_size,
     panes_as_windows,
     session_rows_as_windows,
 )
+from cutline.runtime.network.wire import Watermark, WatermarkStatus, recorded_records
+from cutline.runtime.state.backend import KEYED_FORMAT
+from cutline.runtime.state.keygroups import StateError, key_group
+from cutline.runtime.state.memory import MemoryStateBackend
 
 
 class InspectError(Exception):
@@ -242,7 +242,7 @@ class CheckpointReader:
         for state, kind, key, value in backend.entries():
             yield KeyedEntry(subtask, key_group(key, max_parallelism), state, kind, key, value)
         # the windows a window operator keeps as columns (the memory backend's), shown as the
-        # keyed layout keeps them (runtime/window_layouts.py)
+        # keyed layout keeps them (runtime/eventtime/layouts.py)
         columnar: dict[Hashable, Any] = {}
         if part.get("panes"):
             columnar = panes_as_windows(part["panes"])

@@ -1,6 +1,6 @@
 """The two layouts of what a window operator keeps, and how each is read as the other.
 
-A window operator (:mod:`cutline.runtime.windows`) keeps its windows in one of two layouts,
+A window operator (:mod:`cutline.runtime.eventtime`) keeps its windows in one of two layouts,
 chosen by the state backend it **runs** with:
 
 * **keyed** (the disk backend's, and the memory backend's for a user's function or a key

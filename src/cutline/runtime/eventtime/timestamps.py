@@ -1,5 +1,4 @@
-"""Event time in the runtime: durations, where a record's timestamp is, and the watermarks of a
-source subtask.
+"""Event time in the runtime: durations, and where a record's timestamp is.
 
 A record's **event time** is a column (or field) of it: an Arrow timestamp (any unit, any time
 zone) or integers of epoch milliseconds, as in Flink. Inside cutline every timestamp and
@@ -7,10 +6,6 @@ watermark is an integer of epoch milliseconds; what goes back into records (a wi
 ``window_start`` and ``window_end``) is given the column's own type again
 (:meth:`EventTime.to_column`). Anything else in an event-time column is refused naming the
 column and the type found.
-
-:class:`WatermarkStrategy` is what ``event_time=``, ``max_out_of_orderness=`` and
-``idle_timeout=`` say (Flink's ``WatermarkStrategy``); a source subtask's watermarks are made
-from it by :class:`~cutline.runtime.source_operator.SourceOperator`.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ __all__ = [
     "MIN_WATERMARK",
     "EventTime",
     "EventTimeError",
-    "WatermarkStrategy",
     "duration_ms",
 ]
 
@@ -105,7 +99,9 @@ def check_time_type(column: str, type_: pa.DataType) -> None:
     """Refuse a column that is neither an Arrow timestamp nor integers (epoch ms)."""
     if not (pa.types.is_timestamp(type_) or pa.types.is_integer(type_)):
         hint = (
-            f" (text: read it as a timestamp with schema={{{column!r}: 'timestamp[ms]'}})"
+            f" (text: a file source reads it as timestamps with schema={{{column!r}: "
+            "'timestamp[us]'}, ISO-8601 text with Z, an offset or none as UTC; a row whose "
+            "text is no time is then rejected, to the dead letters with on_error='dead_letter')"
             if pa.types.is_string(type_) or pa.types.is_large_string(type_)
             else ""
         )
@@ -222,14 +218,3 @@ class EventTime:
             return ms
         stamp = _EPOCH + dt.timedelta(milliseconds=ms)
         return stamp if getattr(type_, "tz", None) else stamp.replace(tzinfo=None)
-
-
-@dataclass(frozen=True)
-class WatermarkStrategy:
-    """How a source (or ``assign_timestamps``) makes watermarks: the records' event time, how
-    far out of order they come (``bound``, ms), and after how long without records a split is
-    idle (``idle_timeout``, seconds; ``None``: never)."""
-
-    event_time: EventTime
-    bound: int = 0
-    idle_timeout: float | None = None

@@ -1,0 +1,230 @@
+"""What a window computes: a built-in (``count``, ``sum``, ``min``, ``max``, ``mean`` of a numeric
+column), a user's :class:`AggregateFunction`, ``reduce(fn)`` or ``process(fn)``; and the
+vectorized kernels of the built-ins (records grouped by key and window with Arrow, sessions
+cut with NumPy).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutline.runtime.operators import RecordError, to_arrow
+
+SAFE = 2**61
+"""Integer sums stay in int64 while every value and sum is below this; beyond, Python ints."""
+
+
+class AggregateFunction:
+    """An incremental aggregation of a window's records (Flink's ``AggregateFunction``).
+    Subclass it and pass an instance to ``.window(...).aggregate(fn)``.
+
+    An accumulator may be changed in place and returned: cutline gives each call its own
+    copy (a shallow ``copy.copy``) of what state holds."""
+
+    def create_accumulator(self) -> Any:
+        raise NotImplementedError
+
+    def add(self, record: Any, accumulator: Any) -> Any:
+        """The accumulator with ``record`` added."""
+        raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """One accumulator of two (session windows merge)."""
+        raise NotImplementedError
+
+    def get_result(self, accumulator: Any) -> Any:
+        """The window's result: a dict (its fields go into the output record, beside the key,
+        ``window_start`` and ``window_end``) or a value (in a ``result`` field)."""
+        raise NotImplementedError
+
+
+BUILTINS = ("count", "sum", "min", "max", "mean")
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """What a window computes: a built-in (``kind`` in :data:`BUILTINS`, of ``field``), or a
+    user's ``aggregate`` (an :class:`AggregateFunction`), ``reduce`` (a function of two
+    records) or ``process`` (a function of the key, the window and its records)."""
+
+    kind: str
+    field: str | None = None
+    fn: Any = None
+
+    @property
+    def builtin(self) -> bool:
+        return self.kind in BUILTINS
+
+    @property
+    def output(self) -> str:
+        """The output column of a built-in: ``count``, or the aggregated field."""
+        return "count" if self.kind == "count" else str(self.field)
+
+    # the accumulator of one window, record by record
+
+    def create(self) -> Any:
+        if self.kind == "count":
+            return 0
+        if self.kind == "mean":
+            return (0, 0)
+        if self.kind == "aggregate":
+            return self.fn.create_accumulator()
+        if self.kind in ("process", "process_batches"):
+            return ()  # (chunks: tuples of records, or Arrow batches)
+        return None  # sum, min, max, reduce: the first value
+
+    def add(self, acc: Any, record: Any) -> Any:
+        kind = self.kind
+        if kind == "count":
+            return acc + 1
+        if kind == "process":
+            return (*acc, (record,))
+        if kind == "process_batches":  # (sessions, record by record)
+            return (*acc, to_arrow([record], "process_batches"))
+        if kind == "aggregate":
+            return self.fn.add(record, copy.copy(acc))
+        if kind == "reduce":
+            return record if acc is None else self.fn(copy.copy(acc), record)
+        value = number(record, self.field, kind)
+        if kind == "mean":
+            return (acc[0] + value, acc[1] + 1)
+        return self.combine(acc, value)
+
+    def combine(self, acc: Any, value: Any) -> Any:
+        """A built-in's accumulator with ``value`` (a partial result of the same kind) in."""
+        kind = self.kind
+        if acc is None:
+            return value
+        if kind in ("sum", "count"):
+            return acc + value
+        if kind == "min":
+            return value if value < acc else acc
+        if kind == "max":
+            return value if value > acc else acc
+        if kind == "mean":
+            return (acc[0] + value[0], acc[1] + value[1])
+        raise AssertionError(kind)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """One accumulator of two windows' (sessions that merge)."""
+        kind = self.kind
+        if kind in ("process", "process_batches"):
+            return (*a, *b)
+        if kind == "aggregate":
+            return self.fn.merge(copy.copy(a), copy.copy(b))
+        if kind == "reduce":
+            if a is None or b is None:
+                return b if a is None else a
+            return self.fn(copy.copy(a), b)
+        if b is None:
+            return a
+        return self.combine(a, b)
+
+    def result(self, acc: Any) -> Any:
+        if self.kind == "mean":
+            return acc[0] / acc[1] if acc[1] else None
+        if self.kind == "aggregate":
+            return self.fn.get_result(acc)
+        return acc
+
+
+def number(record: Any, field_name: str | None, kind: str) -> Any:
+    try:
+        value = record[field_name]
+    except (KeyError, IndexError, TypeError):
+        raise RecordError(f"the record has no field {field_name!r}: {record!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+        raise RecordError(
+            f"{field_name!r} is {type(value).__name__} {value!r}, not a number ({kind} of a "
+            "window needs numbers)"
+        )
+    return value
+
+
+# ------------------------------------------------------------------------------- logic
+
+
+def group_by_window(
+    keys: Any, starts: np.ndarray, values: Any, kind: str
+) -> tuple[pa.Array, np.ndarray, pa.ChunkedArray, pa.ChunkedArray | None]:
+    """(key, window start[, value]) triples grouped by key and window with Arrow: per group its
+    key, its start, its part of built-in ``kind`` (count, sum, least or greatest value; a
+    mean's sum) and, for a mean, its count."""
+    columns: dict[str, Any] = {"k": keys, "s": pa.array(starts, pa.int64())}
+    if kind == "count":
+        aggregations = [("s", "count")]
+    else:
+        columns["v"] = values
+        aggregations = [("v", "sum"), ("v", "count")] if kind == "mean" else [("v", kind)]
+    grouped = pa.table(columns).group_by(["k", "s"], use_threads=False).aggregate(aggregations)
+    first = grouped.num_columns - len(aggregations)
+    return (
+        grouped.column("k").combine_chunks(),
+        grouped.column("s").to_numpy(),
+        grouped.column(first),
+        grouped.column(first + 1) if kind == "mean" else None,
+    )
+
+
+def cut_sessions(
+    keys: Any, ts: np.ndarray, values: np.ndarray | None, kind: str, gap: int
+) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Records cut into sessions per key (a new one where the next record of the key is more
+    than ``gap`` after the one before): per session its key, first time, end (last time plus
+    the gap), part of built-in ``kind`` (a mean's sum; integer sums that could overflow in
+    Python ints) and count of records."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    encoded = pc.dictionary_encode(keys)
+    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False))
+    order = np.lexsort((ts, codes))
+    codes, ordered_ts = codes[order], ts[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (codes[1:] != codes[:-1]) | (ordered_ts[1:] - ordered_ts[:-1] > gap)
+    at = np.flatnonzero(new)
+    counts = np.diff(np.r_[at, len(order)]).astype(np.int64)
+    if kind == "count":
+        acc = counts
+    else:
+        assert values is not None
+        ordered = _numbers_of(values[order])
+        if kind in ("sum", "mean"):
+            if ordered.dtype.kind in "iu" and largest(ordered) * len(ordered) >= SAFE:
+                ordered = ordered.astype(object)
+            acc = np.add.reduceat(ordered, at)
+        elif kind == "min":
+            acc = np.minimum.reduceat(ordered, at)
+        else:
+            acc = np.maximum.reduceat(ordered, at)
+    ends = np.maximum.reduceat(ordered_ts, at) + gap
+    return keys.take(pa.array(order[at])), ordered_ts[at], ends, acc, counts
+
+
+def _numbers_of(values: np.ndarray) -> np.ndarray:
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    if values.dtype.kind == "f":
+        return values.astype(np.float64, copy=False)
+    return values
+
+
+def column_numbers(column: Any) -> np.ndarray:
+    """An aggregate's column as a NumPy array (ints as int64, floats as float64)."""
+    array = np.asarray(column.to_numpy())
+    if array.dtype.kind in "iu":
+        return array.astype(np.int64, copy=False)
+    if array.dtype.kind == "f":
+        return array.astype(np.float64, copy=False)
+    return array
+
+
+def largest(values: np.ndarray) -> int:
+    if not len(values):
+        return 0
+    return int(max(abs(int(values.max())), abs(int(values.min()))))

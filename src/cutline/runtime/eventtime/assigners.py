@@ -1,0 +1,121 @@
+"""Window assigners: which windows a record belongs to (what ``keyed.window(...)`` takes).
+
+Sizes are durations (``"10s"``, ``"1 min"``, a ``timedelta`` or milliseconds); windows are
+aligned to the epoch, as in Flink:
+
+* :class:`Tumbling` ``(size)``: ``[start, start + size)``, every record in exactly one.
+* :class:`Sliding` ``(size, every=slide)``: windows of ``size`` starting every ``slide``; a
+  record is in ``size / slide`` of them.
+* :class:`Session` ``(gap=...)``: per key, records at most ``gap`` apart are one session;
+  sessions merge when a record bridges them, or when they touch (Flink's and Spark's rule). A
+  session's ``window_end`` is its last record's time plus the gap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cutline.runtime.eventtime.timestamps import EventTimeError, duration_ms
+
+
+@dataclass(frozen=True)
+class Tumbling:
+    """Windows of ``size`` one after another: ``Tumbling("1 min")``."""
+
+    size: Any
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", duration_ms(self.size, "Tumbling size"))
+
+    def __str__(self) -> str:
+        return f"Tumbling({_shown(self.size)})"
+
+
+@dataclass(frozen=True)
+class Sliding:
+    """Windows of ``size`` starting every ``every``: ``Sliding("10 min", every="1 min")``."""
+
+    size: Any
+    every: Any
+
+    def __post_init__(self) -> None:
+        size = duration_ms(self.size, "Sliding size")
+        every = duration_ms(self.every, "Sliding every")
+        if every > size:
+            raise EventTimeError(
+                f"Sliding({_shown(size)}, every={_shown(every)}): the slide is longer than the "
+                "window, so some records would be in no window; use Tumbling for a slide equal "
+                "to the size"
+            )
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "every", every)
+
+    def __str__(self) -> str:
+        return f"Sliding({_shown(self.size)}, every={_shown(self.every)})"
+
+
+@dataclass(frozen=True)
+class Session:
+    """Per key, records at most ``gap`` apart: ``Session(gap="30 min")``."""
+
+    gap: Any
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gap", duration_ms(self.gap, "Session gap"))
+
+    def __str__(self) -> str:
+        return f"Session(gap={_shown(self.gap)})"
+
+
+Assigner = Tumbling | Sliding | Session
+
+
+def _shown(ms: int) -> str:
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def assign(assigner: Tumbling | Sliding, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The windows of timestamps ``ts``: (index of the record, window start) per pair."""
+    if isinstance(assigner, Tumbling):
+        size = assigner.size
+        return np.arange(len(ts)), ts - np.mod(ts, size)
+    size, slide = assigner.size, assigner.every
+    count = math.ceil(size / slide)
+    last = ts - np.mod(ts, slide)
+    starts = last[:, None] - slide * np.arange(count, dtype=np.int64)[None, :]
+    inside = starts + size > ts[:, None]
+    index = np.broadcast_to(np.arange(len(ts))[:, None], starts.shape)
+    return index[inside], starts[inside]
+
+
+def window_size(assigner: Tumbling | Sliding) -> int:
+    return assigner.size  # type: ignore[no-any-return]
+
+
+def starts_of(assigner: Tumbling | Sliding, stamp: int) -> list[int]:
+    """The starts of the windows of one timestamp, latest first."""
+    if isinstance(assigner, Tumbling):
+        return [stamp - stamp % assigner.size]
+    last = stamp - stamp % assigner.every
+    out = []
+    start = last
+    while start + assigner.size > stamp:
+        out.append(start)
+        start -= assigner.every
+    return out
+
+
+@dataclass(frozen=True)
+class Window:
+    """The window a ``process`` function is given: its start and end (in the event-time
+    column's type: ``datetime`` or epoch milliseconds)."""
+
+    start: Any
+    end: Any

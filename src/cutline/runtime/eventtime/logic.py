@@ -1,0 +1,29 @@
+"""The window operator's logic: what the job graph holds of ``keyed.window(...)``, and which
+operator (layout) it opens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cutline.runtime.eventtime.assigners import Session
+from cutline.runtime.eventtime.keyed import WindowOperator
+from cutline.runtime.eventtime.panes import PaneWindowOperator
+from cutline.runtime.eventtime.sessions import SessionColumnsOperator
+from cutline.runtime.eventtime.spec import WindowSpec
+from cutline.runtime.operators import Logic, OperatorContext
+
+
+@dataclass(frozen=True)
+class WindowLogic(WindowSpec, Logic):
+    """A keyed window operator (:class:`WindowSpec`): the columnar layout for a built-in of a
+    key column on the memory backend, else the keyed one."""
+
+    keyed = True
+
+    def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
+        if self.aggregation.builtin and isinstance(self.key, str) and ctx.state.backend == "memory":
+            if isinstance(self.assigner, Session):
+                return SessionColumnsOperator(self, ctx, state)
+            return PaneWindowOperator(self, ctx, state)
+        return WindowOperator(self, ctx, state)

@@ -1,0 +1,91 @@
+"""What firing windows emit: per window, the key, ``window_start`` and ``window_end`` (in the
+event-time column's type) and the result; and the side output of late records."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from cutline.runtime.eventtime.assigners import Window
+from cutline.runtime.eventtime.spec import WindowSpec
+from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.operators import Batch, OperatorContext
+
+LATE = "late"
+"""The side output of the records too late for their windows."""
+
+
+def window_results(
+    fired: list[tuple[Hashable, int, int, Any]],
+    logic: WindowSpec,
+    time_type: pa.DataType | None,
+    ctx: OperatorContext,
+) -> Batch:
+    """The output records of fired windows ``(key, start, end, accumulator)``: a built-in's as
+    one Arrow batch; a user's function's as records (its failures go to ``ctx.fail``)."""
+    aggregation, key_column = logic.aggregation, logic.key_column
+    event_time = EventTime(logic.event_time.column, 0, time_type)
+    if aggregation.builtin:
+        return builtin_batch(
+            logic,
+            time_type,
+            pa.array([f[0] for f in fired]),
+            [f[1] for f in fired],
+            [f[2] for f in fired],
+            [aggregation.result(f[3]) for f in fired],
+        )
+    out: list[Any] = []
+    for key, start, end, acc in fired:
+        window_start, window_end = event_time.to_value(start), event_time.to_value(end)
+        if aggregation.kind in ("process", "process_batches"):
+            window = Window(window_start, window_end)
+            try:
+                if aggregation.kind == "process":
+                    contents: Any = [r for chunk in acc for r in chunk]
+                else:
+                    contents = pa.Table.from_batches(list(acc))
+                produced = aggregation.fn(key, window, contents)
+                if isinstance(produced, pa.Table | pa.RecordBatch):
+                    produced = produced.to_pylist()
+                if produced is not None:
+                    out.extend(list(produced))
+            except Exception as exc:
+                ctx.fail(f"window {window_start}..{window_end} of key {key!r}", exc)
+            continue
+        try:
+            result = aggregation.result(acc)
+        except Exception as exc:
+            ctx.fail(f"window {window_start}..{window_end} of key {key!r}", exc)
+            continue
+        fields = {key_column: key, "window_start": window_start, "window_end": window_end}
+        if isinstance(result, dict):
+            out.append({**fields, **result})
+        else:
+            out.append({**fields, "result": result})
+    return out
+
+
+def builtin_batch(
+    logic: WindowSpec,
+    time_type: pa.DataType | None,
+    keys: pa.Array,
+    starts: Any,
+    ends: Any,
+    values: Any,
+) -> pa.RecordBatch:
+    """The results of a built-in aggregate: the key, ``window_start`` and ``window_end`` (in
+    the event-time column's type) and the result."""
+    event_time = EventTime(logic.event_time.column, 0, time_type)
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        values = values.tolist()  # (Python ints beyond int64)
+    return pa.record_batch(
+        {
+            logic.key_column: keys,
+            "window_start": event_time.to_column(starts),
+            "window_end": event_time.to_column(ends),
+            logic.aggregation.output: pa.array(values),
+        }
+    )

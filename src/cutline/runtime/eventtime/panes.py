@@ -1,0 +1,323 @@
+"""Tumbling and sliding windows of a built-in in the columnar layout (the memory backend's)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.eventtime.aggregations import SAFE, column_numbers, group_by_window, largest
+from cutline.runtime.eventtime.assigners import Session, assign, window_size
+from cutline.runtime.eventtime.keyed import WindowOperator
+from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
+from cutline.runtime.eventtime.layouts import WINDOWS, PaneParts, fired_flags, windows_as_panes
+from cutline.runtime.eventtime.spec import WindowSpec
+from cutline.runtime.operators import Batch, OperatorContext, rows
+from cutline.runtime.state.backend import KeyedSnapshot
+
+
+@dataclass
+class _Pane:
+    """One window of :class:`PaneWindowOperator`: its keys and their accumulators, as columns."""
+
+    start: int
+    keys: pa.Array
+    """Every key with records in the window, once each."""
+    acc: np.ndarray
+    """Per key: its count, sum, least or greatest value (mean: its sum)."""
+    count: np.ndarray | None = None
+    """Mean: per key, how many values its sum holds."""
+    fired: bool = False
+    """Fired, and kept for the allowed lateness."""
+    waiting: np.ndarray | None = None
+    """Of a fired window, the positions of the keys it has not fired for yet (restored so):
+    they fire when the watermark passes its end."""
+    shared: bool = False
+    """A snapshot holds its arrays: they are copied before they change."""
+
+
+class PaneWindowOperator(WindowOperator):
+    """Tumbling and sliding windows computing a built-in aggregate (``count``, ``sum``,
+    ``min``, ``max``, ``mean``) on the memory backend: each window keeps its keys and their
+    accumulators as columns, merged a batch at a time (records grouped by key and window with
+    Arrow, each window's groups merged into its columns with ``index_in`` and NumPy), and
+    fires as one batch. No Python runs per record nor per key.
+
+    What the windows hold goes into each checkpoint beside the (empty) keyed state, in full
+    (``KeyedSnapshot.extra``); restored at another parallelism, each subtask keeps the keys
+    of its key groups. A window's arrays are shared with a snapshot being written and are
+    copied before they change."""
+
+    def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
+        assert not isinstance(logic.assigner, Session)
+        self.size = window_size(logic.assigner)
+        self.panes: dict[int, _Pane] = {}
+        self._due: list[int] = []
+        """Starts of the windows not fired yet (a heap; each fires at ``start + size - 1``)."""
+        self._kept: list[tuple[int, int]] = []
+        """(when it is dropped, start) of the fired windows kept for the lateness (a heap)."""
+        super().__init__(logic, ctx, state)  # (restores the windows: _restore_windows)
+
+    def _restore_windows(self) -> None:
+        """Every restored window as a pane: those kept as columns, and those the keyed layout
+        wrote (a checkpoint of the disk backend), taken out of keyed state. A window that
+        fired for some of its keys only (the old subtasks' watermarks differed at the
+        checkpoint, or a record within the lateness came for a new key) fires for the others
+        when the watermark passes its end."""
+        parts: dict[int, list[PaneParts]] = {}
+        mine = self.backend.key_groups
+        for handle in self.restored:
+            start, stop = handle.get("key_groups", (0, 0))
+            whole = range(start, stop) == mine
+            for pane_start, keys, acc, count, fired in handle.get("panes", ()):
+                flags = fired_flags(fired, len(keys))
+                if not whole:  # rescaled: the keys of my key groups only
+                    keep = self._owned(keys)
+                    if not keep.any():
+                        continue
+                    keys, acc, flags = keys.filter(pa.array(keep)), acc[keep], flags[keep]
+                    count = count[keep] if count is not None else None
+                parts.setdefault(pane_start, []).append((pane_start, keys, acc, count, flags))
+        keyed = [(key, self.table.get(key)) for key in list(self.backend.keys(WINDOWS))]
+        for found in windows_as_panes(keyed, self.aggregation.kind == "mean"):
+            parts.setdefault(found[0], []).append(found)
+        for key, _ in keyed:
+            self.table.delete(key)
+        for pane_start, pieces in parts.items():  # (keys of several old subtasks: disjoint)
+            first = pieces[0][1].type
+            counts = [piece[3] for piece in pieces if piece[3] is not None]
+            flags = np.concatenate([piece[4] for piece in pieces])
+            pane = _Pane(
+                pane_start,
+                pa.concat_arrays([piece[1].cast(first) for piece in pieces]),
+                np.concatenate([piece[2] for piece in pieces]),
+                np.concatenate(counts) if counts else None,
+                bool(flags.any()),
+            )
+            if pane.fired and not flags.all():
+                pane.waiting = np.flatnonzero(~flags)
+            self._add_pane(pane)
+
+    def _add_pane(self, pane: _Pane) -> None:
+        self.panes[pane.start] = pane
+        if pane.fired:
+            due = cleanup_time(pane.start + self.size, self.lateness)
+            heapq.heappush(self._kept, (due, pane.start))
+        if not pane.fired or pane.waiting is not None:
+            heapq.heappush(self._due, pane.start)
+
+    # ---------------------------------------------------------------- figures
+
+    @property
+    def open_windows(self) -> int:
+        return sum(
+            len(p.keys) if not p.fired else len(p.waiting) if p.waiting is not None else 0
+            for p in self.panes.values()
+        )
+
+    def figures(self) -> dict[str, int] | None:
+        return {"late": self.late_records, "windows": self.open_windows, "timers": len(self.panes)}
+
+    def snapshot(
+        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
+    ) -> KeyedSnapshot:
+        taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
+        for pane in self.panes.values():
+            pane.shared = True
+        taken.extra["panes"] = [
+            (p.start, p.keys, p.acc, p.count, p.fired if p.waiting is None else _flags(p))
+            for p in self.panes.values()
+        ]
+        return taken
+
+    # ---------------------------------------------------------------- records
+
+    def process(self, batch: Batch) -> Batch | None:
+        if not len(batch):
+            return None
+        prepared = self._prepare(batch)
+        if prepared is None:
+            return None
+        batch, ts = prepared
+        if (
+            isinstance(batch, pa.RecordBatch)
+            and self.watermark >= self._ceiling
+            and self._vectorizable(batch)
+        ):
+            assert isinstance(self.key, str) and not isinstance(self.assigner, Session)
+            index, starts = assign(self.assigner, ts)
+            on_time = in_time(starts + self.size, self.lateness, self.watermark)
+            self._note_late(batch, index, on_time)
+            if not on_time.all():
+                index, starts = index[on_time], starts[on_time]
+            if not len(index):
+                return None
+            taken = pa.array(index)
+            keys = batch.column(self.key).take(taken)
+            values = None
+            if self.aggregation.kind != "count":
+                assert self.aggregation.field is not None
+                column = batch.column(self.aggregation.field).take(taken)
+                values = np.asarray(column.to_numpy(zero_copy_only=False))
+            return self._merge(keys, starts, values)
+        return self._merge_records(rows(batch), ts)
+
+    def _merge_records(self, records: list[Any], ts: np.ndarray) -> Batch | None:
+        """Records one by one (Python records, nulls, or after a rescaled restore): their
+        windows and values, then merged as a batch."""
+
+        def windows(key: Hashable, stamp: int) -> list[int]:
+            floor = self._floor(key)
+            return [
+                s for s in self._starts(stamp) if not is_past(s + self.size, self.lateness, floor)
+            ]
+
+        found = self._record_columns(records, ts, windows)
+        return None if found is None else self._merge(*found)
+
+    def _merge(self, keys: pa.Array, starts: np.ndarray, values: np.ndarray | None) -> Batch | None:
+        """Merge (key, window start, value) triples into the windows; the windows already
+        fired that they update (allowed lateness) fire again."""
+        group_keys, group_starts, sums, grouped_counts = group_by_window(
+            keys, starts, None if values is None else pa.array(values), self.aggregation.kind
+        )
+        parts = column_numbers(sums)
+        counts = None if grouped_counts is None else column_numbers(grouped_counts)
+        refired: list[tuple[_Pane, pa.Array, np.ndarray]] = []
+        for start in np.unique(group_starts).tolist():
+            mask = group_starts == start
+            these = group_keys.filter(pa.array(mask))
+            pane = self.panes.get(start)
+            if pane is None:
+                self._add_pane(
+                    _Pane(
+                        start,
+                        these,
+                        parts[mask].copy(),
+                        None if counts is None else counts[mask].copy(),
+                    )
+                )
+                continue
+            positions = self._combine(
+                pane, these, parts[mask], None if counts is None else counts[mask]
+            )
+            if pane.fired:
+                if pane.waiting is not None:  # (those fire when the watermark passes)
+                    fresh = ~np.isin(positions, pane.waiting)
+                    these, positions = these.filter(pa.array(fresh)), positions[fresh]
+                refired.append((pane, these, positions))
+        if not refired:
+            return None
+        return self._batch(
+            [(pane, keys_, self._values(pane)[positions]) for pane, keys_, positions in refired]
+        )
+
+    def _combine(
+        self, pane: _Pane, keys: pa.Array, parts: np.ndarray, counts: np.ndarray | None
+    ) -> np.ndarray:
+        """Merge one window's groups into its columns; their positions in it."""
+        if keys.type != pane.keys.type:
+            keys = keys.cast(pane.keys.type)
+        found = np.asarray(
+            pc.fill_null(pc.index_in(keys, value_set=pane.keys), -1).to_numpy(zero_copy_only=False)
+        )
+        old = found >= 0
+        if pane.shared:  # a snapshot holds the arrays
+            pane.acc = pane.acc.copy()
+            pane.count = None if pane.count is None else pane.count.copy()
+            pane.shared = False
+        kind = self.aggregation.kind
+        if old.any():
+            at, add = found[old], parts[old]
+            if kind in ("count", "sum", "mean"):
+                if pane.acc.dtype.kind in "iu" and (
+                    largest(add) >= SAFE or largest(pane.acc[at]) >= SAFE
+                ):
+                    pane.acc = pane.acc.astype(object)  # (Python ints: no overflow)
+                pane.acc[at] = pane.acc[at] + add
+                if pane.count is not None and counts is not None:
+                    pane.count[at] = pane.count[at] + counts[old]
+            elif kind == "min":
+                pane.acc[at] = np.minimum(pane.acc[at], add)
+            else:
+                pane.acc[at] = np.maximum(pane.acc[at], add)
+        positions = found.copy()
+        new = ~old
+        if new.any():
+            size = len(pane.keys)
+            pane.keys = pa.concat_arrays([pane.keys, keys.filter(pa.array(new))])
+            added = parts[new]
+            if pane.acc.dtype != added.dtype:
+                common = np.result_type(pane.acc.dtype, added.dtype)
+                pane.acc = pane.acc.astype(common)
+            pane.acc = np.concatenate([pane.acc, added])
+            if pane.count is not None and counts is not None:
+                pane.count = np.concatenate([pane.count, counts[new]])
+            positions[new] = np.arange(size, size + int(new.sum()))
+        return positions
+
+    def _values(self, pane: _Pane) -> np.ndarray:
+        """A window's results per key (the mean divides)."""
+        if self.aggregation.kind == "mean":
+            assert pane.count is not None
+            means: np.ndarray = pane.acc.astype(float) / pane.count
+            return means
+        return pane.acc
+
+    # ----------------------------------------------------------------- firing
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        if not self.processing or not self.panes:
+            return None
+        return self._fire_upto(max(self.watermark, now - 1))
+
+    def _fire_upto(self, watermark: int) -> Batch | None:
+        watermark = self.watermark = max(self.watermark, watermark)
+        fired: list[tuple[_Pane, pa.Array, np.ndarray]] = []
+        keep = self.lateness > 0 and watermark != MAX_WATERMARK
+        while self._due and self._due[0] + self.size - 1 <= watermark:
+            start = heapq.heappop(self._due)
+            pane = self.panes.get(start)
+            if pane is None:
+                continue
+            if pane.fired:  # (restored fired for some keys: now for the others)
+                if pane.waiting is not None:
+                    waiting, pane.waiting = pane.waiting, None
+                    fired.append(
+                        (pane, pane.keys.take(pa.array(waiting)), self._values(pane)[waiting])
+                    )
+                continue
+            fired.append((pane, pane.keys, self._values(pane)))
+            if keep:
+                pane.fired = True
+                heapq.heappush(self._kept, (cleanup_time(start + self.size, self.lateness), start))
+            else:
+                del self.panes[start]
+        while self._kept and self._kept[0][0] <= watermark:
+            _, start = heapq.heappop(self._kept)
+            pane = self.panes.get(start)
+            if pane is not None and pane.fired:
+                del self.panes[start]
+        return self._batch(fired) if fired else None
+
+    def _batch(self, fired: list[tuple[_Pane, pa.Array, np.ndarray]]) -> pa.RecordBatch:
+        """The output of windows firing: per window, its keys and their results."""
+        lengths = [len(keys) for _, keys, _ in fired]
+        starts = np.repeat(np.array([p.start for p, _, _ in fired], dtype=np.int64), lengths)
+        keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
+        values = np.concatenate([v for _, _, v in fired])
+        return self._builtin_batch(keys, starts, starts + self.size, values)
+
+
+def _flags(pane: _Pane) -> np.ndarray:
+    """Per key of a fired pane, whether it fired for it (those waiting: not yet)."""
+    flags = np.ones(len(pane.keys), dtype=bool)
+    if pane.waiting is not None:
+        flags[pane.waiting] = False
+    return flags

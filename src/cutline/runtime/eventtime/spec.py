@@ -1,0 +1,32 @@
+"""What a keyed window operator is asked to do (the fields of
+:class:`~cutline.runtime.eventtime.logic.WindowLogic`, which the operators read)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from cutline.runtime.eventtime.aggregations import Aggregation
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
+from cutline.runtime.eventtime.timestamps import EventTime
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """``assigner`` windows of records keyed by ``key``, on event time ``event_time``,
+    computing ``aggregation``; a window is kept ``allowed_lateness`` ms after it fires."""
+
+    assigner: Tumbling | Sliding | Session
+    aggregation: Aggregation
+    key: str | Callable[[Any], Hashable]
+    event_time: EventTime
+    allowed_lateness: int = 0
+    time: str = "event"
+    """``"event"``: windows of the records' event time, fired by watermarks;
+    ``"processing"``: of the time each record arrives here, fired by the clock."""
+
+    @property
+    def key_column(self) -> str:
+        """What the output calls the key: the key's column, or ``key``."""
+        return self.key if isinstance(self.key, str) else "key"

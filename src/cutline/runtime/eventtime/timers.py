@@ -1,0 +1,110 @@
+"""The timer service: the timers of a keyed operator's current key, on event time or processing
+time (Flink's ``InternalTimerService``), kept as keyed state and ordered by a
+:class:`~cutline.runtime.state.timers.TimerIndex` of the state backend."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from typing import Any
+
+from cutline.runtime.state.keygroups import StateError
+
+EVENT = "event"
+PROCESSING = "processing"
+TIMERS = "_timers"
+"""The keyed state of a process function's timers: per key, a tuple of ``(domain, due)``."""
+
+
+class TimerService:
+    """A process function's timers (``ctx.timer_service``), for the key of the record (or
+    timer) being processed.
+
+    ``register_event_time_timer(t)`` calls ``on_timer(t, ctx)`` once the watermark reaches
+    ``t``; ``register_processing_time_timer(t)`` once the clock does (epoch milliseconds). A
+    key has at most one timer per time and domain (registering it again does nothing);
+    ``delete_*`` removes one. Timers are keyed state: checkpointed, restored, rescaled."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._table = backend.value_table(TIMERS)
+        self.indexes = {
+            EVENT: backend.timer_index(EVENT),
+            PROCESSING: backend.timer_index(PROCESSING),
+        }
+        self.watermark = -(2**63)
+        """The operator's current watermark (event time reached)."""
+        self.now = 0
+        """Processing time when the operator last looked (epoch ms)."""
+        for key in list(backend.keys(TIMERS)):
+            for domain, due in self._table.get(key) or ():
+                self.indexes[domain].add(due, key)
+
+    def current_watermark(self) -> int:
+        """The watermark this operator has reached (epoch ms; very negative before any)."""
+        return self.watermark
+
+    def current_processing_time(self) -> int:
+        """The wall clock, in epoch milliseconds."""
+        import time
+
+        return int(time.time() * 1000)
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._add(EVENT, _ms(timestamp))
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._add(PROCESSING, _ms(timestamp))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._remove(EVENT, _ms(timestamp))
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._remove(PROCESSING, _ms(timestamp))
+
+    def _add(self, domain: str, due: int) -> None:
+        key = self._backend.current_key
+        timers = self._table.get(key) or ()
+        if (domain, due) in timers:
+            return
+        self._table[key] = (*timers, (domain, due))
+        self.indexes[domain].add(due, key)
+
+    def _remove(self, domain: str, due: int) -> None:
+        key = self._backend.current_key
+        timers = self._table.get(key) or ()
+        if (domain, due) not in timers:
+            return
+        left = tuple(t for t in timers if t != (domain, due))
+        if left:
+            self._table[key] = left
+        else:
+            self._table.delete(key)
+        self.indexes[domain].discard(due, key)
+
+    def due(self, domain: str, upto: int) -> Iterator[tuple[int, Hashable]]:
+        """Every timer of ``domain`` due by ``upto``, earliest first, taken out of state as it
+        fires (one the callback registers, due by ``upto``, fires too)."""
+        for due, key, _ in self.indexes[domain].pop_due(upto):
+            timers = self._table.get(key) or ()
+            left = tuple(t for t in timers if t != (domain, due))
+            if left:
+                self._table[key] = left
+            else:
+                self._table.delete(key)
+            yield due, key
+
+    def __len__(self) -> int:
+        return sum(len(index) for index in self.indexes.values())
+
+    def close(self) -> None:
+        for index in self.indexes.values():
+            index.close()
+
+
+def _ms(timestamp: Any) -> int:
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise StateError(
+            f"a timer's time is an integer of epoch milliseconds, not {timestamp!r} "
+            f"({type(timestamp).__name__})"
+        )
+    return timestamp
