@@ -332,3 +332,36 @@ def test_the_window_layouts_agree_through_restores_under_either_backend_soak() -
         )(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
     )
     run()
+
+
+@pytest.mark.parametrize(
+    ("backend", "windows", "before", "after"),
+    [("memory", "tumbling", 2, 3), ("disk", "sliding", 3, 1), ("memory", "session", 1, 2)],
+)
+def test_late_counts_are_carried_by_a_restore_once_whatever_the_parallelism(
+    backend: str, windows: str, before: int, after: int
+) -> None:
+    """Each subtask's count of late records goes into its checkpoint; a restore at another
+    parallelism gives each old subtask's count to the one new subtask that owns its first key
+    group, so the operator's total goes on from where it was, each record counted once."""
+    assigner: Tumbling | Sliding | Session = {
+        "tumbling": Tumbling(1000),
+        "sliding": Sliding(2000, every=1000),
+        "session": Session(gap=100),
+    }[windows]
+    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    job = Job(logic, backend, before)
+    job.process([{"user": f"u{i}", "ts": 10_000, "n": 1} for i in range(20)], arrow=True)
+    job.watermark(1_000_000)
+    job.process([{"user": f"u{i % 20}", "ts": i, "n": 1} for i in range(37)], arrow=True)
+    assert sum(op.late_records for op in job.ops) == 37
+    state = job.checkpoint(1)
+    job.close()
+    restored = Job(logic, backend, after, state)
+    assert sum(op.late_records for op in restored.ops) == 37
+    restored.process([{"user": f"u{i % 20}", "ts": i, "n": 1} for i in range(5)], arrow=True)
+    assert sum(op.late_records for op in restored.ops) == 42
+    again = Job(logic, backend, before, restored.checkpoint(2))
+    assert sum(op.late_records for op in again.ops) == 42
+    restored.close()
+    again.close()

@@ -61,7 +61,11 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
         (f"{title} ", "bold"),
         f"running {metrics.elapsed:.1f} s · generation {metrics.generation}",
         (f" · backpressured: {', '.join(metrics.backpressured)}" if metrics.backpressured else ""),
-        (f" · late records: {metrics.late:,}" if metrics.late else ""),
+        (
+            " · late records: " + ", ".join(f"{n} {c:,}" for n, c in metrics.late.items())
+            if metrics.late
+            else ""
+        ),
     )
     timed = metrics.event_time
     table = Table(box=None, pad_edge=False, header_style="bold")

@@ -333,14 +333,16 @@ def _event_time_section(history: History) -> str:
         lag = [
             stats.trigger_time - w / 1000 for w in stats.watermarks().values() if w < MAX_WATERMARK
         ]
-        late = sum(f.get("late", 0) for f in stats.event_time().values())
+        late = ", ".join(
+            f"{uid} {f['late']:,}" for uid, f in sorted(stats.event_time().items()) if f.get("late")
+        )
         lags.append(
             (
                 "",
                 [
                     _td(stats.checkpoint_id, number=True),
                     _td(human_seconds(max(0.0, *lag)) if lag else "-", number=True),
-                    _td(f"{late:,}", number=True),
+                    _td(late or "-"),
                 ],
             )
         )
@@ -352,8 +354,8 @@ def _event_time_section(history: History) -> str:
         f'<p class="note">At checkpoint {_e(latest.checkpoint_id)}, the newest with event time: '
         "each operator's watermark (the least of its subtasks'), how far it was behind the "
         "wall clock when the checkpoint was triggered, and its windows, timers and late records "
-        "(records too late for their windows, sent to the side output; counted since the "
-        f"generation started).</p>{table}{history_table}</section>"
+        "(records too late for their windows, sent to the side output; per window operator, "
+        f"counted since the job started).</p>{table}{history_table}</section>"
     )
 
 

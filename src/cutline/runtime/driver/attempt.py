@@ -450,7 +450,12 @@ class JobAttempt:
         if len(kept) > SUBTASK_DETAILS:  # the older ones' details are in the files
             older = len(kept) - SUBTASK_DETAILS - 1
             kept[older] = dataclasses.replace(kept[older], subtasks={})
-        late = sum(figures.get("late", 0) for figures in info.event_time().values())
+        names = {op.uid: op.name for chain in run.plan.chains for op in chain.operators}
+        late = tuple(
+            (names.get(uid, uid), figures["late"])
+            for uid, figures in info.event_time().items()
+            if figures.get("late")
+        )
         run.listener(
             SavepointCompleted(checkpoint, info.duration, info.final, late, info.savepoint)
             if info.savepoint is not None

@@ -53,15 +53,17 @@ class CheckpointCompleted(JobEvent):
     """Seconds from its trigger to its completion."""
     final: bool = False
     """The last checkpoint of the job (taken once the input ended, or at a stop)."""
-    late: int = 0
-    """Records too late for their windows so far (this generation), at the checkpoint."""
+    late: tuple[tuple[str, int], ...] = ()
+    """Per window operator (its name) with any, the records too late for its windows since
+    the job started, at the checkpoint (a record late for two windows counts in each)."""
 
     @property
     def message(self) -> str:
+        late = ", ".join(f"{name} {count:,}" for name, count in self.late)
         return (
             f"{self.checkpoint} complete in {self.duration:.2f} s"
             + (" (final)" if self.final else "")
-            + (f", {self.late:,} late records so far" if self.late else "")
+            + (f"; late records so far: {late}" if late else "")
         )
 
 

@@ -47,7 +47,8 @@ class OperatorMetrics:
     """The event time its subtasks have all reached (epoch ms; the least of theirs), or
     ``None`` (no event time, or not every subtask has a watermark yet)."""
     late: int = 0
-    """Records too late for their windows (this generation), sent to ``.late()``."""
+    """Records too late for its windows since the job started (carried across restarts and
+    resumed runs), sent to ``.late()``."""
     windows: int = 0
     """Windows open (not fired yet)."""
     timers: int = 0
@@ -87,9 +88,10 @@ class JobMetrics:
     """When the figures were taken (epoch seconds): watermark lags are behind it."""
 
     @property
-    def late(self) -> int:
-        """Records too late for their windows, of every operator (this generation)."""
-        return sum(o.late for o in self.operators)
+    def late(self) -> dict[str, int]:
+        """Per window operator (its name) with any, the records too late for its windows
+        since the job started. Not summed: a record late for two windows is late in each."""
+        return {o.name: o.late for o in self.operators if o.late}
 
     @property
     def event_time(self) -> bool:

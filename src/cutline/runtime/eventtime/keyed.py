@@ -73,7 +73,9 @@ class WindowOperator(_Keyed):
         self.clean = self.backend.timer_index("window-clean")
         """Fired windows kept for late records, by when they are dropped."""
         self.late_records = 0
-        """Records too late for their windows (sent to the side output ``late``)."""
+        """Records too late for their windows (sent to the side output ``late``), since the
+        job started: a restore carries them (each old subtask's to the one subtask that now
+        owns its first key group, so that a rescaled restore counts each once)."""
         self._late: list[Batch] = []
         """The late records not yet taken by the side output; only kept when the job reads
         it (``.late()``): otherwise they are counted and let go."""
@@ -91,6 +93,8 @@ class WindowOperator(_Keyed):
         self._marks: list[tuple[range, int]] = []
         for handle in self.restored:
             start, stop = handle.get("key_groups", (0, 0))
+            if start in mine:
+                self.late_records += int(handle.get("late", 0))
             groups = range(max(start, mine.start), min(stop, mine.stop))
             if len(groups) and "watermark" in handle:
                 self._marks.append((groups, int(handle["watermark"])))
@@ -191,6 +195,7 @@ class WindowOperator(_Keyed):
     ) -> KeyedSnapshot:
         taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
         taken.extra["watermark"] = self.watermark
+        taken.extra["late"] = self.late_records
         if self._time_type is not None:
             taken.extra["time_type"] = self._time_type
         return taken
