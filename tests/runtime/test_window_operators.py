@@ -26,7 +26,7 @@ from cutline.runtime.eventtime.keyed import WindowOperator
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.panes import PaneWindowOperator
 from cutline.runtime.eventtime.sessions import SessionColumnsOperator
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import key_group_range
@@ -365,3 +365,49 @@ def test_late_counts_are_carried_by_a_restore_once_whatever_the_parallelism(
     assert sum(op.late_records for op in again.ops) == 42
     restored.close()
     again.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+@pytest.mark.parametrize("seed", range(4))
+def test_windows_with_an_offset_start_at_it_in_either_layout(backend: str, seed: int) -> None:
+    """``offset=`` shifts tumbling and sliding windows from the epoch: each record counts in
+    the windows ``[offset + k * step, ... + size)`` that hold it, and nowhere else."""
+    rng = random.Random(seed)
+    size = rng.choice([1000, 3000, 86_400_000])
+    every = rng.choice([size, size // 2 if size % 2 == 0 else size, size // 3])
+    offset = rng.randrange(every)
+    assigner: Tumbling | Sliding = (
+        Tumbling(size, offset=offset) if every == size else Sliding(size, every, offset=offset)
+    )
+    records = [
+        {"user": f"u{rng.randrange(3)}", "ts": rng.randrange(-5 * size, 5 * size), "n": 1}
+        for _ in range(300)
+    ]
+    wanted: Counter[tuple[str, int]] = Counter()
+    for r in records:
+        start = r["ts"] - (r["ts"] - offset) % every
+        while start + size > r["ts"]:
+            wanted[(r["user"], start)] += 1
+            start -= every
+    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    job = Job(logic, backend, 2)
+    job.process(records, arrow=True)
+    job.watermark(10**15)
+    found = {(o["user"], o["window_start"]): o["count"] for o in job.output}
+    assert found == dict(wanted)
+    assert all(o["window_end"] - o["window_start"] == size for o in job.output)
+    assert all((o["window_start"] - offset) % every == 0 for o in job.output)
+    job.close()
+
+
+def test_an_offset_not_less_than_the_period_is_refused_naming_the_one_that_works() -> None:
+    with pytest.raises(
+        EventTimeError, match=r"Tumbling\(24h\): offset=29h must be less than 24h .*windows of 5h"
+    ):
+        Tumbling("1 d", offset="29h")
+    with pytest.raises(
+        EventTimeError, match=r"Sliding\(10min, every=1min\): offset=1min must be less"
+    ):
+        Sliding("10 min", every="1 min", offset="1 min")
+    assert str(Tumbling("1 d", offset="5h")) == "Tumbling(24h, offset=5h)"
+    assert str(Tumbling("1 d")) == "Tumbling(24h)"  # (an operator's id is made from it)

@@ -14,7 +14,7 @@ aligned to the epoch, as in Flink:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,38 +24,60 @@ from cutline.runtime.eventtime.timestamps import EventTimeError, duration_ms
 
 @dataclass(frozen=True)
 class Tumbling:
-    """Windows of ``size`` one after another: ``Tumbling("1 min")``."""
+    """Windows of ``size`` one after another: ``Tumbling("1 min")``. ``offset`` shifts them
+    from the epoch (Flink's offset, Spark's ``startTime``): ``Tumbling("1 d", offset="5h")``
+    is the days from 05:00 UTC to 05:00 UTC (midnight to midnight at UTC-5)."""
 
     size: Any
+    offset: Any = field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", duration_ms(self.size, "Tumbling size"))
+        size = duration_ms(self.size, "Tumbling size")
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "offset", _offset(self.offset, size, f"Tumbling({_shown(size)})"))
 
     def __str__(self) -> str:
-        return f"Tumbling({_shown(self.size)})"
+        shift = f", offset={_shown(self.offset)}" if self.offset else ""
+        return f"Tumbling({_shown(self.size)}{shift})"
 
 
 @dataclass(frozen=True)
 class Sliding:
-    """Windows of ``size`` starting every ``every``: ``Sliding("10 min", every="1 min")``."""
+    """Windows of ``size`` starting every ``every``: ``Sliding("10 min", every="1 min")``;
+    ``offset`` shifts them from the epoch, as :class:`Tumbling`'s."""
 
     size: Any
     every: Any
+    offset: Any = field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         size = duration_ms(self.size, "Sliding size")
         every = duration_ms(self.every, "Sliding every")
+        shown = f"Sliding({_shown(size)}, every={_shown(every)})"
         if every > size:
             raise EventTimeError(
-                f"Sliding({_shown(size)}, every={_shown(every)}): the slide is longer than the "
-                "window, so some records would be in no window; use Tumbling for a slide equal "
-                "to the size"
+                f"{shown}: the slide is longer than the window, so some records would be in no "
+                "window; use Tumbling for a slide equal to the size"
             )
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "every", every)
+        object.__setattr__(self, "offset", _offset(self.offset, every, shown))
 
     def __str__(self) -> str:
-        return f"Sliding({_shown(self.size)}, every={_shown(self.every)})"
+        shift = f", offset={_shown(self.offset)}" if self.offset else ""
+        return f"Sliding({_shown(self.size)}, every={_shown(self.every)}{shift})"
+
+
+def _offset(value: Any, period: int, shown: str) -> int:
+    """An offset of windows that start every ``period`` ms: at least 0 and less than it (an
+    offset of ``-5h`` for days is ``19h``: the windows are the same)."""
+    offset = duration_ms(value, f"{shown}: offset", zero=True)
+    if offset >= period:
+        raise EventTimeError(
+            f"{shown}: offset={_shown(offset)} must be less than {_shown(period)} (an offset "
+            f"of {_shown(offset)} gives the windows of {_shown(offset % period)})"
+        )
+    return offset
 
 
 @dataclass(frozen=True)
@@ -84,11 +106,11 @@ def _shown(ms: int) -> str:
 def assign(assigner: Tumbling | Sliding, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The windows of timestamps ``ts``: (index of the record, window start) per pair."""
     if isinstance(assigner, Tumbling):
-        size = assigner.size
-        return np.arange(len(ts)), ts - np.mod(ts, size)
+        size, offset = assigner.size, assigner.offset
+        return np.arange(len(ts)), ts - np.mod(ts - offset, size)
     size, slide = assigner.size, assigner.every
     count = math.ceil(size / slide)
-    last = ts - np.mod(ts, slide)
+    last = ts - np.mod(ts - assigner.offset, slide)
     starts = last[:, None] - slide * np.arange(count, dtype=np.int64)[None, :]
     inside = starts + size > ts[:, None]
     index = np.broadcast_to(np.arange(len(ts))[:, None], starts.shape)
@@ -102,8 +124,8 @@ def window_size(assigner: Tumbling | Sliding) -> int:
 def starts_of(assigner: Tumbling | Sliding, stamp: int) -> list[int]:
     """The starts of the windows of one timestamp, latest first."""
     if isinstance(assigner, Tumbling):
-        return [stamp - stamp % assigner.size]
-    last = stamp - stamp % assigner.every
+        return [stamp - (stamp - assigner.offset) % assigner.size]
+    last = stamp - (stamp - assigner.offset) % assigner.every
     out = []
     start = last
     while start + assigner.size > stamp:
