@@ -13,9 +13,10 @@ keeps.
 * ``lateness.py``: the lateness rule (when a window is past, which records are late);
 * ``timers.py``: :class:`TimerService`, the timers of a keyed operator;
 * ``layouts.py``: the two layouts of what a window operator keeps, each read as the other;
-* ``keyed.py``, ``panes.py``, ``sessions.py``: the window operator in the keyed layout, and
-  the columnar layouts of a built-in (tumbling and sliding windows; sessions) on the memory
-  backend; ``logic.py``: :class:`WindowLogic`, which opens the one that fits;
+* ``keyed.py``, ``columnar_windows.py``, ``columnar_sessions.py``: the window operator in
+  the keyed layout, and in the columnar layouts of a built-in (tumbling and sliding windows;
+  sessions) on the memory backend; ``spec.py``: :class:`WindowSpec`, what they are asked to
+  do; ``logic.py``: :class:`WindowLogic`, which opens the one that fits;
 * ``output.py``: what firing windows emit, and the side output ``late``.
 
 Nothing here imports this package's ``__init__``: import the module that holds a name.

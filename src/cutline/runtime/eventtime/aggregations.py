@@ -46,6 +46,22 @@ class AggregateFunction:
 
 BUILTINS = ("count", "sum", "min", "max", "mean")
 
+UFUNCS: dict[str, np.ufunc] = {
+    "count": np.add,
+    "sum": np.add,
+    "mean": np.add,  # (its sum; its count is summed apart)
+    "min": np.minimum,
+    "max": np.maximum,
+}
+"""How a built-in's partial results combine, as the NumPy function every vectorized path
+uses (``ufunc(a, b)`` for two arrays of them, ``ufunc.reduceat`` for runs of one)."""
+
+
+def adds(kind: str) -> bool:
+    """Whether built-in ``kind`` adds its partial results (integer sums may then outgrow
+    int64: :data:`SAFE`)."""
+    return UFUNCS[kind] is np.add
+
 
 @dataclass(frozen=True)
 class Aggregation:
@@ -194,14 +210,9 @@ def cut_sessions(
     else:
         assert values is not None
         ordered = _numbers_of(values[order])
-        if kind in ("sum", "mean"):
-            if ordered.dtype.kind in "iu" and largest(ordered) * len(ordered) >= SAFE:
-                ordered = ordered.astype(object)
-            acc = np.add.reduceat(ordered, at)
-        elif kind == "min":
-            acc = np.minimum.reduceat(ordered, at)
-        else:
-            acc = np.maximum.reduceat(ordered, at)
+        if adds(kind) and ordered.dtype.kind in "iu" and largest(ordered) * len(ordered) >= SAFE:
+            ordered = ordered.astype(object)
+        acc = UFUNCS[kind].reduceat(ordered, at)
     ends = np.maximum.reduceat(ordered_ts, at) + gap
     return keys.take(pa.array(order[at])), ordered_ts[at], ends, acc, counts
 

@@ -68,9 +68,9 @@ class WindowOperator(_Keyed):
         self.lateness = logic.allowed_lateness
         self.table = self.backend.value_table(WINDOWS)
         self.watermark = MIN_WATERMARK
-        self.fire = self.backend.timer_index("window-fire")
+        self.fire_timers = self.backend.timer_index("window-fire")
         """Windows not fired yet, by their last millisecond (namespace: start, end)."""
-        self.clean = self.backend.timer_index("window-clean")
+        self.cleanup_timers = self.backend.timer_index("window-clean")
         """Fired windows kept for late records, by when they are dropped."""
         self.late_records = 0
         """Records too late for their windows (sent to the side output ``late``), since the
@@ -158,20 +158,20 @@ class WindowOperator(_Keyed):
 
     def _register(self, key: Hashable, start: int, end: int, fired: bool) -> None:
         if fired:
-            self.clean.add(cleanup_time(end, self.lateness), key, (start, end))
+            self.cleanup_timers.add(cleanup_time(end, self.lateness), key, (start, end))
         else:
-            self.fire.add(end - 1, key, (start, end))
+            self.fire_timers.add(end - 1, key, (start, end))
 
     @property
     def open_windows(self) -> int:
         """Windows not fired yet."""
-        return len(self.fire)
+        return len(self.fire_timers)
 
     def figures(self) -> dict[str, int] | None:
         return {
             "late": self.late_records,
-            "windows": len(self.fire),
-            "timers": len(self.fire) + len(self.clean),
+            "windows": len(self.fire_timers),
+            "timers": len(self.fire_timers) + len(self.cleanup_timers),
         }
 
     # ------------------------------------------------------------------ records
@@ -361,7 +361,7 @@ class WindowOperator(_Keyed):
                 entry = windows.get(start)
                 if entry is None:
                     windows[start] = (part, False)
-                    self.fire.add(start + size - 1, key, (start, start + size))
+                    self.fire_timers.add(start + size - 1, key, (start, start + size))
                 else:
                     acc, fired = entry
                     acc = combine(acc, part)
@@ -438,9 +438,11 @@ class WindowOperator(_Keyed):
                 acc = merge(s_acc, acc)
                 fired = fired or s_fired
                 if s_fired:
-                    self.clean.discard(cleanup_time(s_end, self.lateness), key, (s_start, s_end))
+                    self.cleanup_timers.discard(
+                        cleanup_time(s_end, self.lateness), key, (s_start, s_end)
+                    )
                 else:
-                    self.fire.discard(s_end - 1, key, (s_start, s_end))
+                    self.fire_timers.discard(s_end - 1, key, (s_start, s_end))
             else:
                 kept.append((s_start, s_end, s_acc, s_fired))
         # a fired session that grew past the watermark fires again when its new end passes
@@ -484,7 +486,7 @@ class WindowOperator(_Keyed):
                     entry = windows.get(start)
                     if entry is None:
                         windows[start] = (aggregation.add(aggregation.create(), record), False)
-                        self.fire.add(end - 1, key, (start, end))
+                        self.fire_timers.add(end - 1, key, (start, end))
                     else:
                         acc = aggregation.add(entry[0], record)
                         windows[start] = (acc, entry[1])
@@ -546,7 +548,7 @@ class WindowOperator(_Keyed):
             entry = windows.get(start)
             if entry is None:
                 windows[start] = ((chunk,), False)
-                self.fire.add(start + size - 1, key, (start, start + size))
+                self.fire_timers.add(start + size - 1, key, (start, start + size))
             else:
                 acc = (*entry[0], chunk)
                 windows[start] = (acc, entry[1])
@@ -596,7 +598,7 @@ class WindowOperator(_Keyed):
         return self._fire_upto(watermark)
 
     def on_processing_time(self, now: int) -> Batch | None:
-        if not self.processing or not len(self.fire):
+        if not self.processing or not len(self.fire_timers):
             return None
         return self._fire_upto(max(self.watermark, now - 1))
 
@@ -604,15 +606,15 @@ class WindowOperator(_Keyed):
         """Fire every window whose last millisecond is at or before ``watermark`` (never
         going back: after a restore, the watermarks from upstream start again from the
         least, behind the one restored)."""
-        if watermark <= self.watermark and not len(self.fire):
+        if watermark <= self.watermark and not len(self.fire_timers):
             return None
         watermark = self.watermark = max(self.watermark, watermark)
         results: list[tuple[Hashable, int, int, Any]] = []
-        for _, key, (start, end) in self.fire.pop_due(watermark):
+        for _, key, (start, end) in self.fire_timers.pop_due(watermark):
             acc = self._fire(key, start, end)
             if acc is not _GONE:
                 results.append((key, start, end, acc))
-        for _, key, (start, _end) in self.clean.pop_due(watermark):
+        for _, key, (start, _end) in self.cleanup_timers.pop_due(watermark):
             self._drop(key, start)
         return self._results(results) if results else None
 
@@ -627,7 +629,7 @@ class WindowOperator(_Keyed):
                 if s_start == start and s_end == end:
                     if keep:
                         sessions[i] = (s_start, s_end, acc, True)
-                        self.clean.add(cleanup_time(end, self.lateness), key, (start, end))
+                        self.cleanup_timers.add(cleanup_time(end, self.lateness), key, (start, end))
                     else:
                         del sessions[i]
                     self._store(key, tuple(sessions))
@@ -639,7 +641,7 @@ class WindowOperator(_Keyed):
             return _GONE
         if keep:
             windows[start] = (entry[0], True)
-            self.clean.add(cleanup_time(end, self.lateness), key, (start, end))
+            self.cleanup_timers.add(cleanup_time(end, self.lateness), key, (start, end))
         else:
             del windows[start]
         self._store(key, windows)

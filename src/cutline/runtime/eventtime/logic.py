@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutline.runtime.eventtime.assigners import Session
+from cutline.runtime.eventtime.columnar_sessions import ColumnarSessionOperator
+from cutline.runtime.eventtime.columnar_windows import ColumnarWindowOperator
 from cutline.runtime.eventtime.keyed import WindowOperator
-from cutline.runtime.eventtime.panes import PaneWindowOperator
-from cutline.runtime.eventtime.sessions import SessionColumnsOperator
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.operators import Logic, OperatorContext
 
@@ -24,6 +24,6 @@ class WindowLogic(WindowSpec, Logic):
     def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
         if self.aggregation.builtin and isinstance(self.key, str) and ctx.state.backend == "memory":
             if isinstance(self.assigner, Session):
-                return SessionColumnsOperator(self, ctx, state)
-            return PaneWindowOperator(self, ctx, state)
+                return ColumnarSessionOperator(self, ctx, state)
+            return ColumnarWindowOperator(self, ctx, state)
         return WindowOperator(self, ctx, state)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.eventtime.aggregations import cut_sessions
+from cutline.runtime.eventtime.aggregations import UFUNCS, cut_sessions
 from cutline.runtime.eventtime.assigners import Session
 from cutline.runtime.eventtime.keyed import WindowOperator
 from cutline.runtime.eventtime.lateness import in_time
@@ -21,7 +21,7 @@ from cutline.runtime.operators import Batch, OperatorContext, rows
 from cutline.runtime.state.backend import KeyedSnapshot
 
 
-class SessionColumnsOperator(WindowOperator):
+class ColumnarSessionOperator(WindowOperator):
     """Session windows computing a built-in aggregate on the memory backend, kept as columns:
     one row per open session (key, start, end, accumulator, fired). A batch's records are cut
     into sessions per key with NumPy, merged with the open sessions of the same keys in one
@@ -170,12 +170,7 @@ class SessionColumnsOperator(WindowOperator):
         new[1:] = (codes[1:] != codes[:-1]) | (start[1:] > running[:-1])
         at = np.flatnonzero(new)
         acc = both["acc"][order]
-        if kind in ("count", "sum", "mean"):
-            summed = np.add.reduceat(acc, at)
-        elif kind == "min":
-            summed = np.minimum.reduceat(acc, at)
-        else:
-            summed = np.maximum.reduceat(acc, at)
+        summed = UFUNCS[kind].reduceat(acc, at)
         fired = np.maximum.reduceat(both["fired"][order], at).astype(bool)
         touched = np.maximum.reduceat(fresh[order], at).astype(bool)
         merged_end = np.maximum.reduceat(end, at)

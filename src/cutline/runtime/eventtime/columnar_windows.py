@@ -12,7 +12,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.eventtime.aggregations import SAFE, column_numbers, group_by_window, largest
+from cutline.runtime.eventtime.aggregations import (
+    SAFE,
+    UFUNCS,
+    adds,
+    column_numbers,
+    group_by_window,
+    largest,
+)
 from cutline.runtime.eventtime.assigners import Session, assign, window_size
 from cutline.runtime.eventtime.keyed import WindowOperator
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
@@ -23,8 +30,8 @@ from cutline.runtime.state.backend import KeyedSnapshot
 
 
 @dataclass
-class _Pane:
-    """One window of :class:`PaneWindowOperator`: its keys and their accumulators, as columns."""
+class WindowColumns:
+    """One window of :class:`ColumnarWindowOperator`: its keys and their accumulators, as columns."""
 
     start: int
     keys: pa.Array
@@ -42,7 +49,7 @@ class _Pane:
     """A snapshot holds its arrays: they are copied before they change."""
 
 
-class PaneWindowOperator(WindowOperator):
+class ColumnarWindowOperator(WindowOperator):
     """Tumbling and sliding windows computing a built-in aggregate (``count``, ``sum``,
     ``min``, ``max``, ``mean``) on the memory backend: each window keeps its keys and their
     accumulators as columns, merged a batch at a time (records grouped by key and window with
@@ -57,7 +64,7 @@ class PaneWindowOperator(WindowOperator):
     def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
         assert not isinstance(logic.assigner, Session)
         self.size = window_size(logic.assigner)
-        self.panes: dict[int, _Pane] = {}
+        self.panes: dict[int, WindowColumns] = {}
         self._due: list[int] = []
         """Starts of the windows not fired yet (a heap; each fires at ``start + size - 1``)."""
         self._kept: list[tuple[int, int]] = []
@@ -93,7 +100,7 @@ class PaneWindowOperator(WindowOperator):
             first = pieces[0][1].type
             counts = [piece[3] for piece in pieces if piece[3] is not None]
             flags = np.concatenate([piece[4] for piece in pieces])
-            pane = _Pane(
+            pane = WindowColumns(
                 pane_start,
                 pa.concat_arrays([piece[1].cast(first) for piece in pieces]),
                 np.concatenate([piece[2] for piece in pieces]),
@@ -104,7 +111,7 @@ class PaneWindowOperator(WindowOperator):
                 pane.waiting = np.flatnonzero(~flags)
             self._add_pane(pane)
 
-    def _add_pane(self, pane: _Pane) -> None:
+    def _add_pane(self, pane: WindowColumns) -> None:
         self.panes[pane.start] = pane
         if pane.fired:
             due = cleanup_time(pane.start + self.size, self.lateness)
@@ -189,14 +196,14 @@ class PaneWindowOperator(WindowOperator):
         )
         parts = column_numbers(sums)
         counts = None if grouped_counts is None else column_numbers(grouped_counts)
-        refired: list[tuple[_Pane, pa.Array, np.ndarray]] = []
+        refired: list[tuple[WindowColumns, pa.Array, np.ndarray]] = []
         for start in np.unique(group_starts).tolist():
             mask = group_starts == start
             these = group_keys.filter(pa.array(mask))
             pane = self.panes.get(start)
             if pane is None:
                 self._add_pane(
-                    _Pane(
+                    WindowColumns(
                         start,
                         these,
                         parts[mask].copy(),
@@ -219,7 +226,7 @@ class PaneWindowOperator(WindowOperator):
         )
 
     def _combine(
-        self, pane: _Pane, keys: pa.Array, parts: np.ndarray, counts: np.ndarray | None
+        self, pane: WindowColumns, keys: pa.Array, parts: np.ndarray, counts: np.ndarray | None
     ) -> np.ndarray:
         """Merge one window's groups into its columns; their positions in it."""
         if keys.type != pane.keys.type:
@@ -235,18 +242,15 @@ class PaneWindowOperator(WindowOperator):
         kind = self.aggregation.kind
         if old.any():
             at, add = found[old], parts[old]
-            if kind in ("count", "sum", "mean"):
-                if pane.acc.dtype.kind in "iu" and (
-                    largest(add) >= SAFE or largest(pane.acc[at]) >= SAFE
-                ):
-                    pane.acc = pane.acc.astype(object)  # (Python ints: no overflow)
-                pane.acc[at] = pane.acc[at] + add
-                if pane.count is not None and counts is not None:
-                    pane.count[at] = pane.count[at] + counts[old]
-            elif kind == "min":
-                pane.acc[at] = np.minimum(pane.acc[at], add)
-            else:
-                pane.acc[at] = np.maximum(pane.acc[at], add)
+            if (
+                adds(kind)
+                and pane.acc.dtype.kind in "iu"
+                and (largest(add) >= SAFE or largest(pane.acc[at]) >= SAFE)
+            ):
+                pane.acc = pane.acc.astype(object)  # (Python ints: no overflow)
+            pane.acc[at] = UFUNCS[kind](pane.acc[at], add)
+            if pane.count is not None and counts is not None:
+                pane.count[at] = pane.count[at] + counts[old]
         positions = found.copy()
         new = ~old
         if new.any():
@@ -262,7 +266,7 @@ class PaneWindowOperator(WindowOperator):
             positions[new] = np.arange(size, size + int(new.sum()))
         return positions
 
-    def _values(self, pane: _Pane) -> np.ndarray:
+    def _values(self, pane: WindowColumns) -> np.ndarray:
         """A window's results per key (the mean divides)."""
         if self.aggregation.kind == "mean":
             assert pane.count is not None
@@ -279,7 +283,7 @@ class PaneWindowOperator(WindowOperator):
 
     def _fire_upto(self, watermark: int) -> Batch | None:
         watermark = self.watermark = max(self.watermark, watermark)
-        fired: list[tuple[_Pane, pa.Array, np.ndarray]] = []
+        fired: list[tuple[WindowColumns, pa.Array, np.ndarray]] = []
         keep = self.lateness > 0 and watermark != MAX_WATERMARK
         while self._due and self._due[0] + self.size - 1 <= watermark:
             start = heapq.heappop(self._due)
@@ -306,7 +310,7 @@ class PaneWindowOperator(WindowOperator):
                 del self.panes[start]
         return self._batch(fired) if fired else None
 
-    def _batch(self, fired: list[tuple[_Pane, pa.Array, np.ndarray]]) -> pa.RecordBatch:
+    def _batch(self, fired: list[tuple[WindowColumns, pa.Array, np.ndarray]]) -> pa.RecordBatch:
         """The output of windows firing: per window, its keys and their results."""
         lengths = [len(keys) for _, keys, _ in fired]
         starts = np.repeat(np.array([p.start for p, _, _ in fired], dtype=np.int64), lengths)
@@ -315,7 +319,7 @@ class PaneWindowOperator(WindowOperator):
         return self._builtin_batch(keys, starts, starts + self.size, values)
 
 
-def _flags(pane: _Pane) -> np.ndarray:
+def _flags(pane: WindowColumns) -> np.ndarray:
     """Per key of a fired pane, whether it fired for it (those waiting: not yet)."""
     flags = np.ones(len(pane.keys), dtype=bool)
     if pane.waiting is not None:
