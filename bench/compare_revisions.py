@@ -1,13 +1,15 @@
-"""B1 and B2 of two revisions of cutline, side by side: did a change make them slower?
+"""B1 and B2 (and Nexmark) of two revisions of cutline, side by side: did a change make them
+slower?
 
     .venv/bin/python bench/compare_revisions.py --base REV [--rounds 2] [--repeats 3]
-        [--out bench/results/b1_b2_revisions.json]
+        [--nexmark] [--out bench/results/b1_b2_revisions.json]
 
 The base revision is checked out into a temporary git worktree; each round runs
 ``bench/b1_b2.py`` (each revision's own copy, so each measures itself the way it was
-measured) for the base and for the working tree, interleaved (the head first every other
-round), in the same venv and on
-the same machine minutes apart, with the revision's ``src`` first on ``PYTHONPATH``. Every
+measured), and with ``--nexmark`` cutline's runs of ``bench/nexmark.py`` on the large input
+(q5, q7, q11), for the base and for the working tree, interleaved (the head first every other
+round), in the same venv and on the same machine minutes apart, with the revision's ``src``
+first on ``PYTHONPATH``. Every
 run verifies its own output (b1_b2's rule: an unverified figure does not count).
 
 The JSON holds, per system of B1 and B2 and per revision, the median of each figure over
@@ -37,7 +39,7 @@ FIGURES = ("events_per_s", "events_per_s_incl_start", "checkpoint_duration_p50_s
 """The figures compared (those of b1_b2's results that a revision could make worse)."""
 
 
-def _run(tree: Path, repeats: int, out: Path) -> list[dict[str, Any]]:
+def _run(tree: Path, repeats: int, out: Path, nexmark: bool) -> list[dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     subprocess.run(
         [sys.executable, "bench/b1_b2.py", "--repeats", str(repeats), "--out", str(out)],
@@ -46,6 +48,12 @@ def _run(tree: Path, repeats: int, out: Path) -> list[dict[str, Any]]:
         check=True,
     )
     results: list[dict[str, Any]] = json.loads(out.read_text())["results"]
+    if nexmark:  # cutline's queries only, on the large input (cached between the runs)
+        queries = out.with_suffix(".nexmark.json")
+        command = [sys.executable, "bench/nexmark.py", "--size", "large", "--systems"]
+        command += ["cutline", "--no-flink", "--repeats", str(repeats), "--out", str(queries)]
+        subprocess.run(command, cwd=tree, env=env, check=False)  # (exit 1: a run unverified)
+        results += json.loads(queries.read_text())["results"]
     return results
 
 
@@ -72,6 +80,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/b1_b2_revisions.json"))
+    parser.add_argument(
+        "--nexmark",
+        action="store_true",
+        help="Nexmark's queries too (cutline's runs of bench/nexmark.py on the large input)",
+    )
     args = parser.parse_args()
 
     head = subprocess.run(
@@ -93,14 +106,15 @@ def main() -> None:
                 order.reverse()
             for side, tree in order:
                 out = work / f"{side}-{round_}.json"
-                for key, figures in _runs(_run(tree, args.repeats, out)).items():
+                for key, figures in _runs(_run(tree, args.repeats, out, args.nexmark)).items():
                     for name, values in figures.items():
                         runs[side].setdefault(key, {}).setdefault(name, []).extend(values)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT)
 
     rows = []
-    table = Table(title=f"B1 and B2: {base} (base) against {head} (head), {args.rounds} rounds")
+    what = "B1, B2 and Nexmark" if args.nexmark else "B1 and B2"
+    table = Table(title=f"{what}: {base} (base) against {head} (head), {args.rounds} rounds")
     for column in ("benchmark: system", "figure", "base median", "head median", "head / base"):
         table.add_column(column, justify="left" if column.startswith("bench") else "right")
     for key in sorted(set(runs["base"]) & set(runs["head"])):
@@ -130,7 +144,7 @@ def main() -> None:
     args.out.write_text(
         json.dumps(
             {
-                "benchmark": "B1 and B2 of two revisions, interleaved (bench/compare_revisions.py)",
+                "benchmark": f"{what} of two revisions, interleaved (bench/compare_revisions.py)",
                 "base": base,
                 "head": head,
                 "rounds": args.rounds,
