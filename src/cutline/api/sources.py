@@ -130,15 +130,19 @@ class Sources(Dataflow):
             by name and dealt round-robin to the subtasks, one split each. A path that does
             not exist raises ``SourceError`` here; no input file at all is an empty stream and
             an ``InputWarning`` naming the path and the suffixes looked for.
-        :param schema: the columns and their types: a ``pyarrow.Schema``, or a dict of column
-            -> type (``{"user": "string", "n": "int64"}``; a pyarrow type or its name). By
-            default, the union of the files' own schemas (their footers, read here), each
+        :param schema: the columns' types. A ``pyarrow.Schema`` is the whole schema: its
+            columns only, in its order. A dict of column -> type (``{"n": "int64"}``; a
+            pyarrow type or its name, as for :meth:`read_csv`) sets the types of the columns
+            it names only: the other columns are found and typed as without ``schema=`` (a
+            column no file has is added at the end, with an ``InputWarning``). Without
+            ``schema=``, the union of the files' own schemas (their footers, read here), each
             column's types unified (int32 and int64: int64; int64 and double: double; null:
             the other); a column of two irreconcilable types (int64 in one file, string in
-            another) raises ``SourceError`` naming both files: give ``schema=``. Every file,
-            subtask and restart reads this schema: a column a file lacks is null, a column
-            not in the schema is left out, and a file whose column cannot be cast to the
-            schema's type at all (a struct for an int64) fails naming the file.
+            another) raises ``SourceError`` naming both files: give its type in ``schema=``.
+            Every file, subtask and restart reads this schema: a column a file lacks is null,
+            a column not in the schema is left out, and a file whose column cannot be cast to
+            the schema's type at all (a struct for an int64) fails naming the file. A string
+            column read as a timestamp takes ISO-8601 text as :meth:`read_csv` does.
         :param columns: read only these columns (their types from ``schema=`` or the files),
             in this order: a stream of the columns a job uses costs less to read and to send
             between subtasks. A name that is not a column raises ``ValueError`` naming the
@@ -210,20 +214,36 @@ class Sources(Dataflow):
             by name and dealt round-robin to the subtasks, one split each. A path that does
             not exist raises ``SourceError`` here; no input file at all is an empty stream and
             an ``InputWarning`` naming the path and the suffixes looked for.
-        :param schema: the columns and their types: a ``pyarrow.Schema``, or a dict of column
-            -> type (``{"user": "string", "n": "int64"}``; a pyarrow type or its name:
-            ``"string"``, ``"int64"``, ``"double"``, ``"bool"``, ``"date32"``,
-            ``"timestamp[us]"``, ...). By default it is inferred here, on the driver, from the
-            head of every file (its first 1 MiB and at most 10,000 rows; with more than 256
-            files, 256 MiB in all shared between them, at least 64 KiB each): a column is the
-            first of int64, double, bool, date32, timestamp[us] and timestamp[us, tz=UTC] that
-            all its sampled values cast to (spaces around a value do not count), else string;
-            a column without a value in the samples is string. Columns come in the order the
-            files name them, the files' columns united. A column whose values mix numbers and
-            text is string, with an ``InputWarning`` naming it, an example and its
-            ``file:line``: give ``schema=`` to read it as numbers, the other rows rejected.
-            Every file, subtask and restart reads this schema: a column a file lacks is null,
-            a column not in the schema is left out.
+        :param schema: the columns' types. A ``pyarrow.Schema`` is the whole schema: its
+            columns only, in its order. A dict of column -> type (``{"ts":
+            "timestamp[ms]"}``) sets the types of the columns it names only: the other
+            columns are found and typed as without ``schema=`` (a column no file has is added
+            at the end, with an ``InputWarning``); without a header and ``column_names``, it
+            names every column, in its order. A type is a pyarrow type or its name:
+            ``"string"``, ``"int64"``, ``"double"``, ``"bool"``, ``"date32"``, and every
+            timestamp type as pyarrow writes it (``"timestamp[s]"``, ``"timestamp[ms]"``,
+            ``"timestamp[us, tz=UTC]"``, ``"timestamp[ns, tz=+02:00]"``, ``"timestamp[ms,
+            tz=Europe/Paris]"``); an unknown one raises ``ValueError`` naming the column.
+            Without ``schema=`` it is inferred here, on the driver, from the head of every
+            file (its first 1 MiB and at most 10,000 rows; with more than 256 files, 256 MiB
+            in all shared between them, at least 64 KiB each): a column is the first of
+            int64, double, bool and date32 that all its sampled values cast to (spaces around
+            a value do not count), else timestamp[us] if they are all ISO-8601 dates or
+            date-times, else string; a column without a value in the samples is string.
+            Columns come in the order the files name them, the files' columns united. A
+            column whose values mix numbers and text is string, with an ``InputWarning``
+            naming it, an example and its ``file:line``: give its type in ``schema=`` to read
+            it as numbers, the other rows rejected. Every file, subtask and restart reads
+            this schema: a column a file lacks is null, a column not in the schema is left
+            out. **Times:** ISO-8601 text, ``2024-05-01T12:00:30Z``,
+            ``2024-05-01T12:00:30.250+02:00`` or ``2024-05-01 12:00:31``, mixed in a column
+            as they come, is read in a timestamp column as the instant it names: an offset is
+            shifted to UTC, a time without a zone is taken as UTC. Inferred, such a column is
+            ``timestamp[us]``, UTC without a time zone (as pyarrow.json reads such text;
+            ``timestamp[ns]`` if a value has more digits of a second than microseconds);
+            ``"timestamp[us, tz=UTC]"`` gives the same instants with their time zone. A value
+            finer than the column's unit is rejected naming the unit that holds it; text that
+            is no time is rejected as any value that does not fit.
         :param columns: read only these columns (their types from ``schema=`` or the files),
             in this order: a stream of the columns a job uses costs less to read and to send
             between subtasks. A name that is not a column raises ``ValueError`` naming the
@@ -308,18 +328,21 @@ class Sources(Dataflow):
             and dealt round-robin to the subtasks, one split each. A path that does not exist
             raises ``SourceError`` here; no input file at all is an empty stream and an
             ``InputWarning`` naming the path and the suffixes looked for.
-        :param schema: the columns and their types: a ``pyarrow.Schema``, or a dict of column
-            -> type (``{"user": "string", "n": "int64"}``). By default it is inferred here, on
-            the driver, from the head of every file (as ``read_csv``: 1 MiB and at most 10,000
-            lines each) with pyarrow.json's types (int64, double, bool, string, timestamps
-            for ISO-8601 text, read as timestamp[us], structs, lists), unified across lines
-            and files (int64 and double: double; null: the other; structs field by field). A
-            column whose values fit no one type (numbers and text, objects and numbers) is
-            string, its values that are not text read as their JSON text; when they mix
-            numbers and text an ``InputWarning`` names the column, an example and its
-            ``file:line``. A column with nothing but nulls in the samples is string. Every
-            file, subtask and restart reads this schema: a field a line lacks is null, a
-            field not in the schema is left out.
+        :param schema: the columns' types, as for :meth:`read_csv`: a ``pyarrow.Schema`` is
+            the whole schema, a dict (``{"ts": "timestamp[ms]"}``) sets the types of the
+            columns it names only, the others found and typed as without ``schema=``. Without
+            it, it is inferred here, on the driver, from the head of every file (as
+            ``read_csv``: 1 MiB and at most 10,000 lines each) with pyarrow.json's types
+            (int64, double, bool, string, structs, lists), unified across lines and files
+            (int64 and double: double; null: the other; structs field by field); a column
+            whose text is all ISO-8601 date-times, with ``Z``, an offset or no zone, with or
+            without fractions of a second, is timestamp[us] (UTC, read as ``read_csv`` reads
+            times). A column whose values fit no one type (numbers and text, objects and
+            numbers) is string, its values that are not text read as their JSON text; when
+            they mix numbers and text an ``InputWarning`` names the column, an example and
+            its ``file:line``. A column with nothing but nulls in the samples is string.
+            Every file, subtask and restart reads this schema: a field a line lacks is null,
+            a field not in the schema is left out.
         :param columns: read only these columns (their types from ``schema=`` or the files),
             in this order: a stream of the columns a job uses costs less to read and to send
             between subtasks. A name that is not a column raises ``ValueError`` naming the
@@ -461,8 +484,10 @@ class Sources(Dataflow):
         every = seconds(monitor, f"{what}: monitor")  # (seconds, or "5s", as every interval)
         if every is not None and not 0 < every < math.inf:
             raise ValueError(f"{what}: monitor must be a positive duration, not {monitor!r}")
+        # a dict gives the types of the columns it names; the files give the others
+        whole, types = (None, schema) if isinstance(schema, Mapping) else (schema, None)
         source = FileSource(
-            url, fmt, options, schema=schema, csv=csv or CsvOptions(), monitor=every
+            url, fmt, options, schema=whole, types=types, csv=csv or CsvOptions(), monitor=every
         )
         # on the driver, now: a missing path is an error here, not inside a Spark task, and
         # the schema every subtask and restart reads is fixed

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+import zoneinfo
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -89,14 +91,31 @@ _TYPE_NAMES = {
     "date": pa.date32(),
     "datetime": pa.timestamp("us"),
     "timestamp": pa.timestamp("us"),
-    "timestamp[us, tz=utc]": pa.timestamp("us", tz="UTC"),  # (looked up in lower case)
 }
+"""Names of types that pyarrow does not know by them (looked up in lower case)."""
+
+_TIMESTAMP = re.compile(
+    r"timestamp\s*\[\s*(?P<unit>s|ms|us|ns)\s*(?:,\s*tz\s*=\s*(?P<tz>[^\]]*?)\s*)?\]",
+    re.IGNORECASE,
+)
+"""A timestamp type as ``str(pa.timestamp(...))`` spells it, spaces aside:
+``timestamp[ms]``, ``timestamp[us, tz=UTC]``, ``timestamp[ns, tz=+02:00]``."""
+
+_OFFSET = re.compile(r"[+-]\d\d:\d\d")
+
+_TYPE_EXAMPLES = (
+    "'string', 'int64', 'double', 'bool', 'date32', 'timestamp[ms]', "
+    "'timestamp[us, tz=UTC]', 'timestamp[ns, tz=Europe/Paris]'"
+)
 
 
 def as_schema(value: Any) -> pa.Schema | None:
     """``schema=`` as a ``pyarrow.Schema``: one as it is, or a dict of column -> type (a
     pyarrow type, or its name: ``"string"``, ``"int64"``, ``"double"``, ``"bool"``,
-    ``"date32"``, ``"timestamp[us]"``, ...; also ``"int"``, ``"float"``, ``"str"``)."""
+    ``"date32"``, every timestamp type as pyarrow spells it, ``"timestamp[ms]"``,
+    ``"timestamp[us, tz=UTC]"``, ``"timestamp[ns, tz=+02:00]"``, ...; also ``"int"``,
+    ``"float"``, ``"str"``). The file sources take a dict as the types of the columns it
+    names only (:class:`~cutline.runtime.io.sources.FileSource`)."""
     if value is None or isinstance(value, pa.Schema):
         if value is not None:
             twice = first_duplicate(value.names)
@@ -119,20 +138,48 @@ def as_schema(value: Any) -> pa.Schema | None:
 
 
 def _as_type(name: str, kind: Any) -> pa.DataType:
+    """The type ``kind`` of column ``name`` in a ``schema=`` dict: a pyarrow type, or its
+    name (see :func:`as_schema`); an unknown one is a ``ValueError`` naming the column, what
+    was given and names that work."""
     if isinstance(kind, pa.DataType):
         return kind
     if isinstance(kind, str):
-        found = _TYPE_NAMES.get(kind.strip().lower())
+        text = kind.strip()
+        found = _TYPE_NAMES.get(text.lower())
         if found is not None:
             return found
+        stamp = _TIMESTAMP.fullmatch(text)
+        if stamp is not None:
+            return pa.timestamp(stamp["unit"].lower(), _time_zone(name, kind, stamp["tz"]))
         try:
-            return pa.type_for_alias(kind.strip())
+            return pa.type_for_alias(text)
         except ValueError:
             pass
     raise ValueError(
-        f"schema: column {name!r} has the unknown type {kind!r} (use a pyarrow type, or a name "
-        "like 'string', 'int64', 'double', 'bool', 'date32', 'timestamp[us]')"
+        f"schema: column {name!r} has the unknown type {kind!r} (use a pyarrow type, or a "
+        f"name like {_TYPE_EXAMPLES})"
     )
+
+
+def _time_zone(name: str, kind: str, zone: str | None) -> str | None:
+    """The time zone of a timestamp type string: ``UTC``, an offset (``+02:00``) or a name
+    of the tz database (``Europe/Paris``), checked now (Arrow would only refuse it when the
+    records are made)."""
+    if zone is None:
+        return None
+    if zone.upper() in ("UTC", "Z"):
+        return "UTC"
+    if _OFFSET.fullmatch(zone):
+        return zone
+    try:
+        zoneinfo.ZoneInfo(zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"schema: column {name!r} has the type {kind!r}, whose time zone {zone!r} is "
+            "unknown (use 'UTC', an offset like '+02:00' or a name of the tz database like "
+            "'Europe/Paris': 'timestamp[us, tz=UTC]')"
+        ) from None
+    return zone
 
 
 def first_duplicate(names: Sequence[str]) -> str | None:
@@ -159,6 +206,11 @@ class FileInput(Protocol):
 
     @property
     def schema(self) -> pa.Schema | None: ...
+
+    @property
+    def types(self) -> pa.Schema | None:
+        """The columns whose types the user set (``schema=`` as a dict), the others inferred."""
+        ...
 
     def filesystem(self) -> tuple[Any, str]:
         """The file system of the input, and its path on it."""

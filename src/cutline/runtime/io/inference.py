@@ -1,6 +1,14 @@
-"""The schema of a file input, when the user gave none: inferred on the driver from the head of
-every file, one for the whole input, with notes on what was decided (a column of numbers and
-text, a widened type)."""
+"""The schema of a file input, when the user gave none (or only some columns' types): inferred
+on the driver from the head of every file, one for the whole input, with notes on what was
+decided (a column of numbers and text, a widened type).
+
+Text of ISO-8601 date-times (``2024-05-01T12:00:30Z``, ``2024-05-01T12:00:30.5+02:00``,
+``2024-05-01 12:00:31``, mixed in one column: :mod:`cutline.runtime.io.times`) is inferred
+as ``timestamp[us]``, in CSV as in JSON-lines: UTC wall times without a time zone (an offset
+shifted to UTC, a value without a zone taken as UTC), which is how pyarrow.json reads such
+text and how event time reads a column without a time zone; ``timestamp[ns]`` when a value
+has more digits of a second than microseconds hold. ``schema={"ts": "timestamp[us,
+tz=UTC]"}`` reads the same instants with a time zone."""
 
 from __future__ import annotations
 
@@ -23,17 +31,44 @@ from cutline.runtime.io.formats import (
     SourceError,
 )
 from cutline.runtime.io.jsonl import KINDS, JsonParser, kind_of
+from cutline.runtime.io.parquet import check_castable
 from cutline.runtime.io.rows import Refused, cut_blocks, cut_records, json_blank, settle, show_value
+from cutline.runtime.io.times import DIGITS, time_unit
 
 
 def infer_schema(source: FileInput, files: list[str]) -> tuple[pa.Schema, list[str]]:
+    """The schema of ``files``, and notes for the user. The columns of ``source.types`` (a
+    ``schema=`` dict) have the types given, and are added after the others (with a note) when
+    no file has them."""
     fs, _ = source.filesystem()
     budget = max(SAMPLE_LEAST, min(SAMPLE_BYTES, SAMPLE_TOTAL // max(len(files), 1)))
+    types = source.types if source.types is not None else pa.schema([])
+    notes: list[str] = []
     if source.format == "parquet":
-        return _infer_parquet(fs, files), []
-    if source.format == "csv":
-        return _infer_csv(source.csv, fs, files, budget)
-    return _infer_jsonl(fs, files, budget)
+        schema = _infer_parquet(fs, files, types)
+    elif source.format == "csv":
+        schema, notes = _infer_csv(source.csv, fs, files, budget, types)
+    else:
+        schema, notes = _infer_jsonl(fs, files, budget, types)
+    return _with_types(schema, types, files, notes)
+
+
+def _with_types(
+    schema: pa.Schema, types: pa.Schema, files: list[str], notes: list[str]
+) -> tuple[pa.Schema, list[str]]:
+    """``schema`` with the columns of ``types`` of their types; those it lacks added at its
+    end, with a note when there were files to find them in."""
+    fields = [types.field(f.name) if f.name in types.names else f for f in schema]
+    missing = [f for f in types if f.name not in schema.names]
+    if missing and files:
+        names = ", ".join(repr(f.name) for f in missing)
+        notes = [
+            *notes,
+            f"schema= gives the type of {names}, which the heads of the {len(files)} input "
+            f"file(s) do not have (their columns: {', '.join(schema.names) or 'none'}): it is "
+            "read as null where a row lacks it",
+        ]
+    return pa.schema(fields + missing), notes
 
 
 def _sample(fs: Any, path: str) -> Any:
@@ -68,10 +103,17 @@ def parquet_schema(fs: Any, path: str) -> pa.Schema:
         stream.close()
 
 
-def _infer_parquet(fs: Any, files: list[str]) -> pa.Schema:
+def _infer_parquet(fs: Any, files: list[str], types: pa.Schema) -> pa.Schema:
+    """The union of the files' schemas, each column's types unified; a column of ``types``
+    is not unified but checked to cast from every file's type."""
     merged: dict[str, tuple[pa.DataType, str]] = {}
     for path in files:
-        for column in parquet_schema(fs, path):
+        present = parquet_schema(fs, path)
+        check_castable(present, types, path)
+        for column in present:
+            if column.name in types.names:
+                merged.setdefault(column.name, (types.field(column.name).type, path))
+                continue
             if column.name not in merged:
                 merged[column.name] = (column.type, path)
                 continue
@@ -87,21 +129,15 @@ def _infer_parquet(fs: Any, files: list[str]) -> pa.Schema:
     return pa.schema([(name, kind) for name, (kind, _) in merged.items()])
 
 
-_LADDER = (
-    pa.int64(),
-    pa.float64(),
-    pa.bool_(),
-    pa.date32(),
-    pa.timestamp("us"),
-    pa.timestamp("us", tz="UTC"),
-)
+_LADDER = (pa.int64(), pa.float64(), pa.bool_(), pa.date32())
 
 _NUMBER = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 
 
 def _text_type(values: pa.ChunkedArray) -> pa.DataType:
-    """The first of int64, double, bool, date32, timestamp[us] (without, then with a time
-    zone) that every value casts to; else string (also when there are none)."""
+    """The first of int64, double, bool and date32 that every value casts to, else
+    timestamp[us] (or [ns]) when every value is an ISO-8601 date or date-time, with a zone
+    or not (see the module); else string (also when there are none)."""
     present = pc.utf8_trim_whitespace(values.drop_null())
     if len(present) == 0:
         return pa.string()
@@ -111,7 +147,8 @@ def _text_type(values: pa.ChunkedArray) -> pa.DataType:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             continue
         return kind
-    return pa.string()
+    unit = time_unit(present.combine_chunks())
+    return pa.string() if unit is None else pa.timestamp(unit)
 
 
 @dataclass
@@ -122,7 +159,7 @@ class _Sampled:
 
 
 def _infer_csv(
-    options: CsvOptions, fs: Any, files: list[str], budget: int
+    options: CsvOptions, fs: Any, files: list[str], budget: int, types: pa.Schema
 ) -> tuple[pa.Schema, list[str]]:
     columns: dict[str, _Sampled] = {}
     for path in files:
@@ -143,6 +180,9 @@ def _infer_csv(
             stream.close()
     fields, mixed = [], {}
     for name, sampled in columns.items():
+        if name in types.names:
+            fields.append(types.field(name))
+            continue
         chunks = [c for _, values, _ in sampled.parts for c in values.chunks]
         kind = _text_type(pa.chunked_array(chunks, pa.string()))
         fields.append(pa.field(name, kind))
@@ -189,16 +229,21 @@ def _mixed_note(schema: pa.Schema, name: str, kind: str, value: Any, path: str, 
 
 
 def _suggest(schema: pa.Schema, changed: dict[str, str]) -> str:
-    """``schema={...}`` with the columns of ``changed`` of its types."""
+    """``schema={...}`` with the columns of ``changed`` of its types: every column's when
+    there are few (to see them all), else those of ``changed`` only (a dict sets the types of
+    the columns it names, the others inferred as now)."""
     if len(schema) > 8:
         changes = ", ".join(f"{n!r}: {k!r}" for n, k in changed.items())
-        return f"schema= with {{{changes}}} and the other columns' types"
+        return f"schema={{{changes}}}"
     types = ", ".join(f"{f.name!r}: {changed.get(f.name, str(f.type))!r}" for f in schema)
     return f"schema={{{types}}}"
 
 
-def _infer_jsonl(fs: Any, files: list[str], budget: int) -> tuple[pa.Schema, list[str]]:
+def _infer_jsonl(
+    fs: Any, files: list[str], budget: int, types: pa.Schema
+) -> tuple[pa.Schema, list[str]]:
     merged: dict[str, pa.DataType | None] = {}  # None: a conflict
+    times = _Times()
     samples: list[tuple[str, list[tuple[int, bytes]]]] = []
     for path in files:
         stream = _sample(fs, path)
@@ -210,38 +255,82 @@ def _infer_jsonl(fs: Any, files: list[str], budget: int) -> tuple[pa.Schema, lis
         finally:
             stream.close()
         samples.append((path, records))
-        for schema in _json_schemas(records):
-            for column in schema:
+        for table in _json_tables(records):
+            times.see(table)
+            for column in table.schema:
                 if column.name not in merged:
                     merged[column.name] = column.type
                 else:
                     before = merged[column.name]
                     merged[column.name] = None if before is None else _unify(before, column.type)
-    fields = [pa.field(name, _settled(kind or pa.string())) for name, kind in merged.items()]
+    fields = []
+    for name, kind in merged.items():
+        unit = times.unit(name)
+        if name in types.names:
+            fields.append(types.field(name))
+        elif unit is not None:
+            fields.append(pa.field(name, pa.timestamp(unit)))
+        else:
+            fields.append(pa.field(name, _settled(kind or pa.string())))
     schema = pa.schema(fields)
-    conflicts = [name for name, kind in merged.items() if kind is None]
+    conflicts = [
+        name
+        for name, kind in merged.items()
+        if kind is None and name not in types.names and times.unit(name) is None
+    ]
     return schema, _kinds_notes(schema, conflicts, samples) if conflicts else []
 
 
-def _json_schemas(records: list[tuple[int, bytes]]) -> list[pa.Schema]:
-    """The schemas pyarrow infers for the records (for runs of them, if not all agree);
-    records that are no JSON object are left out."""
+class _Times:
+    """Which JSON-lines columns are times: those whose every value in the samples is text
+    of an ISO-8601 date-time, or one that pyarrow.json read as a timestamp (it reads those
+    to whole seconds, and leaves the others, and mixed columns, as text)."""
+
+    def __init__(self) -> None:
+        self.units: dict[str, str | None] = {}
+        """Per column, the unit its text needs so far (``None``: it is not all times)."""
+
+    def see(self, table: pa.Table) -> None:
+        for column in table.schema:
+            kind = column.type
+            if pa.types.is_null(kind):
+                continue
+            if self.units.get(column.name, "us") is None:
+                continue
+            unit: str | None = None
+            if pa.types.is_timestamp(kind):
+                unit = "us"
+            elif pa.types.is_string(kind):
+                unit = time_unit(table.column(column.name).drop_null().combine_chunks())
+            before = self.units.get(column.name)  # (not seen yet, or a unit)
+            if unit is not None and before is not None and DIGITS[before] > DIGITS[unit]:
+                unit = before
+            self.units[column.name] = unit
+
+    def unit(self, name: str) -> str | None:
+        """The unit of column ``name`` when it is a column of times, else ``None``."""
+        return self.units.get(name)
+
+
+def _json_tables(records: list[tuple[int, bytes]]) -> list[pa.Table]:
+    """The tables pyarrow makes of the records, with the types it infers (for runs of them,
+    if not all agree); records that are no JSON object are left out."""
     if not records:
         return []
     parser = JsonParser(None)
     try:
-        return [parser.table(b"\n".join(r[1] for r in records) + b"\n").schema]
+        return [parser.table(b"\n".join(r[1] for r in records) + b"\n")]
     except (pa.ArrowException, UnicodeDecodeError):
         pass
     normal = [n for n, _ in (parser.normalize(r[1]) for r in records) if n is not None]
 
-    def attempt(group: list[bytes]) -> pa.Schema:
+    def attempt(group: list[bytes]) -> pa.Table:
         try:
-            return parser.table(b"\n".join(group) + b"\n").schema
+            return parser.table(b"\n".join(group) + b"\n")
         except (pa.ArrowException, UnicodeDecodeError):
             raise Refused("") from None
 
-    return [schema for _, schema, reason in settle(normal, attempt) if reason is None]
+    return [table for _, table, reason in settle(normal, attempt) if reason is None]
 
 
 def _settled(kind: pa.DataType) -> pa.DataType:

@@ -39,9 +39,10 @@ class JsonParser:
         options: dict[str, Any] = {"unexpected_field_behavior": "infer"}
         self.text: set[str] = set()
         if schema is not None and len(schema):
-            # dates are read as text and cast (pyarrow.json does not convert them)
+            # dates and timestamps are read as text and converted with the other formats'
+            # rules (pyarrow.json does not convert dates, and reads a time zone its own way)
             read = pa.schema(
-                [pa.field(f.name, pa.string()) if pa.types.is_date(f.type) else f for f in schema]
+                [pa.field(f.name, pa.string()) if _as_text(f.type) else f for f in schema]
             )
             options = {"explicit_schema": read, "unexpected_field_behavior": "ignore"}
             self.text = {
@@ -145,6 +146,11 @@ class JsonParser:
             return table
 
         return settle_rows(items, attempt, self._empty, bad)
+
+
+def _as_text(kind: pa.DataType) -> bool:
+    """Whether a column of this type is read as text, then converted (see ``conform``)."""
+    return bool(pa.types.is_date(kind) or pa.types.is_timestamp(kind))
 
 
 KINDS = {

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.runtime.io.formats import SourceError
+from cutline.runtime.io.times import halving, to_timestamps
 
 
 @dataclass
@@ -51,8 +52,9 @@ def conform(
     """``table``'s rows in ``schema``: its columns by name (one it lacks is null, one more is
     left out), each cast to its type (``trim``: text without the spaces around it, for a
     column that is not text; ``utf8``: text checked to be UTF-8, which pyarrow.json does
-    not). Returns the rows that fit, and for each row that does not (by index) why. A column
-    whose type cannot be cast at all is an error naming the file."""
+    not; text to a timestamp: ISO-8601 with a zone or not, :func:`to_timestamps`). Returns
+    the rows that fit, and for each row that does not (by index) why. A column whose type
+    cannot be cast at all is an error naming the file."""
     rows = table.num_rows
     names = set(table.column_names)
     failed: dict[int, str] = {}
@@ -63,13 +65,20 @@ def conform(
             continue
         column = table.column(target.name).combine_chunks()
         if utf8:
-            for i in _halving(column, _validate):
+            for i in halving(column, _validate):
                 failed.setdefault(i, f"column {target.name!r}: not UTF-8 text")
         if column.type == target.type:
             arrays.append(column)
             continue
         if trim and pa.types.is_string(column.type):
             column = pc.utf8_trim_whitespace(column)
+        if pa.types.is_timestamp(target.type) and _is_text(column.type):
+            stamps, refused = to_timestamps(column.cast(pa.string()), target.type, target.name)
+            arrays.append(stamps)
+            for i, reason in refused.items():
+                value = show_value(column[i].as_py())
+                failed.setdefault(i, f"column {target.name!r}: {value} {reason}")
+            continue
         arrays.append(column)
         try:
             arrays[-1] = column.cast(target.type)
@@ -79,7 +88,7 @@ def conform(
                 f"read as {target.type} ({exc})"
             ) from exc
         except pa.ArrowInvalid:
-            for i in _halving(column, _caster(target.type)):
+            for i in halving(column, _caster(target.type)):
                 if i not in failed:
                     value = show_value(column[i].as_py())
                     failed[i] = f"column {target.name!r}: {value} is not {a_or_an(target.type)}"
@@ -94,6 +103,10 @@ def conform(
     return pa.RecordBatch.from_arrays(arrays, schema=schema), failed
 
 
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
 def _caster(target: pa.DataType) -> Callable[[Any], Any]:
     options = pc.CastOptions.safe(target)
     return lambda part: pc.call_function("cast", [part], options)
@@ -101,27 +114,6 @@ def _caster(target: pa.DataType) -> Callable[[Any], Any]:
 
 def _validate(part: Any) -> None:
     part.validate(full=True)
-
-
-def _halving(column: Any, check: Callable[[Any], Any]) -> list[int]:
-    """The indices of the values of ``column`` that ``check`` refuses (raises
-    ``ArrowInvalid``), by halving."""
-    found: list[int] = []
-
-    def visit(part: Any, start: int) -> None:
-        try:
-            check(part)
-            return
-        except pa.ArrowInvalid:
-            if len(part) == 1:
-                found.append(start)
-                return
-        half = len(part) // 2
-        visit(part.slice(0, half), start)
-        visit(part.slice(half), start + half)
-
-    visit(column, 0)
-    return found
 
 
 def show_value(value: Any) -> str:

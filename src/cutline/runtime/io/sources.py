@@ -190,15 +190,22 @@ class FileSource(Source):
 
     ``schema`` is fixed on the driver when the job is built (:meth:`prepare`: the user's, or
     inferred from a sample of every file), so that every subtask and every restart reads the
-    same types; every batch has exactly these columns. A row whose values do not fit it, or a
-    malformed record, is *rejected*: the reader raises :class:`SourceError` naming its file and
-    line, or hands it to its ``rejected`` callback (the dead-letter output).
+    same types; every batch has exactly these columns. ``schema`` given (a ``pyarrow.Schema``
+    or a dict of column -> type) is the whole schema; ``types`` given instead (the same) are
+    the types of the columns it names, the others found and typed by inference (the file
+    sources' ``schema=`` dict). A row whose values do not fit it, or a malformed record, is
+    *rejected*: the reader raises :class:`SourceError` naming its file and line, or hands it
+    to its ``rejected`` callback (the dead-letter output).
     """
 
     path: str
     format: str = "parquet"
     storage_options: Mapping[str, Any] | None = None
     schema: pa.Schema | None = None
+    types: pa.Schema | None = None
+    """The columns whose types the user set (the file sources' ``schema=`` as a dict), which
+    inference leaves as they are; the other columns are found and typed as without
+    ``schema=``. Ignored when ``schema`` is given."""
     csv: CsvOptions = field(default_factory=CsvOptions)
     block_size: int = BLOCK_BYTES
     """Bytes of a CSV or JSON-lines file parsed at a time (whole records)."""
@@ -219,6 +226,7 @@ class FileSource(Source):
         if self.monitor is not None and not self.monitor > 0:
             raise ValueError(f"monitor must be a positive duration, not {self.monitor!r}")
         object.__setattr__(self, "schema", as_schema(self.schema))
+        object.__setattr__(self, "types", as_schema(self.types))
 
     @property
     def bounded(self) -> bool:  # type: ignore[override]
@@ -274,22 +282,26 @@ class FileSource(Source):
 
     def prepare(self) -> tuple[FileSource, list[str]]:
         """On the driver, when the job is built: this source with its schema fixed (the given
-        one, or one inferred from a sample of every file: see ``read_csv``), and what the user
-        should be warned about (no input files; a column read as text because it mixes
-        numbers and text). A path that does not exist raises :class:`SourceError`."""
+        one, or one inferred from a sample of every file, with the ``types`` given: see
+        ``read_csv``), and what the user should be warned about (no input files; a column
+        read as text because it mixes numbers and text; a column of ``types`` that no file
+        has). A path that does not exist raises :class:`SourceError`."""
         files = self.list_files()
         notes = [] if files or self.monitor is not None else [self._nothing()]
         source = self
         csv = self.csv
+        given = self.schema if self.schema is not None else self.types
         if (
             self.format == "csv"
             and not csv.header
             and csv.column_names is None
-            and self.schema is not None
+            and given is not None
         ):
-            # no header, no names: the schema's columns, in its order
-            source = replace(self, csv=replace(csv, column_names=tuple(self.schema.names)))
-        if source.schema is None and self.monitor is not None and not files:
+            # no header, no names: the schema's columns, in its order (a dict then names
+            # every column: there is nothing else to name them)
+            names = tuple(given.names)
+            source = replace(self, csv=replace(csv, column_names=names), schema=given)
+        if source.schema is None and self.types is None and self.monitor is not None and not files:
             raise SourceError(
                 f"{self.path} is watched (monitor=) but has no {self.format} file yet to read "
                 "the columns from: give schema="
