@@ -741,13 +741,18 @@ def test_running_defaults_do_nothing_at_checkpoints() -> None:
 
 
 def test_a_sum_of_text_is_an_error_naming_the_field_not_a_concatenation(tmp_path: Path) -> None:
-    """A column read as text (``'3'``, ``'4'``) must not sum to ``'34'``: the record fails (or
-    goes to the dead letters) naming the field and its value, without cutline's traceback."""
+    """A column read as text (``'3'``, ``'4'``) must not sum to ``'34'``: known as text when
+    the job is built, the sum is refused then; after an operator that may change the records
+    (nothing known), the record fails (or goes to the dead letters) naming the field and its
+    value, without cutline's traceback."""
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.csv").write_text("user,value\nu3,3\nu3,4\nu9,abc\n")
     env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck"), restart_attempts=0)
     with pytest.warns(InputWarning, match="value"):
-        env.read_csv(tmp_path / "in").key_by("user").sum("value").collect()
+        stream = env.read_csv(tmp_path / "in")
+    with pytest.raises(ValueError, match=r"sum\('value'\): column 'value' is string, but sum"):
+        stream.key_by("user").sum("value")
+    stream.map(dict).key_by("user").sum("value").collect()
     with pytest.raises(JobFailedError) as info:
         env.execute(launcher=ThreadLauncher(), progress=False)
     assert "sum(value)" in str(info.value)

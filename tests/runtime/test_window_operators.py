@@ -275,12 +275,7 @@ def test_late_records_nobody_reads_are_counted_and_let_go(
     objects and Arrow buffers) where it was, and each is counted."""
     import tracemalloc
 
-    assigner: Tumbling | Sliding | Session = {
-        "tumbling": Tumbling(1000),
-        "sliding": Sliding(2000, every=1000),
-        "session": Session(gap=100),
-    }[windows]
-    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    logic = counting(windows)
     ctx = OperatorContext(
         name="window",
         subtask=0,
@@ -344,12 +339,7 @@ def test_late_counts_are_carried_by_a_restore_once_whatever_the_parallelism(
     """Each subtask's count of late records goes into its checkpoint; a restore at another
     parallelism gives each old subtask's count to the one new subtask that owns its first key
     group, so the operator's total goes on from where it was, each record counted once."""
-    assigner: Tumbling | Sliding | Session = {
-        "tumbling": Tumbling(1000),
-        "sliding": Sliding(2000, every=1000),
-        "session": Session(gap=100),
-    }[windows]
-    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    logic = counting(windows)
     job = Job(logic, backend, before)
     job.process([{"user": f"u{i}", "ts": 10_000, "n": 1} for i in range(20)], arrow=True)
     job.watermark(1_000_000)
@@ -411,3 +401,14 @@ def test_an_offset_not_less_than_the_period_is_refused_naming_the_one_that_works
         Sliding("10 min", every="1 min", offset="1 min")
     assert str(Tumbling("1 d", offset="5h")) == "Tumbling(24h, offset=5h)"
     assert str(Tumbling("1 d")) == "Tumbling(24h)"  # (an operator's id is made from it)
+
+
+def counting(windows: str) -> WindowLogic:
+    """A count per user of ``windows`` (``tumbling``: 1 s, ``sliding``: 2 s every 1 s,
+    ``session``: gap 100 ms) on the integer times of ``ts``."""
+    assigner: Tumbling | Sliding | Session = {
+        "tumbling": Tumbling(1000),
+        "sliding": Sliding(2000, every=1000),
+        "session": Session(gap=100),
+    }[windows]
+    return WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))

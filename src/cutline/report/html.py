@@ -27,6 +27,13 @@ from cutline.report.data import (
     human_utc,
     read_directory,
 )
+from cutline.report.event_time import (
+    event_rates,
+    human_rate,
+    shown_checkpoint,
+    timed,
+    watermark_figure,
+)
 from cutline.report.figures import checkpoint_figure, history_figure, inline_svg
 from cutline.runtime.checkpoint.stats import (
     STATS_FOLDER,
@@ -290,32 +297,36 @@ def _restart_table(history: History, timeline: Timeline) -> str:
 
 
 def _event_time_section(history: History) -> str:
-    """Each operator's watermark at the newest checkpoint that has one, how far it was behind
-    the checkpoint's trigger, its open windows, timers and late records; and the watermark's
-    lag at every checkpoint."""
-    timed = [c for c in history.checkpoints if c.completed and (c.watermarks() or c.event_time())]
-    if not timed:
+    """Each operator's watermark at the newest checkpoint taken before the input ended, how
+    far it was behind that checkpoint's trigger and how fast event time went, its open
+    windows, timers and late records; the watermarks over the run (a figure); and at every
+    checkpoint the lag, the slowest rate and the late records per operator."""
+    checkpoints = timed(history)
+    if not checkpoints:
         return ""
-    latest = timed[-1]
-    watermarks, figures = latest.watermarks(), latest.event_time()
+    shown = shown_checkpoint(checkpoints)
+    rates = event_rates(checkpoints)
+    watermarks, figures = shown.watermarks(), shown.event_time()
     rows = []
     for uid in sorted(set(watermarks) | set(figures)):
         watermark = watermarks.get(uid)
+        rate = rates.get(shown.checkpoint_id, {}).get(uid)
         if watermark is None:
-            shown, behind = "-", "-"
+            when, behind = "-", "-"
         elif watermark >= MAX_WATERMARK:
-            shown, behind = "end of input", "-"
+            when, behind = "end of input", "-"
         else:
-            shown = human_utc(watermark / 1000)
-            behind = human_seconds(max(0.0, latest.trigger_time - watermark / 1000))
+            when = human_utc(watermark / 1000)
+            behind = human_seconds(max(0.0, shown.trigger_time - watermark / 1000))
         found = figures.get(uid, {})
         rows.append(
             (
                 "",
                 [
                     f"<td><code>{_e(uid)}</code></td>",
-                    _td(shown),
+                    _td(when),
                     _td(behind, number=True),
+                    _td(human_rate(rate) if rate is not None else "-", number=True),
                     *(
                         _td(f"{found[k]:,}" if k in found else "-", number=True)
                         for k in ("windows", "timers", "late")
@@ -323,16 +334,14 @@ def _event_time_section(history: History) -> str:
                 ],
             )
         )
-    table = _table(
-        ["operator", "watermark", "behind its trigger", "open windows", "timers", "late records"],
-        rows,
-        "event-time-table",
-    )
+    headers = ["operator", "watermark", "behind its trigger", "event time per second"]
+    table = _table([*headers, "open windows", "timers", "late records"], rows, "event-time-table")
     lags = []
-    for stats in timed:
+    for stats in checkpoints:
         lag = [
             stats.trigger_time - w / 1000 for w in stats.watermarks().values() if w < MAX_WATERMARK
         ]
+        slowest = min(rates.get(stats.checkpoint_id, {}).values(), default=None)
         late = ", ".join(
             f"{uid} {f['late']:,}" for uid, f in sorted(stats.event_time().items()) if f.get("late")
         )
@@ -341,21 +350,34 @@ def _event_time_section(history: History) -> str:
                 "",
                 [
                     _td(stats.checkpoint_id, number=True),
-                    _td(human_seconds(max(0.0, *lag)) if lag else "-", number=True),
+                    _td(human_seconds(max(0.0, *lag)) if lag else "end of input", number=True),
+                    _td(human_rate(slowest) if slowest is not None else "-", number=True),
                     _td(late or "-"),
                 ],
             )
         )
     history_table = _table(
-        ["checkpoint", "watermark furthest behind", "late records so far"], lags, "lag-table"
+        [
+            "checkpoint",
+            "watermark furthest behind",
+            "slowest event time per second",
+            "late records so far",
+        ],
+        lags,
+        "lag-table",
     )
+    figure = inline_svg(lambda: watermark_figure(history), "watermarks")
+    ended = " (the input ended after it)" if shown is not checkpoints[-1] else ""
     return (
         '<section id="event-time"><h2>Event time</h2>'
-        f'<p class="note">At checkpoint {_e(latest.checkpoint_id)}, the newest with event time: '
-        "each operator's watermark (the least of its subtasks'), how far it was behind the "
-        "wall clock when the checkpoint was triggered, and its windows, timers and late records "
-        "(records too late for their windows, sent to the side output; per window operator, "
-        f"counted since the job started).</p>{table}{history_table}</section>"
+        f'<p class="note">At checkpoint {_e(shown.checkpoint_id)}{_e(ended)}: each '
+        "operator's watermark (the least of its subtasks'), how far it was behind the wall "
+        "clock when the checkpoint was triggered (how late a live stream is; for replayed "
+        "input, how old the data is), how much event time it went through per second of wall "
+        "clock since the checkpoint before (replayed input: how fast the job reads it; a live "
+        "stream: about 1 s/s), and its windows, timers and late records (records too late for "
+        "their windows, sent to the side output; per window operator, counted since the job "
+        f"started).</p>{table}<figure>{figure}</figure>{history_table}</section>"
     )
 
 

@@ -77,13 +77,7 @@ class ColumnarSessionOperator(WindowOperator):
             taken.extra["sessions"] = self.rows
         return taken
 
-    def process(self, batch: Batch) -> Batch | None:
-        if not len(batch):
-            return None
-        prepared = self._prepare(batch)
-        if prepared is None:
-            return None
-        batch, ts = prepared
+    def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
         gap, kind = self.gap, self.aggregation.kind
         if (
             isinstance(batch, pa.RecordBatch)
@@ -91,12 +85,10 @@ class ColumnarSessionOperator(WindowOperator):
             and self._vectorizable(batch)
         ):
             assert isinstance(self.key, str)
-            on_time = in_time(ts + gap, self.lateness, self.watermark)
-            self._note_late(batch, np.arange(len(ts)), on_time)
-            if not on_time.any():
+            kept = self._sessions_on_time(batch, ts, gap)
+            if kept is None:
                 return None
-            if not on_time.all():
-                batch, ts = batch.filter(pa.array(on_time)), ts[on_time]
+            batch, ts = kept
             keys = batch.column(self.key)
             values = None
             if kind != "count":

@@ -145,13 +145,7 @@ class ColumnarWindowOperator(WindowOperator):
 
     # ---------------------------------------------------------------- records
 
-    def process(self, batch: Batch) -> Batch | None:
-        if not len(batch):
-            return None
-        prepared = self._prepare(batch)
-        if prepared is None:
-            return None
-        batch, ts = prepared
+    def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
         if (
             isinstance(batch, pa.RecordBatch)
             and self.watermark >= self._ceiling

@@ -204,9 +204,11 @@ class WindowOperator(_Keyed):
         if not len(batch):
             return None
         prepared = self._prepare(batch)
-        if prepared is None:
-            return None
-        batch, ts = prepared
+        return None if prepared is None else self._records(*prepared)
+
+    def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
+        """Records with their timestamps (those without failed) into their windows; what
+        fires again (a fired window updated within the lateness)."""
         if (
             self.aggregation.kind in ("process", "process_batches")
             and not self._session
@@ -395,16 +397,27 @@ class WindowOperator(_Keyed):
         if self._keeps_late:
             self._late.append(records)
 
-    def _sessions_vectorized(self, batch: pa.RecordBatch, ts: np.ndarray) -> Batch | None:
-        assigner = self.assigner
-        assert isinstance(assigner, Session) and isinstance(self.key, str)
-        gap = assigner.gap
+    def _sessions_on_time(
+        self, batch: pa.RecordBatch, ts: np.ndarray, gap: int
+    ) -> tuple[pa.RecordBatch, np.ndarray] | None:
+        """The records whose own session is not past (the others late: counted, and to the
+        side output), and their timestamps; ``None``: none is."""
         on_time = in_time(ts + gap, self.lateness, self.watermark)
         self._note_late(batch, np.arange(len(ts)), on_time)
         if not on_time.any():
             return None
         if not on_time.all():
             batch, ts = batch.filter(pa.array(on_time)), ts[on_time]
+        return batch, ts
+
+    def _sessions_vectorized(self, batch: pa.RecordBatch, ts: np.ndarray) -> Batch | None:
+        assigner = self.assigner
+        assert isinstance(assigner, Session) and isinstance(self.key, str)
+        gap = assigner.gap
+        kept = self._sessions_on_time(batch, ts, gap)
+        if kept is None:
+            return None
+        batch, ts = kept
         kind = self.aggregation.kind
         values = None
         if kind != "count":
