@@ -43,6 +43,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        event_time_unit: str | None = None,
     ) -> DataStream:
         """The integers ``start, start+1, ...`` up to ``end`` (excluded; ``None``: unbounded), as
         records with one column.
@@ -64,7 +65,9 @@ class Sources(Dataflow):
         source = SequenceSource(start, end, column)
         what = name or "from_sequence"
         schema = source.record_schema()
-        time = _strategy(what, schema, event_time, max_out_of_orderness, idle_timeout)
+        time = _strategy(
+            what, schema, event_time, max_out_of_orderness, idle_timeout, event_time_unit
+        )
         reads = f"{start}..{end} as {column}"
         return self._source(source, "sequence", reads, name, rate_limit, time=time)
 
@@ -76,6 +79,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        event_time_unit: str | None = None,
         rate_limit: float | None = None,
         on_error: str = "fail",
     ) -> DataStream:
@@ -103,7 +107,9 @@ class Sources(Dataflow):
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
         schema = prepared.record_schema()
-        time = _strategy(what, schema, event_time, max_out_of_orderness, idle_timeout)
+        time = _strategy(
+            what, schema, event_time, max_out_of_orderness, idle_timeout, event_time_unit
+        )
         reads = f"{type(source).__module__}.{type(source).__qualname__} {source!r}"
         return self._source(prepared, label, reads, name, rate_limit, on_error, time=time)
 
@@ -119,6 +125,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        event_time_unit: str | None = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of Parquet files, as Arrow batches with one schema.
@@ -155,8 +162,10 @@ class Sources(Dataflow):
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
         :param event_time: the column holding each record's event time (an Arrow timestamp,
-            or integers of epoch milliseconds): the source then makes **watermarks**, per
-            split (a file), which windows and timers downstream fire on.
+            or integers of epoch milliseconds, or of ``event_time_unit``: ``"s"``,
+            ``"ms"``, ``"us"``, ``"ns"``; integers that look like seconds read as milliseconds
+            are warned about): the source then makes **watermarks**, per split (a file),
+            which windows and timers downstream fire on.
             ``max_out_of_orderness``: how late a record may come after a later one of its
             split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
             default 0). ``idle_timeout``: a split without records that long (processing
@@ -173,7 +182,7 @@ class Sources(Dataflow):
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore passes over exactly those.
         """
-        time = (event_time, max_out_of_orderness, idle_timeout)
+        time = (event_time, max_out_of_orderness, idle_timeout, event_time_unit)
         return self._files(
             path,
             "parquet",
@@ -203,6 +212,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        event_time_unit: str | None = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of CSV files, as Arrow batches with one schema.
@@ -270,8 +280,9 @@ class Sources(Dataflow):
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
         :param event_time: the column holding each record's event time (an Arrow timestamp,
-            or integers of epoch milliseconds): the source then makes **watermarks**, per
-            split (a file), which windows and timers downstream fire on.
+            or integers of epoch milliseconds, or of ``event_time_unit``, as for
+            :meth:`read_parquet`): the source then makes **watermarks**, per split (a file),
+            which windows and timers downstream fire on.
             ``max_out_of_orderness``: how late a record may come after a later one of its
             split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
             default 0). ``idle_timeout``: a split without records that long (processing
@@ -290,7 +301,7 @@ class Sources(Dataflow):
             null_values=tuple(null_values),
             column_names=tuple(column_names) if column_names is not None else None,
         )
-        time = (event_time, max_out_of_orderness, idle_timeout)
+        time = (event_time, max_out_of_orderness, idle_timeout, event_time_unit)
         return self._files(
             path,
             "csv",
@@ -316,6 +327,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        event_time_unit: str | None = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of JSON-lines files (one JSON object per line), as Arrow batches with
@@ -359,8 +371,9 @@ class Sources(Dataflow):
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
         :param event_time: the column holding each record's event time (an Arrow timestamp,
-            or integers of epoch milliseconds): the source then makes **watermarks**, per
-            split (a file), which windows and timers downstream fire on.
+            or integers of epoch milliseconds, or of ``event_time_unit``, as for
+            :meth:`read_parquet`): the source then makes **watermarks**, per split (a file),
+            which windows and timers downstream fire on.
             ``max_out_of_orderness``: how late a record may come after a later one of its
             split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
             default 0). ``idle_timeout``: a split without records that long (processing
@@ -371,7 +384,7 @@ class Sources(Dataflow):
         Replayable: the offset in each checkpoint is, per file, the lines consumed (handed
         out or rejected); a restore passes over exactly those.
         """
-        time = (event_time, max_out_of_orderness, idle_timeout)
+        time = (event_time, max_out_of_orderness, idle_timeout, event_time_unit)
         return self._files(
             path,
             "jsonl",
@@ -400,6 +413,7 @@ class Sources(Dataflow):
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = "10s",
+        event_time_unit: str | None = None,
         name: str | None = None,
         rate_limit: float | None = None,
         on_error: str = "fail",
@@ -455,7 +469,9 @@ class Sources(Dataflow):
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
         idle = idle_timeout if event_time is not None else None
-        strategy = _strategy(what, prepared.record_schema(), event_time, max_out_of_orderness, idle)
+        strategy = _strategy(
+            what, prepared.record_schema(), event_time, max_out_of_orderness, idle, event_time_unit
+        )
         reads = f"kafka {list(names)} value_format={value_format!r} schema={schema!r}"
         return self._source(
             prepared, "read_kafka", reads, name, rate_limit, on_error, time=strategy
@@ -471,7 +487,7 @@ class Sources(Dataflow):
         rate_limit: float | None,
         csv: CsvOptions | None = None,
         *,
-        time: tuple[str | None, Any, Any] = (None, 0, None),
+        time: tuple[str | None, Any, Any, str | None] = (None, 0, None, None),
         columns: Sequence[str] | None = None,
         monitor: Any = None,
     ) -> DataStream:
@@ -573,16 +589,21 @@ def _projection(what: str, path: Any, schema: pa.Schema, columns: tuple[str, ...
 
 
 def _strategy(
-    what: str, schema: pa.Schema | None, event_time: str | None, bound: Any, idle: Any
+    what: str,
+    schema: pa.Schema | None,
+    event_time: str | None,
+    bound: Any,
+    idle: Any,
+    unit: str | None = None,
 ) -> WatermarkStrategy | None:
     """The watermark strategy of a source (``None`` without ``event_time``): the column must
     be one of ``schema``'s, a timestamp or integers (``schema=None``: not known before the
     records come, which then say)."""
     if event_time is None:
-        if bound not in (0, None) or idle is not None:
+        if bound not in (0, None) or idle is not None or unit is not None:
             raise ValueError(
-                f"{what}: max_out_of_orderness= and idle_timeout= need event_time= (the column "
-                "of each record's event time)"
+                f"{what}: max_out_of_orderness=, idle_timeout= and event_time_unit= need "
+                "event_time= (the column of each record's event time)"
             )
         return None
     if not isinstance(event_time, str) or not event_time:
@@ -590,7 +611,10 @@ def _strategy(
     bound_ms = duration_ms(bound or 0, f"{what}: max_out_of_orderness", zero=True)
     idle_s = None if idle is None else duration_ms(idle, f"{what}: idle_timeout") / 1000
     if schema is None:
-        return WatermarkStrategy(EventTime(event_time), bound_ms, idle_s)
+        try:
+            return WatermarkStrategy(EventTime(event_time, unit=unit), bound_ms, idle_s)
+        except EventTimeError as exc:
+            raise EventTimeError(f"{what}: {exc}") from None
     index = schema.get_field_index(event_time)
     if index < 0:
         raise EventTimeError(
@@ -598,7 +622,7 @@ def _strategy(
             f"{', '.join(schema.names) or 'none'})"
         )
     try:
-        column = EventTime(event_time, 0, schema.field(index).type)
+        column = EventTime(event_time, 0, schema.field(index).type, unit)
     except EventTimeError as exc:
         raise EventTimeError(f"{what}: {exc}") from None
     return WatermarkStrategy(column, bound_ms, idle_s)

@@ -46,7 +46,7 @@ from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregatio
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.output import LATE
-from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
+from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkStrategy
 from cutline.runtime.graph import Edge, GraphError, JobGraph, Operator
 from cutline.runtime.io.sinks import CollectSink, FileSink
@@ -244,13 +244,15 @@ class DataStream(_Operators, Outputs):
         *,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
+        event_time_unit: str | None = None,
         name: str | None = None,
     ) -> DataStream:
         """This stream's records with event time, and watermarks made from it (for a stream
         after a ``map``; a source takes ``event_time=`` instead, per split).
 
         :param column_or_fn: the column holding the event time (an Arrow timestamp, a
-            ``datetime`` or integers of epoch milliseconds), or a function of the record that
+            ``datetime`` or integers of epoch milliseconds, or of ``event_time_unit``), or a
+            function of the record that
             returns it (records must be dicts: it is stored in their ``event_time`` field).
         :param max_out_of_orderness: how late a record may come after a later one (a duration:
             ``"2s"``, a ``timedelta`` or milliseconds). Each subtask makes its own watermarks
@@ -273,14 +275,20 @@ class DataStream(_Operators, Outputs):
                 f"{type(column_or_fn).__name__}"
             )
         idle = None if idle_timeout is None else duration_ms(idle_timeout, f"{what}: idle_timeout")
-        strategy = WatermarkStrategy(
-            EventTime(column), bound, None if idle is None else idle / 1000
-        )
-        if fn is None:
-            has_column(self.schema, column, what)
-            if self.schema is not None:
-                typed = EventTime(column, 0, self.schema.field(column).type)
-                strategy = WatermarkStrategy(typed, strategy.bound, strategy.idle_timeout)
+        try:
+            strategy = WatermarkStrategy(
+                EventTime(column, unit=event_time_unit),
+                bound,
+                None if idle is None else idle / 1000,
+            )
+            if fn is None:
+                has_column(self.schema, column, what)
+                if self.schema is not None:
+                    found = self.schema.field(column).type
+                    typed = EventTime(column, 0, found, event_time_unit)
+                    strategy = WatermarkStrategy(typed, strategy.bound, strategy.idle_timeout)
+        except EventTimeError as exc:
+            raise EventTimeError(f"{what}: {exc}") from None
         stream = self.transform(label, AssignTimestampsLogic(strategy, fn), name=name)
         stream.event_time = strategy.event_time
         stream.schema = self.schema if fn is None else None
@@ -492,6 +500,20 @@ class KeyedStream(_Operators):
                 "event_time='column' (and max_out_of_orderness=...), or call "
                 "assign_timestamps(...) on the stream before key_by"
             )
+        if event_time.unit == "s":
+            lengths = {"size": getattr(assigner, "size", 0), "every": getattr(assigner, "every", 0)}
+            lengths |= {
+                "offset": getattr(assigner, "offset", 0),
+                "gap": getattr(assigner, "gap", 0),
+            }
+            uneven = {k: v for k, v in lengths.items() if v % 1000}
+            if uneven:
+                name, value = next(iter(uneven.items()))
+                raise ValueError(
+                    f"window({assigner}): its {name} ({value} ms) is no whole number of seconds, "
+                    f"the unit of the times of {event_time.column!r} (event_time_unit='s'): "
+                    "window_start and window_end could not say it"
+                )
         return WindowedStream(self, assigner, event_time, lateness)
 
 
@@ -608,7 +630,7 @@ class WindowedStream:
         label = f"window({self.assigner}{clock}).{what}"
         stream = keyed.transform(label, logic, name=name, on_error=on_error)
         # results carry event time window_end - 1 (Flink's): a second window regroups them
-        result_time = EventTime("window_end", -1, self.event_time.type)
+        result_time = EventTime("window_end", -1, self.event_time.type, self.event_time.unit)
         schema = None
         if aggregation.builtin:
             schema = window_result_schema(
@@ -645,10 +667,13 @@ def _common_time(times: list[EventTime | None]) -> EventTime | None:
     if any(t is None for t in times):
         return None
     found = [t for t in times if t is not None]
-    if len({(t.column, t.offset) for t in found}) != 1:
+    if len({(t.column, t.offset, t.unit) for t in found}) != 1:
         return None
     types = {t.type for t in found if t.type is not None}
-    return EventTime(found[0].column, found[0].offset, types.pop() if len(types) == 1 else None)
+    first = found[0]
+    return EventTime(
+        first.column, first.offset, types.pop() if len(types) == 1 else None, first.unit
+    )
 
 
 def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:

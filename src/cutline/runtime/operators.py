@@ -450,6 +450,7 @@ class _AssignTimestamps(RunningOperator):
         self.clock.split_added("records")
         self._pending: int | None = None
         self._status: bool | None = None
+        self._unit_checked = False
 
     def _take_actions(self, actions: list[Any]) -> None:
         for action in actions:
@@ -494,6 +495,11 @@ class _AssignTimestamps(RunningOperator):
         if len(values):
             now = time.time()
             self._take_actions(self.clock.records("records", int(values.max()), now))
+            if not self._unit_checked:
+                self._unit_checked = True
+                said = event_time.seconds_like(values)
+                if said is not None and self.ctx.warn is not None:
+                    self.ctx.warn(f"{self.ctx.name}: {said}")
         return batch
 
     def on_watermark(self, watermark: int) -> Batch | None:

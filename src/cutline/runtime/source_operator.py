@@ -76,6 +76,8 @@ class SourceOperator:
         """Watermark actions made since the subtask last took them (:meth:`take_watermarks`)."""
         self.wait = 0.0
         """How long to wait before the next read (the reader had nothing)."""
+        self._unit_checked = False
+        """Whether the first event times were looked at (seconds read as milliseconds?)."""
         if strategy is not None:
             self.generator = SplitWatermarks(
                 strategy.bound, strategy.idle_timeout, bounded=source.bounded
@@ -119,6 +121,11 @@ class SourceOperator:
                     if len(values):
                         highest = int(values.max())
                         self.watermarks += self.generator.records(key, highest, time.monotonic())
+                        if not self._unit_checked:
+                            self._unit_checked = True
+                            said = self.strategy.event_time.seconds_like(values)
+                            if said is not None:
+                                self._warn(f"source {self.name}: {said}")
                 return batch if len(batch) else None
             case Finished(split=split):
                 self._finish(split)
@@ -259,7 +266,9 @@ class SourceOperator:
                 split,
                 column.column,
             )
-            if lowest is not None:
+            if lowest is not None and column.unit not in (None, "ms") and column.integers:
+                return int(lowest * column.per_unit)  # (the reader read integers as ms)
+            if lowest is not None and (column.unit in (None, "ms") or column.type is not None):
                 return int(lowest)
         head = self._call(f"read the head of split {split!r}", self.reader.head, split)
         if head is None or not len(head):

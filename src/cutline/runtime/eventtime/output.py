@@ -3,6 +3,7 @@ event-time column's type) and the result; and the side output of late records.""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from typing import Any
 
@@ -11,7 +12,6 @@ import pyarrow as pa
 
 from cutline.runtime.eventtime.assigners import Window
 from cutline.runtime.eventtime.spec import WindowSpec
-from cutline.runtime.eventtime.timestamps import EventTime
 from cutline.runtime.operators import Batch, OperatorContext
 
 LATE = "late"
@@ -27,7 +27,7 @@ def window_results(
     """The output records of fired windows ``(key, start, end, accumulator)``: a built-in's as
     one Arrow batch; a user's function's as records (its failures go to ``ctx.fail``)."""
     aggregation, key_column = logic.aggregation, logic.key_column
-    event_time = EventTime(logic.event_time.column, 0, time_type)
+    event_time = dataclasses.replace(logic.event_time, offset=0, type=time_type)
     if aggregation.builtin:
         return builtin_batch(
             logic,
@@ -78,7 +78,7 @@ def builtin_batch(
 ) -> pa.RecordBatch:
     """The results of a built-in aggregate: the key, ``window_start`` and ``window_end`` (in
     the event-time column's type) and the result."""
-    event_time = EventTime(logic.event_time.column, 0, time_type)
+    event_time = dataclasses.replace(logic.event_time, offset=0, type=time_type)
     if isinstance(values, np.ndarray) and values.dtype == object:
         values = values.tolist()  # (Python ints beyond int64)
     return pa.record_batch(

@@ -53,7 +53,6 @@ _UNITS = {
     "days": 86_400_000,
 }
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*")
-_PER_MS = {"s": 1000, "ms": 1, "us": 1 / 1000, "ns": 1 / 1_000_000}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -111,20 +110,67 @@ def check_time_type(column: str, type_: pa.DataType) -> None:
         )
 
 
+UNITS = {"s": 1000.0, "ms": 1.0, "us": 1 / 1000, "ns": 1 / 1_000_000}
+"""The units integer times may count (``event_time_unit=``), in milliseconds each."""
+SECONDS_LIKE = (10**8, 10**11)
+"""Integers in this range read as epoch milliseconds fall in 1970-1973; as seconds, in 1973
+to 5138: times that look like seconds (a warning says so when no unit was given)."""
+
+
 @dataclass(frozen=True)
 class EventTime:
     """Where a record's event time is: column ``column``, plus ``offset`` milliseconds (a
     window's results carry ``window_end - 1``: ``EventTime("window_end", -1)``); ``type`` is
     the column's Arrow type when known when the job is built (``None``: found from the
-    records)."""
+    records); ``unit`` what integer times count (``s``, ``ms``, ``us``, ``ns``; ``None``:
+    milliseconds, as nobody said)."""
 
     column: str
     offset: int = 0
     type: pa.DataType | None = None
+    unit: str | None = None
 
     def __post_init__(self) -> None:
+        if self.unit is not None and self.unit not in UNITS:
+            raise EventTimeError(
+                f"event_time_unit={self.unit!r}: use 's', 'ms', 'us' or 'ns' (what the integer "
+                f"times of {self.column!r} count since the epoch)"
+            )
         if self.type is not None:
             check_time_type(self.column, self.type)
+            if self.unit is not None and not pa.types.is_integer(self.type):
+                raise EventTimeError(
+                    f"event_time_unit={self.unit!r} is for integer times: the column "
+                    f"{self.column!r} is {self.type}, which says its unit itself"
+                )
+
+    @property
+    def integers(self) -> bool:
+        """Whether the column is known to hold integers (counting :attr:`unit`)."""
+        return self.type is not None and pa.types.is_integer(self.type)
+
+    @property
+    def per_unit(self) -> float:
+        """Milliseconds in one unit of the integer times."""
+        return UNITS[self.unit or "ms"]
+
+    def seconds_like(self, values: np.ndarray) -> str | None:
+        """What to say when ``values`` (integer times read as milliseconds, no unit given)
+        look like seconds (:data:`SECONDS_LIKE`): windows in 1970; else ``None``."""
+        if self.unit is not None or not len(values):
+            return None
+        if self.type is not None and not pa.types.is_integer(self.type):
+            return None
+        highest = int(values.max()) - self.offset
+        low, high = SECONDS_LIKE
+        if not low <= highest < high:
+            return None
+        when = (_EPOCH + dt.timedelta(milliseconds=highest)).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return (
+            f"event_time={self.column!r} holds integers like {highest}, read as epoch "
+            f"milliseconds: {when}; if they count seconds, give event_time_unit='s' (or "
+            "event_time_unit='ms' to say they are milliseconds)"
+        )
 
     def timestamps(self, batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
         """The timestamps of ``batch`` (epoch ms, int64), and a mask of the records without one
@@ -167,6 +213,8 @@ class EventTime:
             column = pc.fill_null(column, pa.scalar(0, column.type))
         raw = column.cast(pa.int64()) if unit is not None else column
         values = np.asarray(raw.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
+        if unit is None and self.unit not in (None, "ms"):
+            unit = self.unit  # (integers counting another unit)
         if unit == "s":
             values = values * 1000
         elif unit == "us":
@@ -184,7 +232,7 @@ class EventTime:
         if isinstance(value, bool):
             raise self._bad(type(value).__name__)
         if isinstance(value, int | np.integer):
-            return int(value) + self.offset
+            return int(int(value) * self.per_unit) + self.offset
         if isinstance(value, dt.datetime):
             aware = value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
             return (aware - _EPOCH) // dt.timedelta(milliseconds=1) + self.offset
@@ -201,20 +249,25 @@ class EventTime:
         array = np.asarray(values, dtype=np.int64)
         type_ = self.type
         if type_ is None or pa.types.is_integer(type_):
+            if self.unit not in (None, "ms"):
+                array = _from_ms(array, str(self.unit))
             return pa.array(array, pa.int64()).cast(type_ or pa.int64())
         unit = str(type_.unit)
-        if unit == "s":
-            array = array // 1000
-        elif unit == "us":
-            array = array * 1000
-        elif unit == "ns":
-            array = array * 1_000_000
+        if unit != "ms":
+            array = _from_ms(array, unit)
         return pa.array(array, pa.int64()).cast(type_)
 
     def to_value(self, ms: int) -> Any:
         """One timestamp as a record's field: a ``datetime`` for a timestamp column, else ms."""
         type_ = self.type
         if type_ is None or pa.types.is_integer(type_):
-            return ms
+            return ms if self.unit in (None, "ms") else int(_from_ms(np.array([ms]), self.unit)[0])
         stamp = _EPOCH + dt.timedelta(milliseconds=ms)
         return stamp if getattr(type_, "tz", None) else stamp.replace(tzinfo=None)
+
+
+def _from_ms(array: np.ndarray, unit: str) -> np.ndarray:
+    """Epoch milliseconds as integers of ``unit``."""
+    if unit == "s":
+        return array // 1000
+    return array * (1000 if unit == "us" else 1_000_000)
