@@ -112,7 +112,9 @@ def test_a_unit_that_cannot_be_is_refused_when_the_job_is_built(tmp_path: Path) 
         EventTimeError, match=r"is for integer times: the column 'ts' is timestamp\[ms\]"
     ):
         env.read_parquet(tmp_path / "t.parquet", event_time="ts", event_time_unit="s")
-    with pytest.raises(ValueError, match=r"event_time_unit= need event_time="):
+    with pytest.raises(
+        ValueError, match=r"event_time_unit= and max_watermark_jump= need event_time="
+    ):
         env.read_parquet(tmp_path / "in", event_time_unit="s")
     seconds = env.read_parquet(tmp_path / "in", event_time="at", event_time_unit="s").key_by("user")
     with pytest.raises(ValueError, match=r"its size \(500 ms\) is no whole number of seconds"):

@@ -44,6 +44,7 @@ class Sources(Dataflow):
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
+        max_watermark_jump: Any = None,
     ) -> DataStream:
         """The integers ``start, start+1, ...`` up to ``end`` (excluded; ``None``: unbounded), as
         records with one column.
@@ -66,7 +67,13 @@ class Sources(Dataflow):
         what = name or "from_sequence"
         schema = source.record_schema()
         time = _strategy(
-            what, schema, event_time, max_out_of_orderness, idle_timeout, event_time_unit
+            what,
+            schema,
+            event_time,
+            max_out_of_orderness,
+            idle_timeout,
+            event_time_unit,
+            max_watermark_jump,
         )
         reads = f"{start}..{end} as {column}"
         return self._source(source, "sequence", reads, name, rate_limit, time=time)
@@ -80,6 +87,7 @@ class Sources(Dataflow):
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
+        max_watermark_jump: Any = None,
         rate_limit: float | None = None,
         on_error: str = "fail",
     ) -> DataStream:
@@ -108,7 +116,13 @@ class Sources(Dataflow):
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
         schema = prepared.record_schema()
         time = _strategy(
-            what, schema, event_time, max_out_of_orderness, idle_timeout, event_time_unit
+            what,
+            schema,
+            event_time,
+            max_out_of_orderness,
+            idle_timeout,
+            event_time_unit,
+            max_watermark_jump,
         )
         reads = f"{type(source).__module__}.{type(source).__qualname__} {source!r}"
         return self._source(prepared, label, reads, name, rate_limit, on_error, time=time)
@@ -126,6 +140,7 @@ class Sources(Dataflow):
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
+        max_watermark_jump: Any = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of Parquet files, as Arrow batches with one schema.
@@ -165,7 +180,11 @@ class Sources(Dataflow):
             or integers of epoch milliseconds, or of ``event_time_unit``: ``"s"``,
             ``"ms"``, ``"us"``, ``"ns"``; integers that look like seconds read as milliseconds
             are warned about): the source then makes **watermarks**, per split (a file),
-            which windows and timers downstream fire on.
+            which windows and timers downstream fire on. ``max_watermark_jump`` (a
+            duration; default: any): a record whose time is more than that ahead of its
+            split's latest (one from the year 9999 among today's) is warned about, or, with
+            ``on_error="dead_letter"``, sent to the dead letters, so it never moves the
+            watermark (and makes the rest late).
             ``max_out_of_orderness``: how late a record may come after a later one of its
             split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
             default 0). ``idle_timeout``: a split without records that long (processing
@@ -182,7 +201,13 @@ class Sources(Dataflow):
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore passes over exactly those.
         """
-        time = (event_time, max_out_of_orderness, idle_timeout, event_time_unit)
+        time = (
+            event_time,
+            max_out_of_orderness,
+            idle_timeout,
+            event_time_unit,
+            max_watermark_jump,
+        )
         return self._files(
             path,
             "parquet",
@@ -213,6 +238,7 @@ class Sources(Dataflow):
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
+        max_watermark_jump: Any = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of CSV files, as Arrow batches with one schema.
@@ -301,7 +327,13 @@ class Sources(Dataflow):
             null_values=tuple(null_values),
             column_names=tuple(column_names) if column_names is not None else None,
         )
-        time = (event_time, max_out_of_orderness, idle_timeout, event_time_unit)
+        time = (
+            event_time,
+            max_out_of_orderness,
+            idle_timeout,
+            event_time_unit,
+            max_watermark_jump,
+        )
         return self._files(
             path,
             "csv",
@@ -328,6 +360,7 @@ class Sources(Dataflow):
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
+        max_watermark_jump: Any = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of JSON-lines files (one JSON object per line), as Arrow batches with
@@ -384,7 +417,13 @@ class Sources(Dataflow):
         Replayable: the offset in each checkpoint is, per file, the lines consumed (handed
         out or rejected); a restore passes over exactly those.
         """
-        time = (event_time, max_out_of_orderness, idle_timeout, event_time_unit)
+        time = (
+            event_time,
+            max_out_of_orderness,
+            idle_timeout,
+            event_time_unit,
+            max_watermark_jump,
+        )
         return self._files(
             path,
             "jsonl",
@@ -414,6 +453,7 @@ class Sources(Dataflow):
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = "10s",
         event_time_unit: str | None = None,
+        max_watermark_jump: Any = None,
         name: str | None = None,
         rate_limit: float | None = None,
         on_error: str = "fail",
@@ -470,7 +510,13 @@ class Sources(Dataflow):
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
         idle = idle_timeout if event_time is not None else None
         strategy = _strategy(
-            what, prepared.record_schema(), event_time, max_out_of_orderness, idle, event_time_unit
+            what,
+            prepared.record_schema(),
+            event_time,
+            max_out_of_orderness,
+            idle,
+            event_time_unit,
+            max_watermark_jump,
         )
         reads = f"kafka {list(names)} value_format={value_format!r} schema={schema!r}"
         return self._source(
@@ -487,7 +533,7 @@ class Sources(Dataflow):
         rate_limit: float | None,
         csv: CsvOptions | None = None,
         *,
-        time: tuple[str | None, Any, Any, str | None] = (None, 0, None, None),
+        time: tuple[str | None, Any, Any, str | None, Any] = (None, 0, None, None, None),
         columns: Sequence[str] | None = None,
         monitor: Any = None,
     ) -> DataStream:
@@ -595,24 +641,26 @@ def _strategy(
     bound: Any,
     idle: Any,
     unit: str | None = None,
+    jump: Any = None,
 ) -> WatermarkStrategy | None:
     """The watermark strategy of a source (``None`` without ``event_time``): the column must
     be one of ``schema``'s, a timestamp or integers (``schema=None``: not known before the
     records come, which then say)."""
     if event_time is None:
-        if bound not in (0, None) or idle is not None or unit is not None:
+        if bound not in (0, None) or idle is not None or unit is not None or jump is not None:
             raise ValueError(
-                f"{what}: max_out_of_orderness=, idle_timeout= and event_time_unit= need "
-                "event_time= (the column of each record's event time)"
+                f"{what}: max_out_of_orderness=, idle_timeout=, event_time_unit= and "
+                "max_watermark_jump= need event_time= (the column of each record's event time)"
             )
         return None
     if not isinstance(event_time, str) or not event_time:
         raise ValueError(f"{what}: event_time must be a column name, not {event_time!r}")
     bound_ms = duration_ms(bound or 0, f"{what}: max_out_of_orderness", zero=True)
     idle_s = None if idle is None else duration_ms(idle, f"{what}: idle_timeout") / 1000
+    most = None if jump is None else duration_ms(jump, f"{what}: max_watermark_jump")
     if schema is None:
         try:
-            return WatermarkStrategy(EventTime(event_time, unit=unit), bound_ms, idle_s)
+            return WatermarkStrategy(EventTime(event_time, unit=unit), bound_ms, idle_s, most)
         except EventTimeError as exc:
             raise EventTimeError(f"{what}: {exc}") from None
     index = schema.get_field_index(event_time)
@@ -625,4 +673,4 @@ def _strategy(
         column = EventTime(event_time, 0, schema.field(index).type, unit)
     except EventTimeError as exc:
         raise EventTimeError(f"{what}: {exc}") from None
-    return WatermarkStrategy(column, bound_ms, idle_s)
+    return WatermarkStrategy(column, bound_ms, idle_s, most)

@@ -15,11 +15,15 @@ outcome, gives a position that cannot be pickled) fails the subtask with a
 
 from __future__ import annotations
 
+import datetime as dt
 import pickle
 import time
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, assert_never
+
+import numpy as np
+import pyarrow as pa
 
 from cutline.connectors.source import (
     Finished,
@@ -42,7 +46,7 @@ from cutline.protocol.splits import (
 )
 from cutline.protocol.watermarks import SplitWatermarks, WatermarkAction, lowest_after
 from cutline.runtime.eventtime.timestamps import EventTimeError
-from cutline.runtime.eventtime.watermarks import WatermarkStrategy
+from cutline.runtime.eventtime.watermarks import WatermarkStrategy, jumps
 
 SOURCE_STATE = 2
 """The format of a source subtask's state: ``{"format": 2, "splits": {id: SplitState}}``."""
@@ -77,6 +81,10 @@ class SourceOperator:
         self.wait = 0.0
         """How long to wait before the next read (the reader had nothing)."""
         self._unit_checked = False
+        self._latest: dict[str, int] = {}
+        """Per split (of event time), the latest time read, this attempt."""
+        self._jumped: set[str] = set()
+        """The splits whose jumps were warned about."""
         """Whether the first event times were looked at (seconds read as milliseconds?)."""
         if strategy is not None:
             self.generator = SplitWatermarks(
@@ -118,8 +126,11 @@ class SourceOperator:
                         values = self.strategy.event_time.present(batch)
                     except EventTimeError as exc:
                         raise SourceError(f"source {self.name}: {exc}") from None
+                    if self.strategy.max_jump is not None and len(values):
+                        batch, values = self._without_jumps(key, batch, split)
                     if len(values):
                         highest = int(values.max())
+                        self._latest[key] = max(highest, self._latest.get(key, highest))
                         self.watermarks += self.generator.records(key, highest, time.monotonic())
                         if not self._unit_checked:
                             self._unit_checked = True
@@ -137,6 +148,46 @@ class SourceOperator:
             f"source {self.name}: its reader's read() returned {outcome!r}, not Records, "
             "Nothing or Finished (cutline.connectors)"
         )
+
+    def _without_jumps(self, key: str, batch: Any, split: str | None) -> tuple[Any, Any]:
+        """The batch without the records whose time jumps more than ``max_watermark_jump``
+        ahead of their split (:func:`~cutline.runtime.eventtime.watermarks.jumps`), which go
+        to the dead letters (``on_error="dead_letter"``); else all of it, and a warning, once
+        per split. Returns the batch and its present times."""
+        strategy = self.strategy
+        assert strategy is not None and strategy.max_jump is not None
+        times, missing = strategy.event_time.timestamps(batch)
+        present = np.ones(len(times), dtype=bool) if missing is None else ~missing
+        jumped = np.zeros(len(times), dtype=bool)
+        jumped[present] = jumps(times[present], self._latest.get(key), strategy.max_jump)
+        if not jumped.any():
+            return batch, times[present]
+        where = f"split {split}" if split is not None else "its records"
+        latest = self._latest.get(key)
+        since = "the others of its batch" if latest is None else f"its latest ({_utc(latest)})"
+        first = int(times[jumped].min())
+        why = (
+            f"event time {_utc(first)} jumps more than max_watermark_jump="
+            f"{strategy.max_jump} ms ahead of {since}"
+        )
+        if self.context.rejected is None:
+            if key not in self._jumped:
+                self._jumped.add(key)
+                self._warn(
+                    f"source {self.name}: {where}: {int(jumped.sum())} record(s) whose {why}: "
+                    "the watermark follows them and later records may be late (on_error="
+                    "'dead_letter' sends such records to the dead letters instead)"
+                )
+            return batch, times[present]
+        records = batch.to_pylist() if isinstance(batch, pa.RecordBatch) else list(batch)
+        for index in np.flatnonzero(jumped).tolist():
+            self.context.rejected(records[index], f"{where}: {why}")
+        kept = ~jumped
+        if isinstance(batch, pa.RecordBatch):
+            batch = batch.filter(pa.array(kept))
+        else:
+            batch = [r for r, keep in zip(records, kept.tolist(), strict=True) if keep]
+        return batch, times[kept & present]
 
     def take_watermarks(self) -> list[WatermarkAction]:
         taken, self.watermarks = self.watermarks, []
@@ -338,3 +389,12 @@ def merge_source_states(states: Iterable[Any], name: str) -> dict[str, Any]:
     parallelism): every split's state, for the new subtasks to deal again."""
     merged = merge_split_states(source_split_states(s, name) for s in states)
     return {"format": SOURCE_STATE, "splits": merged}
+
+
+def _utc(ms: int) -> str:
+    """An event time for a message: its UTC date and time."""
+    try:
+        moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
+    except OverflowError:
+        return f"{ms} ms after the epoch"
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
