@@ -18,8 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from cutline.api.dataflow import Dataflow
 from cutline.api.settings import location, seconds
-from cutline.api.streams import Dataflow, DataStream
+from cutline.api.streams import DataStream
 from cutline.connectors.source import Source, SourceError
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkStrategy

@@ -34,13 +34,12 @@ import re
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 
 from cutline.api.columns import has_column, numeric_column, window_result_schema, with_count
-from cutline.api.identity import lambda_text, operator_id
+from cutline.api.dataflow import Dataflow
 from cutline.api.outputs import Outputs
-from cutline.api.settings import Settings, location
+from cutline.api.settings import location
 from cutline.connectors.sink import FunctionSink, Sink
 from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
@@ -48,10 +47,9 @@ from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.output import LATE
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkStrategy
-from cutline.runtime.graph import Edge, GraphError, JobGraph, Operator
+from cutline.runtime.graph import Edge, GraphError, Operator
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.operators import (
-    ON_ERROR,
     AssignTimestampsLogic,
     KeyedProcessFunction,
     Logic,
@@ -63,75 +61,6 @@ from cutline.runtime.operators import (
     SinkLogic,
     function_name,
 )
-
-
-class Dataflow:
-    """The graph of a job being built: its operators and their ids, and what ``execute()``
-    needs to know of them (each operator's ``on_error``, the sources' rate limits, the
-    directories of the file sinks, the collect sinks)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.graph = JobGraph()
-        self._on_error: dict[str, str] = {}
-        self._rate_limits: dict[str, float] = {}
-        self._outputs: dict[str, str] = {}
-        """File sink uid -> its directory."""
-        self._collect: dict[str, str] = {}
-        """Collect sink name -> its uid."""
-
-    def _add(
-        self,
-        label: str,
-        logic: Any,
-        inputs: list[Edge],
-        name: str | None = None,
-        on_error: str = "fail",
-        reads: str = "",
-    ) -> Operator:
-        """The one way an operator enters the graph: named ``name`` (its id and what messages
-        call it) or, unnamed, called ``label`` with the id :func:`operator_id` gives it (from
-        ``reads`` for a source, and the lambda of a logic whose function, ``fn``, is one)."""
-        shown = label if name is None else name
-        self._check_on_error(shown, on_error)
-        detail = reads or lambda_text(getattr(logic, "fn", None))
-        uid = operator_id(label, inputs, detail) if name is None else name
-        taken = self.graph.operators.get(uid)
-        if taken is not None and name is not None:
-            raise ValueError(
-                f"name={name!r}: another operator ({taken.name}) has this name already; every "
-                "operator's name must be its own (it is its id in checkpoints)"
-            )
-        if taken is not None:
-            raise ValueError(
-                f"{label}: the job has this operator already ({taken.name}: the same kind and "
-                f"function, reading the same input), and both would have the id {uid!r}: give "
-                "them name=... (each its own: the operator's stable id in checkpoints)"
-            )
-        operator = self.graph.add(Operator(uid, shown, logic, inputs))
-        self._on_error[uid] = on_error
-        return operator
-
-    def _check_on_error(self, name: str, on_error: str) -> None:
-        if on_error not in ON_ERROR:
-            raise ValueError(f"{name}: on_error must be 'fail' or 'dead_letter', not {on_error!r}")
-        if on_error == "dead_letter" and self.settings.dead_letter_dir is None:
-            raise ValueError(
-                f"{name}: on_error='dead_letter' needs a dead-letter directory: "
-                "StreamEnvironment(dead_letter_dir=...)"
-            )
-
-    def _location(self, directory: str) -> tuple[str, str]:
-        """(protocol, path) of ``directory``: equal for two spellings of one place."""
-        options = dict(self.settings.storage_options or {})
-        fs, root = fsspec.core.url_to_fs(directory, **options)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        return protocol, root.rstrip("/") or "/"
-
-    def _check_output(self, directory: str, what: str) -> None:
-        place = self._location(directory)
-        if any(self._location(d) == place for d in self._outputs.values()):
-            raise ValueError(f"{what}: two sinks write to {directory}; give each its own directory")
 
 
 class _Operators:
@@ -215,6 +144,8 @@ class DataStream(_Operators, Outputs):
         self.schema = schema
         """Its records' columns, when known as the job is built (:mod:`~cutline.api.columns`:
         a key or a field that is not there is refused then); ``None``: unknown."""
+        self.window_all_keyed: DataStream | None = None
+        """Its records with the key column of ``window_all``, once a built-in needs it."""
 
     def transform(
         self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
@@ -301,6 +232,24 @@ class DataStream(_Operators, Outputs):
         if isinstance(key, str):
             has_column(self.schema, key, f"key_by({key!r})")
         return KeyedStream(self, key)
+
+    def window_all(
+        self,
+        assigner: Tumbling | Sliding | Session,
+        *,
+        allowed_lateness: Any = 0,
+        time: str = "event",
+    ) -> WindowedStream:
+        """Windows of the whole stream, not per key (Flink's ``windowAll``): each window's
+        result is one record, ``window_start``, ``window_end`` and the result (a ``process``
+        function is given ``None`` as the key). Every record goes to one subtask of the
+        window operator, as in Flink: windows of a key are the way to scale. Otherwise as
+        :meth:`KeyedStream.window`."""
+        windowed = KeyedStream(self, ALL).window(
+            assigner, allowed_lateness=allowed_lateness, time=time
+        )
+        windowed.whole = True
+        return windowed
 
     def union(self, *others: DataStream, name: str | None = None) -> DataStream:
         """The records of this stream and of ``others``, interleaved."""
@@ -619,25 +568,41 @@ class WindowedStream:
         numeric_column(self.keyed.stream.schema, field, what, kind)
         return self._apply(Aggregation(kind, field), f"{kind}({field})", name, on_error)
 
+    whole = False
+    """Windows of the whole stream (``window_all``)."""
+
     def _apply(
         self, aggregation: Aggregation, what: str, name: str | None, on_error: str = "fail"
     ) -> WindowedResult:
         keyed = self.keyed
+        if self.whole and aggregation.builtin:  # (a key column: the vectorized path)
+            source = keyed.stream
+            if source.window_all_keyed is None:  # (one for every window_all of the stream)
+                source.window_all_keyed = source.map_batches(with_window_all_key)
+            keyed = KeyedStream(source.window_all_keyed, ALL_COLUMN)
         logic = WindowLogic(
-            self.assigner, aggregation, keyed.key, self.event_time, self.lateness, self.time
+            self.assigner,
+            aggregation,
+            keyed.key,
+            self.event_time,
+            self.lateness,
+            self.time,
+            self.whole,
         )
         clock = "" if self.time == "event" else ", processing time"
-        label = f"window({self.assigner}{clock}).{what}"
+        kind = "window_all" if self.whole else "window"
+        label = f"{kind}({self.assigner}{clock}).{what}"
         stream = keyed.transform(label, logic, name=name, on_error=on_error)
         # results carry event time window_end - 1 (Flink's): a second window regroups them
         result_time = EventTime("window_end", -1, self.event_time.type, self.event_time.unit)
         schema = None
-        if aggregation.builtin:
+        if aggregation.builtin and not self.whole:
             schema = window_result_schema(
                 keyed.stream.schema, keyed.key, aggregation.kind, aggregation.field, result_time
             )
         result = WindowedResult(stream.env, stream.operator, result_time, schema)
-        result.input_schema = keyed.stream.schema
+        result.input_schema = self.keyed.stream.schema
+        result.marked = keyed.key == ALL_COLUMN
         return result
 
 
@@ -651,13 +616,47 @@ class WindowedResult(DataStream):
         way."""
         edge = Edge(self.operator.uid, side=LATE)
         source_time = self.operator.logic.event_time
-        stream = self._through(edge, "late", PassLogic(), name, "fail")
+        logic = MapBatchesLogic(without_window_all_key) if self.marked else PassLogic()
+        stream = self._through(edge, "late", logic, name, "fail")
         stream.event_time = source_time
         stream.schema = self.input_schema
         return stream
 
     input_schema: pa.Schema | None = None
     """The columns of the records it windows (those of :meth:`late`)."""
+    marked = False
+    """Its records carry :data:`ALL_COLUMN` (``window_all`` of a built-in), which
+    :meth:`late` takes off again."""
+
+
+class _AllRecords:
+    """The key of ``window_all``: one for every record."""
+
+    __name__ = "all"
+
+    def __call__(self, record: Any) -> Hashable:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _AllRecords)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+ALL = _AllRecords()
+ALL_COLUMN = "_window_all"
+"""The key column ``window_all`` of a built-in adds (the vectorized path needs one)."""
+
+
+def with_window_all_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``window_all``'s records with its key column."""
+    return batch.append_column(ALL_COLUMN, pa.repeat(0, batch.num_rows))
+
+
+def without_window_all_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``window_all``'s late records as they came (without its key column)."""
+    return batch.drop_columns([ALL_COLUMN]) if ALL_COLUMN in batch.schema.names else batch
 
 
 def _common_time(times: list[EventTime | None]) -> EventTime | None:

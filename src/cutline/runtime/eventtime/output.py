@@ -47,7 +47,7 @@ def window_results(
                     contents: Any = [r for chunk in acc for r in chunk]
                 else:
                     contents = pa.Table.from_batches(list(acc))
-                produced = aggregation.fn(key, window, contents)
+                produced = aggregation.fn(None if logic.keyless else key, window, contents)
                 if isinstance(produced, pa.Table | pa.RecordBatch):
                     produced = produced.to_pylist()
                 if produced is not None:
@@ -60,7 +60,9 @@ def window_results(
         except Exception as exc:
             ctx.fail(f"window {window_start}..{window_end} of key {key!r}", exc)
             continue
-        fields = {key_column: key, "window_start": window_start, "window_end": window_end}
+        fields = {"window_start": window_start, "window_end": window_end}
+        if not logic.keyless:
+            fields = {key_column: key, **fields}
         if isinstance(result, dict):
             out.append({**fields, **result})
         else:
@@ -81,11 +83,9 @@ def builtin_batch(
     event_time = dataclasses.replace(logic.event_time, offset=0, type=time_type)
     if isinstance(values, np.ndarray) and values.dtype == object:
         values = values.tolist()  # (Python ints beyond int64)
-    return pa.record_batch(
-        {
-            logic.key_column: keys,
-            "window_start": event_time.to_column(starts),
-            "window_end": event_time.to_column(ends),
-            logic.aggregation.output: pa.array(values),
-        }
-    )
+    columns = {
+        "window_start": event_time.to_column(starts),
+        "window_end": event_time.to_column(ends),
+        logic.aggregation.output: pa.array(values),
+    }
+    return pa.record_batch(columns if logic.keyless else {logic.key_column: keys, **columns})

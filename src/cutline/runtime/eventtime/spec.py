@@ -25,6 +25,9 @@ class WindowSpec:
     time: str = "event"
     """``"event"``: windows of the records' event time, fired by watermarks;
     ``"processing"``: of the time each record arrives here, fired by the clock."""
+    keyless: bool = False
+    """Windows of the whole stream (``window_all``): one key for every record, which the
+    results leave out (a ``process`` function is given ``None`` for it)."""
 
     @property
     def key_column(self) -> str:
