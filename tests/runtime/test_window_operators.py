@@ -412,3 +412,57 @@ def counting(windows: str) -> WindowLogic:
         "session": Session(gap=100),
     }[windows]
     return WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+@pytest.mark.parametrize("days", [1, 2])
+def test_day_windows_in_a_time_zone_run_midnight_to_midnight_there_across_dst(
+    backend: str, days: int
+) -> None:
+    """``Tumbling("1 d", time_zone="America/New_York")``: windows from midnight to midnight
+    in New York, 23 hours long on the day daylight saving time starts and 25 on the day it
+    ends, in either layout."""
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo("America/New_York")
+    rng = random.Random(days)
+    moments = [
+        dt.datetime(2024, 3, 8, tzinfo=zone) + dt.timedelta(minutes=rng.randrange(6 * 24 * 60))
+        for _ in range(150)
+    ] + [
+        dt.datetime(2024, 11, 1, tzinfo=zone) + dt.timedelta(minutes=rng.randrange(6 * 24 * 60))
+        for _ in range(150)
+    ]
+    records = [
+        {"user": f"u{i % 2}", "ts": int(m.timestamp() * 1000), "n": 1}
+        for i, m in enumerate(moments)
+    ]
+    epoch = dt.date(1970, 1, 1)
+    wanted: Counter[tuple[str, int]] = Counter()
+    for r in records:
+        local = dt.datetime.fromtimestamp(r["ts"] / 1000, zone).date()
+        first = local - dt.timedelta(days=(local - epoch).days % days)
+        start = dt.datetime(first.year, first.month, first.day, tzinfo=zone)
+        wanted[(r["user"], int(start.timestamp() * 1000))] += 1
+    assigner = Tumbling(f"{days} d", time_zone="America/New_York")
+    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    job = Job(logic, backend, 2)
+    job.process(records, arrow=True)
+    job.watermark(10**15)
+    found = {(o["user"], o["window_start"]): o["count"] for o in job.output}
+    assert found == dict(wanted)
+    hours = {(o["window_end"] - o["window_start"]) / 3_600_000 for o in job.output if days == 1}
+    assert days == 2 or hours == {23.0, 24.0, 25.0}
+    for o in job.output:  # (each ends where the next starts: midnight there)
+        end = dt.datetime.fromtimestamp(o["window_end"] / 1000, zone)
+        assert (end.hour, end.minute) == (0, 0)
+    job.close()
+
+
+def test_a_time_zone_is_for_whole_days_and_must_be_one() -> None:
+    with pytest.raises(EventTimeError, match=r"time_zone= is for windows of whole days"):
+        Tumbling("1 h", time_zone="America/New_York")
+    with pytest.raises(EventTimeError, match=r"time_zone='Mars/Olympus' is no time zone"):
+        Tumbling("1 d", time_zone="Mars/Olympus")
+    assert str(Tumbling("1 d", time_zone="UTC")) == "Tumbling(24h, time_zone=UTC)"

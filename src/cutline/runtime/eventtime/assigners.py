@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from cutline.runtime.eventtime.timestamps import EventTimeError, duration_ms
 
@@ -30,15 +32,28 @@ class Tumbling:
 
     size: Any
     offset: Any = field(default=0, kw_only=True)
+    time_zone: str | None = field(default=None, kw_only=True)
+    """Windows of whole days from midnight to midnight in this IANA time zone
+    (``"America/New_York"``): 23 or 25 hours long where daylight saving time starts or
+    ends."""
 
     def __post_init__(self) -> None:
         size = duration_ms(self.size, "Tumbling size")
+        shown = f"Tumbling({_shown(size)})"
         object.__setattr__(self, "size", size)
-        object.__setattr__(self, "offset", _offset(self.offset, size, f"Tumbling({_shown(size)})"))
+        object.__setattr__(self, "offset", _offset(self.offset, size, shown))
+        if self.time_zone is not None:
+            _check_zone(self.time_zone, shown)
+            if size % DAY or self.offset:
+                raise EventTimeError(
+                    f"{shown}: time_zone= is for windows of whole days from midnight (without "
+                    "offset=); for hours, offset= shifts them"
+                )
 
     def __str__(self) -> str:
         shift = f", offset={_shown(self.offset)}" if self.offset else ""
-        return f"Tumbling({_shown(self.size)}{shift})"
+        zone = f", time_zone={self.time_zone}" if self.time_zone else ""
+        return f"Tumbling({_shown(self.size)}{shift}{zone})"
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,20 @@ class Sliding:
     def __str__(self) -> str:
         shift = f", offset={_shown(self.offset)}" if self.offset else ""
         return f"Sliding({_shown(self.size)}, every={_shown(self.every)}{shift})"
+
+
+DAY = 86_400_000
+
+
+def _check_zone(zone: Any, shown: str) -> None:
+    try:
+        pa.array([0], pa.timestamp("ms", tz=zone)).cast(pa.int64())
+        pc.floor_temporal(pa.array([0], pa.timestamp("ms", tz=zone)), 1, "day")
+    except (pa.ArrowException, TypeError) as exc:
+        raise EventTimeError(
+            f"{shown}: time_zone={zone!r} is no time zone ('America/New_York', "
+            f"'Europe/Paris', 'UTC'): {str(exc).splitlines()[0]}"
+        ) from None
 
 
 def _offset(value: Any, period: int, shown: str) -> int:
@@ -107,6 +136,8 @@ def assign(assigner: Tumbling | Sliding, ts: np.ndarray) -> tuple[np.ndarray, np
     """The windows of timestamps ``ts``: (index of the record, window start) per pair."""
     if isinstance(assigner, Tumbling):
         size, offset = assigner.size, assigner.offset
+        if assigner.time_zone is not None:
+            return np.arange(len(ts)), _local_days(ts, assigner.size // DAY, assigner.time_zone)
         return np.arange(len(ts)), ts - np.mod(ts - offset, size)
     size, slide = assigner.size, assigner.every
     count = math.ceil(size / slide)
@@ -117,13 +148,39 @@ def assign(assigner: Tumbling | Sliding, ts: np.ndarray) -> tuple[np.ndarray, np
     return index[inside], starts[inside]
 
 
-def window_size(assigner: Tumbling | Sliding) -> int:
-    return assigner.size  # type: ignore[no-any-return]
+def end_of(assigner: Tumbling | Sliding, start: int) -> int:
+    """Where the window starting at ``start`` ends (exclusive): ``start + size``, or the
+    midnight ``size`` days later in its time zone."""
+    if isinstance(assigner, Tumbling) and assigner.time_zone is not None:
+        return int(ends_of(assigner, np.array([start], dtype=np.int64))[0])
+    return start + assigner.size  # type: ignore[no-any-return]
+
+
+def ends_of(assigner: Tumbling | Sliding, starts: np.ndarray) -> np.ndarray:
+    """:func:`end_of` of many starts."""
+    if isinstance(assigner, Tumbling) and assigner.time_zone is not None:
+        days = assigner.size // DAY
+        later = starts + assigner.size + DAY // 2  # (past the next midnight, DST or not)
+        return _local_days(later, days, assigner.time_zone)
+    ends: np.ndarray = starts + assigner.size
+    return ends
+
+
+def _local_days(ts: np.ndarray, days: int, zone: str) -> np.ndarray:
+    """The local midnight at or before each of ``ts`` (epoch ms) that starts a run of
+    ``days`` days counted from 1970-01-01 in ``zone``, as epoch ms."""
+    local = pa.array(ts, pa.timestamp("ms", tz=zone))
+    floored = pc.floor_temporal(local, days, "day").cast(pa.int64())
+    found: np.ndarray = np.asarray(floored.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return found
 
 
 def starts_of(assigner: Tumbling | Sliding, stamp: int) -> list[int]:
     """The starts of the windows of one timestamp, latest first."""
     if isinstance(assigner, Tumbling):
+        if assigner.time_zone is not None:
+            days = assigner.size // DAY
+            return [int(_local_days(np.array([stamp]), days, assigner.time_zone)[0])]
         return [stamp - (stamp - assigner.offset) % assigner.size]
     last = stamp - (stamp - assigner.offset) % assigner.every
     out = []

@@ -20,7 +20,7 @@ from cutline.runtime.eventtime.aggregations import (
     group_by_window,
     largest,
 )
-from cutline.runtime.eventtime.assigners import Session, assign, window_size
+from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of
 from cutline.runtime.eventtime.keyed import WindowOperator
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import WINDOWS, PaneParts, fired_flags, windows_as_panes
@@ -63,10 +63,12 @@ class ColumnarWindowOperator(WindowOperator):
 
     def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
         assert not isinstance(logic.assigner, Session)
-        self.size = window_size(logic.assigner)
+        self.windows = logic.assigner
+        """Their assigner (:func:`~cutline.runtime.eventtime.assigners.end_of` says where a
+        window ends)."""
         self.panes: dict[int, WindowColumns] = {}
         self._due: list[int] = []
-        """Starts of the windows not fired yet (a heap; each fires at ``start + size - 1``)."""
+        """Starts of the windows not fired yet (a heap; each fires at its end, minus one)."""
         self._kept: list[tuple[int, int]] = []
         """(when it is dropped, start) of the fired windows kept for the lateness (a heap)."""
         super().__init__(logic, ctx, state)  # (restores the windows: _restore_windows)
@@ -114,7 +116,7 @@ class ColumnarWindowOperator(WindowOperator):
     def _add_pane(self, pane: WindowColumns) -> None:
         self.panes[pane.start] = pane
         if pane.fired:
-            due = cleanup_time(pane.start + self.size, self.lateness)
+            due = cleanup_time(end_of(self.windows, pane.start), self.lateness)
             heapq.heappush(self._kept, (due, pane.start))
         if not pane.fired or pane.waiting is not None:
             heapq.heappush(self._due, pane.start)
@@ -153,7 +155,7 @@ class ColumnarWindowOperator(WindowOperator):
         ):
             assert isinstance(self.key, str) and not isinstance(self.assigner, Session)
             index, starts = assign(self.assigner, ts)
-            on_time = in_time(starts + self.size, self.lateness, self.watermark)
+            on_time = in_time(ends_of(self.windows, starts), self.lateness, self.watermark)
             self._note_late(batch, index, on_time)
             if not on_time.all():
                 index, starts = index[on_time], starts[on_time]
@@ -176,7 +178,9 @@ class ColumnarWindowOperator(WindowOperator):
         def windows(key: Hashable, stamp: int) -> list[int]:
             floor = self._floor(key)
             return [
-                s for s in self._starts(stamp) if not is_past(s + self.size, self.lateness, floor)
+                s
+                for s in self._starts(stamp)
+                if not is_past(end_of(self.windows, s), self.lateness, floor)
             ]
 
         found = self._record_columns(records, ts, windows)
@@ -279,7 +283,7 @@ class ColumnarWindowOperator(WindowOperator):
         watermark = self.watermark = max(self.watermark, watermark)
         fired: list[tuple[WindowColumns, pa.Array, np.ndarray]] = []
         keep = self.lateness > 0 and watermark != MAX_WATERMARK
-        while self._due and self._due[0] + self.size - 1 <= watermark:
+        while self._due and end_of(self.windows, self._due[0]) - 1 <= watermark:
             start = heapq.heappop(self._due)
             pane = self.panes.get(start)
             if pane is None:
@@ -294,7 +298,8 @@ class ColumnarWindowOperator(WindowOperator):
             fired.append((pane, pane.keys, self._values(pane)))
             if keep:
                 pane.fired = True
-                heapq.heappush(self._kept, (cleanup_time(start + self.size, self.lateness), start))
+                due = cleanup_time(end_of(self.windows, start), self.lateness)
+                heapq.heappush(self._kept, (due, start))
             else:
                 del self.panes[start]
         while self._kept and self._kept[0][0] <= watermark:
@@ -310,7 +315,7 @@ class ColumnarWindowOperator(WindowOperator):
         starts = np.repeat(np.array([p.start for p, _, _ in fired], dtype=np.int64), lengths)
         keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
         values = np.concatenate([v for _, _, v in fired])
-        return self._builtin_batch(keys, starts, starts + self.size, values)
+        return self._builtin_batch(keys, starts, ends_of(self.windows, starts), values)
 
 
 def _flags(pane: WindowColumns) -> np.ndarray:

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.eventtime.aggregations import cut_sessions, group_by_window, number
-from cutline.runtime.eventtime.assigners import Session, assign, starts_of, window_size
+from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of, starts_of
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
@@ -109,7 +109,7 @@ class WindowOperator(_Keyed):
 
     def _end(self, start: int) -> int:
         assert not isinstance(self.assigner, Session)
-        return start + window_size(self.assigner)
+        return end_of(self.assigner, start)
 
     def _restore_windows(self) -> None:
         """The restored windows in the keyed layout, whichever layout wrote them (a checkpoint
@@ -326,7 +326,7 @@ class WindowOperator(_Keyed):
         assigner = self.assigner
         assert not isinstance(assigner, Session)
         index, starts = assign(assigner, ts)
-        ends = starts + window_size(assigner)
+        ends = ends_of(assigner, starts)
         on_time = in_time(ends, self.lateness, self.watermark)
         self._note_late(batch, index, on_time)
         if not on_time.all():
@@ -353,7 +353,6 @@ class WindowOperator(_Keyed):
         for key, start, part in zip(keys, group_starts, parts, strict=True):
             changes.setdefault(key, []).append((start, part))
         refired: list[tuple[Hashable, int, int, Any]] = []
-        size = window_size(assigner)
         table_state = self.table
         combine = aggregation.combine
         for key, updates in changes.items():
@@ -363,13 +362,14 @@ class WindowOperator(_Keyed):
                 entry = windows.get(start)
                 if entry is None:
                     windows[start] = (part, False)
-                    self.fire_timers.add(start + size - 1, key, (start, start + size))
+                    end = end_of(assigner, start)
+                    self.fire_timers.add(end - 1, key, (start, end))
                 else:
                     acc, fired = entry
                     acc = combine(acc, part)
                     windows[start] = (acc, fired)
                     if fired:  # a late record within the lateness: the window fires again
-                        refired.append((key, start, start + size, acc))
+                        refired.append((key, start, end_of(assigner, start), acc))
             table_state[key] = windows
         return self._results(refired) if refired else None
 
@@ -488,11 +488,10 @@ class WindowOperator(_Keyed):
                     continue
                 starts = self._starts(stamp)
                 windows = dict(self.table.get(key) or {})
-                size = window_size(self.assigner)  # type: ignore[arg-type]
                 on_time = False
                 floor = self._floor(key)
                 for start in starts:
-                    end = start + size
+                    end = self._end(start)
                     if self._late_window(end, floor):
                         continue
                     on_time = True
@@ -526,8 +525,7 @@ class WindowOperator(_Keyed):
         if arrow:
             batch = to_arrow(batch, self.ctx.name)
         index, starts = assign(assigner, ts)
-        size = window_size(assigner)
-        on_time = in_time(starts + size, self.lateness, self.watermark)
+        on_time = in_time(ends_of(assigner, starts), self.lateness, self.watermark)
         self._note_late(batch, index, on_time)
         if not on_time.all():
             index, starts = index[on_time], starts[on_time]
@@ -559,14 +557,15 @@ class WindowOperator(_Keyed):
             if windows is None:
                 windows = changed[key] = dict(self.table.get(key) or {})
             entry = windows.get(start)
+            end = end_of(assigner, start)
             if entry is None:
                 windows[start] = ((chunk,), False)
-                self.fire_timers.add(start + size - 1, key, (start, start + size))
+                self.fire_timers.add(end - 1, key, (start, end))
             else:
                 acc = (*entry[0], chunk)
                 windows[start] = (acc, entry[1])
                 if entry[1]:
-                    refired.append((key, start, start + size, acc))
+                    refired.append((key, start, end, acc))
         for key, windows in changed.items():
             self.table[key] = windows
         return self._results(refired) if refired else None
