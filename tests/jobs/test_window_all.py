@@ -1,7 +1,7 @@
 """``window_all``: windows of the whole stream, not per key (Flink's ``windowAll``): exact
 per-window results of the built-ins (the vectorized path, through a key column of its own
-that no output shows) and of a user's function (given ``None`` as the key), at parallelism 2,
-with late records coming out as they came in."""
+that no output shows) and of a user's function (given ``None`` as the key), at parallelism 2;
+late records come out as they came in."""
 
 from __future__ import annotations
 
@@ -19,12 +19,16 @@ from cutline.runtime.task.local import ThreadLauncher
 START = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
 
 
-def write(tmp_path: Path) -> list[dict[str, Any]]:
+def write(tmp_path: Path, late: bool = False) -> list[dict[str, Any]]:
+    """500 records over 5 minutes in two files, and (``late``) one an hour before them last:
+    late once the watermark passed it (a job of parallelism 1: its one subtask holds the
+    watermark at a file's lowest time before reading it)."""
     rows = [
         {"user": f"u{i % 5}", "amount": i % 7, "ts": START + dt.timedelta(seconds=(i * 13) % 300)}
         for i in range(500)
     ]
-    rows.append({"user": "late", "amount": 100, "ts": START - dt.timedelta(hours=1)})
+    if late:
+        rows.append({"user": "late", "amount": 100, "ts": START - dt.timedelta(hours=1)})
     (tmp_path / "in").mkdir()
     pq.write_table(pa.Table.from_pylist(rows[:250]), tmp_path / "in" / "a.parquet")
     pq.write_table(pa.Table.from_pylist(rows[250:]), tmp_path / "in" / "b.parquet")
@@ -53,7 +57,6 @@ def test_windows_of_the_whole_stream_count_sum_and_process_exactly(tmp_path: Pat
     clicks = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness="5 min")
     counts = clicks.window_all(Tumbling("1 min")).count(name="count")
     counts.collect("counts")
-    counts.late().collect("late")
     clicks.window_all(Tumbling("1 min")).sum("amount").collect("sums")  # (unnamed: one key)
     clicks.window_all(Tumbling("1 min")).process(biggest, name="most").collect("most")
     result = env.execute(launcher=ThreadLauncher())
@@ -65,4 +68,16 @@ def test_windows_of_the_whole_stream_count_sum_and_process_exactly(tmp_path: Pat
     )
     most = result.collected["most"]
     assert {r["key"] for r in most} == {None} and len(most) == len(count)
-    assert result.collected["late"] == [rows[-1]]  # (as it came: no column of window_all's)
+
+
+def test_late_records_of_a_built_in_come_out_as_they_came(tmp_path: Path) -> None:
+    rows = write(tmp_path, late=True)
+    env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck"), batch_size=30)
+    clicks = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness="5 min")
+    counts = clicks.window_all(Tumbling("1 min")).count()
+    counts.collect("counts")
+    counts.late().collect("late")
+    result = env.execute(launcher=ThreadLauncher())
+    assert result.collected["late"] == [rows[-1]]  # (no column of window_all's)
+    count, _ = minutes(rows)
+    assert {r["window_start"]: r["count"] for r in result.collected["counts"]} == count

@@ -466,3 +466,41 @@ def test_a_time_zone_is_for_whole_days_and_must_be_one() -> None:
     with pytest.raises(EventTimeError, match=r"time_zone='Mars/Olympus' is no time zone"):
         Tumbling("1 d", time_zone="Mars/Olympus")
     assert str(Tumbling("1 d", time_zone="UTC")) == "Tumbling(24h, time_zone=UTC)"
+
+
+@pytest.mark.parametrize(
+    ("backend", "windows"),
+    [("memory", "tumbling"), ("disk", "tumbling"), ("memory", "session"), ("disk", "session")],
+)
+def test_early_results_come_every_period_of_processing_time_then_the_final_one(
+    backend: str, windows: str
+) -> None:
+    """``early=``: each open window's result so far (``final`` false) whenever the period of
+    processing time has passed, nothing before it, and the final result (``final`` true) when
+    the watermark passes its end; windows that fired are not repeated early."""
+    base = counting(windows)
+    logic = WindowLogic(base.assigner, base.aggregation, "user", base.event_time, early=10_000)
+    job = Job(logic, backend, 1)
+    job.process([{"user": "a", "ts": 100, "n": 1}, {"user": "b", "ts": 150, "n": 1}], arrow=True)
+
+    def clock(now: int) -> list[dict[str, Any]]:
+        job.output = []
+        for op in job.ops:
+            job._take(op, op.on_processing_time(now))
+        return sorted(job.output, key=lambda r: r["user"])
+
+    first = clock(50_000)
+    assert [(r["user"], r["count"], r["final"]) for r in first] == [
+        ("a", 1, False),
+        ("b", 1, False),
+    ]
+    assert clock(55_000) == []  # (within the period)
+    job.process([{"user": "a", "ts": 120, "n": 1}], arrow=True)
+    again = clock(60_000)
+    assert [(r["user"], r["count"]) for r in again] == [("a", 2), ("b", 1)]
+    job.output = []
+    job.watermark(10**9)
+    final = sorted(job.output, key=lambda r: r["user"])
+    assert [(r["user"], r["count"], r["final"]) for r in final] == [("a", 2, True), ("b", 1, True)]
+    assert clock(70_000) == []  # (nothing open)
+    job.close()

@@ -40,6 +40,12 @@ from cutline.api.columns import has_column, numeric_column, window_result_schema
 from cutline.api.dataflow import Dataflow
 from cutline.api.outputs import Outputs
 from cutline.api.settings import location
+from cutline.api.window_all import (
+    ALL,
+    ALL_COLUMN,
+    with_window_all_key,
+    without_window_all_key,
+)
 from cutline.connectors.sink import FunctionSink, Sink
 from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
@@ -239,6 +245,7 @@ class DataStream(_Operators, Outputs):
         *,
         allowed_lateness: Any = 0,
         time: str = "event",
+        early: Any = None,
     ) -> WindowedStream:
         """Windows of the whole stream, not per key (Flink's ``windowAll``): each window's
         result is one record, ``window_start``, ``window_end`` and the result (a ``process``
@@ -246,7 +253,7 @@ class DataStream(_Operators, Outputs):
         window operator, as in Flink: windows of a key are the way to scale. Otherwise as
         :meth:`KeyedStream.window`."""
         windowed = KeyedStream(self, ALL).window(
-            assigner, allowed_lateness=allowed_lateness, time=time
+            assigner, allowed_lateness=allowed_lateness, time=time, early=early
         )
         windowed.whole = True
         return windowed
@@ -416,6 +423,7 @@ class KeyedStream(_Operators):
         *,
         allowed_lateness: Any = 0,
         time: str = "event",
+        early: Any = None,
     ) -> WindowedStream:
         """Windows of event time per key: ``Tumbling("1 min")``, ``Sliding("10 min",
         every="1 min")`` or ``Session(gap="30 min")``; then say what each computes
@@ -428,7 +436,11 @@ class KeyedStream(_Operators):
 
         ``time="processing"``: windows of the wall-clock time each record reaches the window
         operator, fired by the clock (no watermarks needed, no record ever late; the end of
-        the input fires what is left). Results are then not repeatable run to run."""
+        the input fires what is left). Results are then not repeatable run to run.
+
+        ``early`` (a duration of processing time, ``"10s"``): every that long, each open
+        window's result so far, before its final one; results then have a ``final`` column
+        (false for those, true for the last), as Flink's early-firing triggers give."""
         if time not in ("event", "processing"):
             raise ValueError(f"window(time={time!r}): use 'event' or 'processing'")
         if not isinstance(assigner, Tumbling | Sliding | Session):
@@ -442,7 +454,7 @@ class KeyedStream(_Operators):
             if lateness:
                 raise ValueError("allowed_lateness is for event time: no record is late here")
             clock = EventTime("processing_time")
-            return WindowedStream(self, assigner, clock, 0, "processing")
+            return _early(WindowedStream(self, assigner, clock, 0, "processing"), early)
         if event_time is None:
             raise ValueError(
                 f"window({assigner}): the stream has no event time: give the source "
@@ -463,7 +475,7 @@ class KeyedStream(_Operators):
                     f"the unit of the times of {event_time.column!r} (event_time_unit='s'): "
                     "window_start and window_end could not say it"
                 )
-        return WindowedStream(self, assigner, event_time, lateness)
+        return _early(WindowedStream(self, assigner, event_time, lateness), early)
 
 
 class WindowedStream:
@@ -570,6 +582,8 @@ class WindowedStream:
 
     whole = False
     """Windows of the whole stream (``window_all``)."""
+    early: int | None = None
+    """Every this many ms of processing time, the open windows' results so far."""
 
     def _apply(
         self, aggregation: Aggregation, what: str, name: str | None, on_error: str = "fail"
@@ -587,7 +601,8 @@ class WindowedStream:
             self.event_time,
             self.lateness,
             self.time,
-            self.whole,
+            early=self.early,
+            keyless=self.whole,
         )
         clock = "" if self.time == "event" else ", processing time"
         kind = "window_all" if self.whole else "window"
@@ -629,36 +644,6 @@ class WindowedResult(DataStream):
     :meth:`late` takes off again."""
 
 
-class _AllRecords:
-    """The key of ``window_all``: one for every record."""
-
-    __name__ = "all"
-
-    def __call__(self, record: Any) -> Hashable:
-        return 0
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _AllRecords)
-
-    def __hash__(self) -> int:
-        return 0
-
-
-ALL = _AllRecords()
-ALL_COLUMN = "_window_all"
-"""The key column ``window_all`` of a built-in adds (the vectorized path needs one)."""
-
-
-def with_window_all_key(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``window_all``'s records with its key column."""
-    return batch.append_column(ALL_COLUMN, pa.repeat(0, batch.num_rows))
-
-
-def without_window_all_key(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``window_all``'s late records as they came (without its key column)."""
-    return batch.drop_columns([ALL_COLUMN]) if ALL_COLUMN in batch.schema.names else batch
-
-
 def _common_time(times: list[EventTime | None]) -> EventTime | None:
     """The event time of a union: its inputs' when they all have it in the same column (the
     type when all that know it agree; else it is learned from the records); else none (call
@@ -685,3 +670,10 @@ def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:
 def _callable(fn: Any, what: str) -> None:
     if not callable(fn):
         raise TypeError(f"{what} takes a function, not {type(fn).__name__}")
+
+
+def _early(windowed: WindowedStream, early: Any) -> WindowedStream:
+    """``windowed`` firing early every ``early`` (a duration), when given."""
+    if early is not None:
+        windowed.early = duration_ms(early, f"window({windowed.assigner}): early")
+    return windowed

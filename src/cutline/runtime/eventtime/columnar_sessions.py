@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.aggregations import UFUNCS, cut_sessions
 from cutline.runtime.eventtime.assigners import Session
-from cutline.runtime.eventtime.keyed import WindowOperator
+from cutline.runtime.eventtime.keyed import WindowOperator, joined
 from cutline.runtime.eventtime.lateness import in_time
 from cutline.runtime.eventtime.layouts import WINDOWS, windows_as_session_rows
 from cutline.runtime.eventtime.spec import WindowSpec
@@ -184,16 +184,23 @@ class ColumnarSessionOperator(WindowOperator):
         refire = changed & passed
         return merged, (refire if refire.any() else None)
 
-    def _session_batch(self, rows: dict[str, Any]) -> pa.RecordBatch:
+    def _session_batch(self, rows: dict[str, Any], final: bool = True) -> pa.RecordBatch:
         acc = rows["acc"]
         if self.aggregation.kind == "mean":
             acc = acc.astype(float) / rows["count"]
-        return self._builtin_batch(rows["keys"], rows["start"], rows["end"], acc)
+        return self._builtin_batch(rows["keys"], rows["start"], rows["end"], acc, final)
 
     def on_processing_time(self, now: int) -> Batch | None:
+        early = self._early(now)
         if not self.processing or self.rows is None:
+            return early
+        return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+
+    def _so_far(self) -> Batch | None:
+        rows = self.rows
+        if rows is None or rows["fired"].all():
             return None
-        return self._fire_upto(max(self.watermark, now - 1))
+        return self._session_batch(_take_rows(rows, ~rows["fired"]), final=False)
 
     def _fire_upto(self, watermark: int) -> Batch | None:
         watermark = self.watermark = max(self.watermark, watermark)

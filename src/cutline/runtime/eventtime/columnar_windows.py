@@ -21,7 +21,7 @@ from cutline.runtime.eventtime.aggregations import (
     largest,
 )
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of
-from cutline.runtime.eventtime.keyed import WindowOperator
+from cutline.runtime.eventtime.keyed import WindowOperator, joined
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import WINDOWS, PaneParts, fired_flags, windows_as_panes
 from cutline.runtime.eventtime.spec import WindowSpec
@@ -275,9 +275,14 @@ class ColumnarWindowOperator(WindowOperator):
     # ----------------------------------------------------------------- firing
 
     def on_processing_time(self, now: int) -> Batch | None:
+        early = self._early(now)
         if not self.processing or not self.panes:
-            return None
-        return self._fire_upto(max(self.watermark, now - 1))
+            return early
+        return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+
+    def _so_far(self) -> Batch | None:
+        open_ = [(p, p.keys, self._values(p)) for p in self.panes.values() if not p.fired]
+        return self._batch(open_, final=False) if open_ else None
 
     def _fire_upto(self, watermark: int) -> Batch | None:
         watermark = self.watermark = max(self.watermark, watermark)
@@ -309,13 +314,15 @@ class ColumnarWindowOperator(WindowOperator):
                 del self.panes[start]
         return self._batch(fired) if fired else None
 
-    def _batch(self, fired: list[tuple[WindowColumns, pa.Array, np.ndarray]]) -> pa.RecordBatch:
+    def _batch(
+        self, fired: list[tuple[WindowColumns, pa.Array, np.ndarray]], final: bool = True
+    ) -> pa.RecordBatch:
         """The output of windows firing: per window, its keys and their results."""
         lengths = [len(keys) for _, keys, _ in fired]
         starts = np.repeat(np.array([p.start for p, _, _ in fired], dtype=np.int64), lengths)
         keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
         values = np.concatenate([v for _, _, v in fired])
-        return self._builtin_batch(keys, starts, ends_of(self.windows, starts), values)
+        return self._builtin_batch(keys, starts, ends_of(self.windows, starts), values, final)
 
 
 def _flags(pane: WindowColumns) -> np.ndarray:

@@ -20,18 +20,17 @@ state update per key and window); a user's function, the per-record path.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.eventtime.aggregations import cut_sessions, group_by_window, number
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of, starts_of
+from cutline.runtime.eventtime.chunks import collect
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
@@ -47,7 +46,6 @@ from cutline.runtime.operators import (
     RecordError,
     _Keyed,
     rows,
-    to_arrow,
     without_time,
 )
 from cutline.runtime.state.backend import KeyedSnapshot
@@ -80,6 +78,8 @@ class WindowOperator(_Keyed):
         """The late records not yet taken by the side output; only kept when the job reads
         it (``.late()``): otherwise they are counted and let go."""
         self._keeps_late = LATE in ctx.side_outputs
+        self._next_early = 0
+        """When the open windows' results so far are due next (processing time, ms)."""
         self._session = isinstance(self.assigner, Session)
         self.processing = logic.time == "processing"
         self._time_type = self.event_time.type
@@ -515,88 +515,7 @@ class WindowOperator(_Keyed):
         return self._results(list(refired.values())) if refired else None
 
     def _collect(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        """``process`` and ``process_batches`` on tumbling and sliding windows: the records of
-        the batch grouped by key and window, each group added to its window as one chunk (a
-        tuple of records, or an Arrow batch): one state update per key and window, not per
-        record."""
-        assigner = self.assigner
-        assert not isinstance(assigner, Session)
-        arrow = self.aggregation.kind == "process_batches"
-        if arrow:
-            batch = to_arrow(batch, self.ctx.name)
-        index, starts = assign(assigner, ts)
-        on_time = in_time(ends_of(assigner, starts), self.lateness, self.watermark)
-        self._note_late(batch, index, on_time)
-        if not on_time.all():
-            index, starts = index[on_time], starts[on_time]
-        if not len(index):
-            return None
-        records = None if arrow else rows(batch)
-        keys, codes = self._key_codes(batch, records)
-        if keys is None:
-            return None
-        pair_codes = codes[index]
-        keep = pair_codes >= 0  # (a record whose key failed is in no window)
-        index, starts, pair_codes = index[keep], starts[keep], pair_codes[keep]
-        order = np.lexsort((starts, pair_codes))
-        index, starts, pair_codes = index[order], starts[order], pair_codes[order]
-        new = np.ones(len(order), dtype=bool)
-        new[1:] = (pair_codes[1:] != pair_codes[:-1]) | (starts[1:] != starts[:-1])
-        bounds = np.r_[np.flatnonzero(new), len(order)].tolist()
-        refired: list[tuple[Hashable, int, int, Any]] = []
-        changed: dict[Hashable, dict[int, tuple[Any, bool]]] = {}
-        for a, b in itertools.pairwise(bounds):
-            key, start = keys[int(pair_codes[a])], int(starts[a])
-            members = index[a:b]
-            if arrow:
-                chunk: Any = batch.take(pa.array(members))
-            else:
-                assert records is not None
-                chunk = tuple(records[i] for i in members.tolist())
-            windows = changed.get(key)
-            if windows is None:
-                windows = changed[key] = dict(self.table.get(key) or {})
-            entry = windows.get(start)
-            end = end_of(assigner, start)
-            if entry is None:
-                windows[start] = ((chunk,), False)
-                self.fire_timers.add(end - 1, key, (start, end))
-            else:
-                acc = (*entry[0], chunk)
-                windows[start] = (acc, entry[1])
-                if entry[1]:
-                    refired.append((key, start, end, acc))
-        for key, windows in changed.items():
-            self.table[key] = windows
-        return self._results(refired) if refired else None
-
-    def _key_codes(
-        self, batch: Batch, records: list[Any] | None
-    ) -> tuple[list[Any] | None, np.ndarray]:
-        """The distinct keys of the batch's records and each record's index among them (-1:
-        its key could not be taken: the record failed)."""
-        if isinstance(batch, pa.RecordBatch) and isinstance(self.key, str) and records is None:
-            if self.key not in batch.schema.names or batch.column(self.key).null_count:
-                records = rows(batch)  # (named in the per-record failures below)
-            else:
-                encoded = pc.dictionary_encode(batch.column(self.key))
-                uniques = encoded.dictionary.to_pylist()
-                for key in uniques:
-                    self.backend.set_current_key(key)  # (checks the key belongs here)
-                codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False)).astype(np.int64)
-                return uniques, codes
-        if records is None:
-            records = rows(batch)
-        found: dict[Hashable, int] = {}
-        codes = np.full(len(records), -1, dtype=np.int64)
-        for i, record in enumerate(records):
-            try:
-                key = self.get_key(record)
-                self.backend.set_current_key(key)
-                codes[i] = found.setdefault(key, len(found))
-            except Exception as exc:
-                self.ctx.fail(record, exc)
-        return list(found), codes
+        return collect(self, batch, ts)
 
     def _starts(self, stamp: int) -> list[int]:
         assert not isinstance(self.assigner, Session)
@@ -610,9 +529,31 @@ class WindowOperator(_Keyed):
         return self._fire_upto(watermark)
 
     def on_processing_time(self, now: int) -> Batch | None:
+        early = self._early(now)
         if not self.processing or not len(self.fire_timers):
+            return early
+        return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+
+    def _early(self, now: int) -> Batch | None:
+        """Every ``early`` ms of processing time, each open window's result so far."""
+        every = self.logic.early
+        if every is None or now < self._next_early:
             return None
-        return self._fire_upto(max(self.watermark, now - 1))
+        self._next_early = now + every
+        return self._so_far()
+
+    def _so_far(self) -> Batch | None:
+        """The results so far of the windows not fired yet (``final`` false)."""
+        found: list[tuple[Hashable, int, int, Any]] = []
+        for key in list(self.backend.keys(WINDOWS)):
+            value = self.table.get(key)
+            if value is None:
+                continue
+            if self._session:
+                found += [(key, s, e, acc) for s, e, acc, fired in value if not fired]
+            else:
+                found += [(key, s, self._end(s), a) for s, (a, f) in value.items() if not f]
+        return self._results(found, final=False) if found else None
 
     def _fire_upto(self, watermark: int) -> Batch | None:
         """Fire every window whose last millisecond is at or before ``watermark`` (never
@@ -676,12 +617,14 @@ class WindowOperator(_Keyed):
         else:
             self.table.delete(key)
 
-    def _results(self, fired: list[tuple[Hashable, int, int, Any]]) -> Batch:
+    def _results(self, fired: list[tuple[Hashable, int, int, Any]], final: bool = True) -> Batch:
         """The output records of fired windows: key, window_start, window_end, the result."""
-        return window_results(fired, self.logic, self._time_type, self.ctx)
+        return window_results(fired, self.logic, self._time_type, self.ctx, final)
 
-    def _builtin_batch(self, keys: pa.Array, starts: Any, ends: Any, values: Any) -> pa.RecordBatch:
-        return builtin_batch(self.logic, self._time_type, keys, starts, ends, values)
+    def _builtin_batch(
+        self, keys: pa.Array, starts: Any, ends: Any, values: Any, final: bool = True
+    ) -> pa.RecordBatch:
+        return builtin_batch(self.logic, self._time_type, keys, starts, ends, values, final)
 
     def side_output(self, side: str) -> Batch | None:
         if side != LATE or not self._late:
@@ -692,3 +635,14 @@ class WindowOperator(_Keyed):
         if all(isinstance(b, pa.RecordBatch) for b in late):
             return pa.concat_batches(late)
         return [r for b in late for r in rows(b)]
+
+
+def joined(first: Batch | None, second: Batch | None) -> Batch | None:
+    """Two outputs of one call as one (early results, then what fired)."""
+    if first is None or not len(first):
+        return second
+    if second is None or not len(second):
+        return first
+    if isinstance(first, pa.RecordBatch) and isinstance(second, pa.RecordBatch):
+        return pa.concat_batches([first, second.cast(first.schema)])
+    return [*rows(first), *rows(second)]

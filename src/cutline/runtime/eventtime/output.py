@@ -23,6 +23,7 @@ def window_results(
     logic: WindowSpec,
     time_type: pa.DataType | None,
     ctx: OperatorContext,
+    final: bool = True,
 ) -> Batch:
     """The output records of fired windows ``(key, start, end, accumulator)``: a built-in's as
     one Arrow batch; a user's function's as records (its failures go to ``ctx.fail``)."""
@@ -36,6 +37,7 @@ def window_results(
             [f[1] for f in fired],
             [f[2] for f in fired],
             [aggregation.result(f[3]) for f in fired],
+            final,
         )
     out: list[Any] = []
     for key, start, end, acc in fired:
@@ -50,6 +52,8 @@ def window_results(
                 produced = aggregation.fn(None if logic.keyless else key, window, contents)
                 if isinstance(produced, pa.Table | pa.RecordBatch):
                     produced = produced.to_pylist()
+                if produced is not None and logic.early is not None:
+                    produced = [{**r, "final": final} for r in produced]
                 if produced is not None:
                     out.extend(list(produced))
             except Exception as exc:
@@ -63,6 +67,8 @@ def window_results(
         fields = {"window_start": window_start, "window_end": window_end}
         if not logic.keyless:
             fields = {key_column: key, **fields}
+        if logic.early is not None:
+            fields["final"] = final
         if isinstance(result, dict):
             out.append({**fields, **result})
         else:
@@ -77,6 +83,7 @@ def builtin_batch(
     starts: Any,
     ends: Any,
     values: Any,
+    final: bool = True,
 ) -> pa.RecordBatch:
     """The results of a built-in aggregate: the key, ``window_start`` and ``window_end`` (in
     the event-time column's type) and the result."""
@@ -88,4 +95,6 @@ def builtin_batch(
         "window_end": event_time.to_column(ends),
         logic.aggregation.output: pa.array(values),
     }
+    if logic.early is not None:  # (early results, then the final one)
+        columns["final"] = pa.repeat(final, len(columns["window_start"]))
     return pa.record_batch(columns if logic.keyless else {logic.key_column: keys, **columns})

@@ -25,6 +25,9 @@ class WindowSpec:
     time: str = "event"
     """``"event"``: windows of the records' event time, fired by watermarks;
     ``"processing"``: of the time each record arrives here, fired by the clock."""
+    early: int | None = None
+    """Every this many milliseconds of processing time, each open window's result so far
+    (``final`` false), before the final one (``final`` true); ``None``: only the final."""
     keyless: bool = False
     """Windows of the whole stream (``window_all``): one key for every record, which the
     results leave out (a ``process`` function is given ``None`` for it)."""
