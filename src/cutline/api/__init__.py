@@ -29,6 +29,11 @@ from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, Job
 from cutline.runtime.eventtime.aggregations import AggregateFunction
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
 from cutline.runtime.eventtime.timestamps import EventTimeError
+from cutline.runtime.eventtime.watermarks import (
+    BoundedOutOfOrderness,
+    Monotonous,
+    WatermarkGenerator,
+)
 from cutline.runtime.io.formats import InputWarning, SourceError
 from cutline.runtime.operators import (
     KeyedProcessFunction,
@@ -42,6 +47,7 @@ from cutline.spark.launcher import SparkSetupError
 
 __all__ = [
     "AggregateFunction",
+    "BoundedOutOfOrderness",
     "CheckpointAborted",
     "CheckpointCompleted",
     "CheckpointSlow",
@@ -61,6 +67,7 @@ __all__ = [
     "KeyedProcessFunction",
     "KeyedStream",
     "Logic",
+    "Monotonous",
     "OperatorContext",
     "ProcessContext",
     "Restarting",
@@ -76,6 +83,7 @@ __all__ = [
     "StreamEnvironment",
     "Tumbling",
     "WaitingForSlots",
+    "WatermarkGenerator",
     "Window",
     "WindowedResult",
     "WindowedStream",

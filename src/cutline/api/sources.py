@@ -19,11 +19,11 @@ from typing import Any
 import pyarrow as pa
 
 from cutline.api.dataflow import Dataflow
+from cutline.api.event_time import source_strategy
 from cutline.api.settings import location, seconds
 from cutline.api.streams import DataStream
 from cutline.connectors.source import Source, SourceError
-from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
-from cutline.runtime.eventtime.watermarks import WatermarkStrategy
+from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.io.formats import CsvOptions, InputWarning, as_schema
 from cutline.runtime.io.sources import FileSource, SequenceSource
 from cutline.runtime.operators import SourceLogic
@@ -46,6 +46,7 @@ class Sources(Dataflow):
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
         max_watermark_jump: Any = None,
+        watermarks: WatermarkGenerator | None = None,
     ) -> DataStream:
         """The integers ``start, start+1, ...`` up to ``end`` (excluded; ``None``: unbounded), as
         records with one column.
@@ -67,7 +68,7 @@ class Sources(Dataflow):
         source = SequenceSource(start, end, column)
         what = name or "from_sequence"
         schema = source.record_schema()
-        time = _strategy(
+        time = source_strategy(
             what,
             schema,
             event_time,
@@ -75,6 +76,7 @@ class Sources(Dataflow):
             idle_timeout,
             event_time_unit,
             max_watermark_jump,
+            watermarks,
         )
         reads = f"{start}..{end} as {column}"
         return self._source(source, "sequence", reads, name, rate_limit, time=time)
@@ -89,6 +91,7 @@ class Sources(Dataflow):
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
         max_watermark_jump: Any = None,
+        watermarks: WatermarkGenerator | None = None,
         rate_limit: float | None = None,
         on_error: str = "fail",
     ) -> DataStream:
@@ -116,7 +119,7 @@ class Sources(Dataflow):
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
         schema = prepared.record_schema()
-        time = _strategy(
+        time = source_strategy(
             what,
             schema,
             event_time,
@@ -124,6 +127,7 @@ class Sources(Dataflow):
             idle_timeout,
             event_time_unit,
             max_watermark_jump,
+            watermarks,
         )
         reads = f"{type(source).__module__}.{type(source).__qualname__} {source!r}"
         return self._source(prepared, label, reads, name, rate_limit, on_error, time=time)
@@ -142,6 +146,7 @@ class Sources(Dataflow):
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
         max_watermark_jump: Any = None,
+        watermarks: WatermarkGenerator | None = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of Parquet files, as Arrow batches with one schema.
@@ -185,7 +190,10 @@ class Sources(Dataflow):
             duration; default: any): a record whose time is more than that ahead of its
             split's latest (one from the year 9999 among today's) is warned about, or, with
             ``on_error="dead_letter"``, sent to the dead letters, so it never moves the
-            watermark (and makes the rest late).
+            watermark (and makes the rest late). ``watermarks``: a
+            :class:`~cutline.WatermarkGenerator` instead of ``max_out_of_orderness``
+            (``Monotonous()``, ``BoundedOutOfOrderness("2s")``, or one of your own with
+            ``on_event`` or ``on_events`` and ``on_periodic_emit``), a copy per split.
             ``max_out_of_orderness``: how late a record may come after a later one of its
             split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
             default 0). ``idle_timeout``: a split without records that long (processing
@@ -208,6 +216,7 @@ class Sources(Dataflow):
             idle_timeout,
             event_time_unit,
             max_watermark_jump,
+            watermarks,
         )
         return self._files(
             path,
@@ -240,6 +249,7 @@ class Sources(Dataflow):
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
         max_watermark_jump: Any = None,
+        watermarks: WatermarkGenerator | None = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of CSV files, as Arrow batches with one schema.
@@ -334,6 +344,7 @@ class Sources(Dataflow):
             idle_timeout,
             event_time_unit,
             max_watermark_jump,
+            watermarks,
         )
         return self._files(
             path,
@@ -362,6 +373,7 @@ class Sources(Dataflow):
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
         max_watermark_jump: Any = None,
+        watermarks: WatermarkGenerator | None = None,
         monitor: Any = None,
     ) -> DataStream:
         """The records of JSON-lines files (one JSON object per line), as Arrow batches with
@@ -424,6 +436,7 @@ class Sources(Dataflow):
             idle_timeout,
             event_time_unit,
             max_watermark_jump,
+            watermarks,
         )
         return self._files(
             path,
@@ -455,6 +468,7 @@ class Sources(Dataflow):
         idle_timeout: Any = "10s",
         event_time_unit: str | None = None,
         max_watermark_jump: Any = None,
+        watermarks: WatermarkGenerator | None = None,
         name: str | None = None,
         rate_limit: float | None = None,
         on_error: str = "fail",
@@ -510,7 +524,7 @@ class Sources(Dataflow):
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
         idle = idle_timeout if event_time is not None else None
-        strategy = _strategy(
+        strategy = source_strategy(
             what,
             prepared.record_schema(),
             event_time,
@@ -518,6 +532,7 @@ class Sources(Dataflow):
             idle,
             event_time_unit,
             max_watermark_jump,
+            watermarks,
         )
         reads = f"kafka {list(names)} value_format={value_format!r} schema={schema!r}"
         return self._source(
@@ -534,7 +549,7 @@ class Sources(Dataflow):
         rate_limit: float | None,
         csv: CsvOptions | None = None,
         *,
-        time: tuple[str | None, Any, Any, str | None, Any] = (None, 0, None, None, None),
+        time: tuple[str | None, Any, Any, str | None, Any, Any] = (None, 0, None, None, None, None),
         columns: Sequence[str] | None = None,
         monitor: Any = None,
     ) -> DataStream:
@@ -566,7 +581,7 @@ class Sources(Dataflow):
                 )
             source = replace(source, schema=_projection(what, path, source.schema, chosen))
         assert source.schema is not None
-        strategy = _strategy(what, source.schema, *time)
+        strategy = source_strategy(what, source.schema, *time)
         # what it reads, for its id: the files, and how they are read (as given)
         reads = f"{url} schema={schema!r} {csv!r}" if csv else f"{url} schema={schema!r}"
         if chosen is not None:
@@ -633,45 +648,3 @@ def _projection(what: str, path: Any, schema: pa.Schema, columns: tuple[str, ...
             f"(columns=); the input's columns are {', '.join(map(repr, schema.names))}"
         )
     return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
-
-
-def _strategy(
-    what: str,
-    schema: pa.Schema | None,
-    event_time: str | None,
-    bound: Any,
-    idle: Any,
-    unit: str | None = None,
-    jump: Any = None,
-) -> WatermarkStrategy | None:
-    """The watermark strategy of a source (``None`` without ``event_time``): the column must
-    be one of ``schema``'s, a timestamp or integers (``schema=None``: not known before the
-    records come, which then say)."""
-    if event_time is None:
-        if bound not in (0, None) or idle is not None or unit is not None or jump is not None:
-            raise ValueError(
-                f"{what}: max_out_of_orderness=, idle_timeout=, event_time_unit= and "
-                "max_watermark_jump= need event_time= (the column of each record's event time)"
-            )
-        return None
-    if not isinstance(event_time, str) or not event_time:
-        raise ValueError(f"{what}: event_time must be a column name, not {event_time!r}")
-    bound_ms = duration_ms(bound or 0, f"{what}: max_out_of_orderness", zero=True)
-    idle_s = None if idle is None else duration_ms(idle, f"{what}: idle_timeout") / 1000
-    most = None if jump is None else duration_ms(jump, f"{what}: max_watermark_jump")
-    if schema is None:
-        try:
-            return WatermarkStrategy(EventTime(event_time, unit=unit), bound_ms, idle_s, most)
-        except EventTimeError as exc:
-            raise EventTimeError(f"{what}: {exc}") from None
-    index = schema.get_field_index(event_time)
-    if index < 0:
-        raise EventTimeError(
-            f"{what}: event_time={event_time!r}: no such column (columns: "
-            f"{', '.join(schema.names) or 'none'})"
-        )
-    try:
-        column = EventTime(event_time, 0, schema.field(index).type, unit)
-    except EventTimeError as exc:
-        raise EventTimeError(f"{what}: {exc}") from None
-    return WatermarkStrategy(column, bound_ms, idle_s, most)

@@ -29,6 +29,7 @@ second ``map(parse)`` on the same stream) are refused here, asking for ``name=``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Hashable, Iterable
@@ -38,6 +39,7 @@ import pyarrow as pa
 
 from cutline.api.columns import has_column, numeric_column, window_result_schema, with_count
 from cutline.api.dataflow import Dataflow
+from cutline.api.event_time import watermark_generator
 from cutline.api.outputs import Outputs
 from cutline.api.settings import location
 from cutline.api.window_all import (
@@ -52,7 +54,7 @@ from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Wind
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.output import LATE
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
-from cutline.runtime.eventtime.watermarks import WatermarkStrategy
+from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.graph import Edge, GraphError, Operator
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.operators import (
@@ -182,6 +184,7 @@ class DataStream(_Operators, Outputs):
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = None,
         event_time_unit: str | None = None,
+        watermarks: WatermarkGenerator | None = None,
         name: str | None = None,
     ) -> DataStream:
         """This stream's records with event time, and watermarks made from it (for a stream
@@ -212,18 +215,20 @@ class DataStream(_Operators, Outputs):
                 f"{type(column_or_fn).__name__}"
             )
         idle = None if idle_timeout is None else duration_ms(idle_timeout, f"{what}: idle_timeout")
+        generator = watermark_generator(what, watermarks, bound)
         try:
             strategy = WatermarkStrategy(
                 EventTime(column, unit=event_time_unit),
                 bound,
                 None if idle is None else idle / 1000,
+                generator=generator,
             )
             if fn is None:
                 has_column(self.schema, column, what)
                 if self.schema is not None:
                     found = self.schema.field(column).type
                     typed = EventTime(column, 0, found, event_time_unit)
-                    strategy = WatermarkStrategy(typed, strategy.bound, strategy.idle_timeout)
+                    strategy = dataclasses.replace(strategy, event_time=typed)
         except EventTimeError as exc:
             raise EventTimeError(f"{what}: {exc}") from None
         stream = self.transform(label, AssignTimestampsLogic(strategy, fn), name=name)

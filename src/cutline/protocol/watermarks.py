@@ -41,6 +41,8 @@ event (method)                                         actions it may return
 ``SplitWatermarks.records(split, highest, now)``       ``EmitStatus(idle=False)`` if the subtask
                                                        was idle, then ``EmitWatermark(W)`` if
                                                        its watermark advanced
+``SplitWatermarks.promised(split, w, now)``            as ``records``, with a generator's
+                                                       promise ``w`` for the split
 ``SplitWatermarks.split_finished(split)``              ``EmitWatermark(W)`` if it advanced; the
                                                        last: as ``exhausted()``, or (unbounded)
                                                        as ``quiet()``
@@ -188,10 +190,17 @@ class SplitWatermarks(Generic[S]):
 
     def records(self, split: S, highest: int, now: float) -> list[WatermarkAction]:
         """The subtask read records of ``split`` whose highest timestamp is ``highest``."""
+        return self.promised(split, bounded_out_of_orderness(highest, self.bound), now)
+
+    def promised(self, split: S, watermark: int | None, now: float) -> list[WatermarkAction]:
+        """The subtask read records of ``split``, whose watermark generator (a user's: Flink's
+        ``WatermarkGenerator``) now promises ``watermark`` (``None``: nothing yet). A promise
+        lower than one before it changes nothing: watermarks never go back."""
         state = self._live(split)
         state.last_records = now
         state.idle = False
-        state.held = max(state.held, bounded_out_of_orderness(highest, self.bound))
+        if watermark is not None:
+            state.held = max(state.held, watermark)
         actions: list[WatermarkAction] = []
         if self.idle:
             self.idle = False

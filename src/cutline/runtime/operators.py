@@ -451,6 +451,8 @@ class _AssignTimestamps(RunningOperator):
         self._pending: int | None = None
         self._status: bool | None = None
         self._unit_checked = False
+        prototype = strategy.generator
+        self.generator = None if prototype is None else copy.deepcopy(prototype)
 
     def _take_actions(self, actions: list[Any]) -> None:
         for action in actions:
@@ -494,7 +496,19 @@ class _AssignTimestamps(RunningOperator):
             batch, values = without_time(batch, values, missing, event_time.column, self.ctx)
         if len(values):
             now = time.time()
-            self._take_actions(self.clock.records("records", int(values.max()), now))
+            generator = self.generator
+            if generator is None:
+                self._take_actions(self.clock.records("records", int(values.max()), now))
+            else:
+                if generator.per_record:
+                    for record in rows(batch):
+                        stamp = event_time.of_value(record.get(event_time.column))
+                        if stamp is not None:
+                            generator.on_event(stamp, record)
+                else:
+                    generator.on_events(values)
+                promise = generator.on_periodic_emit()
+                self._take_actions(self.clock.promised("records", promise, now))
             if not self._unit_checked:
                 self._unit_checked = True
                 said = event_time.seconds_like(values)

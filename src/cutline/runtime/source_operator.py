@@ -15,6 +15,7 @@ outcome, gives a position that cannot be pickled) fails the subtask with a
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import pickle
 import time
@@ -46,7 +47,7 @@ from cutline.protocol.splits import (
 )
 from cutline.protocol.watermarks import SplitWatermarks, WatermarkAction, lowest_after
 from cutline.runtime.eventtime.timestamps import EventTimeError
-from cutline.runtime.eventtime.watermarks import WatermarkStrategy, jumps
+from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy, jumps
 
 SOURCE_STATE = 2
 """The format of a source subtask's state: ``{"format": 2, "splits": {id: SplitState}}``."""
@@ -82,6 +83,8 @@ class SourceOperator:
         """How long to wait before the next read (the reader had nothing)."""
         self._unit_checked = False
         self._latest: dict[str, int] = {}
+        self._generators: dict[str, WatermarkGenerator] = {}
+        """Per split (of event time), its copy of the user's watermark generator."""
         """Per split (of event time), the latest time read, this attempt."""
         self._jumped: set[str] = set()
         """The splits whose jumps were warned about."""
@@ -131,7 +134,7 @@ class SourceOperator:
                     if len(values):
                         highest = int(values.max())
                         self._latest[key] = max(highest, self._latest.get(key, highest))
-                        self.watermarks += self.generator.records(key, highest, time.monotonic())
+                        self.watermarks += self._promise(key, batch, values, highest)
                         if not self._unit_checked:
                             self._unit_checked = True
                             said = self.strategy.event_time.seconds_like(values)
@@ -148,6 +151,37 @@ class SourceOperator:
             f"source {self.name}: its reader's read() returned {outcome!r}, not Records, "
             "Nothing or Finished (cutline.connectors)"
         )
+
+    def _promise(
+        self, key: str, batch: Any, values: np.ndarray, highest: int
+    ) -> list[WatermarkAction]:
+        """What a split's records move: by bounded out-of-orderness, or by the user's
+        generator (a copy of it per split) and what it promises after them."""
+        assert self.generator is not None and self.strategy is not None
+        now = time.monotonic()
+        prototype = self.strategy.generator
+        if prototype is None:
+            return self.generator.records(key, highest, now)
+        mine = self._generators.get(key)
+        if mine is None:
+            mine = self._generators[key] = copy.deepcopy(prototype)
+        try:
+            if mine.per_record:
+                column = self.strategy.event_time
+                records = batch.to_pylist() if isinstance(batch, pa.RecordBatch) else list(batch)
+                for record in records:
+                    stamp = column.of_value(record.get(column.column))
+                    if stamp is not None:
+                        mine.on_event(stamp, record)
+            else:
+                mine.on_events(values)
+            promise = mine.on_periodic_emit()
+        except Exception as exc:
+            raise SourceError(
+                f"source {self.name}: its watermark generator {prototype!r} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        return self.generator.promised(key, None if promise is None else int(promise), now)
 
     def _without_jumps(self, key: str, batch: Any, split: str | None) -> tuple[Any, Any]:
         """The batch without the records whose time jumps more than ``max_watermark_jump``
@@ -321,6 +355,8 @@ class SourceOperator:
                 return int(lowest * column.per_unit)  # (the reader read integers as ms)
             if lowest is not None and (column.unit in (None, "ms") or column.type is not None):
                 return int(lowest)
+        if strategy.generator is not None:
+            return None  # (how far out of order a split's first records come: unknown)
         head = self._call(f"read the head of split {split!r}", self.reader.head, split)
         if head is None or not len(head):
             return None

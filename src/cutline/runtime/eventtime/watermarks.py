@@ -1,7 +1,9 @@
 """How watermarks are made: :class:`WatermarkStrategy` is what ``event_time=``,
-``max_out_of_orderness=``, ``idle_timeout=`` and ``max_watermark_jump=`` say (Flink's
-``WatermarkStrategy``); a source subtask's watermarks are made from it by
-:class:`~cutline.runtime.source_operator.SourceOperator`.
+``max_out_of_orderness=``, ``watermarks=``, ``idle_timeout=`` and ``max_watermark_jump=``
+say (Flink's ``WatermarkStrategy``); a source subtask's watermarks are made from it by
+:class:`~cutline.runtime.source_operator.SourceOperator`. A split's watermark follows its
+records by bounded out-of-orderness, or by a :class:`WatermarkGenerator` of the user's
+(:class:`BoundedOutOfOrderness` and :class:`Monotonous` are two).
 
 **Jumps.** One record from the year 9999 among records of 2024 moves its split's watermark to
 9999, and every later record of the split is late. With ``max_watermark_jump``, a record whose
@@ -14,10 +16,67 @@ never moves the watermark.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
+
+
+class WatermarkGenerator:
+    """How a split's watermark follows its records (Flink's ``WatermarkGenerator``): give an
+    instance as ``watermarks=`` to a source (one copy per split) or to ``assign_timestamps``.
+    Override :meth:`on_event` to see every record with its time (a record at a time: slower),
+    or :meth:`on_events` for a batch's times at once; :meth:`on_periodic_emit` says the
+    watermark promised now, after every batch: no record at or before it is to come. It must
+    be picklable (it is sent to the workers) and is not checkpointed: after a restore the
+    splits are read again and it starts anew, as in Flink."""
+
+    def on_event(self, timestamp: int, record: Any) -> None:
+        """A record (a dict) of event time ``timestamp`` (epoch ms) was read."""
+
+    def on_events(self, timestamps: np.ndarray) -> None:
+        """A batch's event times (epoch ms, int64) were read (unless :meth:`on_event` is
+        overridden: it is then called for every record instead)."""
+
+    def on_periodic_emit(self) -> int | None:
+        """The watermark promised now (epoch ms), or ``None``: nothing yet."""
+        raise NotImplementedError
+
+    @property
+    def per_record(self) -> bool:
+        """Whether it looks at every record (:meth:`on_event` overridden)."""
+        return type(self).on_event is not WatermarkGenerator.on_event
+
+
+class BoundedOutOfOrderness(WatermarkGenerator):
+    """Records come at most ``bound`` behind the latest one (``max_out_of_orderness=``: a
+    duration or milliseconds): the watermark is the latest time minus the bound, minus 1."""
+
+    def __init__(self, bound: Any = 0) -> None:
+        self.bound = duration_ms(bound, "BoundedOutOfOrderness bound", zero=True)
+        self.highest: int | None = None
+
+    def on_events(self, timestamps: np.ndarray) -> None:
+        if len(timestamps):
+            latest = int(timestamps.max())
+            self.highest = latest if self.highest is None else max(self.highest, latest)
+
+    def on_periodic_emit(self) -> int | None:
+        return None if self.highest is None else self.highest - self.bound - 1
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.bound})"
+
+
+class Monotonous(BoundedOutOfOrderness):
+    """Records come in order of their time (Flink's ``forMonotonousTimestamps``)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def __repr__(self) -> str:
+        return "Monotonous()"
 
 
 @dataclass(frozen=True)
@@ -31,6 +90,9 @@ class WatermarkStrategy:
     bound: int = 0
     idle_timeout: float | None = None
     max_jump: int | None = None
+    generator: WatermarkGenerator | None = None
+    """A generator of the user's (``watermarks=``), a copy per split; ``None``: bounded
+    out-of-orderness by ``bound``."""
 
 
 def jumps(values: np.ndarray, latest: int | None, bound: int) -> np.ndarray:
