@@ -63,6 +63,7 @@ _ELSEWHERE = {
     "verify_checkpoint": "cutline.runtime.checkpoint.verify",
     "CheckpointStats": "cutline.runtime.checkpoint.stats",
     "JobMetrics": "cutline.runtime.driver.metrics",
+    "JobSummary": "cutline.runtime.driver.summary",
 }
 """Names of other modules, imported on first use (``read_state`` imports PySpark)."""
 __all__ = [*_API, *_ELSEWHERE, "__version__"]

@@ -145,6 +145,10 @@ def test_a_job_whose_driver_was_killed_resumes_exactly(tmp_path: Path) -> None:
     )
     assert published(tmp_path / "out") == list(range(RECORDS))
     assert result.restored_from == storage.location(latest).url
+    # what the dead run counted until its checkpoint, and this run after it: the whole job's
+    assert list(result.summary().read.values()) == [RECORDS]
+    assert list(result.summary().written.values()) == [RECORDS]
+    assert result.metrics is not None and result.metrics.operators[0].records_out < RECORDS
     # the only warning: the dead driver's lock on the directory was taken over
     [warning] = [m for kind, m in messages if kind == "warning"]
     assert warning.startswith("took the checkpoint directory over from run ")
@@ -174,6 +178,9 @@ def test_resuming_a_finished_job_publishes_nothing_twice(tmp_path: Path) -> None
     result = build(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
     assert published(tmp_path / "out") == list(range(RECORDS))
     assert result.restored_from is not None
+    # it read nothing more: the figures are those of the run that finished
+    assert list(result.summary().read.values()) == [RECORDS]
+    assert result.metrics is not None and result.metrics.operators[0].records_out == 0
 
 
 def test_latest_without_a_complete_checkpoint_starts_from_the_beginning(tmp_path: Path) -> None:

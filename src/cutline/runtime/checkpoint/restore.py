@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
+from cutline.runtime.checkpoint.stats import RecordCounts
 from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointMetadata, StateHandle
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.io.formats import SourceError
@@ -63,6 +64,9 @@ class RestoreSpec:
     checkpoints may build on its shared files."""
     skipped: tuple[str, ...] = field(default=())
     """Operators with state in the checkpoint that the job does not have (allowed)."""
+    counts: RecordCounts | None = None
+    """What the job had counted at it, since it started (its metadata says; ``None``: a
+    checkpoint of a version that did not count). The driver goes on counting from them."""
 
 
 def plan_restore(
@@ -133,6 +137,7 @@ def plan_restore(
         handles={s: h.to_dict() for s, h in metadata.handles.items()},
         own=own,
         skipped=tuple(unknown),
+        counts=RecordCounts.in_extra(metadata.extra),
     )
 
 

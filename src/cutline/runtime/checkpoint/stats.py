@@ -110,6 +110,11 @@ class SubtaskStats(_Record):
     event_time: dict[str, dict[str, int]] = field(default_factory=dict)
     """Operator uid -> its event-time figures at the snapshot: ``late`` (records too late
     for their windows so far, this generation), ``windows`` (open), ``timers``."""
+    records: dict[str, list[int]] = field(default_factory=dict)
+    """Operator uid -> [records in, records out] of its chain's operators in this generation,
+    at the snapshot."""
+    dead_letters: int = 0
+    """Records it sent to the dead letters in this generation, before the snapshot."""
 
     KIND: ClassVar[str] = "subtask"
 
@@ -156,6 +161,58 @@ def summed_figures(
 
 
 @dataclass(frozen=True)
+class RecordCounts:
+    """Records each operator took in and gave out, and records sent to the dead letters.
+
+    A subtask counts its own in each generation; the driver keeps the whole job's, since it
+    started, at every checkpoint: what the checkpoint the generation restored from had
+    counted, plus what the generation's subtasks had counted at their snapshots. A record
+    read again after a restore was not counted at the restored checkpoint (it came after the
+    snapshots), so it counts once; summed per operator, a restore at another parallelism
+    needs nothing special. The checkpoint's metadata keeps them (:meth:`to_extra`), so a run
+    that restores it, resumed or from a savepoint anywhere, goes on counting from them."""
+
+    operators: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Operator uid -> (records in, records out)."""
+    dead_letters: int = 0
+
+    def __add__(self, other: RecordCounts) -> RecordCounts:
+        operators = dict(self.operators)
+        for uid, (taken, given) in other.operators.items():
+            before = operators.get(uid, (0, 0))
+            operators[uid] = (before[0] + taken, before[1] + given)
+        return RecordCounts(operators, self.dead_letters + other.dead_letters)
+
+    @classmethod
+    def of(cls, records: Mapping[str, Any], dead_letters: Any = 0) -> RecordCounts:
+        """From JSON (uid -> [in, out]); ``ValueError`` or ``TypeError`` if it is not that."""
+        operators = {}
+        for uid, counted in records.items():
+            taken, given = counted
+            operators[str(uid)] = (int(taken), int(given))
+        return cls(operators, int(dead_letters))
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {uid: [taken, given] for uid, (taken, given) in sorted(self.operators.items())}
+
+    def to_extra(self) -> dict[str, Any]:
+        """What a checkpoint's metadata keeps of them (in its ``extra``)."""
+        return {"records": self.to_json(), "dead_letters": self.dead_letters}
+
+    @classmethod
+    def in_extra(cls, extra: Mapping[str, Any]) -> RecordCounts | None:
+        """What a checkpoint's metadata says the job had counted at it (``None``: nothing, a
+        checkpoint of an older version, or not readable)."""
+        records = extra.get("records")
+        if not isinstance(records, Mapping):
+            return None
+        try:
+            return cls.of(records, extra.get("dead_letters", 0))
+        except (TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class CheckpointStats(_Record):
     """One checkpoint's statistics (Flink: ``CompletedCheckpointStats`` and
     ``FailedCheckpointStats`` in one)."""
@@ -189,6 +246,12 @@ class CheckpointStats(_Record):
     """Bytes of everything it is made of (incremental: also the segments it shares)."""
     channel_state_bytes: int = 0
     checkpointing: str = "aligned"
+    records: dict[str, list[int]] = field(default_factory=dict)
+    """Operator uid -> [records in, records out] since the job started, at this checkpoint
+    (see :class:`RecordCounts`); empty: not known (aborted, written by an older version, or
+    its generation restored a checkpoint that did not know them)."""
+    dead_letters: int = 0
+    """Records sent to the dead letters since the job started, at this checkpoint."""
     subtasks: dict[str, SubtaskStats] = field(default_factory=dict)
     """Every subtask that acknowledged it."""
 
@@ -228,6 +291,11 @@ class CheckpointStats(_Record):
     def event_time(self) -> dict[str, dict[str, int]]:
         """Operator uid -> its event-time figures summed over its subtasks."""
         return summed_figures(stats.event_time for stats in self.subtasks.values())
+
+    def counts(self) -> RecordCounts | None:
+        """What the job had counted at this checkpoint since it started (``None``: not
+        known)."""
+        return RecordCounts.of(self.records, self.dead_letters) if self.records else None
 
     KIND: ClassVar[str] = "checkpoint"
 

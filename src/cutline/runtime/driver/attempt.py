@@ -42,6 +42,7 @@ from cutline.protocol.coordinator import (
 from cutline.protocol.cut import channel_cuts, check_cut
 from cutline.protocol.errors import ProtocolError
 from cutline.protocol.termination import NextWave, Terminated, TerminationDetector
+from cutline.runtime.checkpoint.stats import RecordCounts
 from cutline.runtime.checkpoint.storage import (
     CheckpointLocation,
     CheckpointMetadata,
@@ -104,6 +105,8 @@ class JobAttempt:
 
     :param holding: the sources hold part-way (:class:`~cutline.runtime.task.launch.SourceHold`):
         each checkpoint's completion is followed by ``Release`` once the listener was told.
+    :param restored: what the job had counted at the checkpoint the attempt restores (see
+        :class:`~cutline.runtime.checkpoint.stats.RecordCounts`; ``None``: not known).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class JobAttempt:
         server: ControlServer,
         *,
         holding: bool = False,
+        restored: RecordCounts | None,
     ) -> None:
         self.run, self.generation = run, generation
         self.coordinator, self.server = coordinator, server
@@ -137,7 +141,7 @@ class JobAttempt:
         """The sources were told to stop reading (a stop, in a job with loops)."""
         self.failures = FailureDetector(self.slots, run.config, self.hosts.get)
         self.stats = CheckpointStatsTracker(
-            generation, run.run_id, run.started, run.config.barriers.mode
+            generation, run.run_id, run.started, run.config.barriers.mode, restored
         )
         self.savepoints = SavepointRequests(run.config, run.storage, run.run_id)
         self.progress_due = 0.0
@@ -566,6 +570,9 @@ class JobAttempt:
                 "time": time.time(),
             },
         )
+        counts = self.stats.counted(action.checkpoint_id, plan.subtasks())
+        if counts is not None:  # (a restore of it goes on counting from them)
+            metadata.extra.update(counts.to_extra())
         violations = check_cut(
             channel_cuts(
                 {s: h.channels for s, h in metadata.handles.items() if h.channels is not None}

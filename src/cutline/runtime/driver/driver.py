@@ -43,6 +43,7 @@ from cutline.runtime.checkpoint.lineage import (
 from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock, Owner
 from cutline.runtime.checkpoint.restore import RestoreError, RestoreSpec, plan_restore
 from cutline.runtime.checkpoint.stats import (
+    RecordCounts,
     RestartInfo,
     RunInfo,
 )
@@ -73,6 +74,7 @@ from cutline.runtime.driver.result import (
     JobResult,
 )
 from cutline.runtime.driver.run import JobRun
+from cutline.runtime.driver.summary import JobCounts
 from cutline.runtime.graph import ExecutionPlan, subtask_name
 from cutline.runtime.network.control import ControlServer
 from cutline.runtime.task.launch import Launcher, SlotSetup
@@ -294,6 +296,7 @@ class JobDriver:
             if failure is None:
                 self.result.duration = self.job.elapsed()
                 self.result.collected = self._read_collected()
+                self.result.counts = self._counts(restore)
                 return self.result
             restarts = len(self.result.restarts)
             if not self.restart.restarts(failure, restarts):
@@ -472,7 +475,12 @@ class JobDriver:
             phase_hook=config.phase_hook,
         )
         attempt = JobAttempt(
-            self.job, generation, coordinator, server, holding=setup.hold is not None
+            self.job,
+            generation,
+            coordinator,
+            server,
+            holding=setup.hold is not None,
+            restored=restore.counts if restore is not None else RecordCounts(),
         )
         self.job.metrics.new_generation(generation)
         job = self.launcher.launch(setup)
@@ -491,6 +499,17 @@ class JobDriver:
                 job.wait(60.0)
             attempt.end()
             self.job.delete_shared(self.job.registry.restarted())
+
+    def _counts(self, restore: RestoreSpec | None) -> JobCounts:
+        """What the job counted from its start to its end: what the checkpoint its last
+        generation restored had counted (none at a fresh start), plus what that generation
+        counted (all of it: every slot finished)."""
+        restored = restore.counts if restore is not None else RecordCounts()
+        since = None
+        if restore is not None and restored is None:  # (a checkpoint of an older version)
+            since = self._initial.url if self._initial is not None else restore.url
+        counted = (restored or RecordCounts()) + self.job.metrics.counted()
+        return JobCounts.of(self.plan, counted, since)
 
     def _read_collected(self) -> dict[str, list[Any]]:
         collected: dict[str, list[Any]] = {}

@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo, summed_figures
+from cutline.runtime.checkpoint.stats import (
+    CheckpointStats,
+    RecordCounts,
+    RestartInfo,
+    summed_figures,
+)
 from cutline.runtime.graph import ExecutionPlan, subtask_name
 
 WINDOW = 3.0
@@ -151,6 +156,12 @@ class MetricsCollector:
                 taken, given = totals.get(uid, (0, 0))
                 totals[uid] = (taken + int(counted[0]), given + int(counted[1]))
         return totals
+
+    def counted(self) -> RecordCounts:
+        """What this generation's subtasks counted, as they last said (once every slot
+        finished: all they counted): records in and out per operator, and dead letters."""
+        dead_letters = sum(int(v.get("dead_letters", 0)) for v in self._subtasks.values())
+        return RecordCounts(self._totals(), dead_letters)
 
     def _pressure(self) -> dict[str, float]:
         """Chain uid -> seconds its subtasks were unable to send, summed."""

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +12,7 @@ from cutline.runtime.checkpoint.stats import (
     RestartInfo,
 )
 from cutline.runtime.driver.metrics import JobMetrics
+from cutline.runtime.driver.summary import JobCounts, JobSummary
 
 
 class JobFailedError(Exception):
@@ -104,9 +104,29 @@ class JobResult:
     metrics: JobMetrics | None = None
     """Records in and out per operator, throughput and backpressure at the end (of the last
     generation), the last checkpoints and the restarts: what the live progress showed."""
+    counts: JobCounts | None = None
+    """Records in and out per operator and dead letters since the job started (across
+    restarts and resumed runs, each record once): see :meth:`summary`."""
+
+    def summary(self) -> JobSummary:
+        """The job's figures from its start to its end: records read per source and written
+        per sink, window results, late records, dead letters, the watermark at the end, this
+        run's checkpoints and restarts (:meth:`JobSummary.verdict` says them in a
+        sentence)."""
+        metrics = self.metrics
+        operators = metrics.operators if metrics is not None else []
+        return JobSummary.of(
+            self.counts,
+            metrics.late if metrics is not None else {},
+            [o.watermark for o in operators if o.watermark is not None],
+            len([c for c in self.checkpoints if not c.savepoint]),
+            len(self.savepoints),
+            self.restarts,
+        )
 
     def __repr__(self) -> str:
-        """A summary (the fields hold kilobytes: statistics per subtask, every record)."""
+        """A summary (the fields hold kilobytes: statistics per subtask, every record), then
+        the verdict: what the job read, wrote and did (:meth:`summary`)."""
         parts = [f"{self.duration:.1f} s", f"{self.generations} generation(s)"]
         completed = [c for c in self.checkpoints if not c.savepoint]
         if completed:
@@ -115,14 +135,11 @@ class JobResult:
             parts.append(f"savepoints {self.savepoints}")
         if self.aborted:
             parts.append(f"{len(self.aborted)} aborted")
-        for restart in self.restarts:
-            cause = restart.cause.splitlines()[0] if restart.cause else "?"
-            parts.append(f"restart after generation {restart.generation}: {reprlib.repr(cause)}")
         for name, records in self.collected.items():
             parts.append(f"collected {name!r}: {len(records):,} records")
         if self.restored_from:
             parts.append(f"restored from {self.restored_from}")
-        return f"JobResult({'; '.join(parts)})"
+        return f"JobResult({'; '.join(parts)}): {self.summary().verdict()}"
 
     @property
     def output(self) -> list[Any]:

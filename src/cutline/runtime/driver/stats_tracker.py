@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cutline.runtime.checkpoint.stats import CheckpointStats, SubtaskStats
+from cutline.runtime.checkpoint.stats import CheckpointStats, RecordCounts, SubtaskStats
 from cutline.runtime.checkpoint.storage import StateHandle
 from cutline.runtime.network.messages import Ack
 
@@ -31,6 +32,8 @@ class _InFlight:
     subtasks: dict[str, SubtaskStats]
     size: int | None = None
     full_size: int | None = None
+    counts: RecordCounts | None = None
+    """The job's counts at it, once its metadata is made (:meth:`counted`)."""
 
 
 class CheckpointStatsTracker:
@@ -40,11 +43,21 @@ class CheckpointStatsTracker:
     :param run: the run's id.
     :param job_start: when the job started (monotonic): triggers are timed from it.
     :param checkpointing: the job's checkpointing mode, kept in every record.
+    :param restored: what the job had counted at the checkpoint the attempt restored (none
+        counted at a fresh start; ``None``: not known, so neither are its checkpoints').
     """
 
-    def __init__(self, generation: int, run: str, job_start: float, checkpointing: str) -> None:
+    def __init__(
+        self,
+        generation: int,
+        run: str,
+        job_start: float,
+        checkpointing: str,
+        restored: RecordCounts | None = None,
+    ) -> None:
         self.generation, self.run = generation, run
         self.job_start, self.checkpointing = job_start, checkpointing
+        self.restored = restored
         self._in_flight: dict[int, _InFlight] = {}
         self._said_slow: set[int] = set()
 
@@ -70,12 +83,30 @@ class CheckpointStatsTracker:
         if flight is not None:
             flight.size, flight.full_size = size, full_size
 
+    def counted(self, checkpoint: int, subtasks: Iterable[str]) -> RecordCounts | None:
+        """The job's counts at ``checkpoint`` since it started: the restored checkpoint's plus
+        what ``subtasks`` (all of the job's) had counted at their snapshots (``None``: not
+        known, or a subtask's acknowledgement said nothing of them). Kept for its
+        statistics."""
+        flight = self._in_flight.get(checkpoint)
+        if flight is None or self.restored is None:
+            return None
+        counts = self.restored
+        for subtask in subtasks:
+            stats = flight.subtasks.get(subtask)
+            if stats is None or not stats.records:
+                return None
+            counts = counts + RecordCounts.of(stats.records, stats.dead_letters)
+        flight.counts = counts
+        return counts
+
     def ended(
         self, checkpoint: int, now: float, status: str, reason: str | None = None
     ) -> CheckpointStats:
         """The statistics of a checkpoint that ended (and it is forgotten)."""
         flight = self._in_flight.pop(checkpoint, None) or _InFlight(now, 0.0, False, {})
         subtasks = flight.subtasks.values()
+        counts = flight.counts if status == "completed" else None
         return CheckpointStats(
             checkpoint_id=checkpoint,
             generation=self.generation,
@@ -97,6 +128,8 @@ class CheckpointStatsTracker:
             ),
             channel_state_bytes=sum(s.channel_state_bytes for s in subtasks),
             checkpointing=self.checkpointing,
+            records=counts.to_json() if counts is not None else {},
+            dead_letters=counts.dead_letters if counts is not None else 0,
             subtasks=dict(sorted(flight.subtasks.items())),
         )
 
@@ -174,4 +207,6 @@ def _subtask_stats(ack: Ack, now: float, flight: _InFlight) -> SubtaskStats:
             str(uid): {str(k): int(v) for k, v in dict(figures).items()}
             for uid, figures in dict(stats.get("event_time", {})).items()
         },
+        records=RecordCounts.of(dict(stats.get("records", {}))).to_json(),
+        dead_letters=int(stats.get("dead_letters", 0)),
     )

@@ -63,6 +63,32 @@ class PendingSnapshot:
     event_time: dict[str, dict[str, int]] = field(default_factory=dict)
     """Operator uid -> its event-time figures at the snapshot (late records, open windows,
     timers)."""
+    records: dict[str, list[int]] = field(default_factory=dict)
+    """Operator uid -> [records in, records out] in this generation, at the snapshot: the
+    driver adds them to what the restored checkpoint had counted, for the job's counts."""
+    dead_letters: int = 0
+    """Records sent to the dead letters in this generation, before the snapshot."""
+
+    def statistics(self, segments_size: int, channel_bytes: int) -> dict[str, Any]:
+        """The figures its acknowledgement carries, once written (the driver's
+        ``CheckpointStatsTracker`` makes its ``SubtaskStats`` of them)."""
+        counts = self.channel_counts()
+        return {
+            "synchronous": self.synchronous,
+            "first_barrier_at": self.first_barrier_at,
+            "snapshot_at": self.snapshot_at,
+            "forwarded_at": self.forwarded_at,
+            "barriers": self.arrivals,
+            "segments_size": segments_size,
+            "channel_state_bytes": channel_bytes,
+            "channel_state_records": sum(counts["recorded_inputs"].values())
+            + sum(counts["recorded_outputs"].values()),
+            "queued_ahead": self.queued_ahead,
+            "watermark": self.watermark,
+            "event_time": self.event_time,
+            "records": self.records,
+            "dead_letters": self.dead_letters,
+        }
 
     def keep_output(self, channel: str, overtaken: list[InBand]) -> None:
         """Keep the records (and watermarks) an unaligned barrier overtook on output

@@ -259,6 +259,7 @@ def _metrics(runners: list[SubtaskRunner]) -> dict[str, Any]:
             "backpressured": round(r.backpressured, 4),
             "watermark": r.shown_watermark,
             "event_time": r.event_figures(),
+            "dead_letters": r.dead_letter_count(),
         }
         for r in runners
     }

@@ -460,6 +460,10 @@ class SubtaskRunner:
         """The watermark for the progress and the statistics: ``None`` without event time."""
         return self.watermark if self.timed else None
 
+    def dead_letter_count(self) -> int:
+        """Records sent to the dead letters in this generation (so far)."""
+        return self._dead_letters.count if self._dead_letters is not None else 0
+
     def event_figures(self) -> dict[str, dict[str, int]]:
         """Operator uid -> its event-time figures now (those that have any)."""
         figures = {}
@@ -626,6 +630,8 @@ class SubtaskRunner:
             received=dict(self._received),
             watermark=self.shown_watermark,
             event_time=self.event_figures(),
+            records={uid: list(counted) for uid, counted in self.operator_records.items()},
+            dead_letters=self.dead_letter_count(),
         )
         self.checkpoints.forget_empty()
 
@@ -750,7 +756,6 @@ class SubtaskRunner:
                 reason = shorten(f"{type(exc).__name__}: {exc}")
                 self.control.send(Decline(self.name, checkpoint_id, reason))
             return
-        records = sum(counts["recorded_inputs"].values()) + sum(counts["recorded_outputs"].values())
         with contextlib.suppress(ControlError):
             self.control.send(
                 Ack(
@@ -760,19 +765,7 @@ class SubtaskRunner:
                     alignment=taking.alignment,
                     asynchronous=time.monotonic() - taking.sync_end,
                     unaligned=taking.unaligned,
-                    stats={
-                        "synchronous": taking.synchronous,
-                        "first_barrier_at": taking.first_barrier_at,
-                        "snapshot_at": taking.snapshot_at,
-                        "forwarded_at": taking.forwarded_at,
-                        "barriers": taking.arrivals,
-                        "segments_size": store.written,
-                        "channel_state_bytes": channel_bytes,
-                        "channel_state_records": records,
-                        "queued_ahead": taking.queued_ahead,
-                        "watermark": taking.watermark,
-                        "event_time": taking.event_time,
-                    },
+                    stats=taking.statistics(store.written, channel_bytes),
                 )
             )
 
