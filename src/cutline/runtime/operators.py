@@ -39,7 +39,7 @@ from cutline.connectors.sink import Sink, SinkContext, SinkWriter
 from cutline.connectors.source import Source, SourceContext
 from cutline.protocol.watermarks import MAX_WATERMARK, EmitWatermark, SplitWatermarks
 from cutline.runtime.eventtime.timers import EVENT, PROCESSING, TimerService
-from cutline.runtime.eventtime.watermarks import WatermarkStrategy
+from cutline.runtime.eventtime.watermarks import WatermarkStrategy, promise_after
 from cutline.runtime.source_operator import SourceOperator
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
@@ -500,14 +500,7 @@ class _AssignTimestamps(RunningOperator):
             if generator is None:
                 self._take_actions(self.clock.records("records", int(values.max()), now))
             else:
-                if generator.per_record:
-                    for record in rows(batch):
-                        stamp = event_time.of_value(record.get(event_time.column))
-                        if stamp is not None:
-                            generator.on_event(stamp, record)
-                else:
-                    generator.on_events(values)
-                promise = generator.on_periodic_emit()
+                promise = promise_after(generator, event_time, batch, values)
                 self._take_actions(self.clock.promised("records", promise, now))
             if not self._unit_checked:
                 self._unit_checked = True

@@ -47,7 +47,12 @@ from cutline.protocol.splits import (
 )
 from cutline.protocol.watermarks import SplitWatermarks, WatermarkAction, lowest_after
 from cutline.runtime.eventtime.timestamps import EventTimeError
-from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy, jumps
+from cutline.runtime.eventtime.watermarks import (
+    WatermarkGenerator,
+    WatermarkStrategy,
+    jumps,
+    promise_after,
+)
 
 SOURCE_STATE = 2
 """The format of a source subtask's state: ``{"format": 2, "splits": {id: SplitState}}``."""
@@ -166,22 +171,13 @@ class SourceOperator:
         if mine is None:
             mine = self._generators[key] = copy.deepcopy(prototype)
         try:
-            if mine.per_record:
-                column = self.strategy.event_time
-                records = batch.to_pylist() if isinstance(batch, pa.RecordBatch) else list(batch)
-                for record in records:
-                    stamp = column.of_value(record.get(column.column))
-                    if stamp is not None:
-                        mine.on_event(stamp, record)
-            else:
-                mine.on_events(values)
-            promise = mine.on_periodic_emit()
+            promise = promise_after(mine, self.strategy.event_time, batch, values)
         except Exception as exc:
             raise SourceError(
                 f"source {self.name}: its watermark generator {prototype!r} failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        return self.generator.promised(key, None if promise is None else int(promise), now)
+        return self.generator.promised(key, promise, now)
 
     def _without_jumps(self, key: str, batch: Any, split: str | None) -> tuple[Any, Any]:
         """The batch without the records whose time jumps more than ``max_watermark_jump``

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
 
@@ -109,3 +110,21 @@ def jumps(values: np.ndarray, latest: int | None, bound: int) -> np.ndarray:
         return np.zeros(len(values), dtype=bool)
     jumped: np.ndarray = values > ordered[gaps[0]]
     return jumped
+
+
+def promise_after(
+    generator: WatermarkGenerator, event_time: EventTime, batch: Any, times: np.ndarray
+) -> int | None:
+    """Show ``generator`` a batch (each record with its time, or the batch's ``times`` at
+    once, as it asks) and return the watermark it promises after it."""
+    if generator.per_record:
+        records = batch.to_pylist() if isinstance(batch, pa.RecordBatch) else list(batch)
+        for record in records:
+            value = record.get(event_time.column) if isinstance(record, dict) else None
+            stamp = event_time.of_value(value)
+            if stamp is not None:
+                generator.on_event(stamp, record)
+    else:
+        generator.on_events(times)
+    promise = generator.on_periodic_emit()
+    return None if promise is None else int(promise)
