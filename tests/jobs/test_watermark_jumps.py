@@ -54,9 +54,7 @@ def job(tmp_path: Path, folder: str, **options: Any) -> tuple[StreamEnvironment,
 
 
 def expected(rows: list[dict[str, Any]]) -> Counter[tuple[str, dt.datetime]]:
-    return Counter(
-        (r["user"], r["ts"].replace(second=0)) for r in rows if r["ts"].year == 2024
-    )
+    return Counter((r["user"], r["ts"].replace(second=0)) for r in rows if r["ts"].year == 2024)
 
 
 def test_a_record_far_ahead_goes_to_the_dead_letters_and_the_windows_are_exact(
