@@ -39,7 +39,6 @@ import argparse
 import json
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ from cutline import KeyedProcessFunction, StreamEnvironment
 from cutline.demo import WorkerKiller, check_b1_output, write_b1_input
 from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import local_session
+from figures import summary  # (bench/figures.py, beside this file)
 
 KEYS = 10_000
 
@@ -194,18 +194,6 @@ def _pct(values: list[float], q: int) -> float | None:
     return values[index]
 
 
-def _summary(runs: list[dict], key: str) -> dict:
-    values = [r[key] for r in runs if r["verified"] and r.get(key) is not None]
-    if not values:
-        return {"median": None, "min": None, "max": None, "runs": 0}
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "runs": len(values),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2_000_000)
@@ -279,9 +267,9 @@ def main() -> None:
                 f"checkpoints={run['checkpoints_completed']} verified={run['verified']}"
             )
     systems.update(long_runs)
-    off = _summary(systems["cutline sum, checkpoints off"], "events_per_s")
-    long_on = _summary(long_runs["cutline sum, checkpoints 1 s, long input"], "events_per_s")
-    long_off = _summary(long_runs["cutline sum, checkpoints off, long input"], "events_per_s")
+    off = summary(systems["cutline sum, checkpoints off"], "events_per_s")
+    long_on = summary(long_runs["cutline sum, checkpoints 1 s, long input"], "events_per_s")
+    long_off = summary(long_runs["cutline sum, checkpoints off, long input"], "events_per_s")
     recoveries = [
         _recovery(spark, input_dir, base / f"b2-{i}", args.events, B2_INTERVAL)
         for i in range(args.repeats)
@@ -305,18 +293,18 @@ def main() -> None:
                     "parallelism": 2,
                 },
                 "figures": {
-                    "events_per_s": _summary(runs, "events_per_s"),
-                    "events_per_s_incl_start": _summary(runs, "events_per_s_incl_start"),
-                    "checkpoints_completed": _summary(runs, "checkpoints_completed"),
-                    "checkpoint_duration_p50_s": _summary(runs, "checkpoint_duration_p50_s"),
-                    "checkpoint_duration_p99_s": _summary(runs, "checkpoint_duration_p99_s"),
-                    "alignment_max_s": _summary(runs, "alignment_max_s"),
+                    "events_per_s": summary(runs, "events_per_s"),
+                    "events_per_s_incl_start": summary(runs, "events_per_s_incl_start"),
+                    "checkpoints_completed": summary(runs, "checkpoints_completed"),
+                    "checkpoint_duration_p50_s": summary(runs, "checkpoint_duration_p50_s"),
+                    "checkpoint_duration_p99_s": summary(runs, "checkpoint_duration_p99_s"),
+                    "alignment_max_s": summary(runs, "alignment_max_s"),
                 },
                 "verified": all(r["verified"] for r in runs),
                 "runs": runs,
             }
         )
-    frequent = _summary(systems["cutline sum, checkpoints 0.1 s"], "events_per_s")
+    frequent = summary(systems["cutline sum, checkpoints 0.1 s"], "events_per_s")
     for interval, events, with_checkpoints, without in (
         (1.0, args.overhead_events, long_on, long_off),
         (0.1, args.events, frequent, off),
@@ -343,7 +331,7 @@ def main() -> None:
             "name": "B2",
             "system": "cutline sum, SIGKILL of a worker at half the input",
             "parameters": {"events": args.events, "parallelism": 2, "interval_s": B2_INTERVAL},
-            "figures": {"recovery_s": _summary(recoveries, "recovery_s")},
+            "figures": {"recovery_s": summary(recoveries, "recovery_s")},
             "verified": all(r["verified"] for r in recoveries),
             "runs": recoveries,
         }

@@ -90,7 +90,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,6 +103,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+
+from figures import summary  # (bench/figures.py, beside this file)
 
 TOPIC = "clicks"
 PARTITIONS = 3
@@ -188,18 +189,6 @@ def read_tally(path: Path) -> tuple[int, int, int]:
         return 0, 0, 0
     rows = [tuple(map(int, line.split())) for line in path.read_text().splitlines() if line]
     return tuple(sum(column) for column in zip(*rows, strict=True)) if rows else (0, 0, 0)  # type: ignore[return-value]
-
-
-def summary(runs: list[dict], key: str) -> dict[str, Any]:
-    values = [r[key] for r in runs if r.get("verified") and r.get(key) is not None]
-    if not values:
-        return {"median": None, "min": None, "max": None, "runs": 0}
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "runs": len(values),
-    }
 
 
 def cpu_seconds(pids: set[int]) -> float | None:

@@ -83,6 +83,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 
+from figures import summary  # (bench/figures.py, beside this file)
 from nexmark_reference import (
     BID_SCHEMA,
     CSV_COLUMNS,
@@ -736,18 +737,6 @@ def _pct(values: list[float], q: int) -> float | None:
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
-def _summary(runs: list[dict], key: str) -> dict:
-    values = [r[key] for r in runs if r.get("verified") and r.get(key) is not None]
-    if not values:
-        return {"median": None, "min": None, "max": None, "runs": 0}
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "runs": len(values),
-    }
-
-
 class Bench:
     """The systems that can run, and how to run one query on one of them."""
 
@@ -1018,8 +1007,8 @@ def _measurement(
 ) -> dict:
     ran = status.startswith("run")
     figures: dict[str, Any] = {
-        "events_per_s_incl_start": _summary(runs, "events_per_s_incl_start"),
-        "seconds_incl_start": _summary(runs, "seconds_incl_start"),
+        "events_per_s_incl_start": summary(runs, "events_per_s_incl_start"),
+        "seconds_incl_start": summary(runs, "seconds_incl_start"),
         "latency_p50_s": None,
         "latency_p99_s": None,
         "latency_note": LATENCY_NOTE,
@@ -1037,10 +1026,10 @@ def _measurement(
             "final_checkpoint_s",
             "alignment_max_s",
         ):
-            figures[key] = _summary(runs, key)
+            figures[key] = summary(runs, key)
     if system == "pyflink sql":
         for key in checkpoints:
-            figures[key] = _summary(runs, key)
+            figures[key] = summary(runs, key)
     if system == "spark structured streaming":
         for key in (
             "micro_batches",
@@ -1049,7 +1038,7 @@ def _measurement(
             "state_rows_max",
             "rows_dropped_by_watermark",
         ):
-            figures[key] = _summary(runs, key)
+            figures[key] = summary(runs, key)
     parameters = {
         "size": size,
         "events": inp.spec.events,
