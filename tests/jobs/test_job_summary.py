@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,20 +25,14 @@ from cutline.runtime.driver.result import JobResult
 from cutline.runtime.driver.summary import JobSummary
 from cutline.runtime.task.local import ThreadLauncher
 
+from ledger import first_time
+
 N = 3000
 KEYS = 7
 WINDOW = 100
 """Milliseconds of each window: the values are the records' event time (epoch ms)."""
 REJECTED = range(0, N, 97)
 """The values the job sends to the dead letters."""
-
-
-def first_time(flag: str) -> bool:
-    try:
-        os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -379,15 +379,11 @@ def test_windows_with_an_offset_start_at_it_in_either_layout(backend: str, seed:
         while start + size > r["ts"]:
             wanted[(r["user"], start)] += 1
             start -= every
-    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
-    job = Job(logic, backend, 2)
-    job.process(records, arrow=True)
-    job.watermark(10**15)
-    found = {(o["user"], o["window_start"]): o["count"] for o in job.output}
+    output = counted(assigner, backend, records)
+    found = {(o["user"], o["window_start"]): o["count"] for o in output}
     assert found == dict(wanted)
-    assert all(o["window_end"] - o["window_start"] == size for o in job.output)
-    assert all((o["window_start"] - offset) % every == 0 for o in job.output)
-    job.close()
+    assert all(o["window_end"] - o["window_start"] == size for o in output)
+    assert all((o["window_start"] - offset) % every == 0 for o in output)
 
 
 def test_an_offset_not_less_than_the_period_is_refused_naming_the_one_that_works() -> None:
@@ -446,18 +442,14 @@ def test_day_windows_in_a_time_zone_run_midnight_to_midnight_there_across_dst(
         start = dt.datetime(first.year, first.month, first.day, tzinfo=zone)
         wanted[(r["user"], int(start.timestamp() * 1000))] += 1
     assigner = Tumbling(f"{days} d", time_zone="America/New_York")
-    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
-    job = Job(logic, backend, 2)
-    job.process(records, arrow=True)
-    job.watermark(10**15)
-    found = {(o["user"], o["window_start"]): o["count"] for o in job.output}
+    output = counted(assigner, backend, records)
+    found = {(o["user"], o["window_start"]): o["count"] for o in output}
     assert found == dict(wanted)
-    hours = {(o["window_end"] - o["window_start"]) / 3_600_000 for o in job.output if days == 1}
+    hours = {(o["window_end"] - o["window_start"]) / 3_600_000 for o in output if days == 1}
     assert days == 2 or hours == {23.0, 24.0, 25.0}
-    for o in job.output:  # (each ends where the next starts: midnight there)
+    for o in output:  # (each ends where the next starts: midnight there)
         end = dt.datetime.fromtimestamp(o["window_end"] / 1000, zone)
         assert (end.hour, end.minute) == (0, 0)
-    job.close()
 
 
 def test_a_time_zone_is_for_whole_days_and_must_be_one() -> None:
@@ -504,3 +496,16 @@ def test_early_results_come_every_period_of_processing_time_then_the_final_one(
     assert [(r["user"], r["count"], r["final"]) for r in final] == [("a", 2, True), ("b", 1, True)]
     assert clock(70_000) == []  # (nothing open)
     job.close()
+
+
+def counted(
+    assigner: Tumbling | Sliding, backend: str, records: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A count per user of ``assigner``'s windows over ``records``, two subtasks of
+    ``backend``, every window fired: what they output."""
+    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    job = Job(logic, backend, 2)
+    job.process(records, arrow=True)
+    job.watermark(10**15)
+    job.close()
+    return job.output
