@@ -131,11 +131,12 @@ class SourceOperator:
                     key = ALL if not self.source.watermarks_per_split else split
                     assert key is not None and self.strategy is not None
                     try:
-                        values = self.strategy.event_time.present(batch)
+                        times, missing = self.strategy.event_time.timestamps(batch)
                     except EventTimeError as exc:
                         raise SourceError(f"source {self.name}: {exc}") from None
+                    values = times if missing is None else times[~missing]
                     if self.strategy.max_jump is not None and len(values):
-                        batch, values = self._without_jumps(key, batch, split)
+                        batch, values = self._without_jumps(key, batch, split, times, missing)
                     if len(values):
                         highest = int(values.max())
                         self._latest[key] = max(highest, self._latest.get(key, highest))
@@ -179,14 +180,21 @@ class SourceOperator:
             ) from exc
         return self.generator.promised(key, promise, now)
 
-    def _without_jumps(self, key: str, batch: Any, split: str | None) -> tuple[Any, Any]:
-        """The batch without the records whose time jumps more than ``max_watermark_jump``
-        ahead of their split (:func:`~cutline.runtime.eventtime.watermarks.jumps`), which go
-        to the dead letters (``on_error="dead_letter"``); else all of it, and a warning, once
-        per split. Returns the batch and its present times."""
+    def _without_jumps(
+        self,
+        key: str,
+        batch: Any,
+        split: str | None,
+        times: np.ndarray,
+        missing: np.ndarray | None,
+    ) -> tuple[Any, Any]:
+        """The batch without the records whose time (``times``, ``missing`` where it has
+        none) jumps more than ``max_watermark_jump`` ahead of their split
+        (:func:`~cutline.runtime.eventtime.watermarks.jumps`), which go to the dead letters
+        (``on_error="dead_letter"``); else all of it, and a warning, once per split. Returns
+        the batch and its present times."""
         strategy = self.strategy
         assert strategy is not None and strategy.max_jump is not None
-        times, missing = strategy.event_time.timestamps(batch)
         present = np.ones(len(times), dtype=bool) if missing is None else ~missing
         jumped = np.zeros(len(times), dtype=bool)
         jumped[present] = jumps(times[present], self._latest.get(key), strategy.max_jump)
