@@ -32,7 +32,7 @@ from cutline import (
     StreamEnvironment,
 )
 from cutline.runtime.io.sinks import PENDING
-from cutline.runtime.operators import ProcessContext
+from cutline.runtime.keyed_operators import ProcessContext
 from cutline.runtime.task.local import ThreadLauncher
 from cutline.runtime.task.subtask import SubtaskRunner
 

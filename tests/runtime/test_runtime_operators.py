@@ -18,18 +18,20 @@ from hypothesis import strategies as st
 from cutline import InputWarning, JobFailedError, StreamEnvironment
 from cutline.connectors import SinkContext
 from cutline.runtime.io.sinks import PENDING, FileSink
+from cutline.runtime.keyed_operators import (
+    KeyedProcessFunction,
+    ProcessContext,
+    ProcessLogic,
+    RollingLogic,
+)
 from cutline.runtime.operators import (
     DeadLetterOutput,
-    KeyedProcessFunction,
     MapBatchesLogic,
     MapLogic,
     OperatorContext,
     Partitioner,
     PassLogic,
-    ProcessContext,
-    ProcessLogic,
     RecordError,
-    RollingLogic,
     RunningOperator,
     UserFunctionError,
 )

@@ -35,13 +35,8 @@ from cutline.runtime.eventtime.watermarks import (
     WatermarkGenerator,
 )
 from cutline.runtime.io.formats import InputWarning, SourceError
-from cutline.runtime.operators import (
-    KeyedProcessFunction,
-    Logic,
-    OperatorContext,
-    ProcessContext,
-    RunningOperator,
-)
+from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessContext
+from cutline.runtime.operators import Logic, OperatorContext, RunningOperator
 from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import SparkSetupError
 

@@ -12,7 +12,8 @@ from typing import Any
 from cutline.connectors.sink import Sink
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.graph import Edge, KeySelector, Operator
-from cutline.runtime.operators import Logic, RollingLogic, SinkLogic
+from cutline.runtime.keyed_operators import RollingLogic
+from cutline.runtime.operators import Logic, SinkLogic
 
 
 class Outputs:

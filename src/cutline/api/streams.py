@@ -50,6 +50,7 @@ from cutline.api.window_all import (
 )
 from cutline.connectors.sink import FunctionSink, Sink
 from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregation
+from cutline.runtime.eventtime.assign import AssignTimestampsLogic
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.output import LATE
@@ -57,15 +58,12 @@ from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, dura
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.graph import Edge, GraphError, Operator
 from cutline.runtime.io.sinks import CollectSink, FileSink
+from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessLogic, RollingLogic
 from cutline.runtime.operators import (
-    AssignTimestampsLogic,
-    KeyedProcessFunction,
     Logic,
     MapBatchesLogic,
     MapLogic,
     PassLogic,
-    ProcessLogic,
-    RollingLogic,
     SinkLogic,
     function_name,
 )

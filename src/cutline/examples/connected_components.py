@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cutline.api.environment import DataStream, StreamEnvironment
-from cutline.runtime.operators import KeyedProcessFunction, ProcessContext
+from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessContext
 
 GROUPS = 5
 """The generated graph's vertices fall into this many groups that no edge joins."""

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.eventtime.aggregations import cut_sessions, group_by_window, number
+from cutline.runtime.eventtime.assign import without_time
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of, starts_of
 from cutline.runtime.eventtime.chunks import collect
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
@@ -40,14 +41,8 @@ from cutline.runtime.eventtime.layouts import (
 from cutline.runtime.eventtime.output import LATE, builtin_batch, window_results
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.eventtime.timestamps import EventTimeError
-from cutline.runtime.operators import (
-    Batch,
-    OperatorContext,
-    RecordError,
-    _Keyed,
-    rows,
-    without_time,
-)
+from cutline.runtime.keyed_operators import _Keyed
+from cutline.runtime.operators import Batch, OperatorContext, RecordError, rows
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.keygroups import key_group, key_groups
 
