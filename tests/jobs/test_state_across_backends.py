@@ -54,6 +54,7 @@ from cutline import (
 )
 from cutline.examples.connected_components import components, edge_stream, expected_labels
 from cutline.runtime.checkpoint.reader import open_checkpoint
+from cutline.runtime.state.columns import COLUMNS
 from cutline.runtime.task.local import ThreadLauncher
 
 Row = dict[str, Any]
@@ -309,10 +310,7 @@ def test_a_savepoint_restores_under_the_other_backend_exactly(
         for kind in WINDOWS
         for subtask, handle in reader.handles.items()
         if kind in handle.operators
-        and (
-            reader.state_file(subtask).operators[kind].get("panes")
-            or reader.state_file(subtask).operators[kind].get("sessions") is not None
-        )
+        and reader.state_file(subtask).operators[kind].get(COLUMNS)
     }
     # the memory backend kept the built-ins as columns; the disk backend, everything keyed
     assert columnar == (set(COLUMNAR + SESSION_ROWS) if before == "memory" else set())

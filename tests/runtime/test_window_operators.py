@@ -50,15 +50,24 @@ class Store:
         return self.files[ref.path]
 
 
-def context(subtask: int, parallelism: int, backend: str, store: Store | None) -> OperatorContext:
+def context(
+    subtask: int,
+    parallelism: int,
+    backend: str,
+    store: Store | None,
+    *,
+    full_every: int = 10,
+    restored: int | None = None,
+) -> OperatorContext:
     return OperatorContext(
         name="window",
         subtask=subtask,
         parallelism=parallelism,
         max_parallelism=MAX_PARALLELISM,
         generation=1,
-        state=StateConfig(backend=backend),
+        state=StateConfig(backend=backend, full_every=full_every),
         restore_store=store,  # type: ignore[arg-type]
+        restore_checkpoint=restored,
         side_outputs=frozenset({"late"}),  # (the job reads .late())
     )
 
@@ -66,19 +75,39 @@ def context(subtask: int, parallelism: int, backend: str, store: Store | None) -
 class Job:
     """One window operator per subtask, keys routed by key group, as the runtime does."""
 
-    def __init__(self, logic: WindowLogic, backend: str, parallelism: int, state: Any = None):
+    def __init__(
+        self,
+        logic: WindowLogic,
+        backend: str,
+        parallelism: int,
+        state: Any = None,
+        *,
+        full_every: int = 10,
+        restored: int | None = None,
+    ):
+        """``restored``: the id of the checkpoint ``state`` is (later checkpoints may build on
+        its chains)."""
         self.logic, self.backend, self.parallelism = logic, backend, parallelism
         self.store = Store() if state is None else state[0]
+        restored_id = restored
         handles = [] if state is None else state[1]
         self.ops: list[WindowOperator] = []
         for i in range(parallelism):
             mine = key_group_range(i, parallelism, MAX_PARALLELISM)
-            restored = [
+            mine_handles = [
                 h
                 for h in handles
                 if h["key_groups"][0] < mine.stop and mine.start < h["key_groups"][1]
             ]
-            op = logic.open(context(i, parallelism, backend, self.store), restored or None)
+            ctx = context(
+                i,
+                parallelism,
+                backend,
+                self.store,
+                full_every=full_every,
+                restored=restored_id,
+            )
+            op = logic.open(ctx, mine_handles or None)
             self.ops.append(op)
         self.output: list[dict[str, Any]] = []
         self.late: list[dict[str, Any]] = []
@@ -109,8 +138,11 @@ class Job:
         if late is not None:
             self.late += late.to_pylist() if isinstance(late, pa.RecordBatch) else late
 
-    def checkpoint(self, n: int) -> tuple[Store, list[dict[str, Any]]]:
-        handles = [op.snapshot(n).write(self.store, f"c{n}-s{i}") for i, op in enumerate(self.ops)]
+    def checkpoint(self, n: int, base: int | None = None) -> tuple[Store, list[dict[str, Any]]]:
+        handles = [
+            op.snapshot(n, base=base).write(self.store, f"c{n}-s{i}")
+            for i, op in enumerate(self.ops)
+        ]
         return self.store, handles
 
     def close(self) -> None:

@@ -26,10 +26,13 @@ from cutline.runtime.eventtime.layouts import (
     WINDOWS,
     columnar_size,
     panes_as_windows,
+    read_panes,
+    read_session_rows,
     session_rows_as_windows,
 )
 from cutline.runtime.network.wire import Watermark, WatermarkStatus, recorded_records
 from cutline.runtime.state.backend import KEYED_FORMAT
+from cutline.runtime.state.columns import handle_segments
 from cutline.runtime.state.keygroups import StateError, key_group
 from cutline.runtime.state.memory import MemoryStateBackend
 
@@ -175,7 +178,8 @@ class CheckpointReader:
             if kind == "keyed":
                 parts = [self.state_file(s).operators[uid] for s in subtasks]
                 size = sum(
-                    sum(segments.get(ref["path"], 0) for ref in part["chain"]) + columnar_size(part)
+                    sum(segments.get(ref.path, 0) for ref in handle_segments(part))
+                    + columnar_size(part)
                     for part in parts
                 )
             result.append(OperatorState(uid, names.get(uid, uid), kind, tuple(subtasks), size))
@@ -243,11 +247,10 @@ class CheckpointReader:
             yield KeyedEntry(subtask, key_group(key, max_parallelism), state, kind, key, value)
         # the windows a window operator keeps as columns (the memory backend's), shown as the
         # keyed layout keeps them (runtime/eventtime/layouts.py)
-        columnar: dict[Hashable, Any] = {}
-        if part.get("panes"):
-            columnar = panes_as_windows(part["panes"])
-        elif part.get("sessions") is not None:
-            columnar = session_rows_as_windows(part["sessions"])
+        columnar: dict[Hashable, Any] = panes_as_windows(read_panes(part, self.location))
+        sessions = read_session_rows(part, self.location)
+        if sessions is not None:
+            columnar = session_rows_as_windows(sessions)
         for key, value in columnar.items():
             group = key_group(key, max_parallelism)
             yield KeyedEntry(subtask, group, WINDOWS, "value", key, value)

@@ -15,10 +15,19 @@ from cutline.runtime.eventtime.aggregations import UFUNCS, cut_sessions
 from cutline.runtime.eventtime.assigners import Session
 from cutline.runtime.eventtime.keyed import WindowOperator, joined
 from cutline.runtime.eventtime.lateness import in_time
-from cutline.runtime.eventtime.layouts import WINDOWS, windows_as_session_rows
+from cutline.runtime.eventtime.layouts import (
+    WINDOWS,
+    concat_rows,
+    encode_session_rows,
+    read_session_rows,
+    take_rows,
+    windows_as_session_rows,
+)
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.operators import Batch, OperatorContext, rows
 from cutline.runtime.state.backend import KeyedSnapshot
+from cutline.runtime.state.columns import COLUMNS, ColumnChain
+from cutline.runtime.state.segments import SegmentStore
 
 
 class ColumnarSessionOperator(WindowOperator):
@@ -28,9 +37,11 @@ class ColumnarSessionOperator(WindowOperator):
     sorted pass (a session ends where the next one starts at or after the greatest end before
     it), and the sessions whose end the watermark passed fire as one batch.
 
-    The rows go into each checkpoint beside the (empty) keyed state, in full; restored at
-    another parallelism, each subtask keeps the rows of its key groups. Every change makes new
-    arrays: a snapshot being written keeps the old ones."""
+    The rows are checkpointed beside the (empty) keyed state as a chain of segments of their
+    own (:class:`~cutline.runtime.state.columns.ColumnChain`): an incremental checkpoint
+    writes the rows of the keys whose sessions changed since the checkpoint it builds on.
+    Restored at another parallelism, each subtask keeps the rows of its key groups. Every
+    change makes new arrays: a snapshot being written keeps the old ones."""
 
     def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
         assert isinstance(logic.assigner, Session)
@@ -38,19 +49,23 @@ class ColumnarSessionOperator(WindowOperator):
         self.rows: dict[str, Any] | None = None
         """The open sessions: ``keys`` (Arrow), ``start``, ``end``, ``acc``, ``count`` (mean),
         ``fired`` (NumPy); ``None``: none."""
+        self.columns = ColumnChain(ctx.state)
+        self._touched: list[tuple[int, pa.Array]] = []
+        """(snapshot, keys) whose sessions changed: those an incremental checkpoint writes."""
         super().__init__(logic, ctx, state)  # (restores the sessions: _restore_windows)
 
     def _restore_windows(self) -> None:
         """Every restored session as a row: those kept as rows, and those the keyed layout
         wrote (a checkpoint of the disk backend), taken out of keyed state."""
         parts = []
+        store = self.ctx.restore_store
         for handle in self.restored:
-            rows = handle.get("sessions")
+            rows = read_session_rows(handle, store) if store is not None else None
             if rows is None:
                 continue
             start, stop = handle.get("key_groups", (0, 0))
             if range(start, stop) != self.backend.key_groups:  # rescaled: my key groups' rows
-                rows = _take_rows(rows, self._owned(rows["keys"]))
+                rows = take_rows(rows, self._owned(rows["keys"]))
             if len(rows["keys"]):
                 parts.append(rows)
         keyed = [(key, self.table.get(key)) for key in list(self.backend.keys(WINDOWS))]
@@ -59,7 +74,13 @@ class ColumnarSessionOperator(WindowOperator):
             parts.append(converted)
         for key, _ in keyed:
             self.table.delete(key)
-        self.rows = _concat_rows(parts) if parts else None
+        self.rows = concat_rows(parts) if parts else None
+        restored = self.ctx.restore_checkpoint
+        if restored is not None and len(self.restored) == 1 and not keyed:
+            handle = self.restored[0]
+            groups = range(*handle.get("key_groups", (0, 0)))
+            if groups == self.backend.key_groups and handle.get(COLUMNS):
+                self.columns.adopt(restored, handle[COLUMNS])  # (later ones build on it)
 
     @property
     def open_windows(self) -> int:
@@ -73,9 +94,26 @@ class ColumnarSessionOperator(WindowOperator):
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
     ) -> KeyedSnapshot:
         taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
-        if self.rows is not None:
-            taken.extra["sessions"] = self.rows
+        rows, touched = self.rows, self._touched
+        ticket = self.columns.snapshot(checkpoint_id, base, savepoint)
+        needed = self.columns.number_of(base)
+        if needed is not None:  # (no later snapshot builds on an older one)
+            self._touched = [(number, keys) for number, keys in touched if number > needed]
+
+        def encode(since: int | None) -> bytes:
+            keys = [k for number, k in touched if since is not None and number > since]
+            return encode_session_rows(rows, keys, since)
+
+        def write(store: SegmentStore, name: str) -> dict[str, Any]:
+            return self.columns.write(ticket, store, name, encode)
+
+        taken.attached.append(write)
         return taken
+
+    def _touch(self, keys: pa.Array) -> None:
+        """The sessions of ``keys`` changed (an incremental checkpoint writes them)."""
+        if len(keys):
+            self._touched.append((self.columns.generation, keys))
 
     def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
         gap, kind = self.gap, self.aggregation.kind
@@ -117,6 +155,7 @@ class ColumnarSessionOperator(WindowOperator):
             "count": counts if kind == "mean" else None,
             "fired": np.zeros(len(start), dtype=bool),
         }
+        self._touch(cut)
         if self.rows is None:
             self.rows = local
             return None
@@ -127,13 +166,13 @@ class ColumnarSessionOperator(WindowOperator):
             pc.is_in(state["keys"], value_set=local["keys"]).to_numpy(zero_copy_only=False)
         )
         if not touched.any():
-            self.rows = _concat_rows([state, local])
+            self.rows = concat_rows([state, local])
             return None
-        merged, refire = self._merge_sessions(_take_rows(state, touched), local)
-        self.rows = _concat_rows([_take_rows(state, ~touched), merged])
+        merged, refire = self._merge_sessions(take_rows(state, touched), local)
+        self.rows = concat_rows([take_rows(state, ~touched), merged])
         if refire is None:
             return None
-        return self._session_batch(_take_rows(merged, refire))
+        return self._session_batch(take_rows(merged, refire))
 
     def _merge_sessions(
         self, old: dict[str, Any], local: dict[str, Any]
@@ -141,7 +180,7 @@ class ColumnarSessionOperator(WindowOperator):
         """Open sessions of the batch's keys and the batch's sessions, merged where they
         overlap; and which merged ones fired already and must fire again now."""
         kind = self.aggregation.kind
-        both = _concat_rows([old, local])
+        both = concat_rows([old, local])
         fresh = np.r_[np.zeros(len(old["keys"]), bool), np.ones(len(local["keys"]), bool)]
         encoded = pc.dictionary_encode(both["keys"])
         codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False)).astype(np.int64)
@@ -200,7 +239,7 @@ class ColumnarSessionOperator(WindowOperator):
         rows = self.rows
         if rows is None or rows["fired"].all():
             return None
-        return self._session_batch(_take_rows(rows, ~rows["fired"]), final=False)
+        return self._session_batch(take_rows(rows, ~rows["fired"]), final=False)
 
     def _fire_upto(self, watermark: int) -> Batch | None:
         watermark = self.watermark = max(self.watermark, watermark)
@@ -210,43 +249,16 @@ class ColumnarSessionOperator(WindowOperator):
         due = ~rows["fired"] & (rows["end"] - 1 <= watermark)
         keep = self.lateness > 0 and watermark != MAX_WATERMARK
         dropped = rows["fired"] & ~in_time(rows["end"], self.lateness, watermark)
-        out = self._session_batch(_take_rows(rows, due)) if due.any() else None
+        out = self._session_batch(take_rows(rows, due)) if due.any() else None
         if keep:
             if due.any():
                 rows = {**rows, "fired": rows["fired"] | due}
             remove = dropped
         else:
             remove = due | rows["fired"]
+        if due.any() or remove.any():
+            self._touch(rows["keys"].filter(pa.array(due | remove)))
         if remove.any():
-            rows = _take_rows(rows, ~remove)
+            rows = take_rows(rows, ~remove)
         self.rows = rows if len(rows["keys"]) else None
         return out
-
-
-def _take_rows(rows: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:
-    return {
-        name: (
-            None
-            if value is None
-            else value.filter(pa.array(mask))
-            if isinstance(value, pa.Array)
-            else value[mask]
-        )
-        for name, value in rows.items()
-    }
-
-
-def _concat_rows(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    first = parts[0]
-    out: dict[str, Any] = {}
-    for name in first:
-        values = [p[name] for p in parts]
-        if values[0] is None:
-            out[name] = None
-        elif isinstance(values[0], pa.Array):
-            out[name] = pa.concat_arrays([v.cast(values[0].type) for v in values])
-        else:
-            kinds = {v.dtype for v in values}
-            common = values[0].dtype if len(kinds) == 1 else np.result_type(*kinds)
-            out[name] = np.concatenate([v.astype(common, copy=False) for v in values])
-    return out

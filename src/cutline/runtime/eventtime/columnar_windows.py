@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,10 +23,19 @@ from cutline.runtime.eventtime.aggregations import (
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of
 from cutline.runtime.eventtime.keyed import WindowOperator, joined
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
-from cutline.runtime.eventtime.layouts import WINDOWS, PaneParts, fired_flags, windows_as_panes
+from cutline.runtime.eventtime.layouts import (
+    WINDOWS,
+    PaneParts,
+    PaneState,
+    encode_panes,
+    read_panes,
+    windows_as_panes,
+)
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.operators import Batch, OperatorContext, rows
 from cutline.runtime.state.backend import KeyedSnapshot
+from cutline.runtime.state.columns import COLUMNS, ColumnChain
+from cutline.runtime.state.segments import SegmentStore
 
 
 @dataclass
@@ -40,6 +49,11 @@ class WindowColumns:
     """Per key: its count, sum, least or greatest value (mean: its sum)."""
     count: np.ndarray | None = None
     """Mean: per key, how many values its sum holds."""
+    version: np.ndarray = field(kw_only=True)
+    """Per key: the snapshot its accumulator last changed for (0: restored), so that an
+    incremental checkpoint writes the keys changed since the one it builds on."""
+    born: int = 0
+    """The snapshot the window was made for (0: restored)."""
     fired: bool = False
     """Fired, and kept for the allowed lateness."""
     waiting: np.ndarray | None = None
@@ -56,10 +70,12 @@ class ColumnarWindowOperator(WindowOperator):
     Arrow, each window's groups merged into its columns with ``index_in`` and NumPy), and
     fires as one batch. No Python runs per record nor per key.
 
-    What the windows hold goes into each checkpoint beside the (empty) keyed state, in full
-    (``KeyedSnapshot.extra``); restored at another parallelism, each subtask keeps the keys
-    of its key groups. A window's arrays are shared with a snapshot being written and are
-    copied before they change."""
+    What the windows hold is checkpointed beside the (empty) keyed state as a chain of
+    segments of its own (:class:`~cutline.runtime.state.columns.ColumnChain`): incremental
+    checkpoints write, of each window, the keys whose accumulators changed since the
+    checkpoint they build on (each key's ``version`` says when it last did). Restored at
+    another parallelism, each subtask keeps the keys of its key groups. A window's arrays are
+    shared with a snapshot being written and are copied before they change."""
 
     def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
         assert not isinstance(logic.assigner, Session)
@@ -71,6 +87,7 @@ class ColumnarWindowOperator(WindowOperator):
         """Starts of the windows not fired yet (a heap; each fires at its end, minus one)."""
         self._kept: list[tuple[int, int]] = []
         """(when it is dropped, start) of the fired windows kept for the lateness (a heap)."""
+        self.columns = ColumnChain(ctx.state)
         super().__init__(logic, ctx, state)  # (restores the windows: _restore_windows)
 
     def _restore_windows(self) -> None:
@@ -81,11 +98,13 @@ class ColumnarWindowOperator(WindowOperator):
         when the watermark passes its end."""
         parts: dict[int, list[PaneParts]] = {}
         mine = self.backend.key_groups
+        store = self.ctx.restore_store
         for handle in self.restored:
             start, stop = handle.get("key_groups", (0, 0))
             whole = range(start, stop) == mine
-            for pane_start, keys, acc, count, fired in handle.get("panes", ()):
-                flags = fired_flags(fired, len(keys))
+            for pane_start, keys, acc, count, flags in (
+                read_panes(handle, store) if store is not None else ()
+            ):
                 if not whole:  # rescaled: the keys of my key groups only
                     keep = self._owned(keys)
                     if not keep.any():
@@ -98,6 +117,11 @@ class ColumnarWindowOperator(WindowOperator):
             parts.setdefault(found[0], []).append(found)
         for key, _ in keyed:
             self.table.delete(key)
+        restored = self.ctx.restore_checkpoint
+        if restored is not None and len(self.restored) == 1 and not keyed:
+            handle = self.restored[0]
+            if range(*handle.get("key_groups", (0, 0))) == mine and handle.get(COLUMNS):
+                self.columns.adopt(restored, handle[COLUMNS])  # (later ones build on it)
         for pane_start, pieces in parts.items():  # (keys of several old subtasks: disjoint)
             first = pieces[0][1].type
             counts = [piece[3] for piece in pieces if piece[3] is not None]
@@ -107,7 +131,8 @@ class ColumnarWindowOperator(WindowOperator):
                 pa.concat_arrays([piece[1].cast(first) for piece in pieces]),
                 np.concatenate([piece[2] for piece in pieces]),
                 np.concatenate(counts) if counts else None,
-                bool(flags.any()),
+                version=np.zeros(len(flags), dtype=np.int64),
+                fired=bool(flags.any()),
             )
             if pane.fired and not flags.all():
                 pane.waiting = np.flatnonzero(~flags)
@@ -137,12 +162,16 @@ class ColumnarWindowOperator(WindowOperator):
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
     ) -> KeyedSnapshot:
         taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
-        for pane in self.panes.values():
-            pane.shared = True
-        taken.extra["panes"] = [
-            (p.start, p.keys, p.acc, p.count, p.fired if p.waiting is None else _flags(p))
-            for p in self.panes.values()
-        ]
+        panes: list[PaneState] = []
+        for p in self.panes.values():
+            p.shared = True
+            panes.append((p.start, p.keys, p.acc, p.count, p.version, p.fired, p.waiting, p.born))
+        ticket = self.columns.snapshot(checkpoint_id, base, savepoint)
+
+        def write(store: SegmentStore, name: str) -> dict[str, Any]:
+            return self.columns.write(ticket, store, name, lambda since: encode_panes(panes, since))
+
+        taken.attached.append(write)
         return taken
 
     # ---------------------------------------------------------------- records
@@ -200,12 +229,15 @@ class ColumnarWindowOperator(WindowOperator):
             these = group_keys.filter(pa.array(mask))
             pane = self.panes.get(start)
             if pane is None:
+                generation = self.columns.generation
                 self._add_pane(
                     WindowColumns(
                         start,
                         these,
                         parts[mask].copy(),
                         None if counts is None else counts[mask].copy(),
+                        version=np.full(len(these), generation, dtype=np.int64),
+                        born=generation,
                     )
                 )
                 continue
@@ -236,7 +268,9 @@ class ColumnarWindowOperator(WindowOperator):
         if pane.shared:  # a snapshot holds the arrays
             pane.acc = pane.acc.copy()
             pane.count = None if pane.count is None else pane.count.copy()
+            pane.version = pane.version.copy()
             pane.shared = False
+        generation = self.columns.generation
         kind = self.aggregation.kind
         if old.any():
             at, add = found[old], parts[old]
@@ -247,6 +281,7 @@ class ColumnarWindowOperator(WindowOperator):
             ):
                 pane.acc = pane.acc.astype(object)  # (Python ints: no overflow)
             pane.acc[at] = UFUNCS[kind](pane.acc[at], add)
+            pane.version[at] = generation
             if pane.count is not None and counts is not None:
                 pane.count[at] = pane.count[at] + counts[old]
         positions = found.copy()
@@ -259,6 +294,9 @@ class ColumnarWindowOperator(WindowOperator):
                 common = np.result_type(pane.acc.dtype, added.dtype)
                 pane.acc = pane.acc.astype(common)
             pane.acc = np.concatenate([pane.acc, added])
+            pane.version = np.concatenate(
+                [pane.version, np.full(len(added), generation, dtype=np.int64)]
+            )
             if pane.count is not None and counts is not None:
                 pane.count = np.concatenate([pane.count, counts[new]])
             positions[new] = np.arange(size, size + int(new.sum()))
@@ -323,11 +361,3 @@ class ColumnarWindowOperator(WindowOperator):
         keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
         values = np.concatenate([v for _, _, v in fired])
         return self._builtin_batch(keys, starts, ends_of(self.windows, starts), values, final)
-
-
-def _flags(pane: WindowColumns) -> np.ndarray:
-    """Per key of a fired pane, whether it fired for it (those waiting: not yet)."""
-    flags = np.ones(len(pane.keys), dtype=bool)
-    if pane.waiting is not None:
-        flags[pane.waiting] = False
-    return flags

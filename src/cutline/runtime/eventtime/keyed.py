@@ -36,6 +36,8 @@ from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
     panes_as_windows,
+    read_panes,
+    read_session_rows,
     session_rows_as_windows,
 )
 from cutline.runtime.eventtime.output import LATE, builtin_batch, window_results
@@ -112,15 +114,18 @@ class WindowOperator(_Keyed):
         :mod:`~cutline.runtime.eventtime.layouts`), and their timers. The last step of opening:
         the columnar operators restore into their own layout instead."""
         mine, maximum = self.backend.key_groups, self.backend.max_parallelism
+        store = self.ctx.restore_store
         for handle in self.restored:
-            panes, rows = handle.get("panes"), handle.get("sessions")
-            if not panes and not rows:
-                continue
+            if store is None:
+                break
             start, stop = handle.get("key_groups", (0, 0))
             whole = range(start, stop) == mine
-            found: dict[Hashable, Any] = (
-                panes_as_windows(panes) if panes else session_rows_as_windows(rows or {})
-            )
+            found: dict[Hashable, Any]
+            if self._session:
+                rows = read_session_rows(handle, store)
+                found = {} if rows is None else dict(session_rows_as_windows(rows))
+            else:
+                found = dict(panes_as_windows(read_panes(handle, store)))
             for key, value in found.items():
                 if not whole and key_group(key, maximum) not in mine:
                     continue  # rescaled: the keys of my key groups only

@@ -13,6 +13,13 @@ chosen by the state backend it **runs** with:
   window, or one per key), or ``sessions``, one row per open session (``keys``, ``start``,
   ``end``, ``acc``, ``count``, ``fired``).
 
+The columnar layout is checkpointed as a chain of segments of its own
+(:class:`~cutline.runtime.state.columns.ColumnChain`), named by the handle's ``columns``:
+a full segment holds every window, an incremental one only what changed since the checkpoint
+it builds on (of each window, the keys whose accumulators changed; of sessions, every session
+of the keys that changed). :func:`read_panes` and :func:`read_session_rows` read either (and
+the handles of older checkpoints, which held the columns themselves).
+
 A checkpoint or savepoint written under one backend is restored under the other: the
 operator reads whichever layout it finds and keeps its own. The functions here turn one into
 the other; the checkpoint reader shows both as the keyed layout. Nothing here knows a backend.
@@ -21,11 +28,15 @@ the other; the checkpoint reader shows both as the keyed layout. Nothing here kn
 from __future__ import annotations
 
 import pickle
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutline.runtime.state.columns import read_chain
+from cutline.runtime.state.segments import SegmentSource
 
 WINDOWS = "windows"
 """The name of the keyed state of the keyed layout."""
@@ -43,10 +54,181 @@ def fired_flags(fired: Any, keys: int) -> np.ndarray:
 
 
 def columnar_size(part: Mapping[str, Any]) -> int:
-    """Bytes of the windows a keyed state handle keeps as columns (inside the subtask's state
-    file, not in segments); 0 for the keyed layout."""
+    """Bytes of the windows a keyed state handle of an older checkpoint keeps as columns
+    (inside the subtask's state file, not in segments); 0 for the others."""
     columns = [part[name] for name in ("panes", "sessions") if part.get(name) is not None]
     return len(pickle.dumps(columns, protocol=5)) if columns else 0
+
+
+PANES_FORMAT = 1
+
+PaneState = tuple[int, pa.Array, np.ndarray, np.ndarray | None, np.ndarray, bool, Any, int]
+"""What a snapshot keeps of one window of the columnar layout (arrays it shares, unchanged
+from then on): start, keys, accumulators, counts, per key the snapshot that last changed it,
+whether the window fired, the positions of its keys not fired yet (``None``: none), and the
+snapshot that made the window."""
+
+
+def encode_panes(panes: list[PaneState], since: int | None) -> bytes:
+    """A segment of the columnar windows: every key of every window (``since`` None), or of
+    each window the keys changed after snapshot ``since`` (a window made after it: all of
+    them, replacing one of the same start the chain held). Every window is named, with or
+    without keys: a window the segment does not name was dropped."""
+    entries = []
+    for start, keys, acc, count, version, fired, waiting, born in panes:
+        replace = since is None or born > since
+        if replace:
+            entries.append((start, True, fired, waiting, keys, acc, count))
+            continue
+        changed = np.flatnonzero(version > since)
+        entries.append(
+            (
+                start,
+                False,
+                fired,
+                waiting,
+                keys.take(pa.array(changed)),
+                acc[changed],
+                None if count is None else count[changed],
+            )
+        )
+    return pickle.dumps({"format": PANES_FORMAT, "panes": entries}, protocol=5)
+
+
+def read_panes(handle: Mapping[str, Any], store: SegmentSource) -> list[PaneParts]:
+    """The columnar windows a keyed state handle holds (its chain of segments applied in
+    order; an older checkpoint's handle held them itself), each key's ``fired`` flag apart."""
+    if handle.get("panes"):
+        return [
+            (start, keys, acc, count, fired_flags(fired, len(keys)))
+            for start, keys, acc, count, fired in handle["panes"]
+        ]
+    panes: dict[int, tuple[pa.Array, np.ndarray, np.ndarray | None, bool, Any]] = {}
+    for data in read_chain(handle, store):
+        found = pickle.loads(data)
+        if not isinstance(found, dict) or "panes" not in found:
+            continue  # (the sessions' chain)
+        now: dict[int, tuple[pa.Array, np.ndarray, np.ndarray | None, bool, Any]] = {}
+        for start, replace, fired, waiting, keys, acc, count in found["panes"]:
+            old = None if replace else panes.get(start)
+            if old is None:
+                now[start] = (keys, acc, count, fired, waiting)
+            else:
+                now[start] = (*_upsert(old[0], old[1], old[2], keys, acc, count), fired, waiting)
+        panes = now
+    parts: list[PaneParts] = []
+    for start, (keys, acc, count, fired, waiting) in sorted(panes.items()):
+        flags = np.full(len(keys), bool(fired))
+        if waiting is not None:
+            flags[waiting] = False
+        parts.append((start, keys, acc, count, flags))
+    return parts
+
+
+def _upsert(
+    keys: pa.Array,
+    acc: np.ndarray,
+    count: np.ndarray | None,
+    new_keys: pa.Array,
+    new_acc: np.ndarray,
+    new_count: np.ndarray | None,
+) -> tuple[pa.Array, np.ndarray, np.ndarray | None]:
+    """A window's columns with the changed keys' accumulators set (the keys it had keep
+    their places; new ones come after them, in order)."""
+    if not len(new_keys):
+        return keys, acc, count
+    if new_keys.type != keys.type:
+        new_keys = new_keys.cast(keys.type)
+    found = np.asarray(
+        pc.fill_null(pc.index_in(new_keys, value_set=keys), -1).to_numpy(zero_copy_only=False)
+    )
+    old, new = found >= 0, found < 0
+    common = np.result_type(acc.dtype, new_acc.dtype)
+    acc = acc.astype(common, copy=True)
+    acc[found[old]] = new_acc[old]
+    acc = np.concatenate([acc, new_acc[new].astype(common, copy=False)])
+    if count is not None and new_count is not None:
+        count = count.copy()
+        count[found[old]] = new_count[old]
+        count = np.concatenate([count, new_count[new]])
+    keys = pa.concat_arrays([keys, new_keys.filter(pa.array(new))])
+    return keys, acc, count
+
+
+def encode_session_rows(
+    rows: Mapping[str, Any] | None, touched: list[pa.Array], since: int | None
+) -> bytes:
+    """A segment of the columnar sessions: every row (``since`` None), or every row of the
+    keys ``touched`` after snapshot ``since`` (which replace the chain's rows of those keys:
+    a key none of whose sessions is left has none)."""
+    if since is None:
+        return pickle.dumps({"format": PANES_FORMAT, "sessions": rows, "touched": None}, protocol=5)
+    keys = pc.unique(pa.concat_arrays(touched)) if touched else pa.array([])
+    if rows is not None and len(keys):
+        if keys.type != rows["keys"].type:
+            keys = keys.cast(rows["keys"].type)
+        mask = np.asarray(pc.is_in(rows["keys"], value_set=keys).to_numpy(zero_copy_only=False))
+        rows = take_rows(rows, mask)
+    else:
+        rows = None
+    return pickle.dumps({"format": PANES_FORMAT, "sessions": rows, "touched": keys}, protocol=5)
+
+
+def read_session_rows(handle: Mapping[str, Any], store: SegmentSource) -> dict[str, Any] | None:
+    """The columnar sessions a keyed state handle holds (its chain applied in order; an older
+    checkpoint's handle held them itself); ``None``: none."""
+    if handle.get("sessions") is not None:
+        return dict(handle["sessions"])
+    rows: dict[str, Any] | None = None
+    for data in read_chain(handle, store):
+        found = pickle.loads(data)
+        if not isinstance(found, dict) or "sessions" not in found:
+            continue
+        touched = found["touched"]
+        if touched is None:
+            rows = found["sessions"]
+            continue
+        if rows is not None and len(touched):
+            if touched.type != rows["keys"].type:
+                touched = touched.cast(rows["keys"].type)
+            gone = np.asarray(
+                pc.is_in(rows["keys"], value_set=touched).to_numpy(zero_copy_only=False)
+            )
+            rows = take_rows(rows, ~gone)
+        parts = [p for p in (rows, found["sessions"]) if p is not None and len(p["keys"])]
+        rows = concat_rows(parts) if parts else None
+    return rows if rows is not None and len(rows["keys"]) else None
+
+
+def take_rows(rows: Mapping[str, Any], mask: np.ndarray) -> dict[str, Any]:
+    """The rows of the columnar sessions where ``mask`` holds."""
+    return {
+        name: (
+            None
+            if value is None
+            else value.filter(pa.array(mask))
+            if isinstance(value, pa.Array)
+            else value[mask]
+        )
+        for name, value in rows.items()
+    }
+
+
+def concat_rows(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Rows of the columnar sessions one after another."""
+    first = parts[0]
+    out: dict[str, Any] = {}
+    for name in first:
+        values = [p[name] for p in parts]
+        if values[0] is None:
+            out[name] = None
+        elif isinstance(values[0], pa.Array):
+            out[name] = pa.concat_arrays([v.cast(values[0].type) for v in values])
+        else:
+            kinds = {v.dtype for v in values}
+            common = values[0].dtype if len(kinds) == 1 else np.result_type(*kinds)
+            out[name] = np.concatenate([v.astype(common, copy=False) for v in values])
+    return out
 
 
 def panes_as_windows(panes: Iterable[tuple[Any, ...]]) -> dict[Hashable, dict[int, Any]]:

@@ -93,10 +93,17 @@ class KeyedSnapshot:
         self.extra: dict[str, Any] = {}
         """What the operator keeps beside its keyed state in the handle (a window operator's
         watermark): picklable, read back from the handles at a restore."""
+        self.attached: list[Callable[[SegmentStore, str], Mapping[str, Any]]] = []
+        """What writes the operator's state kept beside its keyed state in segments of its
+        own (:class:`~cutline.runtime.state.columns.ColumnChain`), after the keyed segment, on
+        the same thread; what each returns goes into the handle."""
 
     def write(self, store: SegmentStore, name: str) -> dict[str, Any]:
         """Write the segment (files named ``name``...) and return the keyed state handle."""
-        return {**self.backend._write(self, store, name), **self.extra}
+        handle = {**self.backend._write(self, store, name), **self.extra}
+        for attach in self.attached:
+            handle.update(attach(store, name))
+        return handle
 
 
 @dataclass

@@ -81,6 +81,7 @@ from cutline.runtime.operators import (
 )
 from cutline.runtime.source_operator import SourceOperator
 from cutline.runtime.state.backend import KeyedSnapshot
+from cutline.runtime.state.columns import handle_segments
 from cutline.runtime.state.segments import SegmentRef
 from cutline.runtime.task.checkpoints import PendingSnapshot, SubtaskCheckpoints
 from cutline.runtime.task.failures import failed_message, shorten
@@ -730,7 +731,7 @@ class SubtaskRunner:
                         f"{secrets.token_hex(4)}"
                     )
                     part = part.write(store, name)
-                    segments += [SegmentRef.from_dict(r) for r in part["chain"]]
+                    segments += handle_segments(part)
                 elif isinstance(part, PendingCommit):  # a sink's committable, made now
                     try:
                         part = part.complete()
