@@ -309,8 +309,7 @@ def test_a_savepoint_restores_under_the_other_backend_exactly(
         kind
         for kind in WINDOWS
         for subtask, handle in reader.handles.items()
-        if kind in handle.operators
-        and reader.state_file(subtask).operators[kind].get(COLUMNS)
+        if kind in handle.operators and reader.state_file(subtask).operators[kind].get(COLUMNS)
     }
     # the memory backend kept the built-ins as columns; the disk backend, everything keyed
     assert columnar == (set(COLUMNAR + SESSION_ROWS) if before == "memory" else set())
