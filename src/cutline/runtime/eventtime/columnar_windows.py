@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +88,11 @@ class ColumnarWindowOperator(WindowOperator):
         self._kept: list[tuple[int, int]] = []
         """(when it is dropped, start) of the fired windows kept for the lateness (a heap)."""
         self.columns = ColumnChain(ctx.state)
-        super().__init__(logic, ctx, state)  # (restores the windows: _restore_windows)
+        super().__init__(logic, ctx, state)
+
+    _adopts = True
+    """Whether later checkpoints may build on the restored chain (it holds the windows as
+    this operator does)."""  # (restores the windows: _restore_windows)
 
     def _restore_windows(self) -> None:
         """Every restored window as a pane: those kept as columns, and those the keyed layout
@@ -118,7 +122,7 @@ class ColumnarWindowOperator(WindowOperator):
         for key, _ in keyed:
             self.table.delete(key)
         restored = self.ctx.restore_checkpoint
-        if restored is not None and len(self.restored) == 1 and not keyed:
+        if restored is not None and len(self.restored) == 1 and not keyed and self._adopts:
             handle = self.restored[0]
             if range(*handle.get("key_groups", (0, 0))) == mine and handle.get(COLUMNS):
                 self.columns.adopt(restored, handle[COLUMNS])  # (later ones build on it)
@@ -162,17 +166,20 @@ class ColumnarWindowOperator(WindowOperator):
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
     ) -> KeyedSnapshot:
         taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
-        panes: list[PaneState] = []
-        for p in self.panes.values():
-            p.shared = True
-            panes.append((p.start, p.keys, p.acc, p.count, p.version, p.fired, p.waiting, p.born))
+        encode = self._frozen()
         ticket = self.columns.snapshot(checkpoint_id, base, savepoint)
 
         def write(store: SegmentStore, name: str) -> dict[str, Any]:
-            return self.columns.write(ticket, store, name, lambda since: encode_panes(panes, since))
+            return self.columns.write(ticket, store, name, encode)
 
         taken.attached.append(write)
         return taken
+
+    def _frozen(self) -> Callable[[int | None], bytes]:
+        """What a snapshot holds of the windows (their arrays, shared from now on), and how
+        it is encoded as a segment (:func:`~cutline.runtime.eventtime.layouts.encode_panes`)."""
+        panes = frozen(self.panes.values())
+        return lambda since: encode_panes(panes, since)
 
     # ---------------------------------------------------------------- records
 
@@ -252,7 +259,10 @@ class ColumnarWindowOperator(WindowOperator):
         if not refired:
             return None
         return self._batch(
-            [(pane, keys_, self._values(pane)[positions]) for pane, keys_, positions in refired]
+            [
+                (pane.start, keys_, self._values(pane)[positions])
+                for pane, keys_, positions in refired
+            ]
         )
 
     def _combine(
@@ -260,7 +270,10 @@ class ColumnarWindowOperator(WindowOperator):
     ) -> np.ndarray:
         """Merge one window's groups into its columns; their positions in it."""
         if keys.type != pane.keys.type:
-            keys = keys.cast(pane.keys.type)
+            if not len(pane.keys):  # (a window fired empty of keys of its own)
+                pane.keys = keys.slice(0, 0)
+            else:
+                keys = keys.cast(pane.keys.type)
         found = np.asarray(
             pc.fill_null(pc.index_in(keys, value_set=pane.keys), -1).to_numpy(zero_copy_only=False)
         )
@@ -319,12 +332,12 @@ class ColumnarWindowOperator(WindowOperator):
         return joined(early, self._fire_upto(max(self.watermark, now - 1)))
 
     def _so_far(self) -> Batch | None:
-        open_ = [(p, p.keys, self._values(p)) for p in self.panes.values() if not p.fired]
+        open_ = [(p.start, p.keys, self._values(p)) for p in self.panes.values() if not p.fired]
         return self._batch(open_, final=False) if open_ else None
 
     def _fire_upto(self, watermark: int) -> Batch | None:
         watermark = self.watermark = max(self.watermark, watermark)
-        fired: list[tuple[WindowColumns, pa.Array, np.ndarray]] = []
+        fired: list[tuple[int, pa.Array, np.ndarray]] = []
         keep = self.lateness > 0 and watermark != MAX_WATERMARK
         while self._due and end_of(self.windows, self._due[0]) - 1 <= watermark:
             start = heapq.heappop(self._due)
@@ -335,10 +348,10 @@ class ColumnarWindowOperator(WindowOperator):
                 if pane.waiting is not None:
                     waiting, pane.waiting = pane.waiting, None
                     fired.append(
-                        (pane, pane.keys.take(pa.array(waiting)), self._values(pane)[waiting])
+                        (start, pane.keys.take(pa.array(waiting)), self._values(pane)[waiting])
                     )
                 continue
-            fired.append((pane, pane.keys, self._values(pane)))
+            fired.append((start, pane.keys, self._values(pane)))
             if keep:
                 pane.fired = True
                 due = cleanup_time(end_of(self.windows, start), self.lateness)
@@ -353,11 +366,21 @@ class ColumnarWindowOperator(WindowOperator):
         return self._batch(fired) if fired else None
 
     def _batch(
-        self, fired: list[tuple[WindowColumns, pa.Array, np.ndarray]], final: bool = True
+        self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
     ) -> pa.RecordBatch:
-        """The output of windows firing: per window, its keys and their results."""
+        """The output of windows firing: per window (its start), its keys and their results."""
         lengths = [len(keys) for _, keys, _ in fired]
-        starts = np.repeat(np.array([p.start for p, _, _ in fired], dtype=np.int64), lengths)
+        starts = np.repeat(np.array([start for start, _, _ in fired], dtype=np.int64), lengths)
         keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
         values = np.concatenate([v for _, _, v in fired])
         return self._builtin_batch(keys, starts, ends_of(self.windows, starts), values, final)
+
+
+def frozen(panes: Iterable[WindowColumns]) -> list[PaneState]:
+    """Windows (or slices) as a snapshot holds them: their arrays, shared from now on (they
+    are copied before they change)."""
+    found: list[PaneState] = []
+    for p in panes:
+        p.shared = True
+        found.append((p.start, p.keys, p.acc, p.count, p.version, p.fired, p.waiting, p.born))
+    return found

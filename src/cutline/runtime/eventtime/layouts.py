@@ -27,14 +27,17 @@ the other; the checkpoint reader shows both as the keyed layout. Nothing here kn
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.runtime.eventtime.slicing import merge_parts
 from cutline.runtime.state.columns import read_chain
 from cutline.runtime.state.segments import SegmentSource
 
@@ -69,12 +72,42 @@ whether the window fired, the positions of its keys not fired yet (``None``: non
 snapshot that made the window."""
 
 
-def encode_panes(panes: list[PaneState], since: int | None) -> bytes:
+@dataclass(frozen=True)
+class Slicing:
+    """What a segment of sliding windows kept as slices (:mod:`.slicing`) says besides them:
+    how they merge into windows, and which windows are live (not past)."""
+
+    size: int
+    every: int
+    offset: int
+    kind: str
+    live: tuple[int, ...]
+
+
+def encode_panes(
+    panes: list[PaneState],
+    since: int | None,
+    slices: list[PaneState] | None = None,
+    slicing: Slicing | None = None,
+) -> bytes:
     """A segment of the columnar windows: every key of every window (``since`` None), or of
     each window the keys changed after snapshot ``since`` (a window made after it: all of
     them, replacing one of the same start the chain held). Every window is named, with or
-    without keys: a window the segment does not name was dropped."""
-    entries = []
+    without keys: a window the segment does not name was dropped. Sliding windows kept as
+    slices: the same of each slice, and ``slicing``."""
+    return pickle.dumps(
+        {
+            "format": PANES_FORMAT,
+            "panes": _entries(panes, since),
+            "slices": _entries(slices or [], since),
+            "slicing": slicing,
+        },
+        protocol=5,
+    )
+
+
+def _entries(panes: list[PaneState], since: int | None) -> list[tuple[Any, ...]]:
+    entries: list[tuple[Any, ...]] = []
     for start, keys, acc, count, version, fired, waiting, born in panes:
         replace = since is None or born > since
         if replace:
@@ -92,7 +125,7 @@ def encode_panes(panes: list[PaneState], since: int | None) -> bytes:
                 None if count is None else count[changed],
             )
         )
-    return pickle.dumps({"format": PANES_FORMAT, "panes": entries}, protocol=5)
+    return entries
 
 
 def read_panes(handle: Mapping[str, Any], store: SegmentSource) -> list[PaneParts]:
@@ -103,26 +136,71 @@ def read_panes(handle: Mapping[str, Any], store: SegmentSource) -> list[PanePart
             (start, keys, acc, count, fired_flags(fired, len(keys)))
             for start, keys, acc, count, fired in handle["panes"]
         ]
-    panes: dict[int, tuple[pa.Array, np.ndarray, np.ndarray | None, bool, Any]] = {}
+    panes: dict[int, _Columns] = {}
+    slices: dict[int, _Columns] = {}
+    slicing: Slicing | None = None
     for data in read_chain(handle, store):
         found = pickle.loads(data)
         if not isinstance(found, dict) or "panes" not in found:
             continue  # (the sessions' chain)
-        now: dict[int, tuple[pa.Array, np.ndarray, np.ndarray | None, bool, Any]] = {}
-        for start, replace, fired, waiting, keys, acc, count in found["panes"]:
-            old = None if replace else panes.get(start)
-            if old is None:
-                now[start] = (keys, acc, count, fired, waiting)
-            else:
-                now[start] = (*_upsert(old[0], old[1], old[2], keys, acc, count), fired, waiting)
-        panes = now
-    parts: list[PaneParts] = []
-    for start, (keys, acc, count, fired, waiting) in sorted(panes.items()):
+        panes = _applied(panes, found["panes"])
+        slices = _applied(slices, found.get("slices") or [])
+        slicing = found.get("slicing")
+    parts: dict[int, PaneParts] = {}
+    for start, (keys, acc, count, fired, waiting) in panes.items():
         flags = np.full(len(keys), bool(fired))
         if waiting is not None:
             flags[waiting] = False
-        parts.append((start, keys, acc, count, flags))
-    return parts
+        parts[start] = (start, keys, acc, count, flags)
+    if slicing is not None:
+        for start in slicing.live:
+            fired = start in panes and bool(panes[start][3])
+            parts[start] = _window_of_slices(slicing, start, parts.get(start), fired, slices)
+    return [parts[start] for start in sorted(parts) if len(parts[start][1])]
+
+
+_Columns = tuple[pa.Array, np.ndarray, np.ndarray | None, bool, Any]
+
+
+def _applied(held: dict[int, _Columns], entries: list[tuple[Any, ...]]) -> dict[int, _Columns]:
+    """A segment's windows (or slices) applied to those the chain held before it."""
+    now: dict[int, _Columns] = {}
+    for start, replace, fired, waiting, keys, acc, count in entries:
+        old = None if replace else held.get(start)
+        if old is None:
+            now[start] = (keys, acc, count, fired, waiting)
+        else:
+            now[start] = (*_upsert(old[0], old[1], old[2], keys, acc, count), fired, waiting)
+    return now
+
+
+def _window_of_slices(
+    slicing: Slicing,
+    start: int,
+    pane: PaneParts | None,
+    fired: bool,
+    slices: Mapping[int, _Columns],
+) -> PaneParts:
+    """A live sliding window, whole: what it kept itself (restored whole, or fired) merged
+    with its slices; a key only its slices hold has fired if the window has."""
+    width = math.gcd(slicing.size, slicing.every)
+    found = [slices[s][:3] for s in range(start, start + slicing.size, width) if s in slices]
+    own = [] if pane is None else [pane[1:4]]
+    merged = merge_parts([*own, *found], slicing.kind)
+    if merged is None:
+        return pane if pane is not None else (start, pa.array([]), np.zeros(0), None, _NONE)
+    keys, acc, count = merged
+    flags = np.full(len(keys), fired)
+    if pane is not None and len(pane[1]) and not pane[4].all():
+        at = np.asarray(
+            pc.fill_null(pc.index_in(keys, value_set=pane[1]), -1).to_numpy(zero_copy_only=False)
+        )
+        own_key = at >= 0
+        flags[own_key] = pane[4][at[own_key]]
+    return start, keys, acc, count, flags
+
+
+_NONE = np.zeros(0, dtype=bool)
 
 
 def _upsert(

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cutline.runtime.eventtime.assigners import Session
+from cutline.runtime.eventtime.assigners import Session, Sliding
 from cutline.runtime.eventtime.columnar_sessions import ColumnarSessionOperator
 from cutline.runtime.eventtime.columnar_windows import ColumnarWindowOperator
 from cutline.runtime.eventtime.keyed import WindowOperator
+from cutline.runtime.eventtime.sliced_windows import SlicedWindowOperator
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.operators import Logic, OperatorContext
 
@@ -25,5 +26,7 @@ class WindowLogic(WindowSpec, Logic):
         if self.aggregation.builtin and isinstance(self.key, str) and ctx.state.backend == "memory":
             if isinstance(self.assigner, Session):
                 return ColumnarSessionOperator(self, ctx, state)
+            if isinstance(self.assigner, Sliding):
+                return SlicedWindowOperator(self, ctx, state)
             return ColumnarWindowOperator(self, ctx, state)
         return WindowOperator(self, ctx, state)

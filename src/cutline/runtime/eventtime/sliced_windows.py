@@ -1,0 +1,291 @@
+"""Sliding windows of a built-in in the columnar layout, by slicing (:mod:`.slicing`)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.eventtime.aggregations import column_numbers, group_by_window
+from cutline.runtime.eventtime.assigners import Sliding, end_of, starts_of
+from cutline.runtime.eventtime.columnar_windows import (
+    ColumnarWindowOperator,
+    WindowColumns,
+    frozen,
+)
+from cutline.runtime.eventtime.keyed import joined
+from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
+from cutline.runtime.eventtime.layouts import Slicing, encode_panes
+from cutline.runtime.eventtime.slicing import (
+    Part,
+    last_window_of,
+    merge_parts,
+    restrict,
+    slice_width,
+    slices_in,
+    slices_of,
+)
+from cutline.runtime.eventtime.spec import WindowSpec
+from cutline.runtime.operators import Batch, OperatorContext, rows
+
+
+class SlicedWindowOperator(ColumnarWindowOperator):
+    """Sliding windows computing a built-in aggregate on the memory backend, by slicing: a
+    batch's records are grouped by key and **slice** (``gcd(size, slide)`` ms) and merged into
+    that slice's columns, once each, whatever the number of windows a record is in; when a
+    window fires, its slices merge per key (and with what the window kept itself).
+
+    A window keeps columns of its own (a :class:`WindowColumns` in ``panes``, as the tumbling
+    operator's) only for what a restore gave it whole (a checkpoint holds the live windows
+    whole: :func:`~cutline.runtime.eventtime.layouts.read_panes`) or what came while keys
+    kept a restored watermark, and, once fired and kept for the lateness, its ``fired`` flag.
+    A slice is dropped when the last window that holds it is past.
+
+    A record within the lateness of a fired window makes the window fire again for the
+    record's key (its result over every slice). The first checkpoint after a restore is a
+    full one (the restored chain held slices; this operator holds those windows whole)."""
+
+    _adopts = False
+
+    def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
+        assert isinstance(logic.assigner, Sliding)
+        self.sliding = logic.assigner
+        self.width = slice_width(logic.assigner)
+        """How long a slice is (ms)."""
+        self.slices: dict[int, WindowColumns] = {}
+        """The records' accumulators per slice start, as columns."""
+        self._scheduled: set[int] = set()
+        """The windows in ``_due`` (each once)."""
+        self._slices_kept: list[tuple[int, int]] = []
+        """(when it is dropped, start) of every slice (a heap)."""
+        super().__init__(logic, ctx, state)
+
+    def _add_pane(self, pane: WindowColumns) -> None:
+        self.panes[pane.start] = pane
+        if pane.fired:
+            due = cleanup_time(end_of(self.windows, pane.start), self.lateness)
+            heapq.heappush(self._kept, (due, pane.start))
+        if not pane.fired or pane.waiting is not None:
+            self._schedule(pane.start)
+
+    def _schedule(self, window: int) -> None:
+        if window not in self._scheduled:
+            self._scheduled.add(window)
+            heapq.heappush(self._due, window)
+
+    # ---------------------------------------------------------------- figures
+
+    @property
+    def open_windows(self) -> int:
+        count = 0
+        for window in self._scheduled:
+            pane = self.panes.get(window)
+            if pane is not None and pane.fired:
+                count += 0 if pane.waiting is None else len(pane.waiting)
+                continue
+            keys = [part[0] for part in self._parts(window)]
+            if keys:
+                first = keys[0].type
+                count += len(pc.unique(pa.concat_arrays([k.cast(first) for k in keys])))
+        return count
+
+    def figures(self) -> dict[str, int] | None:
+        timers = len(self._scheduled) + len(self._kept)
+        return {"late": self.late_records, "windows": self.open_windows, "timers": timers}
+
+    def _frozen(self) -> Callable[[int | None], bytes]:
+        panes, slices = frozen(self.panes.values()), frozen(self.slices.values())
+        sliding = self.sliding
+        slicing = Slicing(
+            sliding.size,
+            sliding.every,
+            sliding.offset,
+            self.aggregation.kind,
+            tuple(sorted(self._scheduled | set(self.panes))),
+        )
+        return lambda since: encode_panes(panes, since, slices, slicing)
+
+    # ---------------------------------------------------------------- records
+
+    def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
+        sliding = self.sliding
+        if self.watermark < self._ceiling:  # (keys keeping a restored watermark: into the
+            return super()._records(batch, ts)  # windows themselves, each key's lateness apart)
+        if not isinstance(batch, pa.RecordBatch) or not self._vectorizable(batch):
+
+            def own(key: Hashable, stamp: int) -> list[int]:
+                last = last_window_of(sliding, stamp) + sliding.size
+                if is_past(last, self.lateness, self._floor(key)):
+                    return []
+                return [int(slices_of(sliding, np.array([stamp]))[0])]
+
+            found = self._record_columns(rows(batch), ts, own)
+            return None if found is None else self._merge_slices(*found)
+        assert isinstance(self.key, str)
+        last = ts - np.mod(ts - sliding.offset, sliding.every)
+        on_time = in_time(last + sliding.size, self.lateness, self.watermark)
+        self._note_late(batch, np.arange(len(ts)), on_time)
+        if not on_time.all():
+            batch, ts = batch.filter(pa.array(on_time)), ts[on_time]
+        if not len(ts):
+            return None
+        values = None
+        if self.aggregation.kind != "count":
+            assert self.aggregation.field is not None
+            values = batch.column(self.aggregation.field)
+        return self._merge_slices(batch.column(self.key), slices_of(sliding, ts), values)
+
+    def _merge_slices(self, keys: pa.Array, starts: np.ndarray, values: Any) -> Batch | None:
+        """Merge (key, slice start, value) triples into the slices; the fired windows kept
+        for the lateness that they update fire again for their keys."""
+        kind = self.aggregation.kind
+        group_keys, group_starts, sums, grouped_counts = group_by_window(keys, starts, values, kind)
+        parts = column_numbers(sums)
+        counts = None if grouped_counts is None else column_numbers(grouped_counts)
+        again: dict[int, list[pa.Array]] = {}
+        for start in np.unique(group_starts).tolist():
+            mask = group_starts == start
+            these = group_keys.filter(pa.array(mask))
+            piece = self.slices.get(start)
+            if piece is None:
+                generation = self.columns.generation
+                self._add_slice(
+                    WindowColumns(
+                        start,
+                        these,
+                        parts[mask].copy(),
+                        None if counts is None else counts[mask].copy(),
+                        version=np.full(len(these), generation, dtype=np.int64),
+                        born=generation,
+                    )
+                )
+            else:
+                self._combine(piece, these, parts[mask], None if counts is None else counts[mask])
+            for window in starts_of(self.sliding, start):
+                pane = self.panes.get(window)
+                if pane is not None and pane.fired:
+                    again.setdefault(window, []).append(these)
+        fired = []
+        for window, found in sorted(again.items()):
+            pane = self.panes[window]
+            first = found[0].type
+            these = pc.unique(pa.concat_arrays([k.cast(first) for k in found]))
+            if pane.waiting is not None:  # (those fire when the watermark passes its end)
+                waiting = pane.keys.take(pa.array(pane.waiting)).cast(these.type)
+                these = these.filter(pc.invert(pc.is_in(these, value_set=waiting)))
+            result = self._result(window, these)
+            if result is not None:
+                fired.append((window, *result))
+        return self._batch(fired) if fired else None
+
+    def _add_slice(self, piece: WindowColumns) -> None:
+        """A new slice: its windows that are not past nor fired fire at their ends; it is
+        dropped when the last of them is past."""
+        self.slices[piece.start] = piece
+        sliding, watermark = self.sliding, self.watermark
+        for window in starts_of(sliding, piece.start):
+            pane = self.panes.get(window)
+            past = is_past(window + sliding.size, self.lateness, watermark)
+            if not past and (pane is None or not pane.fired):
+                self._schedule(window)
+        last = last_window_of(sliding, piece.start) + sliding.size
+        heapq.heappush(self._slices_kept, (cleanup_time(last, self.lateness), piece.start))
+
+    def _parts(self, window: int, keys: pa.Array | None = None) -> list[Part]:
+        """What the window holds: its own columns and its slices' (of ``keys`` only)."""
+        found: list[Part] = []
+        pane = self.panes.get(window)
+        if pane is not None and len(pane.keys):
+            found.append((pane.keys, pane.acc, pane.count))
+        for start in slices_in(self.sliding, window):
+            piece = self.slices.get(start)
+            if piece is not None:
+                found.append((piece.keys, piece.acc, piece.count))
+        if keys is not None:
+            found = [restrict(part, keys) for part in found]
+        return found
+
+    def _result(self, window: int, keys: pa.Array | None = None) -> tuple[pa.Array, Any] | None:
+        """The window's result per key (of ``keys`` only); ``None``: it holds none."""
+        merged = merge_parts(self._parts(window, keys), self.aggregation.kind)
+        if merged is None:
+            return None
+        found, acc, count = merged
+        if self.aggregation.kind == "mean":
+            assert count is not None
+            return found, acc.astype(float) / count
+        return found, acc
+
+    # ----------------------------------------------------------------- firing
+
+    def on_processing_time(self, now: int) -> Batch | None:
+        early = self._early(now)
+        if not self.processing or not self._scheduled:
+            return early
+        return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+
+    def _so_far(self) -> Batch | None:
+        found = []
+        for window in sorted(self._scheduled):
+            pane = self.panes.get(window)
+            if pane is not None and pane.fired:
+                continue
+            result = self._result(window)
+            if result is not None:
+                found.append((window, *result))
+        return self._batch(found, final=False) if found else None
+
+    def _fire_upto(self, watermark: int) -> Batch | None:
+        watermark = self.watermark = max(self.watermark, watermark)
+        fired: list[tuple[int, pa.Array, np.ndarray]] = []
+        keep = self.lateness > 0 and watermark != MAX_WATERMARK
+        size = self.sliding.size
+        while self._due and self._due[0] + size - 1 <= watermark:
+            window = heapq.heappop(self._due)
+            self._scheduled.discard(window)
+            pane = self.panes.get(window)
+            if pane is not None and pane.fired:  # (restored fired for some keys)
+                if pane.waiting is not None:
+                    waiting, pane.waiting = pane.keys.take(pa.array(pane.waiting)), None
+                    result = self._result(window, waiting)
+                    if result is not None:
+                        fired.append((window, *result))
+                continue
+            result = self._result(window)
+            if result is not None:
+                fired.append((window, *result))
+            if not keep:
+                self.panes.pop(window, None)
+                continue
+            if pane is None:  # (it keeps its fired flag)
+                pane = self._empty(window, result)
+                self.panes[window] = pane
+            pane.fired = True
+            heapq.heappush(self._kept, (cleanup_time(window + size, self.lateness), window))
+        while self._kept and self._kept[0][0] <= watermark:
+            _, window = heapq.heappop(self._kept)
+            pane = self.panes.get(window)
+            if pane is not None and pane.fired:
+                del self.panes[window]
+        while self._slices_kept and self._slices_kept[0][0] <= watermark:
+            _, start = heapq.heappop(self._slices_kept)
+            self.slices.pop(start, None)
+        return self._batch(fired) if fired else None
+
+    def _empty(self, window: int, result: tuple[pa.Array, Any] | None) -> WindowColumns:
+        """A window without columns of its own (it fired, and keeps the flag)."""
+        keys = result[0].slice(0, 0) if result is not None else pa.array([], pa.null())
+        mean = self.aggregation.kind == "mean"
+        return WindowColumns(
+            window,
+            keys,
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64) if mean else None,
+            version=np.zeros(0, dtype=np.int64),
+            born=self.columns.generation,
+        )
