@@ -216,3 +216,40 @@ def test_windows_are_exact_through_incremental_checkpoints_failures_and_restores
     assert Counter(map(str, job.late)) == Counter(map(str, reference.late))
     job.close()
     reference.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_early_records_count_per_key_and_window_through_merges_and_rescaled_restores(
+    backend: str,
+) -> None:
+    """``early_records=3`` on sessions (gap 60): two sessions of 2 records each give nothing
+    early; the record that bridges them makes one session of 5 records (their counts add up,
+    Flink's rule), which gives its result so far, and its count starts again; the counts are
+    keyed state, so a restore at another parallelism goes on counting (1 before it, 2 after:
+    early again), and the final result is the whole."""
+    logic = WindowLogic(
+        ASSIGNERS["session"],
+        Aggregation("count"),
+        "user",
+        EventTime("ts", 0, pa.int64()),
+        early_records=3,
+    )
+    job = Job(logic, backend, 1)
+    assert all(type(op).__name__ == "WindowOperator" for op in job.ops)  # (the keyed layout)
+    for ts in (0, 10, 100, 110):
+        job.process([{"user": "a", "ts": ts, "n": 1}], arrow=True)
+    assert job.output == []
+    job.process([{"user": "a", "ts": 50, "n": 1}], arrow=False)
+    job.process([{"user": "a", "ts": 120, "n": 1}], arrow=True)
+    assert [(r["window_start"], r["count"], r["final"]) for r in job.output] == [(0, 5, False)]
+    restored = Job(logic, backend, 3, job.checkpoint(1))
+    job.close()
+    restored.process([{"user": "a", "ts": 130, "n": 1}], arrow=True)
+    assert restored.output == []
+    restored.process([{"user": "a", "ts": 140, "n": 1}], arrow=True)
+    restored.watermark(MAX_WATERMARK)
+    assert [(r["window_start"], r["count"], r["final"]) for r in restored.output] == [
+        (0, 8, False),
+        (0, 8, True),
+    ]
+    restored.close()

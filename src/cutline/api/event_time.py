@@ -74,3 +74,19 @@ def watermark_generator(what: str, generator: Any, bound: int) -> WatermarkGener
             "how far out of order the records come)"
         )
     return generator  # (the launcher checks that it can be sent to the workers)
+
+
+def common_time(times: list[EventTime | None]) -> EventTime | None:
+    """The event time of a union: its inputs' when they all have it in the same column (the
+    type when all that know it agree; else it is learned from the records); else none (call
+    assign_timestamps after the union)."""
+    if any(t is None for t in times):
+        return None
+    found = [t for t in times if t is not None]
+    if len({(t.column, t.offset, t.unit) for t in found}) != 1:
+        return None
+    types = {t.type for t in found if t.type is not None}
+    first = found[0]
+    return EventTime(
+        first.column, first.offset, types.pop() if len(types) == 1 else None, first.unit
+    )

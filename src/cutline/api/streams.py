@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from cutline.api.columns import has_column, numeric_column, window_result_schema, with_count
 from cutline.api.dataflow import Dataflow
-from cutline.api.event_time import watermark_generator
+from cutline.api.event_time import common_time, watermark_generator
 from cutline.api.outputs import Outputs
 from cutline.api.settings import location
 from cutline.api.window_all import (
@@ -249,6 +249,7 @@ class DataStream(_Operators, Outputs):
         allowed_lateness: Any = 0,
         time: str = "event",
         early: Any = None,
+        early_records: int | None = None,
     ) -> WindowedStream:
         """Windows of the whole stream, not per key (Flink's ``windowAll``): each window's
         result is one record, ``window_start``, ``window_end`` and the result (a ``process``
@@ -256,7 +257,11 @@ class DataStream(_Operators, Outputs):
         window operator, as in Flink: windows of a key are the way to scale. Otherwise as
         :meth:`KeyedStream.window`."""
         windowed = KeyedStream(self, ALL).window(
-            assigner, allowed_lateness=allowed_lateness, time=time, early=early
+            assigner,
+            allowed_lateness=allowed_lateness,
+            time=time,
+            early=early,
+            early_records=early_records,
         )
         windowed.whole = True
         return windowed
@@ -271,7 +276,7 @@ class DataStream(_Operators, Outputs):
         if len({s.operator.uid for s in streams}) != len(streams):
             raise ValueError("union of a stream with itself: every record would come twice")
         inputs = [Edge(s.operator.uid) for s in streams]
-        event_time = _common_time([s.event_time for s in streams])
+        event_time = common_time([s.event_time for s in streams])
         schemas = [s.schema for s in streams]
         same = schemas[0] if all(x is not None and x.equals(schemas[0]) for x in schemas) else None
         operator = self.env._add("union", PassLogic(), inputs, name)
@@ -427,6 +432,7 @@ class KeyedStream(_Operators):
         allowed_lateness: Any = 0,
         time: str = "event",
         early: Any = None,
+        early_records: int | None = None,
     ) -> WindowedStream:
         """Windows of event time per key: ``Tumbling("1 min")``, ``Sliding("10 min",
         every="1 min")`` or ``Session(gap="30 min")``; then say what each computes
@@ -443,7 +449,10 @@ class KeyedStream(_Operators):
 
         ``early`` (a duration of processing time, ``"10s"``): every that long, each open
         window's result so far, before its final one; results then have a ``final`` column
-        (false for those, true for the last), as Flink's early-firing triggers give."""
+        (false for those, true for the last), as Flink's early-firing triggers give.
+        ``early_records`` (a count): each time a window of a key has taken that many more
+        records, its result so far (at most one per window per batch, after the batch), as
+        Flink's ``CountTrigger``; with ``early``, both."""
         if time not in ("event", "processing"):
             raise ValueError(f"window(time={time!r}): use 'event' or 'processing'")
         if not isinstance(assigner, Tumbling | Sliding | Session):
@@ -457,7 +466,8 @@ class KeyedStream(_Operators):
             if lateness:
                 raise ValueError("allowed_lateness is for event time: no record is late here")
             clock = EventTime("processing_time")
-            return _early(WindowedStream(self, assigner, clock, 0, "processing"), early)
+            windowed = WindowedStream(self, assigner, clock, 0, "processing")
+            return _early(windowed, early, early_records)
         if event_time is None:
             raise ValueError(
                 f"window({assigner}): the stream has no event time: give the source "
@@ -478,7 +488,7 @@ class KeyedStream(_Operators):
                     f"the unit of the times of {event_time.column!r} (event_time_unit='s'): "
                     "window_start and window_end could not say it"
                 )
-        return _early(WindowedStream(self, assigner, event_time, lateness), early)
+        return _early(WindowedStream(self, assigner, event_time, lateness), early, early_records)
 
 
 class WindowedStream:
@@ -587,6 +597,8 @@ class WindowedStream:
     """Windows of the whole stream (``window_all``)."""
     early: int | None = None
     """Every this many ms of processing time, the open windows' results so far."""
+    early_records: int | None = None
+    """Every this many records of a window (per key), its result so far."""
 
     def _apply(
         self, aggregation: Aggregation, what: str, name: str | None, on_error: str = "fail"
@@ -605,6 +617,7 @@ class WindowedStream:
             self.lateness,
             self.time,
             early=self.early,
+            early_records=self.early_records,
             keyless=self.whole,
         )
         clock = "" if self.time == "event" else ", processing time"
@@ -647,22 +660,6 @@ class WindowedResult(DataStream):
     :meth:`late` takes off again."""
 
 
-def _common_time(times: list[EventTime | None]) -> EventTime | None:
-    """The event time of a union: its inputs' when they all have it in the same column (the
-    type when all that know it agree; else it is learned from the records); else none (call
-    assign_timestamps after the union)."""
-    if any(t is None for t in times):
-        return None
-    found = [t for t in times if t is not None]
-    if len({(t.column, t.offset, t.unit) for t in found}) != 1:
-        return None
-    types = {t.type for t in found if t.type is not None}
-    first = found[0]
-    return EventTime(
-        first.column, first.offset, types.pop() if len(types) == 1 else None, first.unit
-    )
-
-
 def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:
     """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``."""
     _callable(fn, kind)
@@ -675,8 +672,16 @@ def _callable(fn: Any, what: str) -> None:
         raise TypeError(f"{what} takes a function, not {type(fn).__name__}")
 
 
-def _early(windowed: WindowedStream, early: Any) -> WindowedStream:
-    """``windowed`` firing early every ``early`` (a duration), when given."""
+def _early(windowed: WindowedStream, early: Any, early_records: Any = None) -> WindowedStream:
+    """``windowed`` firing early every ``early`` (a duration) and every ``early_records``
+    records of a window, when given."""
     if early is not None:
         windowed.early = duration_ms(early, f"window({windowed.assigner}): early")
+    if early_records is not None:
+        if type(early_records) is not int or early_records < 1:
+            raise ValueError(
+                f"window({windowed.assigner}): early_records={early_records!r} must be a "
+                "positive integer (a window's result so far every that many of its records)"
+            )
+        windowed.early_records = early_records
     return windowed

@@ -32,6 +32,7 @@ from cutline.runtime.eventtime.aggregations import cut_sessions, group_by_window
 from cutline.runtime.eventtime.assign import without_time
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of, starts_of
 from cutline.runtime.eventtime.chunks import collect
+from cutline.runtime.eventtime.early import EarlyRecords
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
@@ -77,6 +78,10 @@ class WindowOperator(_Keyed):
         self._keeps_late = LATE in ctx.side_outputs
         self._next_early = 0
         """When the open windows' results so far are due next (processing time, ms)."""
+        self.early_records = (
+            None if logic.early_records is None else EarlyRecords(self, logic.early_records)
+        )
+        """The counts of ``early_records``: which windows took another N records."""
         self._session = isinstance(self.assigner, Session)
         self.processing = logic.time == "processing"
         self._time_type = self.event_time.type
@@ -204,7 +209,14 @@ class WindowOperator(_Keyed):
         if not len(batch):
             return None
         prepared = self._prepare(batch)
-        return None if prepared is None else self._records(*prepared)
+        if prepared is None:
+            return None
+        out = self._records(*prepared)
+        if self.early_records is not None:
+            found = self.early_records.counted(*prepared)
+            if found:
+                out = joined(out, self._results(found, final=False))
+        return out
 
     def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
         """Records with their timestamps (those without failed) into their windows; what
@@ -576,6 +588,8 @@ class WindowOperator(_Keyed):
         marked fired and kept for the lateness)."""
         value = self.table.get(key)
         keep = self.lateness > 0 and self.watermark != MAX_WATERMARK
+        if self.early_records is not None:
+            self.early_records.forget(key, start, end)
         if self._session:
             sessions = list(value or ())
             for i, (s_start, s_end, acc, _) in enumerate(sessions):

@@ -18,12 +18,17 @@ from cutline.runtime.operators import Logic, OperatorContext
 @dataclass(frozen=True)
 class WindowLogic(WindowSpec, Logic):
     """A keyed window operator (:class:`WindowSpec`): the columnar layout for a built-in of a
-    key column on the memory backend, else the keyed one."""
+    key column on the memory backend (without ``early_records``), else the keyed one."""
 
     keyed = True
 
     def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
-        if self.aggregation.builtin and isinstance(self.key, str) and ctx.state.backend == "memory":
+        if (
+            self.aggregation.builtin
+            and isinstance(self.key, str)
+            and ctx.state.backend == "memory"
+            and self.early_records is None  # (counts per key and window: the keyed layout)
+        ):
             if isinstance(self.assigner, Session):
                 return ColumnarSessionOperator(self, ctx, state)
             if isinstance(self.assigner, Sliding):

@@ -52,7 +52,7 @@ def window_results(
                 produced = aggregation.fn(None if logic.keyless else key, window, contents)
                 if isinstance(produced, pa.Table | pa.RecordBatch):
                     produced = produced.to_pylist()
-                if produced is not None and logic.early is not None:
+                if produced is not None and logic.fires_early:
                     produced = [{**r, "final": final} for r in produced]
                 if produced is not None:
                     out.extend(list(produced))
@@ -67,7 +67,7 @@ def window_results(
         fields = {"window_start": window_start, "window_end": window_end}
         if not logic.keyless:
             fields = {key_column: key, **fields}
-        if logic.early is not None:
+        if logic.fires_early:
             fields["final"] = final
         if isinstance(result, dict):
             out.append({**fields, **result})
@@ -95,6 +95,6 @@ def builtin_batch(
         "window_end": event_time.to_column(ends),
         logic.aggregation.output: pa.array(values),
     }
-    if logic.early is not None:  # (early results, then the final one)
+    if logic.fires_early:  # (early results, then the final one)
         columns["final"] = pa.repeat(final, len(columns["window_start"]))
     return pa.record_batch(columns if logic.keyless else {logic.key_column: keys, **columns})

@@ -28,9 +28,18 @@ class WindowSpec:
     early: int | None = None
     """Every this many milliseconds of processing time, each open window's result so far
     (``final`` false), before the final one (``final`` true); ``None``: only the final."""
+    early_records: int | None = None
+    """Every this many records of a window (per key), its result so far (``final`` false:
+    :mod:`~cutline.runtime.eventtime.early`)."""
     keyless: bool = False
     """Windows of the whole stream (``window_all``): one key for every record, which the
     results leave out (a ``process`` function is given ``None`` for it)."""
+
+    @property
+    def fires_early(self) -> bool:
+        """Whether windows give results before their final one (a ``final`` column says
+        which is which)."""
+        return self.early is not None or self.early_records is not None
 
     @property
     def key_column(self) -> str:
