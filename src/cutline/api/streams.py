@@ -49,7 +49,7 @@ from cutline.api.window_all import (
     without_window_all_key,
 )
 from cutline.connectors.sink import FunctionSink, Sink
-from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregation
+from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregation, Kind
 from cutline.runtime.eventtime.assign import AssignTimestampsLogic
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
 from cutline.runtime.eventtime.logic import WindowLogic
@@ -514,7 +514,7 @@ class WindowedStream:
     def count(self, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
         """The number of records of each window, in a ``count`` column. ``on_error``: what
         a record without event time (or key) does: ``"fail"`` or ``"dead_letter"``."""
-        return self._apply(Aggregation("count"), "count", name, on_error)
+        return self._apply(Aggregation(Kind.COUNT), "count", name, on_error)
 
     def sum(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
         """The sum of ``field`` over each window, in a column of that name (a record whose
@@ -547,7 +547,7 @@ class WindowedStream:
                 f"{type(fn).__name__}"
             )
         label = f"aggregate({type(fn).__name__})"
-        return self._apply(Aggregation("aggregate", fn=fn), label, name, on_error)
+        return self._apply(Aggregation(Kind.AGGREGATE, fn=fn), label, name, on_error)
 
     def reduce(
         self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: str = "fail"
@@ -556,7 +556,7 @@ class WindowedStream:
         with the key, ``window_start`` and ``window_end``)."""
         _callable(fn, "reduce")
         label = f"reduce({function_name(fn)})"
-        return self._apply(Aggregation("reduce", fn=fn), label, name, on_error)
+        return self._apply(Aggregation(Kind.REDUCE, fn=fn), label, name, on_error)
 
     def process(
         self,
@@ -569,7 +569,7 @@ class WindowedStream:
         (``window.start``, ``window.end``); it returns (or yields) the records to emit."""
         _callable(fn, "process")
         label = f"process({function_name(fn)})"
-        return self._apply(Aggregation("process", fn=fn), label, name, on_error)
+        return self._apply(Aggregation(Kind.PROCESS, fn=fn), label, name, on_error)
 
     def process_batches(
         self,
@@ -584,14 +584,14 @@ class WindowedStream:
         are turned into batches first)."""
         _callable(fn, "process_batches")
         label = f"process_batches({function_name(fn)})"
-        return self._apply(Aggregation("process_batches", fn=fn), label, name, on_error)
+        return self._apply(Aggregation(Kind.PROCESS_BATCHES, fn=fn), label, name, on_error)
 
     def _builtin(self, kind: str, field: str, name: str | None, on_error: str) -> WindowedResult:
         if not isinstance(field, str) or not field:
             raise TypeError(f"{kind} of a window takes a column name, not {field!r}")
         what = f"window({self.assigner}).{kind}({field!r})"
         numeric_column(self.keyed.stream.schema, field, what, kind)
-        return self._apply(Aggregation(kind, field), f"{kind}({field})", name, on_error)
+        return self._apply(Aggregation(Kind(kind), field), f"{kind}({field})", name, on_error)
 
     whole = False
     """Windows of the whole stream (``window_all``)."""

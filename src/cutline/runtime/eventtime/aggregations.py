@@ -7,8 +7,9 @@ cut with NumPy).
 from __future__ import annotations
 
 import copy
+import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,25 @@ class AggregateFunction:
         raise NotImplementedError
 
 
-BUILTINS = ("count", "sum", "min", "max", "mean")
+class Kind(enum.StrEnum):
+    """What an :class:`Aggregation` computes (equal to its name as a string)."""
+
+    COUNT = "count"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+    MEAN = "mean"
+    AGGREGATE = "aggregate"
+    """A user's :class:`AggregateFunction`."""
+    REDUCE = "reduce"
+    """A function of two records, giving one."""
+    PROCESS = "process"
+    """A function of the key, the window and its records."""
+    PROCESS_BATCHES = "process_batches"
+    """A function of the key, the window and its records as Arrow batches."""
+
+
+BUILTINS = (Kind.COUNT, Kind.SUM, Kind.MIN, Kind.MAX, Kind.MEAN)
 
 UFUNCS: dict[str, np.ufunc] = {
     "count": np.add,
@@ -69,85 +88,129 @@ class Aggregation:
     user's ``aggregate`` (an :class:`AggregateFunction`), ``reduce`` (a function of two
     records) or ``process`` (a function of the key, the window and its records)."""
 
-    kind: str
+    kind: Kind
     field: str | None = None
     fn: Any = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Kind(self.kind))  # (a name given as a string)
+
     @property
     def builtin(self) -> bool:
+        """A built-in (vectorized; the columnar layouts keep it)."""
         return self.kind in BUILTINS
+
+    @property
+    def mean(self) -> bool:
+        """A mean: its accumulator is a sum and a count."""
+        return self.kind is Kind.MEAN
+
+    @property
+    def takes_values(self) -> bool:
+        """A built-in of a column's values (all but ``count``)."""
+        return self.kind is not Kind.COUNT
+
+    @property
+    def collects(self) -> bool:
+        """A window function given the window's records (``process``, ``process_batches``):
+        a window keeps its records, in chunks."""
+        return self.kind in (Kind.PROCESS, Kind.PROCESS_BATCHES)
 
     @property
     def output(self) -> str:
         """The output column of a built-in: ``count``, or the aggregated field."""
-        return "count" if self.kind == "count" else str(self.field)
+        return "count" if self.kind is Kind.COUNT else str(self.field)
 
     # the accumulator of one window, record by record
 
     def create(self) -> Any:
-        if self.kind == "count":
-            return 0
-        if self.kind == "mean":
-            return (0, 0)
-        if self.kind == "aggregate":
-            return self.fn.create_accumulator()
-        if self.kind in ("process", "process_batches"):
-            return ()  # (chunks: tuples of records, or Arrow batches)
-        return None  # sum, min, max, reduce: the first value
+        match self.kind:
+            case Kind.COUNT:
+                return 0
+            case Kind.MEAN:
+                return (0, 0)
+            case Kind.AGGREGATE:
+                return self.fn.create_accumulator()
+            case Kind.PROCESS | Kind.PROCESS_BATCHES:
+                return ()  # (chunks: tuples of records, or Arrow batches)
+            case Kind.SUM | Kind.MIN | Kind.MAX | Kind.REDUCE:
+                return None  # (the first value)
+            case _:
+                assert_never(self.kind)
 
     def add(self, acc: Any, record: Any) -> Any:
         kind = self.kind
-        if kind == "count":
-            return acc + 1
-        if kind == "process":
-            return (*acc, (record,))
-        if kind == "process_batches":  # (sessions, record by record)
-            return (*acc, to_arrow([record], "process_batches"))
-        if kind == "aggregate":
-            return self.fn.add(record, copy.copy(acc))
-        if kind == "reduce":
-            return record if acc is None else self.fn(copy.copy(acc), record)
-        value = number(record, self.field, kind)
-        if kind == "mean":
-            return (acc[0] + value, acc[1] + 1)
-        return self.combine(acc, value)
+        match kind:
+            case Kind.COUNT:
+                return acc + 1
+            case Kind.PROCESS:
+                return (*acc, (record,))
+            case Kind.PROCESS_BATCHES:  # (sessions, record by record)
+                return (*acc, to_arrow([record], "process_batches"))
+            case Kind.AGGREGATE:
+                return self.fn.add(record, copy.copy(acc))
+            case Kind.REDUCE:
+                return record if acc is None else self.fn(copy.copy(acc), record)
+            case Kind.MEAN:
+                value = number(record, self.field, kind)
+                return (acc[0] + value, acc[1] + 1)
+            case Kind.SUM | Kind.MIN | Kind.MAX:
+                return self.combine(acc, number(record, self.field, kind))
+            case _:
+                assert_never(kind)
 
     def combine(self, acc: Any, value: Any) -> Any:
         """A built-in's accumulator with ``value`` (a partial result of the same kind) in."""
-        kind = self.kind
         if acc is None:
             return value
-        if kind in ("sum", "count"):
-            return acc + value
-        if kind == "min":
-            return value if value < acc else acc
-        if kind == "max":
-            return value if value > acc else acc
-        if kind == "mean":
-            return (acc[0] + value[0], acc[1] + value[1])
-        raise AssertionError(kind)
+        match self.kind:
+            case Kind.SUM | Kind.COUNT:
+                return acc + value
+            case Kind.MIN:
+                return value if value < acc else acc
+            case Kind.MAX:
+                return value if value > acc else acc
+            case Kind.MEAN:
+                return (acc[0] + value[0], acc[1] + value[1])
+            case Kind.AGGREGATE | Kind.REDUCE | Kind.PROCESS | Kind.PROCESS_BATCHES:
+                raise AssertionError(f"{self.kind} has no partial results to combine")
+            case _:
+                assert_never(self.kind)
 
     def merge(self, a: Any, b: Any) -> Any:
         """One accumulator of two windows' (sessions that merge)."""
-        kind = self.kind
-        if kind in ("process", "process_batches"):
-            return (*a, *b)
-        if kind == "aggregate":
-            return self.fn.merge(copy.copy(a), copy.copy(b))
-        if kind == "reduce":
-            if a is None or b is None:
-                return b if a is None else a
-            return self.fn(copy.copy(a), b)
-        if b is None:
-            return a
-        return self.combine(a, b)
+        match self.kind:
+            case Kind.PROCESS | Kind.PROCESS_BATCHES:
+                return (*a, *b)
+            case Kind.AGGREGATE:
+                return self.fn.merge(copy.copy(a), copy.copy(b))
+            case Kind.REDUCE:
+                if a is None or b is None:
+                    return b if a is None else a
+                return self.fn(copy.copy(a), b)
+            case Kind.COUNT | Kind.SUM | Kind.MIN | Kind.MAX | Kind.MEAN:
+                return a if b is None else self.combine(a, b)
+            case _:
+                assert_never(self.kind)
 
     def result(self, acc: Any) -> Any:
-        if self.kind == "mean":
-            return acc[0] / acc[1] if acc[1] else None
-        if self.kind == "aggregate":
-            return self.fn.get_result(acc)
-        return acc
+        match self.kind:
+            case Kind.MEAN:
+                return acc[0] / acc[1] if acc[1] else None
+            case Kind.AGGREGATE:
+                return self.fn.get_result(acc)
+            case (
+                Kind.COUNT
+                | Kind.SUM
+                | Kind.MIN
+                | Kind.MAX
+                | Kind.REDUCE
+                | Kind.PROCESS
+                | Kind.PROCESS_BATCHES
+            ):
+                return acc
+            case _:
+                assert_never(self.kind)
 
 
 def number(record: Any, field_name: str | None, kind: str) -> Any:
@@ -167,34 +230,36 @@ def number(record: Any, field_name: str | None, kind: str) -> Any:
 
 
 def group_by_window(
-    keys: Any, starts: np.ndarray, values: Any, kind: str
+    keys: Any, starts: np.ndarray, values: Any, kind: Kind
 ) -> tuple[pa.Array, np.ndarray, pa.ChunkedArray, pa.ChunkedArray | None]:
     """(key, window start[, value]) triples grouped by key and window with Arrow: per group its
     key, its start, its part of built-in ``kind`` (count, sum, least or greatest value; a
     mean's sum) and, for a mean, its count."""
+    kind = Kind(kind)
     columns: dict[str, Any] = {"k": keys, "s": pa.array(starts, pa.int64())}
-    if kind == "count":
+    if kind is Kind.COUNT:
         aggregations = [("s", "count")]
     else:
         columns["v"] = values
-        aggregations = [("v", "sum"), ("v", "count")] if kind == "mean" else [("v", kind)]
+        aggregations = [("v", "sum"), ("v", "count")] if kind is Kind.MEAN else [("v", str(kind))]
     grouped = pa.table(columns).group_by(["k", "s"], use_threads=False).aggregate(aggregations)
     first = grouped.num_columns - len(aggregations)
     return (
         grouped.column("k").combine_chunks(),
         grouped.column("s").to_numpy(),
         grouped.column(first),
-        grouped.column(first + 1) if kind == "mean" else None,
+        grouped.column(first + 1) if kind is Kind.MEAN else None,
     )
 
 
 def cut_sessions(
-    keys: Any, ts: np.ndarray, values: np.ndarray | None, kind: str, gap: int
+    keys: Any, ts: np.ndarray, values: np.ndarray | None, kind: Kind, gap: int
 ) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Records cut into sessions per key (a new one where the next record of the key is more
     than ``gap`` after the one before): per session its key, first time, end (last time plus
     the gap), part of built-in ``kind`` (a mean's sum; integer sums that could overflow in
     Python ints) and count of records."""
+    kind = Kind(kind)
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     encoded = pc.dictionary_encode(keys)
@@ -205,7 +270,7 @@ def cut_sessions(
     new[1:] = (codes[1:] != codes[:-1]) | (ordered_ts[1:] - ordered_ts[:-1] > gap)
     at = np.flatnonzero(new)
     counts = np.diff(np.r_[at, len(order)]).astype(np.int64)
-    if kind == "count":
+    if kind is Kind.COUNT:
         acc = counts
     else:
         assert values is not None

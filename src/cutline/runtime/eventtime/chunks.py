@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.runtime.eventtime.aggregations import Kind
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of
 from cutline.runtime.eventtime.lateness import in_time
 from cutline.runtime.operators import Batch, rows, to_arrow
@@ -26,7 +27,7 @@ def collect(op: Any, batch: Batch, ts: np.ndarray) -> Batch | None:
     record."""
     assigner = op.assigner
     assert not isinstance(assigner, Session)
-    arrow = op.aggregation.kind == "process_batches"
+    arrow = op.aggregation.kind is Kind.PROCESS_BATCHES
     if arrow:
         batch = to_arrow(batch, op.ctx.name)
     index, starts = assign(assigner, ts)

@@ -69,7 +69,7 @@ class ColumnarSessionOperator(WindowOperator):
             if len(rows["keys"]):
                 parts.append(rows)
         keyed = [(key, self.table.get(key)) for key in list(self.backend.keys(WINDOWS))]
-        converted = windows_as_session_rows(keyed, self.aggregation.kind == "mean")
+        converted = windows_as_session_rows(keyed, self.aggregation.mean)
         if converted is not None:
             parts.append(converted)
         for key, _ in keyed:
@@ -116,7 +116,7 @@ class ColumnarSessionOperator(WindowOperator):
             self._touched.append((self.columns.generation, keys))
 
     def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        gap, kind = self.gap, self.aggregation.kind
+        gap = self.gap
         if (
             isinstance(batch, pa.RecordBatch)
             and self.watermark >= self._ceiling
@@ -129,7 +129,7 @@ class ColumnarSessionOperator(WindowOperator):
             batch, ts = kept
             keys = batch.column(self.key)
             values = None
-            if kind != "count":
+            if self.aggregation.takes_values:
                 assert self.aggregation.field is not None
                 values = np.asarray(
                     batch.column(self.aggregation.field).to_numpy(zero_copy_only=False)
@@ -152,7 +152,7 @@ class ColumnarSessionOperator(WindowOperator):
             "start": start,
             "end": end,
             "acc": acc,
-            "count": counts if kind == "mean" else None,
+            "count": counts if self.aggregation.mean else None,
             "fired": np.zeros(len(start), dtype=bool),
         }
         self._touch(cut)
@@ -210,7 +210,9 @@ class ColumnarSessionOperator(WindowOperator):
             "start": start[at],
             "end": merged_end,
             "acc": summed,
-            "count": None if kind != "mean" else np.add.reduceat(both["count"][order], at),
+            "count": None
+            if not self.aggregation.mean
+            else np.add.reduceat(both["count"][order], at),
             "fired": fired,
         }
         # a fired session that a late record (within the lateness) changed fires again now
@@ -225,7 +227,7 @@ class ColumnarSessionOperator(WindowOperator):
 
     def _session_batch(self, rows: dict[str, Any], final: bool = True) -> pa.RecordBatch:
         acc = rows["acc"]
-        if self.aggregation.kind == "mean":
+        if self.aggregation.mean:
             acc = acc.astype(float) / rows["count"]
         return self._builtin_batch(rows["keys"], rows["start"], rows["end"], acc, final)
 

@@ -117,7 +117,7 @@ class ColumnarWindowOperator(WindowOperator):
                     count = count[keep] if count is not None else None
                 parts.setdefault(pane_start, []).append((pane_start, keys, acc, count, flags))
         keyed = [(key, self.table.get(key)) for key in list(self.backend.keys(WINDOWS))]
-        for found in windows_as_panes(keyed, self.aggregation.kind == "mean"):
+        for found in windows_as_panes(keyed, self.aggregation.mean):
             parts.setdefault(found[0], []).append(found)
         for key, _ in keyed:
             self.table.delete(key)
@@ -200,7 +200,7 @@ class ColumnarWindowOperator(WindowOperator):
             taken = pa.array(index)
             keys = batch.column(self.key).take(taken)
             values = None
-            if self.aggregation.kind != "count":
+            if self.aggregation.takes_values:
                 assert self.aggregation.field is not None
                 column = batch.column(self.aggregation.field).take(taken)
                 values = np.asarray(column.to_numpy(zero_copy_only=False))
@@ -317,7 +317,7 @@ class ColumnarWindowOperator(WindowOperator):
 
     def _values(self, pane: WindowColumns) -> np.ndarray:
         """A window's results per key (the mean divides)."""
-        if self.aggregation.kind == "mean":
+        if self.aggregation.mean:
             assert pane.count is not None
             means: np.ndarray = pane.acc.astype(float) / pane.count
             return means

@@ -221,11 +221,7 @@ class WindowOperator(_Keyed):
     def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
         """Records with their timestamps (those without failed) into their windows; what
         fires again (a fired window updated within the lateness)."""
-        if (
-            self.aggregation.kind in ("process", "process_batches")
-            and not self._session
-            and self.watermark >= self._ceiling
-        ):
+        if self.aggregation.collects and not self._session and self.watermark >= self._ceiling:
             return self._collect(batch, ts)
         if (
             self.watermark >= self._ceiling  # (else the per-record path: lateness per key)
@@ -286,7 +282,7 @@ class WindowOperator(_Keyed):
                 self.backend.set_current_key(key)  # (checks the key belongs here)
                 if key is None:
                     raise RecordError(f"the record's key is null: {record!r}")
-                value = None if kind == "count" else number(record, field_name, kind)
+                value = number(record, field_name, kind) if self.aggregation.takes_values else None
                 mine = times(key, stamp)
                 if not mine:
                     late.append(record)
@@ -301,7 +297,7 @@ class WindowOperator(_Keyed):
             self._too_late(late)
         if not keys:
             return None
-        array = None if kind == "count" else np.array(values)
+        array = np.array(values) if self.aggregation.takes_values else None
         if array is not None and array.dtype == object:
             array = np.array([float(v) for v in values])  # (ints and floats mixed)
         return pa.array(keys), np.array(found, dtype=np.int64), array
@@ -326,7 +322,7 @@ class WindowOperator(_Keyed):
         assert isinstance(self.key, str)
         if self.key not in names or batch.column(self.key).null_count:
             return False
-        if self.aggregation.kind == "count":
+        if not self.aggregation.takes_values:
             return True
         if self.aggregation.field not in names:
             return False
@@ -349,7 +345,7 @@ class WindowOperator(_Keyed):
         assert isinstance(self.key, str)
         taken = pa.array(index)
         values = None
-        if aggregation.kind != "count":
+        if aggregation.takes_values:
             assert aggregation.field is not None
             values = batch.column(aggregation.field).take(taken)
         grouped_keys, grouped_starts, sums, counts = group_by_window(
@@ -432,14 +428,14 @@ class WindowOperator(_Keyed):
         batch, ts = kept
         kind = self.aggregation.kind
         values = None
-        if kind != "count":
+        if self.aggregation.takes_values:
             assert self.aggregation.field is not None
             values = np.asarray(batch.column(self.aggregation.field).to_numpy(zero_copy_only=False))
         keys, firsts, ends, acc, counts = cut_sessions(
             batch.column(self.key), ts, values, kind, gap
         )
         parts: list[Any] = acc.tolist()
-        if kind == "mean":  # (sum, count)
+        if self.aggregation.mean:  # (sum, count)
             parts = list(zip(parts, counts.tolist(), strict=True))
         refired: list[tuple[Hashable, int, int, Any]] = []
         for key, first, end, part in zip(

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from cutline.runtime.eventtime.aggregations import Kind
 from cutline.runtime.eventtime.assigners import Window
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.operators import Batch, OperatorContext
@@ -42,10 +43,10 @@ def window_results(
     out: list[Any] = []
     for key, start, end, acc in fired:
         window_start, window_end = event_time.to_value(start), event_time.to_value(end)
-        if aggregation.kind in ("process", "process_batches"):
+        if aggregation.collects:
             window = Window(window_start, window_end)
             try:
-                if aggregation.kind == "process":
+                if aggregation.kind is Kind.PROCESS:
                     contents: Any = [r for chunk in acc for r in chunk]
                 else:
                     contents = pa.Table.from_batches(list(acc))

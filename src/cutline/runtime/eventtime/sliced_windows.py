@@ -135,7 +135,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
         if not len(ts):
             return None
         values = None
-        if self.aggregation.kind != "count":
+        if self.aggregation.takes_values:
             assert self.aggregation.field is not None
             values = batch.column(self.aggregation.field)
         return self._merge_slices(batch.column(self.key), slices_of(sliding, ts), values)
@@ -216,7 +216,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
         if merged is None:
             return None
         found, acc, count = merged
-        if self.aggregation.kind == "mean":
+        if self.aggregation.mean:
             assert count is not None
             return found, acc.astype(float) / count
         return found, acc
@@ -280,7 +280,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
     def _empty(self, window: int, result: tuple[pa.Array, Any] | None) -> WindowColumns:
         """A window without columns of its own (it fired, and keeps the flag)."""
         keys = result[0].slice(0, 0) if result is not None else pa.array([], pa.null())
-        mean = self.aggregation.kind == "mean"
+        mean = self.aggregation.mean
         return WindowColumns(
             window,
             keys,
