@@ -122,6 +122,12 @@ class DiskTimerIndex(TimerIndex):
         writes.disable_wal = True  # type: ignore[method-assign,assignment]  # (a property)
         self._db.set_write_options(writes)
         self._count = 0
+        self._cursor: bytes | None = None
+        """While :meth:`pop_due` runs: the last key it took (it goes on after it, not from
+        the first key over the tombstones of every timer taken)."""
+        self._rewind = False
+        """A timer was added before the cursor while :meth:`pop_due` ran: it looks again
+        from the first key."""
 
     @staticmethod
     def _key(due: int, key: Hashable, namespace: Any) -> bytes:
@@ -132,6 +138,8 @@ class DiskTimerIndex(TimerIndex):
         if self._db.get(db_key) is None:
             self._db.put(db_key, b"")
             self._count += 1
+            if self._cursor is not None and db_key <= self._cursor:
+                self._rewind = True
 
     def discard(self, due: int, key: Hashable, namespace: Any = None) -> None:
         db_key = self._key(due, key, namespace)
@@ -140,22 +148,29 @@ class DiskTimerIndex(TimerIndex):
             self._count -= 1
 
     def pop_due(self, upto: int) -> Iterator[tuple[int, Hashable, Any]]:
-        while True:
-            taken: list[tuple[bytes, int]] = []
-            for db_key in self._db.keys():  # noqa: SIM118  (an Rdict, not a dict)
-                due = _DUE.unpack_from(db_key)[0] - _SHIFT
-                if due > upto or len(taken) == 1000:
-                    break
-                taken.append((db_key, due))
-            if not taken:
-                return
-            for db_key, due in taken:
-                if self._db.get(db_key) is None:
-                    continue  # discarded meanwhile
-                self._db.delete(db_key)
-                self._count -= 1
-                key, namespace = pickle.loads(db_key[_DUE.size :])
-                yield due, key, namespace
+        self._cursor, self._rewind = None, False
+        try:
+            while True:
+                start: bytes | None = None if self._rewind else self._cursor
+                self._rewind = False
+                taken: list[tuple[bytes, int]] = []
+                for db_key in self._db.keys(from_key=start):
+                    due = _DUE.unpack_from(db_key)[0] - _SHIFT
+                    if due > upto or len(taken) == 1000:
+                        break
+                    taken.append((db_key, due))
+                if not taken:
+                    return
+                self._cursor = taken[-1][0]
+                for db_key, due in taken:
+                    if self._db.get(db_key) is None:
+                        continue  # discarded meanwhile
+                    self._db.delete(db_key)
+                    self._count -= 1
+                    key, namespace = pickle.loads(db_key[_DUE.size :])
+                    yield due, key, namespace
+        finally:
+            self._cursor = None
 
     def __len__(self) -> int:
         return self._count
