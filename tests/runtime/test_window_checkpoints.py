@@ -253,3 +253,49 @@ def test_early_records_count_per_key_and_window_through_merges_and_rescaled_rest
         (0, 8, True),
     ]
     restored.close()
+
+
+@pytest.mark.parametrize("key_type", ["int", "str"])
+@pytest.mark.parametrize("windows", ["tumbling", "sliding"])
+def test_a_large_window_looks_a_small_batch_up_in_its_index_of_keys(
+    key_type: str, windows: str
+) -> None:
+    """3,000 keys in a window and batches of 10: the window keeps an index of its keys (a
+    batch no longer hashes the whole window); new keys join it, checkpoints in between share
+    the arrays, and the results are exact, before and after a restore."""
+    rng = random.Random(7)
+    logic = window_logic(windows, "sum")
+
+    def key(i: int) -> Any:
+        return i if key_type == "int" else f"u{i}"
+
+    records = [{"user": key(i), "ts": 1_000, "n": i} for i in range(3_000)]
+    job = Job(logic, "memory", 1)
+    job.process(records, arrow=True)
+    sums: Counter[Any] = Counter({r["user"]: r["n"] for r in records})
+    for n in range(1, 40):
+        some = [3_000 + rng.randrange(4), rng.randrange(3_000)]  # (new keys come again)
+        batch = [{"user": key(i), "ts": 1_000, "n": rng.randint(1, 9)} for i in some * 5]
+        job.process(batch, arrow=True)
+        for r in batch:
+            sums[r["user"]] += r["n"]
+        if n % 10 == 0:
+            job.checkpoint(n, base=n - 10 if n > 10 else None)
+    state = job.checkpoint(40, base=30)  # (the changes since 30: an incremental one)
+    assert not state[1][0][COLUMNS][-1]["full"]
+    op = job.ops[0]
+    holders = op.slices if windows == "sliding" else op.panes  # type: ignore[attr-defined]
+    assert all(piece.index is not None for piece in holders.values())
+    restored = Job(logic, "memory", 1, state)
+    restored.process([{"user": key(5), "ts": 1_000, "n": 1}], arrow=True)
+    job.process([{"user": key(5), "ts": 1_000, "n": 1}], arrow=True)
+    sums[key(5)] += 1
+    for finished in (job, restored):
+        finished.watermark(MAX_WATERMARK)
+        found = {(r["user"], r["window_start"]): r["n"] for r in finished.output}
+        assert len(found) == len(finished.output), "each key once in each window"
+        starts = {r["window_start"] for r in finished.output}
+        assert len(starts) == (4 if windows == "sliding" else 1)
+        for start in starts:
+            assert {u: v for (u, s), v in found.items() if s == start} == dict(sums)
+        finished.close()

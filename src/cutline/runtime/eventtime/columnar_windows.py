@@ -61,6 +61,9 @@ class WindowColumns:
     they fire when the watermark passes its end."""
     shared: bool = False
     """A snapshot holds its arrays: they are copied before they change."""
+    index: dict[Any, int] | None = field(default=None, repr=False)
+    """Each key's position, once the window is large beside the batches merged into it
+    (:func:`key_positions`): a batch then looks its keys up instead of hashing all the window's."""
 
 
 class ColumnarWindowOperator(WindowOperator):
@@ -271,12 +274,10 @@ class ColumnarWindowOperator(WindowOperator):
         """Merge one window's groups into its columns; their positions in it."""
         if keys.type != pane.keys.type:
             if not len(pane.keys):  # (a window fired empty of keys of its own)
-                pane.keys = keys.slice(0, 0)
+                pane.keys, pane.index = keys.slice(0, 0), None
             else:
                 keys = keys.cast(pane.keys.type)
-        found = np.asarray(
-            pc.fill_null(pc.index_in(keys, value_set=pane.keys), -1).to_numpy(zero_copy_only=False)
-        )
+        found = key_positions(pane, keys)
         old = found >= 0
         if pane.shared:  # a snapshot holds the arrays
             pane.acc = pane.acc.copy()
@@ -301,7 +302,12 @@ class ColumnarWindowOperator(WindowOperator):
         new = ~old
         if new.any():
             size = len(pane.keys)
-            pane.keys = pa.concat_arrays([pane.keys, keys.filter(pa.array(new))])
+            added_keys = keys.filter(pa.array(new))
+            if pane.index is not None:
+                pane.index.update(
+                    zip(added_keys.to_pylist(), range(size, size + len(added_keys)), strict=True)
+                )
+            pane.keys = pa.concat_arrays([pane.keys, added_keys])
             added = parts[new]
             if pane.acc.dtype != added.dtype:
                 common = np.result_type(pane.acc.dtype, added.dtype)
@@ -384,3 +390,27 @@ def frozen(panes: Iterable[WindowColumns]) -> list[PaneState]:
         p.shared = True
         found.append((p.start, p.keys, p.acc, p.count, p.version, p.fired, p.waiting, p.born))
     return found
+
+
+INDEXED = 8
+"""A window at least this many times larger than a batch's keys for it keeps an index of
+its keys (:attr:`WindowColumns.index`)."""
+
+
+def key_positions(pane: WindowColumns, keys: pa.Array) -> np.ndarray:
+    """Where each of ``keys`` is among the window's keys (-1: not there). A window much
+    larger than the batch looks them up in its index of keys (made once, kept as keys come):
+    hashing every key of the window again for each batch would cost as much as the window;
+    a small one is hashed whole (Arrow's ``index_in``)."""
+    indexable = (
+        pa.types.is_integer(keys.type)
+        or pa.types.is_string(keys.type)
+        or pa.types.is_large_string(keys.type)
+    )
+    if pane.index is None and (not indexable or len(pane.keys) < INDEXED * len(keys) + 1024):
+        found = pc.fill_null(pc.index_in(keys, value_set=pane.keys), -1)
+        return np.asarray(found.to_numpy(zero_copy_only=False))
+    if pane.index is None:
+        pane.index = dict(zip(pane.keys.to_pylist(), range(len(pane.keys)), strict=True))
+    get = pane.index.get
+    return np.fromiter((get(k, -1) for k in keys.to_pylist()), dtype=np.int64, count=len(keys))
