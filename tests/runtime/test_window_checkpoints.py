@@ -299,3 +299,22 @@ def test_a_large_window_looks_a_small_batch_up_in_its_index_of_keys(
         for start in starts:
             assert {u: v for (u, s), v in found.items() if s == start} == dict(sums)
         finished.close()
+
+
+def test_the_sliced_layout_counts_its_open_windows_as_the_keyed_one() -> None:
+    """The ``windows`` figure (key and window pairs not fired yet) of sliding windows kept
+    as slices equals the keyed layout's (a key in several slices of a window counts once)."""
+    logic = window_logic("sliding", "count")
+    rng = random.Random(3)
+    jobs = [Job(logic, "memory", 1), Job(logic, "disk", 1)]
+    records = [
+        {"user": f"u{rng.randrange(20)}", "ts": rng.randrange(2_000), "n": 1} for _ in range(300)
+    ]
+    for job in jobs:
+        job.process(records, arrow=True)
+        job.watermark(900)
+    figures = [job.ops[0].figures() for job in jobs]
+    assert figures[0] is not None and figures[1] is not None
+    assert figures[0]["windows"] == figures[1]["windows"] > 0
+    for job in jobs:
+        job.close()

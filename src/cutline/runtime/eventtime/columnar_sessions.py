@@ -84,10 +84,12 @@ class ColumnarSessionOperator(WindowOperator):
 
     @property
     def open_windows(self) -> int:
-        return 0 if self.rows is None else int((~self.rows["fired"]).sum())
+        rows = self.rows  # (read from the thread that reports the figures: once)
+        return 0 if rows is None else int((~rows["fired"]).sum())
 
     def figures(self) -> dict[str, int] | None:
-        rows = 0 if self.rows is None else len(self.rows["keys"])
+        found = self.rows
+        rows = 0 if found is None else len(found["keys"])
         return {"late": self.late_records, "windows": self.open_windows, "timers": rows}
 
     def snapshot(

@@ -157,9 +157,9 @@ class ColumnarWindowOperator(WindowOperator):
 
     @property
     def open_windows(self) -> int:
-        return sum(
+        return sum(  # (read from the thread that reports the figures: a copy of the list)
             len(p.keys) if not p.fired else len(p.waiting) if p.waiting is not None else 0
-            for p in self.panes.values()
+            for p in list(self.panes.values())
         )
 
     def figures(self) -> dict[str, int] | None:

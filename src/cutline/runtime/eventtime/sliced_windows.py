@@ -33,6 +33,10 @@ from cutline.runtime.eventtime.slicing import (
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.operators import Batch, OperatorContext, rows
 
+COUNTED = 200_000
+"""Keys in the slices of the open windows up to which :attr:`SlicedWindowOperator.open_windows`
+counts exactly."""
+
 
 class SlicedWindowOperator(ColumnarWindowOperator):
     """Sliding windows computing a built-in aggregate on the memory backend, by slicing: a
@@ -82,20 +86,34 @@ class SlicedWindowOperator(ColumnarWindowOperator):
 
     @property
     def open_windows(self) -> int:
+        """The keys of each window not fired yet, added up: exact while the windows' slices
+        hold at most :data:`COUNTED` keys in all, else at least (each window's largest part:
+        counting the keys of windows of millions would cost as much as merging them). Read
+        from the thread that reports the figures: it copies what it reads first."""
+        scheduled, panes, slices = list(self._scheduled), dict(self.panes), dict(self.slices)
+        parts: dict[int, list[pa.Array]] = {}
         count = 0
-        for window in self._scheduled:
-            pane = self.panes.get(window)
-            if pane is not None and pane.fired:
+        for window in scheduled:
+            pane = panes.get(window)
+            if pane is not None and pane.fired:  # (fired for some keys: the others wait)
                 count += 0 if pane.waiting is None else len(pane.waiting)
                 continue
-            keys = [part[0] for part in self._parts(window)]
-            if keys:
-                first = keys[0].type
-                count += len(pc.unique(pa.concat_arrays([k.cast(first) for k in keys])))
+            own = [] if pane is None else [pane.keys]
+            pieces = [slices[s].keys for s in slices_in(self.sliding, window) if s in slices]
+            parts[window] = [keys for keys in own + pieces if len(keys)]
+        exact = sum(len(keys) for found in parts.values() for keys in found) <= COUNTED
+        for found in parts.values():
+            if not found:
+                continue
+            if len(found) == 1 or not exact:
+                count += max(len(keys) for keys in found)
+            else:
+                first = found[0].type
+                count += len(pc.unique(pa.concat_arrays([k.cast(first) for k in found])))
         return count
 
     def figures(self) -> dict[str, int] | None:
-        timers = len(self._scheduled) + len(self._kept)
+        timers = len(self._scheduled) + len(self._kept)  # (read from another thread)
         return {"late": self.late_records, "windows": self.open_windows, "timers": timers}
 
     def _frozen(self) -> Callable[[int | None], bytes]:
