@@ -31,6 +31,7 @@ from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import key_group_range
 from cutline.runtime.state.segments import SegmentRef
+from zone_windows import changes, windows_over
 
 MAX_PARALLELISM = 16
 
@@ -443,53 +444,69 @@ def counting(windows: str) -> WindowLogic:
 
 
 @pytest.mark.parametrize("backend", ["memory", "disk"])
-@pytest.mark.parametrize("days", [1, 2])
-def test_day_windows_in_a_time_zone_run_midnight_to_midnight_there_across_dst(
-    backend: str, days: int
+@pytest.mark.parametrize(
+    ("zone", "size"),
+    [
+        ("America/New_York", "1 d"),
+        ("America/New_York", "2 d"),
+        ("America/New_York", "1 h"),
+        ("Europe/Berlin", "6 h"),
+        ("Australia/Lord_Howe", "30 min"),
+        ("America/Havana", "1 d"),
+    ],
+)
+def test_windows_in_a_time_zone_follow_its_local_clock_across_dst(
+    backend: str, zone: str, size: str
 ) -> None:
-    """``Tumbling("1 d", time_zone="America/New_York")``: windows from midnight to midnight
-    in New York, 23 hours long on the day daylight saving time starts and 25 on the day it
-    ends, in either layout."""
-    import datetime as dt
-    from zoneinfo import ZoneInfo
-
-    zone = ZoneInfo("America/New_York")
-    rng = random.Random(days)
-    moments = [
-        dt.datetime(2024, 3, 8, tzinfo=zone) + dt.timedelta(minutes=rng.randrange(6 * 24 * 60))
-        for _ in range(150)
-    ] + [
-        dt.datetime(2024, 11, 1, tzinfo=zone) + dt.timedelta(minutes=rng.randrange(6 * 24 * 60))
-        for _ in range(150)
-    ]
-    records = [
-        {"user": f"u{i % 2}", "ts": int(m.timestamp() * 1000), "n": 1}
-        for i, m in enumerate(moments)
-    ]
-    epoch = dt.date(1970, 1, 1)
-    wanted: Counter[tuple[str, int]] = Counter()
+    """``Tumbling(size, time_zone=zone)``: windows of the zone's local clock from its
+    midnight, in either layout, over the days around both changes of 2024: each record
+    counted in the window the definition gives it, each window ending where it says (days of
+    23 and 25 hours in New York, 6 h windows of 5 and 7 in Berlin, half hours that end at
+    Lord Howe's half-hour jump, Havana's days that start at 01:00 or at the first of two
+    midnights)."""
+    assigner = Tumbling(size, time_zone=zone)
+    rng = random.Random(size)
+    starts: list[int] = []
+    records = []
+    for change in changes(zone, 2024):
+        first, last = change - 5 * 86_400_000, change + 5 * 86_400_000
+        starts += windows_over(zone, assigner.size, first, last)
+        records += [
+            {"user": f"u{i % 2}", "ts": rng.randrange(first, last), "n": 1} for i in range(150)
+        ]
+    starts = sorted(set(starts))
+    wanted: Counter[tuple[str, int, int]] = Counter()
     for r in records:
-        local = dt.datetime.fromtimestamp(r["ts"] / 1000, zone).date()
-        first = local - dt.timedelta(days=(local - epoch).days % days)
-        start = dt.datetime(first.year, first.month, first.day, tzinfo=zone)
-        wanted[(r["user"], int(start.timestamp() * 1000))] += 1
-    assigner = Tumbling(f"{days} d", time_zone="America/New_York")
+        i = max(i for i, s in enumerate(starts) if s <= r["ts"])
+        wanted[(r["user"], starts[i], starts[i + 1])] += 1
     output = counted(assigner, backend, records)
-    found = {(o["user"], o["window_start"]): o["count"] for o in output}
+    found = {(o["user"], o["window_start"], o["window_end"]): o["count"] for o in output}
     assert found == dict(wanted)
-    hours = {(o["window_end"] - o["window_start"]) / 3_600_000 for o in output if days == 1}
-    assert days == 2 or hours == {23.0, 24.0, 25.0}
-    for o in output:  # (each ends where the next starts: midnight there)
-        end = dt.datetime.fromtimestamp(o["window_end"] / 1000, zone)
-        assert (end.hour, end.minute) == (0, 0)
 
 
-def test_a_time_zone_is_for_whole_days_and_must_be_one() -> None:
-    with pytest.raises(EventTimeError, match=r"time_zone= is for windows of whole days"):
-        Tumbling("1 h", time_zone="America/New_York")
+def test_a_time_zone_takes_sizes_that_divide_a_day_or_whole_days_and_must_be_one() -> None:
+    with pytest.raises(
+        EventTimeError,
+        match=r"Tumbling\(7h\): time_zone='America/New_York' takes a size that divides a day "
+        r".* 7h is neither",
+    ):
+        Tumbling("7 h", time_zone="America/New_York")
+    with pytest.raises(EventTimeError, match=r"Tumbling\(25h\): .* 25h is neither"):
+        Tumbling("25 h", time_zone="Europe/Berlin")
+    with pytest.raises(
+        EventTimeError,
+        match=r"Tumbling\(1h\): offset=30min with time_zone='Asia/Kolkata': .* leave offset= out",
+    ):
+        Tumbling("1 h", offset="30 min", time_zone="Asia/Kolkata")
     with pytest.raises(EventTimeError, match=r"time_zone='Mars/Olympus' is no time zone"):
         Tumbling("1 d", time_zone="Mars/Olympus")
+    with pytest.raises(EventTimeError, match=r"time_zone='America' is no time zone"):
+        Tumbling("1 h", time_zone="America")
     assert str(Tumbling("1 d", time_zone="UTC")) == "Tumbling(24h, time_zone=UTC)"
+    assert str(Tumbling("15 min", time_zone="Australia/Lord_Howe")) == (
+        "Tumbling(15min, time_zone=Australia/Lord_Howe)"
+    )
+    assert Tumbling("2 d", time_zone="+05:30").size == 2 * 86_400_000
 
 
 @pytest.mark.parametrize(
