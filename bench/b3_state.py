@@ -812,20 +812,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         console.print(line)
 
+    measurements = [record(k, n, rs, args.seed, system) for k, n, rs in results]
+    write_results(out, "B3", "state size", argv, args.quick, elapsed, DEFINITIONS, measurements)
+    return 0 if all(verified(rs) for _, _, rs in results) else 1
+
+
+def write_results(
+    out: Path,
+    benchmark: str,
+    title: str,
+    argv: Sequence[str] | None,
+    quick: bool,
+    elapsed: float,
+    definitions: dict[str, Any],
+    measurements: list[dict[str, Any]],
+) -> None:
+    """The JSON of a run of B3 or B3w (``bench/results/``), and a line saying where."""
+    script = {"B3": "b3_state.py", "B3w": "b3_windows.py"}[benchmark]
     document = {
-        "benchmark": "B3",
-        "title": "state size",
+        "benchmark": benchmark,
+        "title": title,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "bench/b3_state.py", *(argv or sys.argv[1:])]),
-        "quick": args.quick,
+        "command": " ".join(["python", f"bench/{script}", *(argv or sys.argv[1:])]),
+        "quick": quick,
         "wall_seconds": elapsed,
-        "definitions": DEFINITIONS,
-        "measurements": [record(k, n, rs, args.seed, system) for k, n, rs in results],
+        "definitions": definitions,
+        "measurements": measurements,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    console.print(f"wrote {out} ({elapsed:.0f} s)")
-    return 0 if all(verified(rs) for _, _, rs in results) else 1
+    Console().print(f"wrote {out} ({elapsed:.0f} s)")
 
 
 if __name__ == "__main__":

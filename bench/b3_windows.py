@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import shutil
 import statistics
@@ -40,7 +39,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -675,19 +673,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in rs:
                 for problem in r.problems[:5]:
                     console.print(f"  run {r.repeat + 1}: {problem}")
-    document = {
-        "benchmark": "B3w",
-        "title": "window state",
-        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "bench/b3_windows.py", *(argv or sys.argv[1:])]),
-        "quick": args.quick,
-        "wall_seconds": elapsed,
-        "definitions": DEFINITIONS,
-        "measurements": [record(k, n, rs, args.seed, system) for k, n, rs in results],
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    console.print(f"wrote {out} ({elapsed:.0f} s)")
+    measurements = [record(k, n, rs, args.seed, system) for k, n, rs in results]
+    b3.write_results(
+        out, "B3w", "window state", argv, args.quick, elapsed, DEFINITIONS, measurements
+    )
     return 0 if all(verified(rs) for _, _, rs in results) else 1
 
 

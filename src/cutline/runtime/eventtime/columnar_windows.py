@@ -228,33 +228,10 @@ class ColumnarWindowOperator(WindowOperator):
     def _merge(self, keys: pa.Array, starts: np.ndarray, values: np.ndarray | None) -> Batch | None:
         """Merge (key, window start, value) triples into the windows; the windows already
         fired that they update (allowed lateness) fire again."""
-        group_keys, group_starts, sums, grouped_counts = group_by_window(
-            keys, starts, None if values is None else pa.array(values), self.aggregation.kind
-        )
-        parts = column_numbers(sums)
-        counts = None if grouped_counts is None else column_numbers(grouped_counts)
         refired: list[tuple[WindowColumns, pa.Array, np.ndarray]] = []
-        for start in np.unique(group_starts).tolist():
-            mask = group_starts == start
-            these = group_keys.filter(pa.array(mask))
-            pane = self.panes.get(start)
-            if pane is None:
-                generation = self.columns.generation
-                self._add_pane(
-                    WindowColumns(
-                        start,
-                        these,
-                        parts[mask].copy(),
-                        None if counts is None else counts[mask].copy(),
-                        version=np.full(len(these), generation, dtype=np.int64),
-                        born=generation,
-                    )
-                )
-                continue
-            positions = self._combine(
-                pane, these, parts[mask], None if counts is None else counts[mask]
-            )
-            if pane.fired:
+        merged = self._grouped_into(self.panes, self._add_pane, keys, starts, values)
+        for pane, these, positions in merged:
+            if positions is not None and pane.fired:
                 if pane.waiting is not None:  # (those fire when the watermark passes)
                     fresh = ~np.isin(positions, pane.waiting)
                     these, positions = these.filter(pa.array(fresh)), positions[fresh]
@@ -267,6 +244,48 @@ class ColumnarWindowOperator(WindowOperator):
                 for pane, keys_, positions in refired
             ]
         )
+
+    def _grouped_into(
+        self,
+        held: dict[int, WindowColumns],
+        add: Callable[[WindowColumns], None],
+        keys: pa.Array,
+        starts: np.ndarray,
+        values: Any,
+    ) -> list[tuple[WindowColumns, pa.Array, np.ndarray | None]]:
+        """(key, start, value) triples grouped by key and start, each start's groups merged
+        into its columns in ``held`` (new ones made and given to ``add``): per start, its
+        columns, the keys, and their positions there (``None``: the columns are new)."""
+        if values is not None and not isinstance(values, pa.Array | pa.ChunkedArray):
+            values = pa.array(values)
+        group_keys, group_starts, sums, grouped_counts = group_by_window(
+            keys, starts, values, self.aggregation.kind
+        )
+        parts = column_numbers(sums)
+        counts = None if grouped_counts is None else column_numbers(grouped_counts)
+        found: list[tuple[WindowColumns, pa.Array, np.ndarray | None]] = []
+        for start in np.unique(group_starts).tolist():
+            mask = group_starts == start
+            these = group_keys.filter(pa.array(mask))
+            columns = held.get(start)
+            if columns is None:
+                generation = self.columns.generation
+                columns = WindowColumns(
+                    start,
+                    these,
+                    parts[mask].copy(),
+                    None if counts is None else counts[mask].copy(),
+                    version=np.full(len(these), generation, dtype=np.int64),
+                    born=generation,
+                )
+                add(columns)
+                found.append((columns, these, None))
+                continue
+            at = self._combine(
+                columns, these, parts[mask], None if counts is None else counts[mask]
+            )
+            found.append((columns, these, at))
+        return found
 
     def _combine(
         self, pane: WindowColumns, keys: pa.Array, parts: np.ndarray, counts: np.ndarray | None

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.eventtime.aggregations import column_numbers, group_by_window
 from cutline.runtime.eventtime.assigners import Sliding, end_of, starts_of
 from cutline.runtime.eventtime.columnar_windows import (
     ColumnarWindowOperator,
@@ -161,30 +160,11 @@ class SlicedWindowOperator(ColumnarWindowOperator):
     def _merge_slices(self, keys: pa.Array, starts: np.ndarray, values: Any) -> Batch | None:
         """Merge (key, slice start, value) triples into the slices; the fired windows kept
         for the lateness that they update fire again for their keys."""
-        kind = self.aggregation.kind
-        group_keys, group_starts, sums, grouped_counts = group_by_window(keys, starts, values, kind)
-        parts = column_numbers(sums)
-        counts = None if grouped_counts is None else column_numbers(grouped_counts)
         again: dict[int, list[pa.Array]] = {}
-        for start in np.unique(group_starts).tolist():
-            mask = group_starts == start
-            these = group_keys.filter(pa.array(mask))
-            piece = self.slices.get(start)
-            if piece is None:
-                generation = self.columns.generation
-                self._add_slice(
-                    WindowColumns(
-                        start,
-                        these,
-                        parts[mask].copy(),
-                        None if counts is None else counts[mask].copy(),
-                        version=np.full(len(these), generation, dtype=np.int64),
-                        born=generation,
-                    )
-                )
-            else:
-                self._combine(piece, these, parts[mask], None if counts is None else counts[mask])
-            for window in starts_of(self.sliding, start):
+        for piece, these, _ in self._grouped_into(
+            self.slices, self._add_slice, keys, starts, values
+        ):
+            for window in starts_of(self.sliding, piece.start):
                 pane = self.panes.get(window)
                 if pane is not None and pane.fired:
                     again.setdefault(window, []).append(these)
