@@ -790,14 +790,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     results = [(k, n, runs[k, n]) for n in sizes for k in kinds]
-    for t in tables(results):
-        console.print(t)
-    for kind, keys, rs in results:
-        if not verified(rs):
-            console.print(f"[red]{kind}, {keys:,} keys NOT verified:[/]")
-            for r in rs:
-                for problem in r.problems[:5]:
-                    console.print(f"  run {r.repeat + 1}: {problem}")
+    show(console, tables(results), results)
     for kind, keys, rs in results:
         ratio = statistics.median(r.ratio for r in rs)
         line = (
@@ -815,6 +808,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     measurements = [record(k, n, rs, args.seed, system) for k, n, rs in results]
     write_results(out, "B3", "state size", argv, args.quick, elapsed, DEFINITIONS, measurements)
     return 0 if all(verified(rs) for _, _, rs in results) else 1
+
+
+def show(console: Console, shown: Iterable[Table], results: Sequence[tuple[str, int, Any]]) -> None:
+    """The tables of a run of B3 or B3w, then what any run found wrong."""
+    for t in shown:
+        console.print(t)
+    for kind, keys, rs in results:
+        if not verified(rs):
+            console.print(f"[red]{kind}, {keys:,} keys NOT verified:[/]")
+            for r in rs:
+                for problem in r.problems[:5]:
+                    console.print(f"  run {r.repeat + 1}: {problem}")
 
 
 def write_results(

@@ -665,14 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     results = [(k, n, runs[k, n]) for n in sizes for k in kinds]
-    for t in tables(results):
-        console.print(t)
-    for kind, keys, rs in results:
-        if not verified(rs):
-            console.print(f"[red]{kind}, {keys:,} keys NOT verified:[/]")
-            for r in rs:
-                for problem in r.problems[:5]:
-                    console.print(f"  run {r.repeat + 1}: {problem}")
+    b3.show(console, tables(results), results)
     measurements = [record(k, n, rs, args.seed, system) for k, n, rs in results]
     b3.write_results(
         out, "B3w", "window state", argv, args.quick, elapsed, DEFINITIONS, measurements

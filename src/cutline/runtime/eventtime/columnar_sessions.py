@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.aggregations import UFUNCS, cut_sessions
 from cutline.runtime.eventtime.assigners import Session
-from cutline.runtime.eventtime.keyed import WindowOperator, joined
+from cutline.runtime.eventtime.keyed import WindowOperator
 from cutline.runtime.eventtime.lateness import in_time
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
@@ -233,11 +233,8 @@ class ColumnarSessionOperator(WindowOperator):
             acc = acc.astype(float) / rows["count"]
         return self._builtin_batch(rows["keys"], rows["start"], rows["end"], acc, final)
 
-    def on_processing_time(self, now: int) -> Batch | None:
-        early = self._early(now)
-        if not self.processing or self.rows is None:
-            return early
-        return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+    def _holds_windows(self) -> bool:
+        return self.rows is not None
 
     def _so_far(self) -> Batch | None:
         rows = self.rows

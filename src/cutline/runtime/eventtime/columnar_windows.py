@@ -21,7 +21,7 @@ from cutline.runtime.eventtime.aggregations import (
     largest,
 )
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of
-from cutline.runtime.eventtime.keyed import WindowOperator, joined
+from cutline.runtime.eventtime.keyed import WindowOperator
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
@@ -350,11 +350,8 @@ class ColumnarWindowOperator(WindowOperator):
 
     # ----------------------------------------------------------------- firing
 
-    def on_processing_time(self, now: int) -> Batch | None:
-        early = self._early(now)
-        if not self.processing or not self.panes:
-            return early
-        return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+    def _holds_windows(self) -> bool:
+        return bool(self.panes)
 
     def _so_far(self) -> Batch | None:
         open_ = [(p.start, p.keys, self._values(p)) for p in self.panes.values() if not p.fired]

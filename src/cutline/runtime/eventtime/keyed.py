@@ -538,9 +538,13 @@ class WindowOperator(_Keyed):
 
     def on_processing_time(self, now: int) -> Batch | None:
         early = self._early(now)
-        if not self.processing or not len(self.fire_timers):
+        if not self.processing or not self._holds_windows():
             return early
         return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+
+    def _holds_windows(self) -> bool:
+        """Whether any window waits to fire (processing time fires them as the clock goes)."""
+        return bool(len(self.fire_timers))
 
     def _early(self, now: int) -> Batch | None:
         """Every ``early`` ms of processing time, each open window's result so far."""

@@ -17,7 +17,6 @@ from cutline.runtime.eventtime.columnar_windows import (
     WindowColumns,
     frozen,
 )
-from cutline.runtime.eventtime.keyed import joined
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import Slicing, encode_panes
 from cutline.runtime.eventtime.slicing import (
@@ -221,11 +220,8 @@ class SlicedWindowOperator(ColumnarWindowOperator):
 
     # ----------------------------------------------------------------- firing
 
-    def on_processing_time(self, now: int) -> Batch | None:
-        early = self._early(now)
-        if not self.processing or not self._scheduled:
-            return early
-        return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+    def _holds_windows(self) -> bool:
+        return bool(self._scheduled)
 
     def _so_far(self) -> Batch | None:
         found = []
