@@ -151,7 +151,11 @@ class ColumnarWindowOperator(WindowOperator):
             due = cleanup_time(end_of(self.windows, pane.start), self.lateness)
             heapq.heappush(self._kept, (due, pane.start))
         if not pane.fired or pane.waiting is not None:
-            heapq.heappush(self._due, pane.start)
+            self._schedule(pane.start)
+
+    def _schedule(self, window: int) -> None:
+        """The window fires when the watermark passes its end."""
+        heapq.heappush(self._due, window)
 
     # ---------------------------------------------------------------- figures
 

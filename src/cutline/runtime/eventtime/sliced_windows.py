@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.eventtime.assigners import Sliding, end_of, starts_of
+from cutline.runtime.eventtime.assigners import Sliding, starts_of
 from cutline.runtime.eventtime.columnar_windows import (
     ColumnarWindowOperator,
     WindowColumns,
@@ -66,14 +66,6 @@ class SlicedWindowOperator(ColumnarWindowOperator):
         self._slices_kept: list[tuple[int, int]] = []
         """(when it is dropped, start) of every slice (a heap)."""
         super().__init__(logic, ctx, state)
-
-    def _add_pane(self, pane: WindowColumns) -> None:
-        self.panes[pane.start] = pane
-        if pane.fired:
-            due = cleanup_time(end_of(self.windows, pane.start), self.lateness)
-            heapq.heappush(self._kept, (due, pane.start))
-        if not pane.fired or pane.waiting is not None:
-            self._schedule(pane.start)
 
     def _schedule(self, window: int) -> None:
         if window not in self._scheduled:
