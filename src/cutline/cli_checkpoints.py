@@ -34,7 +34,9 @@ from rich.table import Table
 from rich.text import Text
 
 from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.checkpoint.layout import METADATA, CorruptCheckpointError, StorageError
 from cutline.runtime.checkpoint.lineage import summary as lineage_summary
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.reader import CheckpointReader, InspectError
 from cutline.runtime.checkpoint.stats import (
     CheckpointStats,
@@ -43,13 +45,7 @@ from cutline.runtime.checkpoint.stats import (
     human_bytes,
     id_ranges,
 )
-from cutline.runtime.checkpoint.storage import (
-    METADATA,
-    CheckpointLocation,
-    CheckpointStorage,
-    CorruptCheckpointError,
-    StorageError,
-)
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 
 EXIT_OK, EXIT_UNVERIFIED, EXIT_BAD_INPUT = 0, 1, 2
 

@@ -24,9 +24,10 @@ from rich.console import Console
 from cutline import SourceHold, StreamEnvironment
 from cutline.cli import main
 from cutline.cli_checkpoints import _print_indented
+from cutline.runtime.checkpoint.layout import StorageError
 from cutline.runtime.checkpoint.reader import open_checkpoint
 from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo
-from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.task.local import ThreadLauncher
 
 KEYS = 50

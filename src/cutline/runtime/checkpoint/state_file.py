@@ -17,7 +17,7 @@ field           what it holds
 ==============  ==========================================================================
 
 The file is a pickle: the operators' parts and the recorded records are Python objects.
-The checkpoint's metadata (``storage.py``) names the file, its size and its SHA-256, which a
+The checkpoint's metadata (``layout.py``) names the file, its size and its SHA-256, which a
 reader checks before it decodes.
 """
 
@@ -27,7 +27,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutline.runtime.checkpoint.storage import CorruptCheckpointError
+from cutline.runtime.checkpoint.layout import CorruptCheckpointError
 
 STATE_FORMAT = 1
 DEAD_LETTERS = "_dead_letters"

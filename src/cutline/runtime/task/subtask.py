@@ -38,9 +38,10 @@ from cutline.protocol.watermarks import (
     EmitWatermark,
     WatermarkAction,
 )
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.restore import gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
-from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointStorage
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.graph import Chain, subtask_name
 from cutline.runtime.io.sinks import FileSink
 from cutline.runtime.network.channel import InputGate, OutputChannel
