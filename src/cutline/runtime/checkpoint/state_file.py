@@ -1,6 +1,6 @@
 """A subtask's **state file**: what one subtask wrote for one checkpoint, one owner of its format.
 
-The subtask writes it on its snapshot thread (``runtime/task/subtask.py``); a restore gathers
+The subtask writes it on its snapshot thread (``runtime/task/snapshot_writer.py``); a restore gathers
 from it (``restore.py``) and the reader shows it (``reader.py``). All three go through
 :class:`SubtaskState`, so the format has one definition:
 
