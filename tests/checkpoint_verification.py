@@ -6,7 +6,8 @@ every file read and checked, the channel state counted, the cut checked channel 
 
 from __future__ import annotations
 
-from cutline.runtime.checkpoint.storage import CheckpointLocation, StorageError
+from cutline.runtime.checkpoint.layout import StorageError
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.verify import verify_checkpoint
 
 FAILURES: list[str] = []

@@ -15,6 +15,9 @@ checkpoint directory.
   diagram of one checkpoint's barriers.
 
 ``ID`` is a checkpoint id or ``latest`` (the newest complete one).
+
+Here are the commands: their arguments checked (a :class:`Directory`), what they read and
+their exit status; the tables and lines they print are :mod:`cutline.cli_render`'s.
 """
 
 from __future__ import annotations
@@ -22,34 +25,26 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import textwrap
-import time
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.cli_render import (
+    checkpoints_table,
+    make_console,
+    print_contents,
+    print_restarts,
+    print_stats,
+)
+from cutline.runtime.checkpoint.layout import METADATA, CorruptCheckpointError, StorageError
 from cutline.runtime.checkpoint.lineage import summary as lineage_summary
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.reader import CheckpointReader, InspectError
-from cutline.runtime.checkpoint.stats import (
-    CheckpointStats,
-    History,
-    critical_path,
-    human_bytes,
-    id_ranges,
-)
-from cutline.runtime.checkpoint.storage import (
-    METADATA,
-    CheckpointLocation,
-    CheckpointStorage,
-    CorruptCheckpointError,
-    StorageError,
-)
+from cutline.runtime.checkpoint.stats import History, id_ranges
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 
 EXIT_OK, EXIT_UNVERIFIED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -57,56 +52,6 @@ EXIT_OK, EXIT_UNVERIFIED, EXIT_BAD_INPUT = 0, 1, 2
 def _fail(message: str) -> NoReturn:
     click.echo(f"cutline: error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
-
-
-def _console() -> Console:
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = max(console.width, 160)  # a file or a pipe: no wrapping of tables
-    return console
-
-
-def _size(n: int | None) -> str:
-    return "-" if n is None else human_bytes(n)
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
-
-
-def _first_line(text: str | None, most: int) -> str:
-    """The first line of ``text``, cut to ``most`` characters at the end of a word (with an
-    ellipsis; mid-word only when its first word is longer than that)."""
-    line = text.splitlines()[0] if text else ""
-    if len(line) <= most:
-        return line
-    cut = line[: most - 1]
-    space = cut.rstrip().rfind(" ")
-    return (cut[:space].rstrip() if space > 0 else cut) + "…"
-
-
-def _print_indented(console: Console, text: str, indent: int = 4) -> None:
-    """Print ``text`` whole, as it is (no markup), every line indented and wrapped at word
-    boundaries to the console's width (a wrapped line keeps its line's own indent)."""
-    width = max(20, console.width - indent)
-    for line in text.rstrip("\n").splitlines() or [""]:
-        line = line.expandtabs(4).rstrip()
-        own = " " * (len(line) - len(line.lstrip(" ")))
-        wrapped = textwrap.wrap(line, width, subsequent_indent=own, break_on_hyphens=False) or [""]
-        for part in wrapped:
-            console.print(Text(" " * indent + part), soft_wrap=True)
-
-
-def _when(epoch: float) -> str:
-    return time.strftime("%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "-"
-
-
-def _utc(ms: int) -> str:
-    """Epoch milliseconds as a UTC time (event time need not be near now)."""
-    seconds, rest = divmod(ms, 1000)
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + f".{rest:03d} UTC"
 
 
 class Directory:
@@ -244,49 +189,12 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
             )
         )
         return
-    console = _console()
-    table = Table(title=f"checkpoints of {directory}", header_style="bold")
-    for column in (
-        "id",
-        "status",
-        "triggered",
-        "duration",
-        "size",
-        "full size",
-        "in flight",
-        "alignment",
-        "on disk",
-        "gen",
-    ):
-        table.add_column(column, justify="left" if column in ("status", "triggered") else "right")
-    for checkpoint_id in sorted(set(known) | completed):
-        stats = known.get(checkpoint_id)
-        on_disk = folder.location(checkpoint_id) is not None
-        if stats is None:
-            table.add_row(str(checkpoint_id), "complete (no statistics)", *["-"] * 6, "yes", "-")
-            continue
-        status = stats.status
-        if checkpoint_id in lost:
-            status = f"incomplete ({METADATA} missing)"
-        if stats.savepoint:
-            status = f"{status} (savepoint)"
-        elif stats.final:
-            status = f"{status} (final)"
-        if not stats.completed and stats.reason:
-            status += f": {_first_line(stats.reason, 60)}"
-        table.add_row(
-            str(checkpoint_id),
-            Text(status),
-            _when(stats.trigger_time),
-            _seconds(stats.duration),
-            _size(stats.size),
-            _size(stats.full_size),
-            str(stats.channel_state_records) if stats.unaligned else "-",
-            _seconds(stats.alignment),
-            f"no {METADATA}" if checkpoint_id in lost else "yes" if on_disk else "no",
-            str(stats.generation),
-        )
-    console.print(table)
+    console = make_console()
+    rows = [
+        (checkpoint_id, known.get(checkpoint_id), folder.location(checkpoint_id) is not None)
+        for checkpoint_id in sorted(set(known) | completed)
+    ]
+    console.print(checkpoints_table(f"checkpoints of {directory}", rows, lost))
     for line in lineage_summary(folder.storage):
         console.print(Text(line), soft_wrap=True)
     for checkpoint_id in sorted(lost):
@@ -295,19 +203,7 @@ def list_checkpoints(directory: str, as_json: bool) -> None:
             Text(f"incomplete: {reason}; it is never restored from", style="yellow"),
             soft_wrap=True,  # the path whole: the terminal wraps it
         )
-    for restart in folder.history.restarts:
-        then = (
-            f"restarted from checkpoint {restart.restored_from}"
-            if restart.restored_from is not None
-            else ("restarted from the start" if restart.restarted else "gave up")
-        )
-        console.print(
-            Text(
-                f"restart: generation {restart.generation} of run {restart.run} failed at "
-                f"{_when(restart.time)}; {then}; the cause:"
-            )
-        )
-        _print_indented(console, restart.cause or "(none recorded)")
+    print_restarts(console, folder.history.restarts)
     for problem in folder.history.unreadable:
         console.print(Text(f"unreadable: {problem}", style="yellow"))
 
@@ -323,10 +219,10 @@ def show(directory: str, checkpoint_id: str) -> None:
     critical path), its operators' state and its channel state."""
     folder = Directory(directory)
     n = folder.checkpoint_id(checkpoint_id)
-    console = _console()
+    console = make_console()
     stats = folder.history.checkpoint(n)
     if stats is not None:
-        _show_stats(console, folder, stats)
+        print_stats(console, stats, folder.history)
     else:
         console.print(f"checkpoint {n}: no statistics (written by an older version of cutline)")
     location = folder.location(n)
@@ -340,161 +236,7 @@ def show(directory: str, checkpoint_id: str) -> None:
             "retained_checkpoints stay)"
         )
         return
-    _show_contents(console, folder.reader(n), location)
-
-
-def _show_stats(console: Console, folder: Directory, stats: CheckpointStats) -> None:
-    kind = "savepoint" if stats.savepoint else "checkpoint"
-    console.print(
-        f"[bold]{kind} {stats.checkpoint_id}[/bold]: {stats.status}"
-        + (f" ({stats.reason})" if stats.reason else "")
-        + f" — triggered {_when(stats.trigger_time)}, run {stats.run}, generation "
-        f"{stats.generation}, {stats.checkpointing}" + (" (final)" if stats.final else "")
-    )
-    console.print(
-        f"  end to end {_seconds(stats.duration)}; written {_size(stats.size)} (full "
-        f"{_size(stats.full_size)}); channel state {stats.channel_state_records} records "
-        f"({_size(stats.channel_state_bytes)}); longest alignment {_seconds(stats.alignment)}"
-        + (f"\n  savepoint: {stats.savepoint}" if stats.savepoint else "")
-    )
-    if not stats.subtasks:
-        return
-    _show_event_time(console, stats)
-    table = Table(header_style="bold", title="subtasks (slowest first)")
-    for column in (
-        "subtask",
-        "acknowledged",
-        "start delay",
-        "alignment",
-        "sync",
-        "async",
-        "written",
-        "in flight",
-        "last barrier from",
-    ):
-        table.add_column(
-            column, justify="left" if column in ("subtask", "last barrier from") else "right"
-        )
-    ordered = sorted(stats.subtasks.values(), key=lambda s: (-s.acknowledged, s.subtask))
-    for sub in ordered:
-        last = sub.last_barrier
-        table.add_row(
-            sub.subtask,
-            _seconds(sub.acknowledged),
-            _seconds(sub.start_delay),
-            _seconds(sub.alignment),
-            _seconds(sub.synchronous),
-            _seconds(sub.asynchronous),
-            _size(sub.size),
-            str(sub.channel_state_records) if sub.channel_state_records else "-",
-            f"{last[0]} at {_seconds(last[1])}" if last else "-",
-        )
-    console.print(table)
-    run = folder.history.run(stats.run)
-    path = critical_path(stats, run)
-    if path:
-        hops = []
-        for subtask, channel in path:
-            sub = stats.subtasks[subtask]
-            behind = ""
-            if channel is not None:
-                sender = stats.subtasks.get(run.channels.get(channel, [""])[0] if run else "")
-                waited = sender.queued_ahead.get(channel, 0) if sender is not None else 0
-                behind = f", behind {waited:,} records" if waited else ""
-            if channel is None:
-                hops.append(f"{subtask} (snapshot at {_seconds(sub.snapshot_at)})")
-            elif not hops:
-                hops.append(
-                    f"{subtask} (acknowledged {_seconds(sub.acknowledged)}, its last barrier on "
-                    f"{channel} at {_seconds(sub.barriers[channel])}{behind})"
-                )
-            else:
-                hops.append(
-                    f"{subtask} (snapshot at {_seconds(sub.snapshot_at)}, after the barrier on "
-                    f"{channel} at {_seconds(sub.barriers[channel])}{behind})"
-                )
-        console.print("critical path: " + "\n  <- ".join(hops))
-    most = stats.waited_behind
-    if most is not None:
-        sending, channel, records = most
-        console.print(
-            f"its barrier waited behind the most records on {channel} (sent by {sending}): "
-            f"{records:,} (backpressure: records queued for a slower subtask; unaligned "
-            "checkpoints overtake them)"
-        )
-
-
-def _show_event_time(console: Console, stats: CheckpointStats) -> None:
-    """Per chain, its watermark at the checkpoint and how far behind the trigger it was; per
-    operator with event time, its open windows, timers and late records."""
-    watermarks, figures = stats.watermarks(), stats.event_time()
-    if not watermarks and not figures:
-        return
-    table = Table(header_style="bold", title="event time")
-    for column in ("operator", "watermark", "behind", "windows", "timers", "late records"):
-        table.add_column(column, justify="left" if column in ("operator", "watermark") else "right")
-    for uid in sorted(set(watermarks) | set(figures)):
-        watermark = watermarks.get(uid)
-        if watermark is None:
-            shown, behind = "-", "-"
-        elif watermark >= MAX_WATERMARK:
-            shown, behind = "end of input", "-"
-        else:
-            shown = _utc(watermark)
-            behind = _seconds(max(0.0, stats.trigger_time - watermark / 1000))
-        found = figures.get(uid, {})
-        table.add_row(
-            uid,
-            shown,
-            behind,
-            *(
-                f"{found[name]:,}" if name in found else "-"
-                for name in ("windows", "timers", "late")
-            ),
-        )
-    console.print(table)
-
-
-def _show_contents(
-    console: Console, reader: CheckpointReader, location: CheckpointLocation
-) -> None:
-    console.print(f"[bold]contents[/bold] ({location.url})")
-    try:
-        operators = reader.operators()
-    except (CorruptCheckpointError, InspectError) as exc:
-        console.print(f"  cannot read its state: {exc}", style="red")
-        return
-    table = Table(header_style="bold", title="operators with state")
-    for column in ("operator", "uid", "kind", "subtasks", "keyed state"):
-        table.add_column(column)
-    for op in operators:
-        table.add_row(
-            op.name,
-            op.uid,
-            op.kind,
-            str(len(op.subtasks)),
-            _size(op.size) if op.kind == "keyed" else "-",
-        )
-    console.print(table)
-    table = Table(header_style="bold", title="subtasks")
-    for column in ("subtask", "state file", "segments", "shared", "channel state"):
-        table.add_column(column, justify="left" if column == "subtask" else "right")
-    for name, handle in sorted(reader.handles.items()):
-        recorded = "-"
-        if handle.channel_state:
-            inputs, outputs = reader.recorded_counts(name)
-            recorded = ", ".join(
-                [f"in {c}: {k}" for c, k in sorted(inputs.items())]
-                + [f"out {c}: {k}" for c, k in sorted(outputs.items())]
-            )
-        table.add_row(
-            name,
-            _size(handle.size),
-            _size(sum(r.size for r in handle.segments)),
-            str(len(handle.shared)),
-            recorded,
-        )
-    console.print(table)
+    print_contents(console, folder.reader(n), location)
 
 
 # -------------------------------------------------------------------------------- diff
@@ -523,7 +265,7 @@ def diff(
     old, new = folder.reader(a), folder.reader(b)
     try:
         uids = _keyed_operators(old, new, operator)
-        console = _console()
+        console = make_console()
         for uid, name in uids:
             before = _entries(old, uid)
             after = _entries(new, uid)

@@ -27,6 +27,8 @@ from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 import checkpoint_verification
 from cutline import JobClient, JobResult, SourceHold, StreamEnvironment
+from cutline.runtime.checkpoint.layout import METADATA, SHARED
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.reader import CheckpointReader
 from cutline.runtime.checkpoint.stats import (
     STATS_FOLDER,
@@ -36,12 +38,7 @@ from cutline.runtime.checkpoint.stats import (
     SubtaskStats,
     critical_path,
 )
-from cutline.runtime.checkpoint.storage import (
-    METADATA,
-    SHARED,
-    CheckpointLocation,
-    CheckpointStorage,
-)
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.checkpoint.verify import verify_checkpoint
 from cutline.runtime.graph import ExecutionPlan, subtask_name
 from cutline.runtime.network.channel import InputGate, OutputChannel, PriorityBarrier

@@ -34,6 +34,7 @@ from cutline import (
 from cutline.runtime.io.sinks import PENDING
 from cutline.runtime.keyed_operators import ProcessContext
 from cutline.runtime.task.local import ThreadLauncher
+from cutline.runtime.task.snapshot_writer import SnapshotWriter
 from cutline.runtime.task.subtask import SubtaskRunner
 
 N = 200
@@ -1000,10 +1001,10 @@ def test_a_slot_does_not_wait_for_a_snapshot_write_that_was_cancelled() -> None:
     in_progress = executor.submit(lambda: (started.set(), release.wait(30)))
     queued = executor.submit(lambda: None)
     assert started.wait(30)
-    executor.shutdown(wait=False, cancel_futures=True)  # as SubtaskRunner.run does at its end
+    executor.shutdown(wait=False, cancel_futures=True)  # as SnapshotWriter.shutdown(cancel=True)
     release.set()
     in_progress.result(30)
     assert queued.cancelled()
-    runner = SimpleNamespace(_writes=[in_progress, queued])
+    writer = SimpleNamespace(_writes=[in_progress, queued])
     # an hour: it returns at once, or (waiting for the cancelled write) the test times out
-    SubtaskRunner.wait_for_snapshots(runner, 3600.0)  # type: ignore[arg-type]
+    SnapshotWriter.wait(writer, 3600.0)  # type: ignore[arg-type]

@@ -28,8 +28,10 @@ from cutline import (
     SourceHold,
     StreamEnvironment,
 )
+from cutline.runtime.checkpoint.layout import SHARED
 from cutline.runtime.checkpoint.lineage import resumable, summary
-from cutline.runtime.checkpoint.storage import SHARED, CheckpointLocation, CheckpointStorage
+from cutline.runtime.checkpoint.location import CheckpointLocation
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.task.local import ThreadLauncher

@@ -38,12 +38,9 @@ from cutline.examples.connected_components import (
     vertex_of,
 )
 from cutline.protocol.cut import ChannelCut, CutViolation
-from cutline.runtime.checkpoint.storage import (
-    METADATA,
-    SHARED,
-    CheckpointLocation,
-    CheckpointStorage,
-)
+from cutline.runtime.checkpoint.layout import METADATA, SHARED
+from cutline.runtime.checkpoint.location import CheckpointLocation
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.checkpoint.verify import Verification, verify_checkpoint
 from cutline.runtime.task.local import ThreadLauncher
 

@@ -28,16 +28,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline.runtime.checkpoint.stats import CheckpointStats, RunInfo, encode, stats_file
-from cutline.runtime.checkpoint.storage import (
+from cutline.runtime.checkpoint.layout import (
     METADATA,
     CheckpointMetadata,
-    CheckpointStorage,
     CorruptCheckpointError,
-    Skipped,
     StateHandle,
     StorageError,
 )
+from cutline.runtime.checkpoint.stats import CheckpointStats, RunInfo, encode, stats_file
+from cutline.runtime.checkpoint.storage import CheckpointStorage, Skipped
 
 # --------------------------------------------------------------------- helpers
 

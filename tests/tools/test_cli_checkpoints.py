@@ -23,10 +23,11 @@ from rich.console import Console
 
 from cutline import SourceHold, StreamEnvironment
 from cutline.cli import main
-from cutline.cli_checkpoints import _print_indented
+from cutline.cli_render import print_indented
+from cutline.runtime.checkpoint.layout import StorageError
 from cutline.runtime.checkpoint.reader import open_checkpoint
 from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo
-from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.task.local import ThreadLauncher
 
 KEYS = 50
@@ -337,7 +338,7 @@ def test_a_long_restart_cause_is_wrapped_at_words_not_cut(tmp_path: Path) -> Non
 def test_a_cause_is_wrapped_to_the_width_keeping_the_indent() -> None:
     console = Console(file=io.StringIO(), width=40, highlight=False)
     text = "first line " + "long " * 20 + "\n  indented line " + "more " * 12 + "\n"
-    _print_indented(console, text)
+    print_indented(console, text)
     lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
     assert all(len(line) <= 40 for line in lines)
     assert lines[0].startswith("    first line ")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from cutline.runtime.checkpoint.layout import StorageError
 from cutline.runtime.checkpoint.stats import (
     STATS_FOLDER,
     STATS_HISTORY,
@@ -29,7 +30,7 @@ from cutline.runtime.checkpoint.stats import (
     critical_path,
     id_ranges,
 )
-from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 
 __all__ = [
     "Directory",

@@ -27,7 +27,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
+from cutline.runtime.checkpoint.layout import StorageError
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 
 LINEAGE = "_lineage"
 """The file in a checkpoint directory that says where its current lineage begins."""

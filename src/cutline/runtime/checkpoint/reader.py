@@ -13,15 +13,15 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
-from cutline.runtime.checkpoint.storage import (
-    CheckpointLocation,
+from cutline.runtime.checkpoint.layout import (
     CheckpointMetadata,
-    CheckpointStorage,
     CorruptCheckpointError,
     StateHandle,
     StorageError,
 )
+from cutline.runtime.checkpoint.location import CheckpointLocation
+from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
     columnar_size,

@@ -27,9 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutline.runtime.checkpoint.layout import CheckpointMetadata, StateHandle
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.stats import RecordCounts
-from cutline.runtime.checkpoint.storage import CheckpointLocation, CheckpointMetadata, StateHandle
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.io.formats import SourceError
 from cutline.runtime.operators import (

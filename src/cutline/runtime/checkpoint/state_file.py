@@ -1,6 +1,6 @@
 """A subtask's **state file**: what one subtask wrote for one checkpoint, one owner of its format.
 
-The subtask writes it on its snapshot thread (``runtime/task/subtask.py``); a restore gathers
+The subtask writes it on its snapshot thread (``runtime/task/snapshot_writer.py``); a restore gathers
 from it (``restore.py``) and the reader shows it (``reader.py``). All three go through
 :class:`SubtaskState`, so the format has one definition:
 
@@ -17,7 +17,7 @@ field           what it holds
 ==============  ==========================================================================
 
 The file is a pickle: the operators' parts and the recorded records are Python objects.
-The checkpoint's metadata (``storage.py``) names the file, its size and its SHA-256, which a
+The checkpoint's metadata (``layout.py``) names the file, its size and its SHA-256, which a
 reader checks before it decodes.
 """
 
@@ -27,7 +27,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutline.runtime.checkpoint.storage import CorruptCheckpointError
+from cutline.runtime.checkpoint.layout import CorruptCheckpointError
 
 STATE_FORMAT = 1
 DEAD_LETTERS = "_dead_letters"

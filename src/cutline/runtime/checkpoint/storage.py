@@ -1,42 +1,22 @@
-"""Checkpoint storage: one folder per checkpoint in a local directory or any fsspec URL.
+"""Checkpoint storage: the checkpoints of one job in a directory, local or any fsspec URL.
 
-Layout::
-
-    CHECKPOINT_DIR/
-      chk-7/
-        g2-source-0.state      # a subtask's state file: generation 2, subtask "source-0"
-        g2-sum-1.state
-        g2-sum-1-0-c7-….seg    # keyed state in full, owned by this checkpoint
-        _metadata              # written last, atomically: the checkpoint is complete
-      chk-8/                   # no _metadata: incomplete, never restored from
-        g2-source-0.state
-      _stats/                  # statistics of every checkpoint, restart and run (stats.py)
-        checkpoint-7.json
-      shared/                  # keyed state of incremental checkpoints, shared by them
-        g2-sum-1-0-c5-….seg    #   (reference counted: see protocol/registry.py)
-        g2-sum-1-0-c7-….seg
-
-A keyed operator's state is a chain of **segments** (``runtime/state.py``): with
-incremental checkpoints they go to ``shared/`` and a checkpoint names the ones it
-needs as ``../shared/NAME``; otherwise, and always for a savepoint, they are the
-checkpoint's own files. A folder that names no shared file is self-contained: it
-can be moved or copied anywhere and restored from there (a savepoint is such a folder).
-
-Every state file is named after the *generation* (the restart attempt) that
-wrote it, and the metadata lists, for every subtask, its file with size and
-SHA-256. A restore reads only files the metadata names, and checks their size
-and digest, so a file left by a stale attempt, a torn write or a flipped bit
-is refused with an error that names the file. :meth:`CheckpointStorage.latest`
-falls back to the previous complete checkpoint, and says why.
+:class:`CheckpointStorage` writes a checkpoint directory (laid out as ``layout.py`` says):
+each subtask's state file and keyed state segments, then the metadata that completes the
+checkpoint; the statistics of every checkpoint, restart and run; and it lists, finds,
+moves and removes checkpoints. Reading one checkpoint's folder is
+:class:`~cutline.runtime.checkpoint.location.CheckpointLocation`'s, which it hands out
+(:meth:`CheckpointStorage.location`).
 
 The metadata and the statistics files are written to a temporary name and then
 renamed: on a local disk the rename is atomic; on object stores a single object
 write is. A torn write leaves no such file behind, and never spoils an older one.
 
-A ``chk-N`` folder without ``_metadata`` is a checkpoint in progress or one that was
-aborted, unless its statistics say it **completed**: then its metadata was lost (deleted
-by hand, a damaged file system) and :meth:`CheckpointStorage.latest` names it among the
-checkpoints it skipped (:meth:`CheckpointStorage.completed_without_metadata` lists such ids).
+:meth:`CheckpointStorage.latest` finds the newest complete checkpoint that is intact, falls
+back to the previous complete one when it is not, and says why. A ``chk-N`` folder without
+``_metadata`` is a checkpoint in progress or one that was aborted, unless its statistics say
+it **completed**: then its metadata was lost (deleted by hand, a damaged file system) and
+:meth:`CheckpointStorage.latest` names it among the checkpoints it skipped
+(:meth:`CheckpointStorage.completed_without_metadata` lists such ids).
 """
 
 from __future__ import annotations
@@ -45,9 +25,7 @@ import contextlib
 import errno
 import hashlib
 import io
-import json
 import os
-import posixpath
 import re
 import uuid
 from collections.abc import Mapping
@@ -56,6 +34,19 @@ from typing import Any
 
 import fsspec
 
+from cutline.runtime.checkpoint.layout import (
+    DAMAGED,
+    DISCARDING,
+    METADATA,
+    SAFE_NAME,
+    SHARED,
+    CheckpointMetadata,
+    CorruptCheckpointError,
+    StateHandle,
+    StorageError,
+    check_segment_path,
+)
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.stats import (
     STATS_FOLDER,
     STATS_HISTORY,
@@ -69,17 +60,9 @@ from cutline.runtime.checkpoint.stats import (
     history_of,
     stats_file,
 )
-from cutline.runtime.state.keygroups import StateError
 from cutline.runtime.state.segments import SHARED_PREFIX, SegmentRef
 
-METADATA = "_metadata"
-DISCARDING = "_discarding"
-"""The mark :meth:`CheckpointStorage.discard` leaves in a folder before removing it."""
-FORMAT_VERSION = 2
-"""2: handles name their segments and the operators with state (cutline 0.1 with issue 5)."""
 _CHECKPOINT_DIR = re.compile(r"chk-(0|[1-9][0-9]*)")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-SHARED = "shared"
 
 
 _UNSYNCABLE = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS)
@@ -115,132 +98,6 @@ def _sync_directory(fs: Any, folder: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-_DAMAGED = (IsADirectoryError, NotADirectoryError)
-"""Errors that mean the checkpoint's files are not what they should be (not passing faults)."""
-
-
-class StorageError(Exception):
-    """Checkpoint storage could not be read or written; the message names the path."""
-
-
-class CorruptCheckpointError(StorageError):
-    """A checkpoint's metadata or state file is missing, truncated, altered or unreadable."""
-
-
-@dataclass(frozen=True)
-class StateHandle:
-    """Where one subtask's part of a checkpoint lives, and how to know it is intact."""
-
-    path: str
-    """Relative to the checkpoint directory."""
-    size: int
-    sha256: str
-    generation: int
-    segments: tuple[SegmentRef, ...] = ()
-    """The keyed state segments the state file names (its own, and shared ones)."""
-    operators: tuple[str, ...] = ()
-    """The operators (uids) that have state in the file."""
-    channel_state: bool = False
-    """Whether it holds records in flight (an unaligned checkpoint, a loop)."""
-    channels: dict[str, dict[str, int]] | None = None
-    """The subtask's records per channel when it snapshotted (``runtime/verify.py``):
-    ``sent`` (per output channel, before the barrier), ``received`` (per input channel, before
-    the snapshot), ``recorded_inputs`` and ``recorded_outputs`` (records in its channel state).
-    ``None`` in checkpoints of older versions."""
-
-    @property
-    def shared(self) -> list[SegmentRef]:
-        return [ref for ref in self.segments if ref.shared]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "size": self.size,
-            "sha256": self.sha256,
-            "generation": self.generation,
-            "segments": [ref.to_dict() for ref in self.segments],
-            "operators": list(self.operators),
-            "channel_state": self.channel_state,
-            **({"channels": self.channels} if self.channels is not None else {}),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StateHandle:
-        handle = cls(
-            path=str(data["path"]),
-            size=int(data["size"]),
-            sha256=str(data["sha256"]),
-            generation=int(data["generation"]),
-            segments=tuple(SegmentRef.from_dict(r) for r in data.get("segments", ())),
-            operators=tuple(str(u) for u in data.get("operators", ())),
-            channel_state=bool(data.get("channel_state", False)),
-            channels=_channel_counts(data.get("channels")),
-        )
-        prefix = f"g{handle.generation}-"
-        if not (
-            handle.path.startswith(prefix)
-            and handle.path.endswith(".state")
-            and _SAFE_NAME.fullmatch(handle.path)
-        ):
-            raise ValueError(f"state path {handle.path!r} is not a state file of this checkpoint")
-        for ref in handle.segments:
-            check_segment_path(ref.path)
-        return handle
-
-
-COUNTS = ("sent", "received", "recorded_inputs", "recorded_outputs")
-
-
-def _channel_counts(data: Any) -> dict[str, dict[str, int]] | None:
-    """The ``channels`` of a handle, checked: four maps of channel id -> record count."""
-    if data is None:
-        return None
-    if not isinstance(data, Mapping) or set(data) != set(COUNTS):
-        raise ValueError(f"channel counts {data!r} are not {', '.join(COUNTS)}")
-    counts: dict[str, dict[str, int]] = {}
-    for kind in COUNTS:
-        values = data[kind]
-        if not isinstance(values, Mapping) or not all(
-            type(n) is int and n >= 0 for n in values.values()
-        ):
-            raise ValueError(f"channel counts {kind!r} are not counts of records per channel")
-        counts[kind] = {str(c): int(n) for c, n in values.items()}
-    return counts
-
-
-def check_segment_path(path: str) -> str:
-    """``path`` if it names a segment of a checkpoint (its own, or in the shared folder)."""
-    name = path[len(SHARED_PREFIX) :] if path.startswith(SHARED_PREFIX) else path
-    if not (name.endswith(".seg") and _SAFE_NAME.fullmatch(name)):
-        raise ValueError(f"segment path {path!r} is not a segment of a checkpoint")
-    return path
-
-
-@dataclass(frozen=True)
-class CheckpointMetadata:
-    """What makes a checkpoint complete: every subtask's handle, plus the job's own facts."""
-
-    checkpoint_id: int
-    generation: int
-    handles: dict[str, StateHandle]
-    """Subtask name -> its state handle."""
-    extra: dict[str, Any]
-    """Anything the job records with the checkpoint (timestamps, operator ids, ...)."""
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "format": FORMAT_VERSION,
-                "checkpoint_id": self.checkpoint_id,
-                "generation": self.generation,
-                "handles": {task: h.to_dict() for task, h in sorted(self.handles.items())},
-                "extra": self.extra,
-            },
-            sort_keys=True,
-            indent=1,
-        ).encode()
 
 
 @dataclass(frozen=True)
@@ -291,7 +148,7 @@ class CheckpointStorage:
         self, checkpoint_id: int, subtask: str, generation: int, data: bytes
     ) -> StateHandle:
         """Store one subtask's state for ``checkpoint_id`` and return its handle."""
-        if _SAFE_NAME.fullmatch(subtask) is None:
+        if SAFE_NAME.fullmatch(subtask) is None:
             raise ValueError(f"subtask name {subtask!r} is not usable as a file name")
         name = f"g{generation}-{subtask}.state"
         folder = self.checkpoint_path(checkpoint_id)
@@ -374,7 +231,7 @@ class CheckpointStorage:
     ) -> SegmentRef:
         """Store a keyed state segment of ``checkpoint_id``: in the checkpoint's folder, or
         (``shared``) in the shared folder, named from it as ``../shared/NAME``."""
-        if _SAFE_NAME.fullmatch(name) is None or not name.endswith(".seg"):
+        if SAFE_NAME.fullmatch(name) is None or not name.endswith(".seg"):
             raise ValueError(f"segment name {name!r} is not usable as a file name")
         folder = f"{self.root}/{SHARED}" if shared else self.checkpoint_path(checkpoint_id)
         self._write_file(folder, name, data, f"state of checkpoint {checkpoint_id}")
@@ -499,7 +356,7 @@ class CheckpointStorage:
         try:
             with self.fs.open(path, "rb") as source:
                 data = source.read()
-        except (FileNotFoundError, *_DAMAGED):
+        except (FileNotFoundError, *DAMAGED):
             return None
         except OSError as exc:
             raise StorageError(f"cannot read {self._where(path)}: {exc.strerror or exc}") from exc
@@ -638,150 +495,3 @@ class _SegmentWriter:
 
     def read_segment(self, ref: SegmentRef) -> bytes:
         return self.storage.location(self.checkpoint_id).read_segment(ref)
-
-
-class CheckpointLocation:
-    """The folder of one checkpoint or savepoint (anywhere), to read it: its metadata, its
-    subtasks' state files and its segments, each checked against what the metadata says.
-
-    It is also the :class:`~cutline.runtime.state.segments.SegmentStore` a restore reads from."""
-
-    def __init__(self, fs: Any, folder: str, where: Any = None) -> None:
-        self.fs = fs
-        self.folder = folder.rstrip("/")
-        self._where = where or (lambda path: path)
-
-    @classmethod
-    def open(
-        cls, url: str, *, storage_options: Mapping[str, Any] | None = None
-    ) -> CheckpointLocation:
-        try:
-            fs, folder = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-        except (ValueError, ImportError) as exc:
-            raise StorageError(f"checkpoint {url!r}: {exc}") from None
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-
-        def where(path: str) -> str:
-            return path if protocol in ("file", "local") else f"{protocol}://{path.lstrip('/')}"
-
-        return cls(fs, folder, where)
-
-    @property
-    def url(self) -> str:
-        return str(self._where(self.folder))
-
-    def _read(self, path: str, what: str) -> bytes:
-        where = self._where(path)
-        try:
-            with self.fs.open(path, "rb") as source:
-                data: bytes = source.read()
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{what} {where} is missing") from None
-        except _DAMAGED as exc:
-            raise CorruptCheckpointError(f"cannot read {where}: {exc.strerror or exc}") from exc
-        except OSError as exc:  # maybe passing (EIO, a throttled store): never skip on it
-            raise StorageError(f"cannot read {where}: {exc.strerror or exc}") from exc
-        return data
-
-    def read_metadata(self, checkpoint_id: int | None = None) -> CheckpointMetadata:
-        """The metadata; :class:`CorruptCheckpointError` if it is missing or unreadable (or,
-        given ``checkpoint_id``, describes another checkpoint)."""
-        path = f"{self.folder}/{METADATA}"
-        where = self._where(path)
-        if not self._exists(path):
-            if checkpoint_id is None:
-                raise CorruptCheckpointError(
-                    f"{self._where(self.folder)} is not a complete checkpoint or savepoint: "
-                    f"{where} does not exist"
-                ) from None
-            raise CorruptCheckpointError(
-                f"checkpoint {checkpoint_id} is incomplete: {where} does not exist"
-            )
-        raw = self._read(path, "checkpoint metadata")
-        try:
-            data = json.loads(raw)
-            if data.get("format") == 1:
-                raise ValueError(
-                    "it was written by an older version of cutline (format 1), whose "
-                    "checkpoints this version cannot restore"
-                )
-            if type(data.get("format")) is not int or data["format"] != FORMAT_VERSION:
-                raise ValueError(f"unknown format {data.get('format')!r}")
-            if type(data["checkpoint_id"]) is not int or (
-                checkpoint_id is not None and data["checkpoint_id"] != checkpoint_id
-            ):
-                raise ValueError(f"it describes checkpoint {data['checkpoint_id']}")
-            return CheckpointMetadata(
-                checkpoint_id=data["checkpoint_id"],
-                generation=int(data["generation"]),
-                handles={
-                    str(task): StateHandle.from_dict(h) for task, h in data["handles"].items()
-                },
-                extra=dict(data.get("extra", {})),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptCheckpointError(
-                f"{where} is not valid checkpoint metadata: {exc}"
-            ) from None
-
-    def _exists(self, path: str) -> bool:
-        try:
-            return bool(self.fs.exists(path))
-        except OSError as exc:
-            raise StorageError(f"cannot read {self._where(path)}: {exc.strerror or exc}") from exc
-
-    def read_state(self, handle: StateHandle) -> bytes:
-        """One subtask's state file, checked against its handle's size and digest."""
-        path = f"{self.folder}/{handle.path}"
-        data = self._read(path, "state file")
-        self._check(path, data, handle.size, handle.sha256)
-        return data
-
-    def read_segment(self, ref: SegmentRef) -> bytes:
-        """A keyed state segment, checked against its size and digest."""
-        path = self._segment_path(ref)
-        data = self._read(path, "state segment")
-        self._check(path, data, ref.size, ref.sha256, "state segment")
-        return data
-
-    def _segment_path(self, ref: SegmentRef) -> str:
-        try:
-            check_segment_path(ref.path)
-        except ValueError as exc:
-            raise StateError(str(exc)) from None
-        return posixpath.normpath(f"{self.folder}/{ref.path}")
-
-    def _check(
-        self, path: str, data: bytes, size: int, sha256: str, what: str = "state file"
-    ) -> None:
-        where = self._where(path)
-        if len(data) != size:
-            raise CorruptCheckpointError(
-                f"{what} {where} has {len(data)} bytes, the metadata says {size}"
-            )
-        if hashlib.sha256(data).hexdigest() != sha256:
-            raise CorruptCheckpointError(
-                f"{what} {where} does not match the digest in the metadata"
-            )
-
-    def checked_metadata(self, checkpoint_id: int | None = None) -> CheckpointMetadata:
-        """The metadata, once every state file it names is intact (size and digest) and every
-        segment is there with its size (segments are read whole, and their digests checked,
-        when restored)."""
-        metadata = self.read_metadata(checkpoint_id)
-        for handle in metadata.handles.values():
-            self.read_state(handle)
-            for ref in handle.segments:
-                path = self._segment_path(ref)
-                where = self._where(path)
-                try:
-                    size = self.fs.size(path)
-                except FileNotFoundError:
-                    raise CorruptCheckpointError(f"state segment {where} is missing") from None
-                except OSError as exc:
-                    raise StorageError(f"cannot read {where}: {exc.strerror or exc}") from exc
-                if size != ref.size:
-                    raise CorruptCheckpointError(
-                        f"state segment {where} has {size} bytes, the metadata says {ref.size}"
-                    )
-        return metadata

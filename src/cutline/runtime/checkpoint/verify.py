@@ -19,12 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cutline.protocol.cut import ChannelCut, CutViolation, channel_cuts, check_cut
+from cutline.runtime.checkpoint.layout import CorruptCheckpointError, StorageError
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.reader import CheckpointReader, InspectError
-from cutline.runtime.checkpoint.storage import (
-    CheckpointLocation,
-    CorruptCheckpointError,
-    StorageError,
-)
 
 
 @dataclass

@@ -42,13 +42,9 @@ from cutline.protocol.coordinator import (
 from cutline.protocol.cut import channel_cuts, check_cut
 from cutline.protocol.errors import ProtocolError
 from cutline.protocol.termination import NextWave, Terminated, TerminationDetector
+from cutline.runtime.checkpoint.layout import CheckpointMetadata, StateHandle, StorageError
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.stats import RecordCounts
-from cutline.runtime.checkpoint.storage import (
-    CheckpointLocation,
-    CheckpointMetadata,
-    StateHandle,
-    StorageError,
-)
 from cutline.runtime.driver.events import (
     CheckpointAborted,
     CheckpointCompleted,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutline.protocol.coordinator import CheckpointSettings
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.stats import STATS_HISTORY
-from cutline.runtime.checkpoint.storage import CheckpointLocation
 from cutline.runtime.driver.restart import RestartStrategy
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.task.launch import BarrierHandling, PhaseHook, SourceHold

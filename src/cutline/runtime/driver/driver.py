@@ -35,11 +35,13 @@ from cutline.protocol.coordinator import (
     CheckpointCoordinator,
 )
 from cutline.protocol.registry import SharedStateRegistry
+from cutline.runtime.checkpoint.layout import METADATA, CorruptCheckpointError, StorageError
 from cutline.runtime.checkpoint.lineage import (
     begin_lineage,
     refuse_fresh_start,
     standing,
 )
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock, Owner
 from cutline.runtime.checkpoint.restore import RestoreError, RestoreSpec, plan_restore
 from cutline.runtime.checkpoint.stats import (
@@ -47,13 +49,7 @@ from cutline.runtime.checkpoint.stats import (
     RestartInfo,
     RunInfo,
 )
-from cutline.runtime.checkpoint.storage import (
-    METADATA,
-    CheckpointLocation,
-    CheckpointStorage,
-    CorruptCheckpointError,
-    StorageError,
-)
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.attempt import JobAttempt
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.config import LATEST, JobConfig

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from cutline.connectors.sink import GlobalCommitter
+from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.reader import CheckpointReader
-from cutline.runtime.checkpoint.storage import CheckpointLocation
 from cutline.runtime.graph import ExecutionPlan
 from cutline.runtime.operators import SinkLogic
 

@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 
 from cutline.protocol.registry import SharedStateRegistry
+from cutline.runtime.checkpoint.layout import StorageError
 from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock
 from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo, RunInfo
-from cutline.runtime.checkpoint.storage import CheckpointStorage, StorageError
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.config import JobConfig
 from cutline.runtime.driver.events import EventListener, JobWarning

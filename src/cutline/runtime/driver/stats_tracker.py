@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cutline.runtime.checkpoint.layout import StateHandle
 from cutline.runtime.checkpoint.stats import CheckpointStats, RecordCounts, SubtaskStats
-from cutline.runtime.checkpoint.storage import StateHandle
 from cutline.runtime.network.messages import Ack
 
 

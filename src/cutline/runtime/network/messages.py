@@ -110,7 +110,7 @@ class Ack:
     subtask: str
     checkpoint: int
     handle: dict[str, Any]
-    """The subtask's :class:`~cutline.runtime.checkpoint.storage.StateHandle`, as a dict."""
+    """The subtask's :class:`~cutline.runtime.checkpoint.layout.StateHandle`, as a dict."""
     alignment: float = 0.0
     asynchronous: float = 0.0
     unaligned: bool = False

@@ -98,11 +98,11 @@ class InputSubtask(SubtaskRunner):
                 # Every input but the loop's back edges ended: the driver triggered the final
                 # checkpoint only once the loop was quiet, so nothing more comes round; the
                 # end goes round the loop and ends the back edges too.
-                self._emit_end()
+                self.outputs.end()
                 sent_end = True
             # Take in a batch only when every output has room for what it makes: a subtask
             # never blocks in a send, so it always sees barriers, timeouts and messages.
-            room = self._has_room()
+            room = self.outputs.has_room()
             waited = time.monotonic()
             item = gate.poll(
                 handler.blocked_channels, timeout=wait if room else 0.005, priority_only=not room
@@ -112,7 +112,7 @@ class InputSubtask(SubtaskRunner):
             if item is None:
                 if room and not handler.live_inputs:
                     if not sent_end:
-                        self._emit_end()
+                        self.outputs.end()
                     ended = True
                 continue
             channel, frame = item
@@ -173,9 +173,9 @@ class InputSubtask(SubtaskRunner):
                 case ForwardBarrier():
                     forwarded = self.checkpoints[action.checkpoint_id]
                     forced, forwarded.forced = forwarded.forced, False
-                    self._forward(action.checkpoint_id, action.unaligned, forced)
+                    self.outputs.forward(forwarded, action.unaligned, forced)
                 case SnapshotComplete():
-                    self._complete(action.snapshot_id)
+                    self.snapshot_writer.complete(action.snapshot_id)
                 case DeclineCheckpoint():
                     declined = self.checkpoints[action.checkpoint_id]
                     declined.pending = declined.unflushed = declined.first_barrier = None

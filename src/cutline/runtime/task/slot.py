@@ -116,7 +116,7 @@ def run_slot(setup: SlotSetup, slot: int, host: str) -> dict[str, Any]:
             beats.stop()
         for runner in runners:
             runner.stop()
-            for channel in runner.output_channels():
+            for channel in runner.outputs.channels():
                 channel.close()
         for gate in gates.values():
             gate.close()
@@ -132,7 +132,7 @@ def run_slot(setup: SlotSetup, slot: int, host: str) -> dict[str, Any]:
             else:
                 runner.close_operators()  # opened (or half opened) but never ran
         for runner in runners:  # (queued writes were cancelled: one at most is in progress)
-            runner.wait_for_snapshots(deadline - time.monotonic())
+            runner.snapshot_writer.wait(deadline - time.monotonic())
 
 
 def _peers(control: ControlClient) -> Peers | None:

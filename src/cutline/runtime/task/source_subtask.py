@@ -109,13 +109,13 @@ class SourceSubtask(SubtaskRunner):
                 self._current = source.name
                 self._carry_out_watermarks(running.tick(time.monotonic()))
             if self._final is not None and self._last_complete >= self._final:
-                self._emit_end()
+                self.outputs.end()
                 return
             if exhausted or self._final is not None or self._holding():
                 continue  # (asked again: a message may have changed it)
-            if not self._has_room():
+            if not self.outputs.has_room():
                 waited = time.monotonic()
-                self._wait_for_room(0.01)  # and see the driver's messages meanwhile
+                self.outputs.wait_for_room(0.01)  # and see the driver's messages meanwhile
                 self.backpressured += time.monotonic() - waited
                 continue
             size = reads.size
@@ -172,8 +172,10 @@ class SourceSubtask(SubtaskRunner):
         self._snapshot(checkpoint)
         # the final checkpoint and savepoints align: nothing may stay in flight
         aligned = trigger.final or trigger.savepoint
-        self._forward(checkpoint, self.setup.barriers.unaligned and not aligned, aligned)
-        self._complete(checkpoint)
+        self.outputs.forward(
+            self.checkpoints[checkpoint], self.setup.barriers.unaligned and not aligned, aligned
+        )
+        self.snapshot_writer.complete(checkpoint)
         if trigger.final:
             self._final = checkpoint
 

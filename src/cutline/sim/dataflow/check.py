@@ -25,7 +25,8 @@ from dataclasses import replace
 from typing import Literal
 
 from cutline.sim.dataflow.graph import END, ChannelId, DataflowGraph, Item, Record
-from cutline.sim.dataflow.model import DataflowModel, DataflowRun, TaskSnapshot
+from cutline.sim.dataflow.model import DataflowModel
+from cutline.sim.dataflow.state import DataflowRun, TaskSnapshot
 
 
 def reference_states(topology: DataflowGraph) -> dict[str, Counter[Record]]:

@@ -1,14 +1,15 @@
 """A deterministic, seeded, I/O-free model of a small dataflow that drives the real barrier
 handlers (:class:`~cutline.protocol.BarrierAligner`, :class:`~cutline.protocol.BarrierTracker`)
 and the termination detector of loops (:class:`~cutline.protocol.TerminationDetector`) through
-random schedules. Its graphs are in :mod:`cutline.sim.dataflow.graph`; what it proves about a
-run is in :mod:`cutline.sim.dataflow.check`.
+random schedules. Its graphs are in :mod:`cutline.sim.dataflow.graph`, what a run is given
+(the mode, the schedule's weights) in :mod:`cutline.sim.dataflow.config`, what it is made of
+in :mod:`cutline.sim.dataflow.state` and its checkpoints in
+:mod:`cutline.sim.dataflow.checkpoints`; what it proves about a run is in
+:mod:`cutline.sim.dataflow.check`.
 
 **Channels.** A record on a channel is in one of three places, in FIFO order: the
-sender's *output buffer* (at most ``buffer_capacity`` records; unbounded on back edges,
-as a loop with bounded buffers all round can deadlock), the *wire* (unbounded, FIFO like
-TCP), or the receiver's *input buffer* (at most ``input_capacity`` records). Barriers and
-end-of-input markers do not count against the bounds.
+sender's *output buffer*, the *wire*, or the receiver's *input buffer* (bounded as
+:class:`~cutline.sim.dataflow.state.Channel` says).
 
 **Steps.** A run is a sequence of steps, each chosen at random (from
 ``random.Random(seed)``) among those enabled:
@@ -54,41 +55,31 @@ When it reaches the receiver's input buffer it jumps over the records there in t
 way; the subtask passes those as ``overtaken=`` with the barrier (they too are consumed
 afterwards). Records on the wire are never overtaken.
 
-**Actions.** The subtask carries out what its handler returns: ``SnapshotState`` copies
-its state and notes how many records it has consumed from each input and emitted on each
-output; ``ForwardBarrier`` emits the barrier on every output; ``RecordMessage`` appends to
-the *input side* of the channel state; ``SnapshotComplete`` marks its snapshot whole;
-``DeclineCheckpoint`` drops it and makes the coordinator abort the checkpoint;
-``BlockChannel``/``UnblockChannels`` are checked against what the handler reports. A
-subtask that ends without ever hearing of a checkpoint counts as having completed it
-with its final state (the cut passes after its end). Anything out of order (a second
-snapshot, a recording for a snapshot not taken, a handler error, a deadlock) is a
-*problem* of the run.
+**Actions.** The subtask carries out what its handler returns, each checked
+(:class:`~cutline.sim.dataflow.checkpoints.Checkpoints` feeds the handlers and carries out
+their actions). Anything out of order (a second snapshot, a recording for a snapshot not
+taken, a handler error, a deadlock) is a *problem* of the run.
 """
 
 from __future__ import annotations
 
 import random
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeAlias, assert_never
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, TypeAlias, assert_never
 
 from cutline.protocol import (
     BarrierAligner,
     BarrierTracker,
-    BlockChannel,
-    DeclineCheckpoint,
-    ForwardBarrier,
     NextWave,
     ProtocolError,
-    RecordMessage,
     SnapshotComplete,
-    SnapshotState,
     Terminated,
     TerminationDetector,
-    UnblockChannels,
 )
+from cutline.sim.dataflow.checkpoints import Checkpoints
+from cutline.sim.dataflow.config import DataflowConfig, HandlerFactory, default_handler
 from cutline.sim.dataflow.graph import (
     END,
     BarrierItem,
@@ -98,253 +89,13 @@ from cutline.sim.dataflow.graph import (
     Item,
     Record,
 )
-
-Mode: TypeAlias = Literal["aligned", "unaligned", "aligned_timeout", "at_least_once"]
-MODES: tuple[Mode, ...] = ("aligned", "unaligned", "aligned_timeout", "at_least_once")
-"""The checkpointing modes: the three exactly-once ones, then at-least-once."""
-
-Handler: TypeAlias = BarrierAligner[ChannelId] | BarrierTracker[ChannelId]
-HandlerFactory: TypeAlias = Callable[
-    [str, Sequence[ChannelId], frozenset[ChannelId], Mode], Handler
-]
-"""``(subtask name, inputs, back edges, mode) -> handler``."""
-
-
-def default_handler(
-    name: str, inputs: Sequence[ChannelId], back_edges: frozenset[ChannelId], mode: Mode
-) -> Handler:
-    """The real handler for ``mode``."""
-    if mode == "at_least_once":
-        return BarrierTracker(inputs, back_edges=back_edges, name=name)
-    return BarrierAligner(inputs, unaligned=mode == "unaligned", back_edges=back_edges, name=name)
-
-
-# ------------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class DataflowConfig:
-    """How one run is scheduled."""
-
-    mode: Mode = "aligned"
-    seed: int = 0
-    buffer_capacity: int = 2
-    """Records an output buffer holds (back edges: unbounded)."""
-    input_capacity: int = 2
-    """Records an input buffer holds."""
-    max_checkpoints: int = 3
-    trigger_weight: float = 0.05
-    """Weight of the coordinator's trigger step against 1 for a record or barrier step."""
-    timeout_weight: float = 0.1
-    """Weight of each armed alignment timer (``aligned_timeout`` mode)."""
-    trigger_timers: float = 0.0
-    """``aligned_timeout`` mode: the chance that an operator subtask arms the timer of a
-    checkpoint when it is triggered, rather than when its alignment blocks a channel."""
-    abort_weight: float = 0.0
-    """Weight of the coordinator aborting the oldest in-flight checkpoint."""
-    notice_weight: float = 0.3
-    """Weight of delivering each pending abort notice to its subtask."""
-    census_weight: float = 0.2
-    """Weight of the coordinator starting the next census wave of a loop."""
-    count_weight: float = 0.5
-    """Weight of each subtask of the loop answering the census wave (counting then)."""
-    unaligned_sources: bool = True
-    """In ``unaligned`` mode, sources also emit their barriers ahead of their output buffers."""
-    max_steps: int = 200_000
-    trace: bool = False
-    """Keep a line per step in :attr:`DataflowRun.trace` (for debugging)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; one of {MODES}")
-        if self.buffer_capacity < 1 or self.input_capacity < 1:
-            raise ValueError("buffer capacities must be at least 1")
-        weights = (
-            self.trigger_weight,
-            self.timeout_weight,
-            self.notice_weight,
-            self.census_weight,
-            self.count_weight,
-        )
-        if min(weights) <= 0:
-            raise ValueError(
-                "the trigger, timeout, notice, census and count weights must be positive"
-            )
-        if self.abort_weight < 0:
-            raise ValueError("abort_weight must not be negative")
-        if not 0 <= self.trigger_timers <= 1:
-            raise ValueError("trigger_timers is a probability")
-
-    @property
-    def exactly_once(self) -> bool:
-        return self.mode != "at_least_once"
-
-
-# ------------------------------------------------------------------------------ results
-
-
-@dataclass
-class TaskSnapshot:
-    """What one subtask took for one checkpoint."""
-
-    checkpoint_id: int
-    state: Counter[Record]
-    """The operator's state (empty for a source)."""
-    offset: int
-    """For a source, the records emitted so far (its read position)."""
-    consumed: dict[ChannelId, int]
-    """Per input, how many records the subtask had consumed from it."""
-    emitted: dict[ChannelId, int]
-    """Per output, how many records the subtask had emitted on it."""
-    input_state: dict[ChannelId, list[Record]] = field(default_factory=dict)
-    """The recorded input side of the channel state (``RecordMessage``)."""
-    output_state: dict[ChannelId, list[Record]] = field(default_factory=dict)
-    """The records an unaligned barrier overtook in the output buffers."""
-    ended: frozenset[ChannelId] = frozenset()
-    """The inputs whose end of input the subtask had consumed."""
-    finished: bool = False
-    """The subtask had ended without hearing of the checkpoint: the cut is at its end."""
-    forwarded: bool = False
-    complete: bool = False
-    declined: bool = False
-
-
-@dataclass
-class DataflowRun:
-    """Everything a run did, for the checker (:mod:`cutline.sim.dataflow.check`)."""
-
-    topology: DataflowGraph
-    config: DataflowConfig
-    consumed: dict[str, dict[ChannelId, list[Record]]]
-    """Per subtask and input, every record consumed, in order."""
-    emitted: dict[str, dict[ChannelId, list[Record]]]
-    """Per subtask and output, every record emitted, in order."""
-    snapshots: dict[str, dict[int, TaskSnapshot]]
-    triggered: list[int]
-    completed: list[int]
-    """The checkpoints every subtask completed and the coordinator did not abort."""
-    aborted: set[int]
-    final_states: dict[str, Counter[Record]]
-    problems: list[str]
-    """What went wrong while running (handler errors, out-of-order actions, deadlock)."""
-    stats: Counter[str]
-    steps: int
-    trace: list[str]
-
-
-# -------------------------------------------------------------------------------- model
-
-
-class _Channel:
-    __slots__ = (
-        "arrive_step",
-        "back_edge",
-        "cid",
-        "consume_step",
-        "in_buf",
-        "in_capacity",
-        "in_loop",
-        "in_records",
-        "out_buf",
-        "out_capacity",
-        "out_records",
-        "receiver",
-        "send_step",
-        "sender",
-        "wire",
-    )
-
-    def __init__(
-        self, cid: ChannelId, back_edge: bool, in_loop: bool, out_capacity: int, in_capacity: int
-    ):
-        self.cid = cid
-        self.sender, self.receiver = cid
-        self.back_edge = back_edge
-        self.in_loop = in_loop
-        """Both ends are in the loop: what moves on it is counted for the census."""
-        self.out_capacity: int | None = None if back_edge else out_capacity
-        self.in_capacity = in_capacity
-        self.out_buf: deque[Item] = deque()
-        self.wire: deque[Item] = deque()
-        self.in_buf: deque[Item] = deque()
-        self.out_records = 0
-        self.in_records = 0
-        self.send_step = ("send", cid)
-        self.arrive_step = ("arrive", cid)
-        self.consume_step = ("consume", cid)
-
-    def has_room(self) -> bool:
-        return self.out_capacity is None or self.out_records < self.out_capacity
-
-    def empty(self) -> bool:
-        return not (self.out_buf or self.wire or self.in_buf)
-
-    def __str__(self) -> str:
-        def show(q: deque[Item]) -> str:
-            return " ".join(map(str, q))
-
-        return (
-            f"{self.sender}->{self.receiver} [{show(self.out_buf)} | {show(self.wire)} | "
-            f"{show(self.in_buf)}]"
-        )
-
-
-def _after_last_control(buf: deque[Item]) -> int:
-    """The index just after the last barrier or end of input in ``buf`` (0 if none)."""
-    for i in range(len(buf) - 1, -1, -1):
-        if not isinstance(buf[i], Record):
-            return i + 1
-    return 0
-
-
-class _Task:
-    def __init__(
-        self,
-        name: str,
-        index: int,
-        inputs: tuple[ChannelId, ...],
-        outputs: tuple[ChannelId, ...],
-        handler: Handler | None,
-    ) -> None:
-        self.name = name
-        self.index = index
-        """The source number (sources only)."""
-        self.inputs = inputs
-        self.outputs = outputs
-        self.handler = handler
-        self.state: Counter[Record] = Counter()
-        self.offset = 0
-        self.ended: set[ChannelId] = set()
-        self.finished = False
-        """It sent its end of input on."""
-        self.consumed: dict[ChannelId, list[Record]] = {c: [] for c in inputs}
-        self.emitted: dict[ChannelId, list[Record]] = {c: [] for c in outputs}
-        self.snapshots: dict[int, TaskSnapshot] = {}
-        self.heard: set[int] = set()
-        """Checkpoints it received a barrier, an abort notice or an action of."""
-        self.blocked: list[ChannelId] = []
-        """The channels blocked by ``BlockChannel`` and not unblocked since."""
-        self.loop_sent = 0
-        """Records and barriers it put on a channel of the loop (its count for the census)."""
-        self.loop_processed = 0
-        """Records and barriers it consumed from a channel of the loop."""
-
-    @property
-    def is_source(self) -> bool:
-        return self.handler is None
-
-    def take(self, checkpoint_id: int, finished: bool) -> TaskSnapshot:
-        snap = TaskSnapshot(
-            checkpoint_id,
-            Counter(self.state),
-            self.offset,
-            {c: len(v) for c, v in self.consumed.items()},
-            {c: len(v) for c, v in self.emitted.items()},
-            ended=frozenset(self.ended),
-            finished=finished,
-        )
-        self.snapshots[checkpoint_id] = snap
-        return snap
+from cutline.sim.dataflow.state import (
+    Channel,
+    DataflowRun,
+    Task,
+    TaskSnapshot,
+    after_last_control,
+)
 
 
 class _Halt(Exception):
@@ -377,7 +128,7 @@ class DataflowModel:
         self.rng = random.Random(config.seed)
         loop = topology.loop
         self.channels = {
-            c: _Channel(
+            c: Channel(
                 c,
                 c in topology.back_edges,
                 c[0] in loop and c[1] in loop,
@@ -387,14 +138,14 @@ class DataflowModel:
             for c in topology.channels
         }
         self.channel_list = list(self.channels.values())
-        self.tasks: dict[str, _Task] = {}
+        self.tasks: dict[str, Task] = {}
         for i, name in enumerate(topology.sources):
-            self.tasks[name] = _Task(name, i, (), topology.outputs(name), None)
+            self.tasks[name] = Task(name, i, (), topology.outputs(name), None)
         back = topology.back_edges
         for name in topology.operators:
             inputs = topology.inputs(name)
             handler = handler_factory(name, inputs, back & set(inputs), config.mode)
-            self.tasks[name] = _Task(name, -1, inputs, topology.outputs(name), handler)
+            self.tasks[name] = Task(name, -1, inputs, topology.outputs(name), handler)
         self.sources = [self.tasks[n] for n in topology.sources]
         self.heads = [self.tasks[n] for n in topology.heads]
         self.loop_channels = [ch for ch in self.channel_list if ch.in_loop]
@@ -414,16 +165,21 @@ class DataflowModel:
         """Nothing but the census could move at the last pick."""
         self.frozen_waves = 0
         """Census waves started while nothing else could move (two show a quiet loop)."""
-        self.next_id = 1
-        self.triggered: list[int] = []
-        self.completed: list[int] = []
-        self.aborted: set[int] = set()
-        self.timers: list[tuple[str, int]] = []
-        self.notices: list[tuple[str, int]] = []
         self.problems: list[str] = []
         self.stats: Counter[str] = Counter()
         self.trace: list[str] = []
         self.steps = 0
+        self.checkpoints = Checkpoints(
+            config,
+            self.tasks,
+            self.channels,
+            topology.back_edges,
+            self.rng,
+            self.stats,
+            self.trace,
+            self._problem,
+        )
+        """The checkpoints: the coordinator's, and the handlers' actions carried out."""
         self._routes: dict[tuple[str, Record], tuple[ChannelId, Record] | None] = {}
         if restore is not None:
             self._restore(*restore)
@@ -474,9 +230,9 @@ class DataflowModel:
             consumed={n: t.consumed for n, t in self.tasks.items()},
             emitted={n: t.emitted for n, t in self.tasks.items()},
             snapshots={n: t.snapshots for n, t in self.tasks.items()},
-            triggered=self.triggered,
-            completed=self.completed,
-            aborted=self.aborted,
+            triggered=self.checkpoints.triggered,
+            completed=self.checkpoints.completed,
+            aborted=self.checkpoints.aborted,
             final_states={t.name: t.state for t in self.tasks.values() if not t.is_source},
             problems=self.problems,
             stats=self.stats,
@@ -542,16 +298,17 @@ class DataflowModel:
             unit.append(("loop_end",))
         rare: list[_Step] = []
         weights: list[float] = []
-        if self.next_id <= cfg.max_checkpoints and self._may_trigger():
+        checkpoints = self.checkpoints
+        if checkpoints.next_id <= cfg.max_checkpoints and self._may_trigger():
             rare.append(("trigger",))
             weights.append(cfg.trigger_weight)
-        for name, n in self.timers:
+        for name, n in checkpoints.timers:
             rare.append(("timeout", name, n))
             weights.append(cfg.timeout_weight)
-        for name, n in self.notices:
+        for name, n in checkpoints.notices:
             rare.append(("notice", name, n))
             weights.append(cfg.notice_weight)
-        if cfg.abort_weight > 0 and self._in_flight():
+        if cfg.abort_weight > 0 and checkpoints.in_flight():
             rare.append(("abort",))
             weights.append(cfg.abort_weight)
         self.frozen = not (unit or rare)
@@ -589,10 +346,6 @@ class DataflowModel:
     def _may_trigger(self) -> bool:
         live = [not s.finished for s in self.sources]
         return all(live) if self.heads else any(live)
-
-    def _in_flight(self) -> list[int]:
-        done = set(self.completed)
-        return [n for n in self.triggered if n not in done and n not in self.aborted]
 
     def _census_may_start(self) -> bool:
         """The coordinator may start the next census wave of the loop: none is open, the loop
@@ -635,18 +388,18 @@ class DataflowModel:
         elif kind == "consume":
             self._consume(self.channels[step[1]])
         elif kind == "trigger":
-            self._trigger()
+            self.checkpoints.trigger()
         elif kind == "timeout":
-            self.timers.remove((step[1], step[2]))
-            self._timeout(self.tasks[step[1]], step[2])
+            self.checkpoints.timers.remove((step[1], step[2]))
+            self.checkpoints.timeout(self.tasks[step[1]], step[2])
         elif kind == "notice":
-            self.notices.remove((step[1], step[2]))
+            self.checkpoints.notices.remove((step[1], step[2]))
             task = self.tasks[step[1]]
             assert task.handler is not None
             task.heard.add(step[2])
-            self._call(task, f"abort({step[2]})", task.handler.abort, step[2])
+            self.checkpoints.call(task, f"abort({step[2]})", task.handler.abort, step[2])
         elif kind == "abort":
-            self._abort(self._in_flight()[0], "the coordinator aborted it")
+            self.checkpoints.abort(self.checkpoints.in_flight()[0], "the coordinator aborted it")
         elif kind == "census":
             self._census()
         elif kind == "count":
@@ -661,7 +414,7 @@ class DataflowModel:
 
     # ---------------------------------------------------------------- record flow
 
-    def _forward(self, task: _Task, record: Record) -> None:
+    def _forward(self, task: Task, record: Record) -> None:
         hop = self._route(task.name, record)
         if hop is None:
             return
@@ -672,24 +425,24 @@ class DataflowModel:
         task.emitted[cid].append(out)
         task.loop_sent += ch.in_loop
 
-    def _send(self, ch: _Channel) -> None:
+    def _send(self, ch: Channel) -> None:
         item = ch.out_buf.popleft()
         if isinstance(item, Record):
             ch.out_records -= 1
         ch.wire.append(item)
 
-    def _arrive(self, ch: _Channel) -> None:
+    def _arrive(self, ch: Channel) -> None:
         item = ch.wire.popleft()
         if isinstance(item, Record):
             ch.in_records += 1
             ch.in_buf.append(item)
         elif isinstance(item, BarrierItem) and item.unaligned:
-            at = _after_last_control(ch.in_buf)
+            at = after_last_control(ch.in_buf)
             ch.in_buf.insert(at, replace(item, overtakes=len(ch.in_buf) - at))
         else:
             ch.in_buf.append(item)
 
-    def _consume(self, ch: _Channel) -> None:
+    def _consume(self, ch: Channel) -> None:
         task = self.tasks[ch.receiver]
         handler = task.handler
         assert handler is not None
@@ -701,7 +454,9 @@ class DataflowModel:
             ch.in_records -= 1
             task.consumed[cid].append(item)
             task.state[item] += 1
-            self._call(task, f"message_received({item})", handler.message_received, cid, item)
+            self.checkpoints.call(
+                task, f"message_received({item})", handler.message_received, cid, item
+            )
             self._forward(task, item)
             task.loop_processed += ch.in_loop
         elif isinstance(item, BarrierItem):
@@ -721,7 +476,7 @@ class DataflowModel:
                 self.stats["alignments switched by an unaligned barrier"] += 1
             if isinstance(handler, BarrierTracker) and len(handler.pending_checkpoints) > 1:
                 self.stats["barriers with several checkpoints pending"] += 1
-            self._call(
+            self.checkpoints.call(
                 task,
                 f"barrier_received({n}, {cid[0]}->{cid[1]}, unaligned={item.unaligned}, "
                 f"overtaken={[str(r) for r in overtaken]})",
@@ -734,7 +489,7 @@ class DataflowModel:
             task.loop_processed += ch.in_loop
         else:
             task.ended.add(cid)
-            actions = self._call(
+            actions = self.checkpoints.call(
                 task, f"end_of_input({cid[0]}->{cid[1]})", handler.end_of_input, cid
             )
             if any(isinstance(a, SnapshotComplete) for a in actions):
@@ -742,89 +497,13 @@ class DataflowModel:
             if len(task.ended) == len(task.inputs) and not task.finished and task not in self.heads:
                 self._finish(task)
 
-    def _finish(self, task: _Task) -> None:
+    def _finish(self, task: Task) -> None:
         """``task`` sends its end of input on; checkpoints it never heard of count as taken
         with its final state."""
         task.finished = True
         for cid in task.outputs:
             self.channels[cid].out_buf.append(END)
-        for n in self.triggered:
-            if n not in task.heard and n not in task.snapshots:
-                task.take(n, finished=True).complete = True
-                self.stats["finished snapshots"] += 1
-                self._check_global(n)
-
-    # ---------------------------------------------------------------- checkpoints
-
-    def _trigger(self) -> None:
-        n = self.next_id
-        self.next_id += 1
-        self.triggered.append(n)
-        unaligned = self.config.mode == "unaligned" and self.config.unaligned_sources
-        timers = self.config.mode == "aligned_timeout" and self.config.trigger_timers > 0
-        for task in self.tasks.values():
-            if task.finished:
-                task.take(n, finished=True).complete = True
-                self.stats["finished snapshots"] += 1
-            elif task.is_source:
-                task.heard.add(n)
-                snap = task.take(n, finished=False)
-                self._emit_barrier(task, snap, unaligned)
-                snap.complete = True
-            elif timers and self.rng.random() < self.config.trigger_timers:
-                self.timers.append((task.name, n))
-        self._check_global(n)
-
-    def _emit_barrier(self, task: _Task, snap: TaskSnapshot, unaligned: bool) -> None:
-        snap.forwarded = True
-        barrier = BarrierItem(snap.checkpoint_id, unaligned)
-        for cid in task.outputs:
-            ch = self.channels[cid]
-            task.loop_sent += ch.in_loop
-            buf = ch.out_buf
-            if unaligned:
-                at = _after_last_control(buf)
-                overtaken = [r for r in list(buf)[at:] if isinstance(r, Record)]
-                snap.output_state[cid] = overtaken
-                self.stats["output state records"] += len(overtaken)
-                buf.insert(at, barrier)
-            else:
-                buf.append(barrier)
-
-    def _timeout(self, task: _Task, n: int) -> None:
-        handler = task.handler
-        assert isinstance(handler, BarrierAligner)
-        if len(task.ended) == len(task.inputs):
-            return  # the subtask has stopped
-        pending = handler.pending_checkpoint
-        actions = self._call(task, f"alignment_timed_out({n})", handler.alignment_timed_out, n)
-        if pending == n:
-            self.stats["alignment timeouts"] += 1
-        elif actions:
-            self.stats["checkpoints initiated by a timeout"] += 1
-        else:
-            self.stats["stale timers"] += 1
-
-    def _abort(self, n: int, why: str) -> None:
-        if n in self.aborted or n in self.completed:
-            return
-        self.aborted.add(n)
-        self.stats["aborted checkpoints"] += 1
-        if self.config.trace:
-            self.trace.append(f"  coordinator aborts {n}: {why}")
-        for task in self.tasks.values():
-            if not task.is_source:
-                self.notices.append((task.name, n))
-
-    def _check_global(self, n: int) -> None:
-        if n in self.aborted or n in self.completed:
-            return
-        for task in self.tasks.values():
-            snap = task.snapshots.get(n)
-            if snap is None or not snap.complete:
-                return
-        self.completed.append(n)
-        self.stats["completed checkpoints"] += 1
+        self.checkpoints.finished(task)
 
     # ------------------------------------------------------------------ the census
 
@@ -837,7 +516,7 @@ class DataflowModel:
         if self.frozen:
             self.frozen_waves += 1
 
-    def _count(self, task: _Task, wave: int) -> None:
+    def _count(self, task: Task, wave: int) -> None:
         """``task`` answers wave ``wave`` with what it counted until now."""
         assert self.census is not None
         try:
@@ -857,120 +536,6 @@ class DataflowModel:
                     pass
                 case _:
                     assert_never(action)
-
-    # -------------------------------------------------------------------- actions
-
-    def _call(
-        self, task: _Task, event: str, method: Callable[..., Any], *args: Any, **kw: Any
-    ) -> Sequence[Any]:
-        """Feed one event to ``task``'s handler and carry out the actions it returns."""
-        try:
-            actions: Sequence[Any] = method(*args, **kw)
-        except ProtocolError as e:
-            self._problem(f"{task.name}: {event} raised {type(e).__name__}: {e}", halt=True)
-            raise  # pragma: no cover - _problem raised _Halt
-        if self.config.trace:
-            self.trace.append(f"  {task.name}.{event} -> {list(actions)}")
-        self._apply(task, actions)
-        return actions
-
-    def _apply(self, task: _Task, actions: Iterable[Any]) -> None:
-        stats = self.stats
-        for action in actions:
-            if isinstance(action, SnapshotState):
-                n = action.checkpoint_id
-                task.heard.add(n)
-                if n in task.snapshots:
-                    self._problem(f"{task.name} snapshots checkpoint {n} a second time")
-                    continue
-                if task.finished:
-                    self._problem(f"{task.name} snapshots checkpoint {n} after it ended")
-                task.take(n, finished=False)
-            elif isinstance(action, ForwardBarrier):
-                snap = self._snapshot_of(task, action.checkpoint_id, action)
-                if snap is None:
-                    continue
-                if snap.forwarded:
-                    self._problem(f"{task.name} forwards barrier {snap.checkpoint_id} twice")
-                if action.unaligned and not self.config.exactly_once:
-                    self._problem(f"{task.name} forwards an unaligned barrier at least once")
-                if task.finished:
-                    self._problem(f"{task.name} forwards a barrier after its end of input")
-                self._emit_barrier(task, snap, action.unaligned)
-            elif isinstance(action, RecordMessage):
-                snap = self._snapshot_of(task, action.snapshot_id, action)
-                if snap is None:
-                    continue
-                if action.channel not in task.inputs:
-                    self._problem(f"{task.name} records {action!r} on a channel not its input")
-                    continue
-                snap.input_state.setdefault(action.channel, []).append(action.message)
-                stats["recorded records"] += 1
-                if action.channel in self.topology.back_edges:
-                    stats["recorded back-edge records"] += 1
-            elif isinstance(action, SnapshotComplete):
-                snap = self._snapshot_of(task, action.snapshot_id, action)
-                if snap is None:
-                    continue
-                if not snap.forwarded and task.outputs:
-                    self._problem(f"{task.name} completes {snap.checkpoint_id} unforwarded")
-                snap.complete = True
-                if snap.input_state:
-                    stats["snapshots with recorded input"] += 1
-                self._check_global(snap.checkpoint_id)
-            elif isinstance(action, DeclineCheckpoint):
-                n = action.checkpoint_id
-                task.heard.add(n)
-                stats["declines"] += 1
-                snap = task.snapshots.get(n)
-                if snap is not None:
-                    if snap.complete:
-                        self._problem(f"{task.name} declines {n} after completing it")
-                    snap.declined = True
-                    stats["declines after a snapshot"] += 1
-                self._abort(n, f"{task.name} declined it: {action.reason}")
-            elif isinstance(action, BlockChannel):
-                if action.channel in task.blocked or action.channel not in task.inputs:
-                    self._problem(f"{task.name}: bad {action!r}")
-                task.blocked.append(action.channel)
-                stats["blocked channels"] += 1
-                if action.channel in self.topology.back_edges:
-                    stats["blocked back edges"] += 1
-                handler = task.handler
-                if (
-                    self.config.mode == "aligned_timeout"
-                    and isinstance(handler, BarrierAligner)
-                    and handler.pending_checkpoint is not None
-                    and len(task.blocked) == 1
-                ):
-                    self.timers.append((task.name, handler.pending_checkpoint))
-            elif isinstance(action, UnblockChannels):
-                for cid in action.channels:
-                    if cid in task.blocked:
-                        task.blocked.remove(cid)
-                    else:
-                        self._problem(f"{task.name} unblocks {cid[0]}->{cid[1]}, not blocked")
-            else:
-                self._problem(f"{task.name}: unknown action {action!r}")
-        handler = task.handler
-        if handler is not None and set(task.blocked) != set(handler.blocked_channels):
-            self._problem(
-                f"{task.name}: the actions blocked {task.blocked} but the handler reports "
-                f"{list(handler.blocked_channels)}"
-            )
-
-    def _snapshot_of(self, task: _Task, n: int, action: object) -> TaskSnapshot | None:
-        snap = task.snapshots.get(n)
-        if snap is None or snap.finished:
-            self._problem(f"{task.name}: {action!r} without SnapshotState({n}) before")
-            return None
-        if snap.complete and not isinstance(action, ForwardBarrier):
-            self._problem(f"{task.name}: {action!r} after SnapshotComplete({n})")
-            return None
-        if snap.declined:
-            self._problem(f"{task.name}: {action!r} after declining {n}")
-            return None
-        return snap
 
 
 def run_dataflow(

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from cutline.runtime.checkpoint.layout import StorageError
 from cutline.runtime.checkpoint.reader import CheckpointReader, InspectError, open_checkpoint
-from cutline.runtime.checkpoint.storage import StorageError
 
 
 @contextlib.contextmanager
