@@ -49,8 +49,9 @@ from rich.console import Console
 from rich.table import Table
 
 import b3_state as b3  # (bench/b3_state.py, beside this file: B3 of keyed state)
+from cutline.runtime.checkpoint.layout import StateHandle
 from cutline.runtime.checkpoint.state_file import SubtaskState
-from cutline.runtime.checkpoint.storage import CheckpointStorage, StateHandle
+from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Tumbling
 from cutline.runtime.eventtime.layouts import columnar_size
