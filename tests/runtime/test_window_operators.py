@@ -346,6 +346,7 @@ def test_late_records_nobody_reads_are_counted_and_let_go(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # (2,000 examples: about 15 minutes on 2 busy cores)
 def test_the_window_layouts_agree_through_restores_under_either_backend_soak() -> None:
     """``make soak``: the property above over 2,000 examples, every restore under a backend
     drawn at random, allowed lateness in most (fired windows restored across the layouts)."""
