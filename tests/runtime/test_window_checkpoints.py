@@ -318,3 +318,37 @@ def test_the_sliced_layout_counts_its_open_windows_as_the_keyed_one() -> None:
     assert figures[0]["windows"] == figures[1]["windows"] > 0
     for job in jobs:
         job.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_sliding_windows_give_early_results_of_every_open_window(backend: str) -> None:
+    """``early=`` on sliding windows (slices on the memory backend): every open window of each
+    key, its count so far, then each final one once."""
+    logic = WindowLogic(
+        Sliding(2000, every=1000),
+        Aggregation("count"),
+        "user",
+        EventTime("ts", 0, pa.int64()),
+        early=10_000,
+    )
+    job = Job(logic, backend, 1)
+    job.process([{"user": "a", "ts": 100, "n": 1}, {"user": "b", "ts": 1150, "n": 1}], True)
+
+    def clock(now: int) -> list[tuple[Any, ...]]:
+        job.output = []
+        for op in job.ops:
+            job._take(op, op.on_processing_time(now))
+        return sorted((r["user"], r["window_start"], r["count"], r["final"]) for r in job.output)
+
+    assert clock(50_000) == [
+        ("a", -1000, 1, False),
+        ("a", 0, 1, False),
+        ("b", 0, 1, False),
+        ("b", 1000, 1, False),
+    ]
+    job.process([{"user": "a", "ts": 900, "n": 1}], True)
+    job.output = []
+    job.watermark(999)  # (the window [-1000, 1000) fires)
+    assert [(r["user"], r["window_start"], r["count"]) for r in job.output] == [("a", -1000, 2)]
+    assert clock(60_000) == [("a", 0, 2, False), ("b", 0, 1, False), ("b", 1000, 1, False)]
+    job.close()
