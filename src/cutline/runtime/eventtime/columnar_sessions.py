@@ -96,7 +96,7 @@ class ColumnarSessionOperator(WindowOperator):
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
     ) -> KeyedSnapshot:
         taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
-        rows, touched = self.rows, self._touched
+        rows, touched = self.rows, list(self._touched)  # (appended to from now on)
         ticket = self.columns.snapshot(checkpoint_id, base, savepoint)
         needed = self.columns.number_of(base)
         if needed is not None:  # (no later snapshot builds on an older one)

@@ -39,7 +39,9 @@ class ColumnTicket:
 
 
 class ColumnChain:
-    """The books of an operator's columns: snapshot numbers and the chains written."""
+    """The books of an operator's columns: snapshot numbers and the chains written.
+    :meth:`snapshot` runs on the processing thread, :meth:`write` on the snapshot thread, in
+    the order the snapshots were taken."""
 
     def __init__(self, config: StateConfig) -> None:
         self.config = config
@@ -101,10 +103,11 @@ class ColumnChain:
         if not ticket.savepoint and ticket.checkpoint_id is not None and config.incremental:
             self._chains[ticket.checkpoint_id] = new_chain
         if base is not None and since is not None:  # (nothing builds on an older one)
-            for old in [c for c in self._chains if c < base]:
-                del self._chains[old]
-            for old in [c for c in self._numbers if c < base]:
-                del self._numbers[old]
+            # (list(): the processing thread adds snapshots meanwhile)
+            for old in [c for c in list(self._chains) if c < base]:
+                self._chains.pop(old, None)
+            for old in [c for c in list(self._numbers) if c < base]:
+                self._numbers.pop(old, None)
         return {COLUMNS: [r.to_dict() for r in new_chain]}
 
 
