@@ -44,9 +44,9 @@ from cutline.protocol.watermarks import (
 def test_a_split_promises_its_highest_timestamp_less_the_bound_less_one() -> None:
     splits: SplitWatermarks[str] = SplitWatermarks(bound=2000)
     splits.split_added("a.parquet")
-    assert splits.records("a.parquet", 10_000, now=0.0) == [EmitWatermark(7_999)]
-    assert splits.records("a.parquet", 9_000, now=0.1) == []  # out of order: nothing new
-    assert splits.records("a.parquet", 12_000, now=0.2) == [EmitWatermark(9_999)]
+    assert splits.records("a.parquet", 10_000, now_s=0.0) == [EmitWatermark(7_999)]
+    assert splits.records("a.parquet", 9_000, now_s=0.1) == []  # out of order: nothing new
+    assert splits.records("a.parquet", 12_000, now_s=0.2) == [EmitWatermark(9_999)]
 
 
 def test_the_subtask_watermark_is_the_minimum_over_its_splits_and_a_finished_one_holds_nothing() -> (
@@ -55,9 +55,9 @@ def test_the_subtask_watermark_is_the_minimum_over_its_splits_and_a_finished_one
     splits: SplitWatermarks[str] = SplitWatermarks(bound=0)
     splits.split_added("a")
     splits.split_added("b")
-    assert splits.records("a", 100, now=0) == []  # b holds it at MIN
-    assert splits.records("b", 50, now=0) == [EmitWatermark(49)]
-    assert splits.records("b", 500, now=0) == [EmitWatermark(99)]
+    assert splits.records("a", 100, now_s=0) == []  # b holds it at MIN
+    assert splits.records("b", 50, now_s=0) == [EmitWatermark(49)]
+    assert splits.records("b", 500, now_s=0) == [EmitWatermark(99)]
     assert splits.split_finished("a") == [EmitWatermark(499)]
     assert splits.split_finished("b") == [EmitWatermark(MAX_WATERMARK)]
 
@@ -66,10 +66,10 @@ def test_a_split_not_started_holds_the_watermark_at_its_lowest_timestamp() -> No
     splits: SplitWatermarks[str] = SplitWatermarks(bound=1000)
     splits.split_added("0.parquet")
     splits.split_added("1.parquet", lowest=60_000)
-    assert splits.records("0.parquet", 80_000, now=0) == [EmitWatermark(59_999)]
+    assert splits.records("0.parquet", 80_000, now_s=0) == [EmitWatermark(59_999)]
     assert splits.split_finished("0.parquet") == []
-    assert splits.records("1.parquet", 61_000, now=0) == []  # 59,999 still: it only increases
-    assert splits.records("1.parquet", 70_000, now=0) == [EmitWatermark(68_999)]
+    assert splits.records("1.parquet", 61_000, now_s=0) == []  # 59,999 still: it only increases
+    assert splits.records("1.parquet", 70_000, now_s=0) == [EmitWatermark(68_999)]
 
 
 @settings(max_examples=500, deadline=None)
@@ -102,14 +102,14 @@ def test_an_idle_split_stops_holding_the_watermark_back_and_all_idle_says_so() -
     splits: SplitWatermarks[int] = SplitWatermarks(bound=0, idle_timeout=5.0)
     splits.split_added(0)
     splits.split_added(1)
-    assert splits.records(1, 10, now=0.0) == []  # split 0 holds it at MIN
-    assert splits.records(0, 1000, now=3.0) == [EmitWatermark(9)]
+    assert splits.records(1, 10, now_s=0.0) == []  # split 0 holds it at MIN
+    assert splits.records(0, 1000, now_s=3.0) == [EmitWatermark(9)]
     assert splits.tick(4.9) == []
     assert splits.tick(5.0) == [EmitWatermark(999)]  # split 1 went idle: 0 alone holds it
     assert splits.tick(8.0) == [EmitStatus(idle=True)]
     assert splits.idle
     # records again: active first, then the watermark if it moved
-    assert splits.records(1, 2000, now=9.0) == [EmitStatus(idle=False), EmitWatermark(1999)]
+    assert splits.records(1, 2000, now_s=9.0) == [EmitStatus(idle=False), EmitWatermark(1999)]
 
 
 def test_a_partition_that_never_shows_a_record_goes_idle_once_read_to_its_end() -> None:
@@ -120,14 +120,14 @@ def test_a_partition_that_never_shows_a_record_goes_idle_once_read_to_its_end() 
     splits.split_added("t/0")
     splits.split_added("t/1")  # empty, and stays so
     splits.split_added("file", lowest=100)  # (never said caught up: it holds until it starts)
-    assert splits.records("t/0", 500, now=1.0) == []
+    assert splits.records("t/0", 500, now_s=1.0) == []
     assert splits.tick(50.0) == []  # t/0 idle since 6.0, but t/1 holds it at MIN
-    assert splits.caught_up("t/1", now=50.0) == []
-    assert splits.caught_up("t/1", now=53.0) == []  # (from the first time it was said)
+    assert splits.caught_up("t/1", now_s=50.0) == []
+    assert splits.caught_up("t/1", now_s=53.0) == []  # (from the first time it was said)
     assert splits.tick(54.9) == []
     assert splits.tick(55.0) == [EmitWatermark(99)]  # t/1 idle: the file holds it
-    assert splits.records("file", 800, now=56.0) == [EmitWatermark(799)]
-    assert splits.caught_up("t/0", now=57.0) == []  # (it showed records: counts from those)
+    assert splits.records("file", 800, now_s=56.0) == [EmitWatermark(799)]
+    assert splits.caught_up("t/0", now_s=57.0) == []  # (it showed records: counts from those)
     assert splits.tick(60.0) == []
     assert splits.tick(61.0) == [EmitStatus(idle=True)]  # the file, too
 
@@ -139,11 +139,11 @@ def test_an_unbounded_subtask_without_splits_is_idle_not_at_its_end() -> None:
     assert splits.quiet() == [EmitStatus(idle=True)]  # an empty directory
     assert splits.quiet() == []
     splits.split_added("a", lowest=5000)
-    assert splits.records("a", 6000, now=0.0) == [EmitStatus(idle=False), EmitWatermark(5899)]
+    assert splits.records("a", 6000, now_s=0.0) == [EmitStatus(idle=False), EmitWatermark(5899)]
     assert splits.split_finished("a") == [EmitStatus(idle=True)]
     assert splits.watermark == 5899 and splits.idle
     splits.split_added("b")  # a new file: idle until it shows records
-    assert splits.records("b", 7000, now=1.0) == [EmitStatus(idle=False), EmitWatermark(6899)]
+    assert splits.records("b", 7000, now_s=1.0) == [EmitStatus(idle=False), EmitWatermark(6899)]
     with pytest.raises(WatermarkError, match="not quiet"):
         splits.quiet()
     # and a bounded one ends
@@ -155,20 +155,20 @@ def test_an_unbounded_subtask_without_splits_is_idle_not_at_its_end() -> None:
 def test_a_source_with_no_idle_timeout_never_goes_idle() -> None:
     splits: SplitWatermarks[int] = SplitWatermarks(bound=0)
     splits.split_added(0)
-    splits.records(0, 10, now=0)
+    splits.records(0, 10, now_s=0)
     assert splits.tick(1e9) == []
 
 
 def test_split_misuse_is_refused() -> None:
     splits: SplitWatermarks[str] = SplitWatermarks(bound=0)
     with pytest.raises(WatermarkError, match="never added"):
-        splits.records("x", 1, now=0)
+        splits.records("x", 1, now_s=0)
     splits.split_added("x")
     with pytest.raises(WatermarkError, match="twice"):
         splits.split_added("x")
     splits.split_finished("x")
     with pytest.raises(WatermarkError, match="after it finished"):
-        splits.records("x", 1, now=0)
+        splits.records("x", 1, now_s=0)
     with pytest.raises(ValueError, match="negative"):
         SplitWatermarks(bound=-1)
 

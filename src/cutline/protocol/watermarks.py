@@ -23,7 +23,7 @@ they return, in order:
   **idle** and stops holding the watermark back until it has records again; when every
   split is idle the subtask says so downstream (``EmitStatus(idle=True)``). A split that
   never showed a record holds the watermark until its records start (a file waiting its
-  turn), unless its reader says it read all there is (``caught_up(split, now)``: a Kafka
+  turn), unless its reader says it read all there is (``caught_up(split, now_s)``: a Kafka
   partition at its end): its idle time counts from then, so that an empty partition does
   not hold the watermark back for ever.
 * :class:`WatermarkValve`, beside a subtask with inputs (Flink's ``StatusWatermarkValve``):
@@ -37,17 +37,17 @@ they return, in order:
 event (method)                                         actions it may return
 =====================================================  =========================================
 ``SplitWatermarks.split_added(split, lowest)``         none (a split held back from the start)
-``SplitWatermarks.caught_up(split, now)``              none (its idle time counts from now)
-``SplitWatermarks.records(split, highest, now)``       ``EmitStatus(idle=False)`` if the subtask
+``SplitWatermarks.caught_up(split, now_s)``            none (its idle time counts from now)
+``SplitWatermarks.records(split, highest, now_s)``     ``EmitStatus(idle=False)`` if the subtask
                                                        was idle, then ``EmitWatermark(W)`` if
                                                        its watermark advanced
-``SplitWatermarks.promised(split, w, now)``            as ``records``, with a generator's
+``SplitWatermarks.promised(split, w, now_s)``          as ``records``, with a generator's
                                                        promise ``w`` for the split
 ``SplitWatermarks.split_finished(split)``              ``EmitWatermark(W)`` if it advanced; the
                                                        last: as ``exhausted()``, or (unbounded)
                                                        as ``quiet()``
 ``SplitWatermarks.quiet()``                            ``EmitStatus(idle=True)``
-``SplitWatermarks.tick(now)``                          ``EmitWatermark(W)`` (a split went idle),
+``SplitWatermarks.tick(now_s)``                        ``EmitWatermark(W)`` (a split went idle),
                                                        ``EmitStatus(idle=True)`` (all did)
 ``SplitWatermarks.exhausted()``                        ``EmitWatermark(MAX_WATERMARK)``
 ``WatermarkValve.watermark_received(c, w)``            ``EmitWatermark(W)`` if it advanced
@@ -69,7 +69,7 @@ state an unaligned checkpoint recorded are recorded with the records, in order, 
 in that order. Barrier alignment needs nothing of its own here: a channel blocked for
 alignment is not read, so its watermarks hold the valve back until it is unblocked.
 
-The objects never read a clock: processing time comes in as ``now`` (seconds, any origin).
+The objects never read a clock: processing time comes in as ``now_s`` (seconds, any origin; the operators' processing-time callbacks take ``now_ms``, epoch milliseconds).
 """
 
 from __future__ import annotations
@@ -179,25 +179,25 @@ class SplitWatermarks(Generic[S]):
         self._splits[split] = _Split(held)
         return []
 
-    def caught_up(self, split: S, now: float) -> list[WatermarkAction]:
+    def caught_up(self, split: S, now_s: float) -> list[WatermarkAction]:
         """The reader read all there is of ``split`` for now (a partition at its end). One
-        that never showed a record counts its idle time from ``now`` (the first time): so an
+        that never showed a record counts its idle time from ``now_s`` (the first time): so an
         empty partition goes idle; one that did counts from its last records, as ever."""
         state = self._live(split)
         if state.last_records is None:
-            state.last_records = now
+            state.last_records = now_s
         return []
 
-    def records(self, split: S, highest: int, now: float) -> list[WatermarkAction]:
+    def records(self, split: S, highest: int, now_s: float) -> list[WatermarkAction]:
         """The subtask read records of ``split`` whose highest timestamp is ``highest``."""
-        return self.promised(split, bounded_out_of_orderness(highest, self.bound), now)
+        return self.promised(split, bounded_out_of_orderness(highest, self.bound), now_s)
 
-    def promised(self, split: S, watermark: int | None, now: float) -> list[WatermarkAction]:
+    def promised(self, split: S, watermark: int | None, now_s: float) -> list[WatermarkAction]:
         """The subtask read records of ``split``, whose watermark generator (a user's: Flink's
         ``WatermarkGenerator``) now promises ``watermark`` (``None``: nothing yet). A promise
         lower than one before it changes nothing: watermarks never go back."""
         state = self._live(split)
-        state.last_records = now
+        state.last_records = now_s
         state.idle = False
         if watermark is not None:
             state.held = max(state.held, watermark)
@@ -226,15 +226,15 @@ class SplitWatermarks(Generic[S]):
         self.idle = True
         return [EmitStatus(idle=True)]
 
-    def tick(self, now: float) -> list[WatermarkAction]:
-        """Processing time is ``now``: splits without records for ``idle_timeout`` go idle."""
+    def tick(self, now_s: float) -> list[WatermarkAction]:
+        """Processing time is ``now_s``: splits without records for ``idle_timeout`` go idle."""
         timeout = self.idle_timeout
         if timeout is None or not self._splits or self.watermark == MAX_WATERMARK:
             return []
         changed = False
         for state in self._splits.values():
             started = state.last_records
-            if not state.idle and started is not None and now - started >= timeout:
+            if not state.idle and started is not None and now_s - started >= timeout:
                 state.idle = changed = True
         if not changed:
             return []

@@ -173,11 +173,10 @@ class _Process(_Keyed):
     def figures(self) -> dict[str, int] | None:
         return {"timers": len(self.timers)}
 
-    def on_processing_time(self, now: int) -> Batch | None:
-        self.timers.now = now
+    def on_processing_time(self, now_ms: int) -> Batch | None:
         if not len(self.timers.indexes[PROCESSING]):
             return None
-        return self._fire(PROCESSING, now)
+        return self._fire(PROCESSING, now_ms)
 
     def _fire(self, domain: str, upto: int) -> Batch | None:
         """Call ``on_timer`` for every timer of ``domain`` due by ``upto``."""

@@ -204,8 +204,8 @@ class RunningOperator:
         that completes (an event-time window's result), or ``None``."""
         return None
 
-    def on_processing_time(self, now: int) -> Batch | None:
-        """The wall clock is ``now`` (epoch ms), called every few tens of milliseconds:
+    def on_processing_time(self, now_ms: int) -> Batch | None:
+        """The wall clock is ``now_ms`` (epoch ms), called every few tens of milliseconds:
         return what that completes (a processing-time timer's or window's output), or
         ``None``."""
         return None

@@ -164,10 +164,10 @@ class SourceOperator:
         """What a split's records move: by bounded out-of-orderness, or by the user's
         generator (a copy of it per split) and what it promises after them."""
         assert self.generator is not None and self.strategy is not None
-        now = time.monotonic()
+        now_s = time.monotonic()
         prototype = self.strategy.generator
         if prototype is None:
-            return self.generator.records(key, highest, now)
+            return self.generator.records(key, highest, now_s)
         mine = self._generators.get(key)
         if mine is None:
             mine = self._generators[key] = copy.deepcopy(prototype)
@@ -178,7 +178,7 @@ class SourceOperator:
                 f"source {self.name}: its watermark generator {prototype!r} failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        return self.generator.promised(key, promise, now)
+        return self.generator.promised(key, promise, now_s)
 
     def _without_jumps(
         self,
@@ -231,26 +231,26 @@ class SourceOperator:
         taken, self.watermarks = self.watermarks, []
         return taken
 
-    def tick(self, now: float) -> list[WatermarkAction]:
-        """Processing time is ``now`` (monotonic seconds): splits idle for ``idle_timeout``
+    def tick(self, now_s: float) -> list[WatermarkAction]:
+        """Processing time is ``now_s`` (monotonic seconds): splits idle for ``idle_timeout``
         stop holding the watermark back (a split that never showed a record counts from when
         its reader said it read all there is); an unbounded source lists its splits again
         when its ``discovery_interval`` has passed."""
-        if self._discover_at is not None and now >= self._discover_at:
+        if self._discover_at is not None and now_s >= self._discover_at:
             interval = self.source.discovery_interval
             assert interval is not None
-            self._discover_at = now + interval
+            self._discover_at = now_s + interval
             self._add(self.book.discovered(self._listing()))
         generator = self.generator
         if generator is not None:
             timeout = generator.idle_timeout
-            if timeout is not None and now >= self._caught_up_at:
-                self._caught_up_at = now + min(0.05, timeout / 4)
+            if timeout is not None and now_s >= self._caught_up_at:
+                self._caught_up_at = now_s + min(0.05, timeout / 4)
                 asked = "say which splits it read to their end"
                 for split in self._call(asked, self.reader.caught_up):
                     if self.book.reads(split):
-                        self.watermarks += generator.caught_up(split, now)
-            self.watermarks += generator.tick(now)
+                        self.watermarks += generator.caught_up(split, now_s)
+            self.watermarks += generator.tick(now_s)
         return self.take_watermarks()
 
     def end(self) -> list[WatermarkAction]:

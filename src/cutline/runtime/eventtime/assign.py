@@ -75,9 +75,9 @@ class _AssignTimestamps(RunningOperator):
             else:
                 self._status = action.idle
 
-    def on_processing_time(self, now: int) -> Batch | None:
+    def on_processing_time(self, now_ms: int) -> Batch | None:
         if self.logic.strategy.idle_timeout is not None:
-            self._take_actions(self.clock.tick(now / 1000))
+            self._take_actions(self.clock.tick(now_ms / 1000))
         return None
 
     def take_status(self) -> bool | None:
@@ -109,13 +109,13 @@ class _AssignTimestamps(RunningOperator):
         if missing is not None:
             batch, values = without_time(batch, values, missing, event_time.column, self.ctx)
         if len(values):
-            now = time.time()
+            now_s = time.time()
             generator = self.generator
             if generator is None:
-                self._take_actions(self.clock.records("records", int(values.max()), now))
+                self._take_actions(self.clock.records("records", int(values.max()), now_s))
             else:
                 promise = promise_after(generator, event_time, batch, values)
-                self._take_actions(self.clock.promised("records", promise, now))
+                self._take_actions(self.clock.promised("records", promise, now_s))
             if not self._unit_checked:
                 self._unit_checked = True
                 said = event_time.seconds_like(values)

@@ -536,22 +536,22 @@ class WindowOperator(_Keyed):
             return None  # (the clock fires processing-time windows; the end, everything)
         return self._fire_upto(watermark)
 
-    def on_processing_time(self, now: int) -> Batch | None:
-        early = self._early(now)
+    def on_processing_time(self, now_ms: int) -> Batch | None:
+        early = self._early(now_ms)
         if not self.processing or not self._holds_windows():
             return early
-        return joined(early, self._fire_upto(max(self.watermark, now - 1)))
+        return joined(early, self._fire_upto(max(self.watermark, now_ms - 1)))
 
     def _holds_windows(self) -> bool:
         """Whether any window waits to fire (processing time fires them as the clock goes)."""
         return bool(len(self.fire_timers))
 
-    def _early(self, now: int) -> Batch | None:
+    def _early(self, now_ms: int) -> Batch | None:
         """Every ``early`` ms of processing time, each open window's result so far."""
         every = self.logic.early
-        if every is None or now < self._next_early:
+        if every is None or now_ms < self._next_early:
             return None
-        self._next_early = now + every
+        self._next_early = now_ms + every
         return self._so_far()
 
     def _so_far(self) -> Batch | None:

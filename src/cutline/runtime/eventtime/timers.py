@@ -33,8 +33,6 @@ class TimerService:
         }
         self.watermark = -(2**63)
         """The operator's current watermark (event time reached)."""
-        self.now = 0
-        """Processing time when the operator last looked (epoch ms)."""
         for key in list(backend.keys(TIMERS)):
             for domain, due in self._table.get(key) or ():
                 self.indexes[domain].add(due, key)
