@@ -352,3 +352,36 @@ def test_sliding_windows_give_early_results_of_every_open_window(backend: str) -
     assert [(r["user"], r["window_start"], r["count"]) for r in job.output] == [("a", -1000, 2)]
     assert clock(60_000) == [("a", 0, 2, False), ("b", 0, 1, False), ("b", 1000, 1, False)]
     job.close()
+
+
+def test_thousands_of_sessions_through_incremental_checkpoints_and_a_restore() -> None:
+    """6,000 keys' sessions, most fired and dropped, others merged by later records, with
+    incremental checkpoints between and a restore at another parallelism: the columnar
+    sessions publish what the keyed layout does."""
+    rng = random.Random(11)
+    logic = window_logic("session", "sum")
+    jobs = [Job(logic, "memory", 1), Job(logic, "disk", 1)]
+    for n in range(1, 13):
+        base = (n - 1) * 50
+        batch = [
+            {"user": f"u{rng.randrange(6_000)}", "ts": base + rng.randrange(40), "n": 1}
+            for _ in range(2_000)
+        ]
+        for job in jobs:
+            job.process(batch, arrow=n % 3 != 0)
+            job.watermark(n * 50 - 120)
+            if n % 4 == 0:
+                job.checkpoint(n, base=n - 4 if n > 4 else None)
+    restored = [Job(logic, j.backend, 2, j.checkpoint(99, base=12)) for j in jobs]
+    for job, again in zip(jobs, restored, strict=True):
+        again.output = list(job.output)
+        again.process([{"user": "u1", "ts": 560, "n": 5}], arrow=True)
+        again.watermark(MAX_WATERMARK)
+        job.close()
+    found = [
+        Counter((r["user"], r["window_start"], r["window_end"], r["n"]) for r in job.output)
+        for job in restored
+    ]
+    assert found[0] == found[1] and sum(found[0].values()) > 1_000
+    for job in restored:
+        job.close()
