@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,10 +85,6 @@ class ColumnarWindowOperator(WindowOperator):
         """Their assigner (:func:`~cutline.runtime.eventtime.assigners.end_of` says where a
         window ends)."""
         self.panes: dict[int, WindowColumns] = {}
-        self._due: list[int] = []
-        """Starts of the windows not fired yet (a heap; each fires at its end, minus one)."""
-        self._kept: list[tuple[int, int]] = []
-        """(when it is dropped, start) of the fired windows kept for the lateness (a heap)."""
         self.columns = ColumnChain(ctx.state)
         super().__init__(logic, ctx, state)
 
@@ -148,14 +143,19 @@ class ColumnarWindowOperator(WindowOperator):
     def _add_pane(self, pane: WindowColumns) -> None:
         self.panes[pane.start] = pane
         if pane.fired:
-            due = cleanup_time(end_of(self.windows, pane.start), self.lateness)
-            heapq.heappush(self._kept, (due, pane.start))
+            self._keep(pane.start)
         if not pane.fired or pane.waiting is not None:
             self._schedule(pane.start)
 
     def _schedule(self, window: int) -> None:
-        """The window fires when the watermark passes its end."""
-        heapq.heappush(self._due, window)
+        """The window (of all its keys: the timer's key is ``None``) fires when the watermark
+        reaches its last millisecond."""
+        self.fire_timers.add(end_of(self.windows, window) - 1, None, window)
+
+    def _keep(self, window: int) -> None:
+        """The fired window is kept for the allowed lateness, then dropped."""
+        end = end_of(self.windows, window)
+        self.cleanup_timers.add(cleanup_time(end, self.lateness), None, window)
 
     # ---------------------------------------------------------------- figures
 
@@ -167,7 +167,8 @@ class ColumnarWindowOperator(WindowOperator):
         )
 
     def figures(self) -> dict[str, int] | None:
-        return {"late": self.late_records, "windows": self.open_windows, "timers": len(self.panes)}
+        timers = len(self.fire_timers) + len(self.cleanup_timers)
+        return {"late": self.late_records, "windows": self.open_windows, "timers": timers}
 
     def snapshot(
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
@@ -365,8 +366,7 @@ class ColumnarWindowOperator(WindowOperator):
         watermark = self.watermark = max(self.watermark, watermark)
         fired: list[tuple[int, pa.Array, np.ndarray]] = []
         keep = self.lateness > 0 and watermark != MAX_WATERMARK
-        while self._due and end_of(self.windows, self._due[0]) - 1 <= watermark:
-            start = heapq.heappop(self._due)
+        for _, _, start in self.fire_timers.pop_due(watermark):
             pane = self.panes.get(start)
             if pane is None:
                 continue
@@ -380,12 +380,10 @@ class ColumnarWindowOperator(WindowOperator):
             fired.append((start, pane.keys, self._values(pane)))
             if keep:
                 pane.fired = True
-                due = cleanup_time(end_of(self.windows, start), self.lateness)
-                heapq.heappush(self._kept, (due, start))
+                self._keep(start)
             else:
                 del self.panes[start]
-        while self._kept and self._kept[0][0] <= watermark:
-            _, start = heapq.heappop(self._kept)
+        for _, _, start in self.cleanup_timers.pop_due(watermark):
             pane = self.panes.get(start)
             if pane is not None and pane.fired:
                 del self.panes[start]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -62,15 +61,15 @@ class SlicedWindowOperator(ColumnarWindowOperator):
         self.slices: dict[int, WindowColumns] = {}
         """The records' accumulators per slice start, as columns."""
         self._scheduled: set[int] = set()
-        """The windows in ``_due`` (each once)."""
-        self._slices_kept: list[tuple[int, int]] = []
-        """(when it is dropped, start) of every slice (a heap)."""
+        """The windows with a timer to fire (each once): those not fired yet."""
         super().__init__(logic, ctx, state)
+        self.slice_timers = self.backend.timer_index("window-slices")
+        """When each slice is dropped (its last window past), beside the windows' timers."""
 
     def _schedule(self, window: int) -> None:
         if window not in self._scheduled:
             self._scheduled.add(window)
-            heapq.heappush(self._due, window)
+            super()._schedule(window)
 
     # ---------------------------------------------------------------- figures
 
@@ -103,7 +102,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
         return count
 
     def figures(self) -> dict[str, int] | None:
-        timers = len(self._scheduled) + len(self._kept)  # (read from another thread)
+        timers = len(self.fire_timers) + len(self.cleanup_timers)
         return {"late": self.late_records, "windows": self.open_windows, "timers": timers}
 
     def _frozen(self) -> Callable[[int | None], bytes]:
@@ -183,7 +182,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
             if not past and (pane is None or not pane.fired):
                 self._schedule(window)
         last = last_window_of(sliding, piece.start) + sliding.size
-        heapq.heappush(self._slices_kept, (cleanup_time(last, self.lateness), piece.start))
+        self.slice_timers.add(cleanup_time(last, self.lateness), None, piece.start)
 
     def _parts(self, window: int, keys: pa.Array | None = None) -> list[Part]:
         """What the window holds: its own columns and its slices' (of ``keys`` only)."""
@@ -230,9 +229,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
         watermark = self.watermark = max(self.watermark, watermark)
         fired: list[tuple[int, pa.Array, np.ndarray]] = []
         keep = self.lateness > 0 and watermark != MAX_WATERMARK
-        size = self.sliding.size
-        while self._due and self._due[0] + size - 1 <= watermark:
-            window = heapq.heappop(self._due)
+        for _, _, window in self.fire_timers.pop_due(watermark):
             self._scheduled.discard(window)
             pane = self.panes.get(window)
             if pane is not None and pane.fired:  # (restored fired for some keys)
@@ -252,14 +249,12 @@ class SlicedWindowOperator(ColumnarWindowOperator):
                 pane = self._empty(window, result)
                 self.panes[window] = pane
             pane.fired = True
-            heapq.heappush(self._kept, (cleanup_time(window + size, self.lateness), window))
-        while self._kept and self._kept[0][0] <= watermark:
-            _, window = heapq.heappop(self._kept)
+            self._keep(window)
+        for _, _, window in self.cleanup_timers.pop_due(watermark):
             pane = self.panes.get(window)
             if pane is not None and pane.fired:
                 del self.panes[window]
-        while self._slices_kept and self._slices_kept[0][0] <= watermark:
-            _, start = heapq.heappop(self._slices_kept)
+        for _, _, start in self.slice_timers.pop_due(watermark):
             self.slices.pop(start, None)
         return self._batch(fired) if fired else None
 
