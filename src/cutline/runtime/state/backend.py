@@ -45,6 +45,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutline.runtime.state.chains import ChainBooks
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM, StateError, key_group
 from cutline.runtime.state.primitives import ListState, MapState, ValueState
@@ -153,10 +154,9 @@ class KeyedStateBackend:
         self._frozen: list[Frozen] = []
         self._snapshots = 0
         self._written = 0
-        self._chains: dict[int, list[SegmentRef]] = {}
-        """Checkpoint id -> the chain of segments written for it (the bases of increments)."""
-        self._numbers: dict[int, int] = {}
-        """Checkpoint id -> the number of its snapshot (its place among the frozen layers)."""
+        self._books = ChainBooks(self.config)
+        """Per checkpoint, the chain written for it (the bases of increments) and the number
+        of its snapshot (its place among the frozen layers)."""
         self._group_cache: dict[Hashable, int] = {}
         self._group_cache_size = GROUP_CACHE
         self._timer_indexes: list[TimerIndex] = []
@@ -272,8 +272,7 @@ class KeyedStateBackend:
             this one: an incremental segment may build on the chain written for it.
         :param savepoint: write a full segment the checkpoint owns (nothing shared)."""
         self._snapshots += 1
-        if checkpoint_id is not None:
-            self._numbers[checkpoint_id] = self._snapshots
+        self._books.taken(checkpoint_id, self._snapshots)
         tables = {}
         for name, table in list(self._tables.items()):
             tables[name] = (table.kind, table.freeze())
@@ -308,17 +307,11 @@ class KeyedStateBackend:
                     self._publish_frozen()
         # 2. full, or the changes since the base checkpoint's chain
         config = self.config
-        chain = self._chains.get(snapshot.base) if snapshot.base is not None else None
-        base_number = self._numbers.get(snapshot.base) if snapshot.base is not None else None
-        incremental = (
-            config.incremental
-            and not snapshot.savepoint
-            and chain is not None
-            and base_number is not None
-            and len(chain) < config.full_every
-        )
-        if incremental:
-            assert chain is not None and base_number is not None
+        chain = self._books.builds_on(snapshot.base, snapshot.savepoint)
+        base_number = self._books.number_of(snapshot.base)
+        incremental = chain is not None
+        if chain is not None:
+            assert base_number is not None
             layers = [f for f in self._frozen if base_number < f.number <= snapshot.number]
             union: dict[str, tuple[str, dict[Hashable, Any]]] = {}
             for frozen in layers:
@@ -344,15 +337,11 @@ class KeyedStateBackend:
             )
             new_chain = [SegmentRef(ref.path, ref.size, ref.sha256, True)]
         snapshot.full = not incremental
-        if not snapshot.savepoint and snapshot.checkpoint_id is not None and config.incremental:
-            self._chains[snapshot.checkpoint_id] = new_chain
+        self._books.written(snapshot.checkpoint_id, snapshot.savepoint, new_chain)
         # 3. forget what no later increment can build on: chains and layers up to the base
         if base_number is not None:
             assert snapshot.base is not None
-            for old in [c for c in list(self._chains) if c < snapshot.base]:
-                del self._chains[old]
-            for old in [c for c in list(self._numbers) if c < snapshot.base]:
-                del self._numbers[old]
+            self._books.forget_before(snapshot.base)
             with self._lock:
                 self._frozen = [f for f in self._frozen if not f.merged or f.number > base_number]
         elif not config.incremental:
@@ -424,8 +413,8 @@ class KeyedStateBackend:
         if checkpoint_id is not None and len(handles) == 1:
             start, stop = handles[0]["key_groups"]
             if range(start, stop) == mine:
-                self._chains[checkpoint_id] = [SegmentRef.from_dict(r) for r in handles[0]["chain"]]
-                self._numbers[checkpoint_id] = 0  # every later layer is newer
+                chain = [SegmentRef.from_dict(r) for r in handles[0]["chain"]]
+                self._books.adopt(checkpoint_id, chain)  # (every later layer is newer)
 
     def _apply(self, groups: Groups, *, full: bool) -> None:
         """Apply one segment's entries (of my key groups) to the base."""

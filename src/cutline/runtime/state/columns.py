@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cutline.runtime.state.chains import ChainBooks
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.segments import SegmentRef, SegmentSource, SegmentStore
 
@@ -48,14 +49,12 @@ class ColumnChain:
         self.generation = 1
         """The number of the snapshot that the changes made now go into (restored state is
         generation 0: every chain restored holds it)."""
-        self._chains: dict[int, list[SegmentRef]] = {}
-        self._numbers: dict[int, int] = {}
+        self._books = ChainBooks(config)
 
     def adopt(self, checkpoint_id: int, chain: Sequence[Mapping[str, Any]]) -> None:
         """The restored checkpoint's chain, of exactly this subtask's key groups: later
         incremental segments may build on it."""
-        self._chains[checkpoint_id] = [SegmentRef.from_dict(r) for r in chain]
-        self._numbers[checkpoint_id] = 0
+        self._books.adopt(checkpoint_id, [SegmentRef.from_dict(r) for r in chain])
 
     def snapshot(
         self, checkpoint_id: int | None, base: int | None, savepoint: bool
@@ -63,15 +62,14 @@ class ColumnChain:
         """The synchronous part: the changes made from now on go into the next snapshot."""
         number = self.generation
         self.generation += 1
-        if checkpoint_id is not None:
-            self._numbers[checkpoint_id] = number
+        self._books.taken(checkpoint_id, number)
         return ColumnTicket(number, checkpoint_id, base, savepoint)
 
     def number_of(self, checkpoint_id: int | None) -> int | None:
         """The number of the snapshot of ``checkpoint_id`` (``None``: not one this chain
         can build on): no later snapshot needs the changes made before it (its base is that
         checkpoint or a newer one)."""
-        return None if checkpoint_id is None else self._numbers.get(checkpoint_id)
+        return self._books.number_of(checkpoint_id)
 
     def write(
         self,
@@ -83,31 +81,18 @@ class ColumnChain:
         """The asynchronous part: ``encode(since)`` (the changes after snapshot ``since``, or
         everything for ``None``) written as the next segment of the base's chain, or as a new
         chain; the handle's fields naming it."""
-        config = self.config
-        base = ticket.base
-        chain = self._chains.get(base) if base is not None else None
-        since = self._numbers.get(base) if base is not None else None
-        incremental = (
-            config.incremental
-            and not ticket.savepoint
-            and chain is not None
-            and since is not None
-            and len(chain) < config.full_every
-        )
-        data = encode(since if incremental else None)
+        books, base = self._books, ticket.base
+        chain = books.builds_on(base, ticket.savepoint)
+        since = books.number_of(base)
+        data = encode(None if chain is None else since)
         ref = store.write_segment(
-            f"{name}-columns.seg", data, shared=config.incremental and not ticket.savepoint
+            f"{name}-columns.seg", data, shared=self.config.incremental and not ticket.savepoint
         )
-        ref = SegmentRef(ref.path, ref.size, ref.sha256, not incremental)
-        new_chain = [*chain, ref] if incremental and chain is not None else [ref]
-        if not ticket.savepoint and ticket.checkpoint_id is not None and config.incremental:
-            self._chains[ticket.checkpoint_id] = new_chain
-        if base is not None and since is not None:  # (nothing builds on an older one)
-            # (list(): the processing thread adds snapshots meanwhile)
-            for old in [c for c in list(self._chains) if c < base]:
-                self._chains.pop(old, None)
-            for old in [c for c in list(self._numbers) if c < base]:
-                self._numbers.pop(old, None)
+        ref = SegmentRef(ref.path, ref.size, ref.sha256, chain is None)
+        new_chain = [ref] if chain is None else [*chain, ref]
+        books.written(ticket.checkpoint_id, ticket.savepoint, new_chain)
+        if base is not None and since is not None:
+            books.forget_before(base)
         return {COLUMNS: [r.to_dict() for r in new_chain]}
 
 
