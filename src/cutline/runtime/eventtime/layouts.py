@@ -27,7 +27,6 @@ the other; the checkpoint reader shows both as the keyed layout. Nothing here kn
 
 from __future__ import annotations
 
-import math
 import pickle
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.runtime.eventtime.slicing import merge_parts
+from cutline.runtime.eventtime.assigners import Sliding
+from cutline.runtime.eventtime.slicing import merge_parts, slices_in
 from cutline.runtime.state.columns import read_chain
 from cutline.runtime.state.segments import SegmentSource
 
@@ -77,9 +77,7 @@ class Slicing:
     """What a segment of sliding windows kept as slices (:mod:`.slicing`) says besides them:
     how they merge into windows, and which windows are live (not past)."""
 
-    size: int
-    every: int
-    offset: int
+    assigner: Sliding
     kind: str
     live: tuple[int, ...]
 
@@ -183,8 +181,7 @@ def _window_of_slices(
 ) -> PaneParts:
     """A live sliding window, whole: what it kept itself (restored whole, or fired) merged
     with its slices; a key only its slices hold has fired if the window has."""
-    width = math.gcd(slicing.size, slicing.every)
-    found = [slices[s][:3] for s in range(start, start + slicing.size, width) if s in slices]
+    found = [slices[s][:3] for s in slices_in(slicing.assigner, start) if s in slices]
     own = [] if pane is None else [pane[1:4]]
     merged = merge_parts([*own, *found], slicing.kind)
     if merged is None:

@@ -107,11 +107,8 @@ class SlicedWindowOperator(ColumnarWindowOperator):
 
     def _frozen(self) -> Callable[[int | None], bytes]:
         panes, slices = frozen(self.panes.values()), frozen(self.slices.values())
-        sliding = self.sliding
         slicing = Slicing(
-            sliding.size,
-            sliding.every,
-            sliding.offset,
+            self.sliding,
             self.aggregation.kind,
             tuple(sorted(self._scheduled | set(self.panes))),
         )
