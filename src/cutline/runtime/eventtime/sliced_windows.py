@@ -131,8 +131,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
             found = self._record_columns(rows(batch), ts, own)
             return None if found is None else self._merge_slices(*found)
         assert isinstance(self.key, str)
-        last = ts - np.mod(ts - sliding.offset, sliding.every)
-        on_time = in_time(last + sliding.size, self.lateness, self.watermark)
+        on_time = in_time(last_window_of(sliding, ts) + sliding.size, self.lateness, self.watermark)
         self._note_late(batch, np.arange(len(ts)), on_time)
         if not on_time.all():
             batch, ts = batch.filter(pa.array(on_time)), ts[on_time]

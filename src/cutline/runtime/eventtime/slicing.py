@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -42,11 +43,16 @@ def slices_of(assigner: Sliding, ts: np.ndarray) -> np.ndarray:
     return starts
 
 
-def last_window_of(assigner: Sliding, start: int) -> int:
-    """The start of the last window that holds the slice (or timestamp) at ``start``."""
+Times = TypeVar("Times", int, np.ndarray)
+
+
+def last_window_of(assigner: Sliding, start: Times) -> Times:
+    """The start of the last window that holds the slice (or timestamp) at ``start`` (or at
+    each of an array of them)."""
     every: int = assigner.every
     offset: int = assigner.offset
-    return start - (start - offset) % every
+    last: Times = start - (start - offset) % every
+    return last
 
 
 def slices_in(assigner: Sliding, window: int) -> range:
