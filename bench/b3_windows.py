@@ -368,7 +368,7 @@ def drive(
     storage = CheckpointStorage(str(root / f"checkpoints-{label}"))
     config = state_config(kind, incremental, root / "local")
     operator = LOGIC.open(context(config), None)
-    variant.operator = type(operator).__name__
+    variant.operator = f"WindowOperator({type(operator.store).__name__})"  # type: ignore[attr-defined]
     handles = []
     try:
         for number, step in enumerate(steps, start=1):

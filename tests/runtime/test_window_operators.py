@@ -1,8 +1,9 @@
 """The window operators against each other and against plain Python, over random input.
 
 The same random records, cut into random batches (Arrow or Python records) with watermarks
-between them, go through the keyed layout (:class:`WindowOperator`, the disk backend's) and
-the columnar one (:class:`ColumnarWindowOperator`, the memory backend's), each checkpointed and
+between them, go through the keyed layout (:class:`KeyedWindows`, the disk backend's) and
+the columnar ones (:class:`ColumnarWindows`, :class:`ColumnarSessions`, the memory backend's),
+each checkpointed and
 restored at random points (at another parallelism too): both publish the same windows with
 the same results, send the same records to ``late``, and equal a plain Python computation of
 the windows the watermark passed.
@@ -22,10 +23,11 @@ from hypothesis import strategies as st
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
-from cutline.runtime.eventtime.columnar_sessions import ColumnarSessionOperator
-from cutline.runtime.eventtime.columnar_windows import ColumnarWindowOperator
-from cutline.runtime.eventtime.keyed import WindowOperator
+from cutline.runtime.eventtime.columnar_sessions import ColumnarSessions
+from cutline.runtime.eventtime.columnar_windows import ColumnarWindows
+from cutline.runtime.eventtime.keyed import KeyedWindows
 from cutline.runtime.eventtime.logic import WindowLogic
+from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
@@ -211,9 +213,9 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
             }
         )
     jobs = {backend: Job(logic, backend, rng.randint(1, 3)) for backend in ("memory", "disk")}
-    columnar = ColumnarSessionOperator if windows == "session" else ColumnarWindowOperator
-    assert all(isinstance(op, columnar) for op in jobs["memory"].ops)
-    assert all(type(op) is WindowOperator for op in jobs["disk"].ops)
+    columnar = ColumnarSessions if windows == "session" else ColumnarWindows
+    assert all(isinstance(op.store, columnar) for op in jobs["memory"].ops)
+    assert all(type(op.store) is KeyedWindows for op in jobs["disk"].ops)
     position, watermark, checkpoint = 0, -(2**63), 0
     arrivals: list[tuple[dict[str, Any], int]] = []
     while position < len(records):

@@ -11,12 +11,16 @@ keeps.
 * ``aggregations.py``: :class:`Aggregation` (the built-ins, a user's
   :class:`AggregateFunction`, ``reduce``, ``process``) and the vectorized kernels;
 * ``lateness.py``: the lateness rule (when a window is past, which records are late);
-* ``timers.py``: :class:`TimerService`, the timers of a keyed operator;
-* ``layouts.py``: the two layouts of what a window operator keeps, each read as the other;
-* ``keyed.py``, ``columnar_windows.py``, ``columnar_sessions.py``: the window operator in
-  the keyed layout, and in the columnar layouts of a built-in (tumbling and sliding windows;
-  sessions) on the memory backend; ``spec.py``: :class:`WindowSpec`, what they are asked to
-  do; ``logic.py``: :class:`WindowLogic`, which opens the one that fits;
+* ``timers.py``: the timer services: :class:`TimerService` (a process function's),
+  :class:`WindowTimers` (the window operator's);
+* ``operator.py``: the one :class:`WindowOperator` (times, lateness, the side output, early
+  results, firing as its timers come due) and the :class:`WindowStore` its windows are kept
+  in, in one of four layouts: ``keyed.py`` (:class:`KeyedWindows`, every window and
+  backend), and on the memory backend for a built-in ``columnar_windows.py`` (tumbling),
+  ``sliced_windows.py`` (sliding, by ``slicing.py``), ``columnar_sessions.py``;
+* ``layouts.py``: the two layouts of what a window operator checkpoints, each read as the
+  other; ``spec.py``: :class:`WindowSpec`, what a window operator is asked to do;
+  ``logic.py``: :class:`WindowLogic`, which opens it with the layout that fits;
 * ``output.py``: what firing windows emit, and the side output ``late``.
 
 Nothing here imports this package's ``__init__``: import the module that holds a name.

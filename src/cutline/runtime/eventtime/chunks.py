@@ -1,8 +1,8 @@
 """``process`` and ``process_batches`` of tumbling and sliding windows in the keyed layout: a
 batch's records grouped by key and window, each group added to its window as one chunk (a
 tuple of records, or an Arrow batch): one state update per key and window, not per
-record. ``op`` is the keyed layout's
-:class:`~cutline.runtime.eventtime.keyed.WindowOperator` whose windows they go into."""
+record. ``layout`` is the keyed layout
+(:class:`~cutline.runtime.eventtime.keyed.KeyedWindows`) they go into."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from cutline.runtime.eventtime.lateness import in_time
 from cutline.runtime.operators import Batch, rows, to_arrow
 
 
-def collect(op: Any, batch: Batch, ts: np.ndarray) -> Batch | None:
+def collect(layout: Any, batch: Batch, ts: np.ndarray) -> Batch | None:
     """``process`` and ``process_batches`` on tumbling and sliding windows: the records of
     the batch grouped by key and window, each group added to its window as one chunk (a
     tuple of records, or an Arrow batch): one state update per key and window, not per
     record."""
+    op = layout.op
     assigner = op.assigner
     assert not isinstance(assigner, Session)
     arrow = op.aggregation.kind is Kind.PROCESS_BATCHES
@@ -32,7 +33,7 @@ def collect(op: Any, batch: Batch, ts: np.ndarray) -> Batch | None:
         batch = to_arrow(batch, op.ctx.name)
     index, starts = assign(assigner, ts)
     on_time = in_time(ends_of(assigner, starts), op.lateness, op.watermark)
-    op._note_late(batch, index, on_time)
+    op.note_late(batch, index, on_time)
     if not on_time.all():
         index, starts = index[on_time], starts[on_time]
     if not len(index):
@@ -61,20 +62,20 @@ def collect(op: Any, batch: Batch, ts: np.ndarray) -> Batch | None:
             chunk = tuple(records[i] for i in members.tolist())
         windows = changed.get(key)
         if windows is None:
-            windows = changed[key] = dict(op.table.get(key) or {})
+            windows = changed[key] = dict(layout.table.get(key) or {})
         entry = windows.get(start)
         end = end_of(assigner, start)
         if entry is None:
             windows[start] = ((chunk,), False)
-            op.fire_timers.add(end - 1, key, (start, end))
+            layout.fire_timers.add(end - 1, key, (start, end))
         else:
             acc = (*entry[0], chunk)
             windows[start] = (acc, entry[1])
             if entry[1]:
                 refired.append((key, start, end, acc))
     for key, windows in changed.items():
-        op.table[key] = windows
-    return op._results(refired) if refired else None
+        layout.table[key] = windows
+    return op.results(refired) if refired else None
 
 
 def key_codes(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import numpy as np
@@ -13,8 +13,7 @@ import pyarrow.compute as pc
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.aggregations import UFUNCS, cut_sessions
 from cutline.runtime.eventtime.assigners import Session
-from cutline.runtime.eventtime.keyed import WindowOperator
-from cutline.runtime.eventtime.lateness import in_time
+from cutline.runtime.eventtime.lateness import cleanup_time, in_time
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
     concat_rows,
@@ -23,19 +22,26 @@ from cutline.runtime.eventtime.layouts import (
     take_rows,
     windows_as_session_rows,
 )
-from cutline.runtime.eventtime.spec import WindowSpec
-from cutline.runtime.operators import Batch, OperatorContext, rows
+from cutline.runtime.eventtime.operator import WindowOperator
+from cutline.runtime.eventtime.timers import Timer
+from cutline.runtime.operators import Batch, rows
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.columns import COLUMNS, ColumnChain
 from cutline.runtime.state.segments import SegmentStore
 
 
-class ColumnarSessionOperator(WindowOperator):
+class ColumnarSessions:
     """Session windows computing a built-in aggregate on the memory backend, kept as columns:
     one row per open session (key, start, end, accumulator, fired). A batch's records are cut
     into sessions per key with NumPy, merged with the open sessions of the same keys in one
     sorted pass (a session ends where the next one starts at or after the greatest end before
     it), and the sessions whose end the watermark passed fire as one batch.
+
+    They fire through the operator's timers as the other layouts do, but with one timer for
+    the earliest: a ``fire`` timer at the last millisecond of the first session to end, a
+    ``clean`` one when the first fired session is past (key and namespace ``None``). When one
+    is due, every session it finds due goes, and the next earliest is registered. A session
+    only grows as it merges, so a timer found early costs a look and no more.
 
     The rows are checkpointed beside the (empty) keyed state as a chain of segments of their
     own (:class:`~cutline.runtime.state.columns.ColumnChain`): an incremental checkpoint
@@ -43,43 +49,54 @@ class ColumnarSessionOperator(WindowOperator):
     Restored at another parallelism, each subtask keeps the rows of its key groups. Every
     change makes new arrays: a snapshot being written keeps the old ones."""
 
-    def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
-        assert isinstance(logic.assigner, Session)
-        self.gap = logic.assigner.gap
+    def __init__(self, op: WindowOperator) -> None:
+        assert isinstance(op.assigner, Session)
+        self.op = op
+        self.aggregation = op.aggregation
+        self.lateness = op.lateness
+        self.gap = op.assigner.gap
         self.rows: dict[str, Any] | None = None
         """The open sessions: ``keys`` (Arrow), ``start``, ``end``, ``acc``, ``count`` (mean),
         ``fired`` (NumPy); ``None``: none."""
-        self.columns = ColumnChain(ctx.state)
+        self.columns = ColumnChain(op.ctx.state)
         self._touched: list[tuple[int, pa.Array]] = []
         """(snapshot, keys) whose sessions changed: those an incremental checkpoint writes."""
-        super().__init__(logic, ctx, state)  # (restores the sessions: _restore_windows)
+        self.fire_timers, self.cleanup_timers = op.timers.fire, op.timers.clean
+        self._fires_at = MAX_WATERMARK
+        """The earliest ``fire`` timer registered (a session due then or later)."""
+        self._cleans_at = MAX_WATERMARK
+        """The earliest ``clean`` timer registered."""
+        self._restore_windows()
+        self._schedule(self.rows)
 
     def _restore_windows(self) -> None:
         """Every restored session as a row: those kept as rows, and those the keyed layout
         wrote (a checkpoint of the disk backend), taken out of keyed state."""
+        op = self.op
         parts = []
-        store = self.ctx.restore_store
-        for handle in self.restored:
+        store = op.ctx.restore_store
+        for handle in op.restored:
             rows = read_session_rows(handle, store) if store is not None else None
             if rows is None:
                 continue
             start, stop = handle.get("key_groups", (0, 0))
-            if range(start, stop) != self.backend.key_groups:  # rescaled: my key groups' rows
-                rows = take_rows(rows, self._owned(rows["keys"]))
+            if range(start, stop) != op.backend.key_groups:  # rescaled: my key groups' rows
+                rows = take_rows(rows, op.owned(rows["keys"]))
             if len(rows["keys"]):
                 parts.append(rows)
-        keyed = [(key, self.table.get(key)) for key in list(self.backend.keys(WINDOWS))]
+        table = op.backend.value_table(WINDOWS)
+        keyed = [(key, table.get(key)) for key in list(op.backend.keys(WINDOWS))]
         converted = windows_as_session_rows(keyed, self.aggregation.mean)
         if converted is not None:
             parts.append(converted)
         for key, _ in keyed:
-            self.table.delete(key)
+            table.delete(key)
         self.rows = concat_rows(parts) if parts else None
-        restored = self.ctx.restore_checkpoint
-        if restored is not None and len(self.restored) == 1 and not keyed:
-            handle = self.restored[0]
+        restored = op.ctx.restore_checkpoint
+        if restored is not None and len(op.restored) == 1 and not keyed:
+            handle = op.restored[0]
             groups = range(*handle.get("key_groups", (0, 0)))
-            if groups == self.backend.key_groups and handle.get(COLUMNS):
+            if groups == op.backend.key_groups and handle.get(COLUMNS):
                 self.columns.adopt(restored, handle[COLUMNS])  # (later ones build on it)
 
     @property
@@ -87,15 +104,11 @@ class ColumnarSessionOperator(WindowOperator):
         rows = self.rows  # (read from the thread that reports the figures: once)
         return 0 if rows is None else int((~rows["fired"]).sum())
 
-    def figures(self) -> dict[str, int] | None:
-        found = self.rows
-        rows = 0 if found is None else len(found["keys"])
-        return {"late": self.late_records, "windows": self.open_windows, "timers": rows}
-
-    def snapshot(
-        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
-    ) -> KeyedSnapshot:
-        taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
+    def attach(
+        self, taken: KeyedSnapshot, checkpoint_id: int, base: int | None, savepoint: bool
+    ) -> None:
+        """The rows' chain of segments (:class:`ColumnChain`) takes a segment: the rows of the
+        keys whose sessions changed since ``base``, or all."""
         rows, touched = self.rows, list(self._touched)  # (appended to from now on)
         ticket = self.columns.snapshot(checkpoint_id, base, savepoint)
         needed = self.columns.number_of(base)
@@ -110,26 +123,21 @@ class ColumnarSessionOperator(WindowOperator):
             return self.columns.write(ticket, store, name, encode)
 
         taken.attached.append(write)
-        return taken
 
     def _touch(self, keys: pa.Array) -> None:
         """The sessions of ``keys`` changed (an incremental checkpoint writes them)."""
         if len(keys):
             self._touched.append((self.columns.generation, keys))
 
-    def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        gap = self.gap
-        if (
-            isinstance(batch, pa.RecordBatch)
-            and self.watermark >= self._ceiling
-            and self._vectorizable(batch)
-        ):
-            assert isinstance(self.key, str)
-            kept = self._sessions_on_time(batch, ts, gap)
+    def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
+        gap, op = self.gap, self.op
+        if isinstance(batch, pa.RecordBatch) and not op.floors_differ and op.vectorizable(batch):
+            assert isinstance(op.key, str)
+            kept = op.sessions_on_time(batch, ts, gap)
             if kept is None:
                 return None
             batch, ts = kept
-            keys = batch.column(self.key)
+            keys = batch.column(op.key)
             values = None
             if self.aggregation.takes_values:
                 assert self.aggregation.field is not None
@@ -140,9 +148,9 @@ class ColumnarSessionOperator(WindowOperator):
         # record by record (Python records, nulls, or keys keeping a restored watermark)
 
         def own(key: Hashable, stamp: int) -> list[int]:
-            return [] if self._late_window(stamp + gap, self._floor(key)) else [stamp]
+            return [] if op.is_past(stamp + gap, op.floor(key)) else [stamp]
 
-        found = self._record_columns(rows(batch), ts, own)
+        found = op.record_columns(rows(batch), ts, own)
         return None if found is None else self._merge(*found)
 
     def _merge(self, keys: Any, ts: np.ndarray, values: np.ndarray | None) -> Batch | None:
@@ -158,6 +166,7 @@ class ColumnarSessionOperator(WindowOperator):
             "fired": np.zeros(len(start), dtype=bool),
         }
         self._touch(cut)
+        self._schedule(local)  # (merged, a session only ends later)
         if self.rows is None:
             self.rows = local
             return None
@@ -171,6 +180,7 @@ class ColumnarSessionOperator(WindowOperator):
             self.rows = concat_rows([state, local])
             return None
         merged, refire = self._merge_sessions(take_rows(state, touched), local)
+        self._schedule(merged)  # (a fired one made open again, or kept longer)
         self.rows = concat_rows([take_rows(state, ~touched), merged])
         if refire is None:
             return None
@@ -222,7 +232,7 @@ class ColumnarSessionOperator(WindowOperator):
         changed = fired & touched
         if not changed.any():
             return merged, None
-        passed = merged_end - 1 <= self.watermark
+        passed = merged_end - 1 <= self.op.watermark
         merged["fired"] = fired & ~(changed & ~passed)
         refire = changed & passed
         return merged, (refire if refire.any() else None)
@@ -231,35 +241,67 @@ class ColumnarSessionOperator(WindowOperator):
         acc = rows["acc"]
         if self.aggregation.mean:
             acc = acc.astype(float) / rows["count"]
-        return self._builtin_batch(rows["keys"], rows["start"], rows["end"], acc, final)
+        return self.op.builtin_batch(rows["keys"], rows["start"], rows["end"], acc, final)
 
-    def _holds_windows(self) -> bool:
+    def _schedule(self, rows: dict[str, Any] | None) -> None:
+        """Timers for the earliest of ``rows`` (sessions new or changed) to fire, and to be
+        dropped once fired, if earlier than those registered."""
+        if rows is None or not len(rows["keys"]):
+            return
+        fired = rows["fired"]
+        if not fired.all():
+            first = int(rows["end"][~fired].min()) - 1
+            if first < self._fires_at:
+                self._fires_at = first
+                self.fire_timers.add(first, None, None)
+        if fired.any():
+            past = cleanup_time(int(rows["end"][fired].min()), self.lateness)
+            if past < self._cleans_at:
+                self._cleans_at = past
+                self.cleanup_timers.add(past, None, None)
+
+    def holds_windows(self) -> bool:
         return self.rows is not None
 
-    def _so_far(self) -> Batch | None:
+    def so_far(self) -> Batch | None:
         rows = self.rows
         if rows is None or rows["fired"].all():
             return None
         return self._session_batch(take_rows(rows, ~rows["fired"]), final=False)
 
-    def _fire_upto(self, watermark: int) -> Batch | None:
-        watermark = self.watermark = max(self.watermark, watermark)
-        rows = self.rows
+    def fire(self, due: Iterable[Timer]) -> Batch | None:
+        """The sessions whose last millisecond the watermark reached fire (kept for the
+        lateness, or dropped)."""
+        if not list(due):  # (taken whole: what they name is found by the watermark)
+            return None
+        self._fires_at = MAX_WATERMARK  # (the next earliest: registered below)
+        rows, watermark = self.rows, self.op.watermark
         if rows is None:
             return None
-        due = ~rows["fired"] & (rows["end"] - 1 <= watermark)
-        keep = self.lateness > 0 and watermark != MAX_WATERMARK
-        dropped = rows["fired"] & ~in_time(rows["end"], self.lateness, watermark)
-        out = self._session_batch(take_rows(rows, due)) if due.any() else None
-        if keep:
-            if due.any():
-                rows = {**rows, "fired": rows["fired"] | due}
-            remove = dropped
-        else:
-            remove = due | rows["fired"]
-        if due.any() or remove.any():
-            self._touch(rows["keys"].filter(pa.array(due | remove)))
-        if remove.any():
-            rows = take_rows(rows, ~remove)
+        fired = rows["fired"]
+        ready = ~fired & (rows["end"] - 1 <= watermark)
+        out = self._session_batch(take_rows(rows, ready)) if ready.any() else None
+        if ready.any():
+            self._touch(rows["keys"].filter(pa.array(ready)))
+            if self.op.keeps_fired:
+                rows = {**rows, "fired": fired | ready}
+            else:
+                rows = take_rows(rows, ~ready)
         self.rows = rows if len(rows["keys"]) else None
+        self._schedule(self.rows)
         return out
+
+    def clean(self, due: Iterable[Timer]) -> None:
+        """The fired sessions past the lateness are dropped."""
+        if not list(due):
+            return
+        self._cleans_at = MAX_WATERMARK
+        rows = self.rows
+        if rows is None:
+            return
+        past = rows["fired"] & ~in_time(rows["end"], self.lateness, self.op.watermark)
+        if past.any():
+            self._touch(rows["keys"].filter(pa.array(past)))
+            rows = take_rows(rows, ~past)
+        self.rows = rows if len(rows["keys"]) else None
+        self._schedule(self.rows)

@@ -1,4 +1,5 @@
-"""Tumbling and sliding windows of a built-in in the columnar layout (the memory backend's)."""
+"""Tumbling windows of a built-in in the columnar layout (the memory backend's), and the
+columns of keys and accumulators that the sliced layout keeps too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.aggregations import (
     SAFE,
     UFUNCS,
@@ -19,8 +19,7 @@ from cutline.runtime.eventtime.aggregations import (
     group_by_window,
     largest,
 )
-from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of
-from cutline.runtime.eventtime.keyed import WindowOperator
+from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of, starts_of
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
@@ -30,8 +29,9 @@ from cutline.runtime.eventtime.layouts import (
     read_panes,
     windows_as_panes,
 )
-from cutline.runtime.eventtime.spec import WindowSpec
-from cutline.runtime.operators import Batch, OperatorContext, rows
+from cutline.runtime.eventtime.operator import WindowOperator
+from cutline.runtime.eventtime.timers import Timer
+from cutline.runtime.operators import Batch, rows
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.columns import COLUMNS, ColumnChain
 from cutline.runtime.state.segments import SegmentStore
@@ -39,7 +39,9 @@ from cutline.runtime.state.segments import SegmentStore
 
 @dataclass
 class WindowColumns:
-    """One window of :class:`ColumnarWindowOperator`: its keys and their accumulators, as columns."""
+    """One window of :class:`ColumnarWindows` (or a slice of
+    :class:`~cutline.runtime.eventtime.sliced_windows.SlicedWindows`): its keys and their
+    accumulators, as columns."""
 
     start: int
     keys: pa.Array
@@ -65,9 +67,9 @@ class WindowColumns:
     (:func:`key_positions`): a batch then looks its keys up instead of hashing all the window's."""
 
 
-class ColumnarWindowOperator(WindowOperator):
-    """Tumbling and sliding windows computing a built-in aggregate (``count``, ``sum``,
-    ``min``, ``max``, ``mean``) on the memory backend: each window keeps its keys and their
+class ColumnarWindows:
+    """Tumbling windows computing a built-in aggregate (``count``, ``sum``, ``min``,
+    ``max``, ``mean``) on the memory backend: each window keeps its keys and their
     accumulators as columns, merged a batch at a time (records grouped by key and window with
     Arrow, each window's groups merged into its columns with ``index_in`` and NumPy), and
     fires as one batch. No Python runs per record nor per key.
@@ -77,16 +79,23 @@ class ColumnarWindowOperator(WindowOperator):
     checkpoints write, of each window, the keys whose accumulators changed since the
     checkpoint they build on (each key's ``version`` says when it last did). Restored at
     another parallelism, each subtask keeps the keys of its key groups. A window's arrays are
-    shared with a snapshot being written and are copied before they change."""
+    shared with a snapshot being written and are copied before they change.
 
-    def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
-        assert not isinstance(logic.assigner, Session)
-        self.windows = logic.assigner
+    A window fires through one timer for all its keys (the timer's key is ``None``, its
+    namespace the window's start)."""
+
+    def __init__(self, op: WindowOperator) -> None:
+        assert not isinstance(op.assigner, Session)
+        self.op = op
+        self.aggregation = op.aggregation
+        self.lateness = op.lateness
+        self.windows = op.assigner
         """Their assigner (:func:`~cutline.runtime.eventtime.assigners.end_of` says where a
         window ends)."""
+        self.fire_timers, self.cleanup_timers = op.timers.fire, op.timers.clean
         self.panes: dict[int, WindowColumns] = {}
-        self.columns = ColumnChain(ctx.state)
-        super().__init__(logic, ctx, state)
+        self.columns = ColumnChain(op.ctx.state)
+        self._restore_windows()
 
     _adopts = True
     """Whether later checkpoints may build on the restored chain (it holds the windows as
@@ -98,30 +107,32 @@ class ColumnarWindowOperator(WindowOperator):
         fired for some of its keys only (the old subtasks' watermarks differed at the
         checkpoint, or a record within the lateness came for a new key) fires for the others
         when the watermark passes its end."""
+        op = self.op
         parts: dict[int, list[PaneParts]] = {}
-        mine = self.backend.key_groups
-        store = self.ctx.restore_store
-        for handle in self.restored:
+        mine = op.backend.key_groups
+        store = op.ctx.restore_store
+        for handle in op.restored:
             start, stop = handle.get("key_groups", (0, 0))
             whole = range(start, stop) == mine
             for pane_start, keys, acc, count, flags in (
                 read_panes(handle, store) if store is not None else ()
             ):
                 if not whole:  # rescaled: the keys of my key groups only
-                    keep = self._owned(keys)
+                    keep = op.owned(keys)
                     if not keep.any():
                         continue
                     keys, acc, flags = keys.filter(pa.array(keep)), acc[keep], flags[keep]
                     count = count[keep] if count is not None else None
                 parts.setdefault(pane_start, []).append((pane_start, keys, acc, count, flags))
-        keyed = [(key, self.table.get(key)) for key in list(self.backend.keys(WINDOWS))]
+        table = op.backend.value_table(WINDOWS)
+        keyed = [(key, table.get(key)) for key in list(op.backend.keys(WINDOWS))]
         for found in windows_as_panes(keyed, self.aggregation.mean):
             parts.setdefault(found[0], []).append(found)
         for key, _ in keyed:
-            self.table.delete(key)
-        restored = self.ctx.restore_checkpoint
-        if restored is not None and len(self.restored) == 1 and not keyed and self._adopts:
-            handle = self.restored[0]
+            table.delete(key)
+        restored = op.ctx.restore_checkpoint
+        if restored is not None and len(op.restored) == 1 and not keyed and self._adopts:
+            handle = op.restored[0]
             if range(*handle.get("key_groups", (0, 0))) == mine and handle.get(COLUMNS):
                 self.columns.adopt(restored, handle[COLUMNS])  # (later ones build on it)
         for pane_start, pieces in parts.items():  # (keys of several old subtasks: disjoint)
@@ -166,14 +177,11 @@ class ColumnarWindowOperator(WindowOperator):
             for p in list(self.panes.values())
         )
 
-    def figures(self) -> dict[str, int] | None:
-        timers = len(self.fire_timers) + len(self.cleanup_timers)
-        return {"late": self.late_records, "windows": self.open_windows, "timers": timers}
-
-    def snapshot(
-        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
-    ) -> KeyedSnapshot:
-        taken = super().snapshot(checkpoint_id, base=base, savepoint=savepoint)
+    def attach(
+        self, taken: KeyedSnapshot, checkpoint_id: int, base: int | None, savepoint: bool
+    ) -> None:
+        """The windows' chain of segments (:class:`ColumnChain`) takes a segment: the keys
+        changed since ``base``, or all."""
         encode = self._frozen()
         ticket = self.columns.snapshot(checkpoint_id, base, savepoint)
 
@@ -181,7 +189,6 @@ class ColumnarWindowOperator(WindowOperator):
             return self.columns.write(ticket, store, name, encode)
 
         taken.attached.append(write)
-        return taken
 
     def _frozen(self) -> Callable[[int | None], bytes]:
         """What a snapshot holds of the windows (their arrays, shared from now on), and how
@@ -191,22 +198,19 @@ class ColumnarWindowOperator(WindowOperator):
 
     # ---------------------------------------------------------------- records
 
-    def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        if (
-            isinstance(batch, pa.RecordBatch)
-            and self.watermark >= self._ceiling
-            and self._vectorizable(batch)
-        ):
-            assert isinstance(self.key, str) and not isinstance(self.assigner, Session)
-            index, starts = assign(self.assigner, ts)
-            on_time = in_time(ends_of(self.windows, starts), self.lateness, self.watermark)
-            self._note_late(batch, index, on_time)
+    def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
+        op = self.op
+        if isinstance(batch, pa.RecordBatch) and not op.floors_differ and op.vectorizable(batch):
+            assert isinstance(op.key, str)
+            index, starts = assign(self.windows, ts)
+            on_time = in_time(ends_of(self.windows, starts), self.lateness, op.watermark)
+            op.note_late(batch, index, on_time)
             if not on_time.all():
                 index, starts = index[on_time], starts[on_time]
             if not len(index):
                 return None
             taken = pa.array(index)
-            keys = batch.column(self.key).take(taken)
+            keys = batch.column(op.key).take(taken)
             values = None
             if self.aggregation.takes_values:
                 assert self.aggregation.field is not None
@@ -220,14 +224,14 @@ class ColumnarWindowOperator(WindowOperator):
         windows and values, then merged as a batch."""
 
         def windows(key: Hashable, stamp: int) -> list[int]:
-            floor = self._floor(key)
+            floor = self.op.floor(key)
             return [
                 s
-                for s in self._starts(stamp)
+                for s in starts_of(self.windows, stamp)
                 if not is_past(end_of(self.windows, s), self.lateness, floor)
             ]
 
-        found = self._record_columns(records, ts, windows)
+        found = self.op.record_columns(records, ts, windows)
         return None if found is None else self._merge(*found)
 
     def _merge(self, keys: pa.Array, starts: np.ndarray, values: np.ndarray | None) -> Batch | None:
@@ -355,18 +359,17 @@ class ColumnarWindowOperator(WindowOperator):
 
     # ----------------------------------------------------------------- firing
 
-    def _holds_windows(self) -> bool:
+    def holds_windows(self) -> bool:
         return bool(self.panes)
 
-    def _so_far(self) -> Batch | None:
+    def so_far(self) -> Batch | None:
         open_ = [(p.start, p.keys, self._values(p)) for p in self.panes.values() if not p.fired]
         return self._batch(open_, final=False) if open_ else None
 
-    def _fire_upto(self, watermark: int) -> Batch | None:
-        watermark = self.watermark = max(self.watermark, watermark)
+    def fire(self, due: Iterable[Timer]) -> Batch | None:
         fired: list[tuple[int, pa.Array, np.ndarray]] = []
-        keep = self.lateness > 0 and watermark != MAX_WATERMARK
-        for _, _, start in self.fire_timers.pop_due(watermark):
+        keep = self.op.keeps_fired
+        for _, _, start in due:
             pane = self.panes.get(start)
             if pane is None:
                 continue
@@ -383,11 +386,13 @@ class ColumnarWindowOperator(WindowOperator):
                 self._keep(start)
             else:
                 del self.panes[start]
-        for _, _, start in self.cleanup_timers.pop_due(watermark):
+        return self._batch(fired) if fired else None
+
+    def clean(self, due: Iterable[Timer]) -> None:
+        for _, _, start in due:
             pane = self.panes.get(start)
             if pane is not None and pane.fired:
                 del self.panes[start]
-        return self._batch(fired) if fired else None
 
     def _batch(
         self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
@@ -397,7 +402,7 @@ class ColumnarWindowOperator(WindowOperator):
         starts = np.repeat(np.array([start for start, _, _ in fired], dtype=np.int64), lengths)
         keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
         values = np.concatenate([v for _, _, v in fired])
-        return self._builtin_batch(keys, starts, ends_of(self.windows, starts), values, final)
+        return self.op.builtin_batch(keys, starts, ends_of(self.windows, starts), values, final)
 
 
 def frozen(panes: Iterable[WindowColumns]) -> list[PaneState]:

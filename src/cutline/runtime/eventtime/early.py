@@ -32,8 +32,10 @@ COUNTS = "window-early"
 class EarlyRecords:
     """The counts of a keyed window operator's windows, and which took ``every`` more."""
 
-    def __init__(self, op: Any, every: int) -> None:
+    def __init__(self, op: Any, windows: Any, every: int) -> None:
         self.op = op
+        self.windows = windows
+        """The operator's windows (the keyed layout: their table)."""
         self.every = every
         self.table = op.backend.value_table(COUNTS)
 
@@ -42,13 +44,12 @@ class EarlyRecords:
         windows not fired yet that took ``every`` records since their last early result
         (their counts start again), with their accumulators: ``(key, start, end,
         accumulator)``."""
-        op = self.op
         groups: dict[tuple[Hashable, int], int] = {}
         for key, start in self._windows(batch, ts):
             groups[(key, start)] = groups.get((key, start), 0) + 1
         found: list[tuple[Hashable, int, int, Any]] = []
         for (key, stamp), n in groups.items():
-            value = op.table.get(key)
+            value = self.windows.table.get(key)
             if value is None:
                 continue
             window = self._open_window(value, stamp)

@@ -1,5 +1,5 @@
-"""The window operator's logic: what the job graph holds of ``keyed.window(...)``, and which
-operator (layout) it opens."""
+"""The window operator's logic: what the job graph holds of ``keyed.window(...)``, and the
+layout its windows are kept in."""
 
 from __future__ import annotations
 
@@ -7,31 +7,37 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutline.runtime.eventtime.assigners import Session, Sliding
-from cutline.runtime.eventtime.columnar_sessions import ColumnarSessionOperator
-from cutline.runtime.eventtime.columnar_windows import ColumnarWindowOperator
-from cutline.runtime.eventtime.keyed import WindowOperator
-from cutline.runtime.eventtime.sliced_windows import SlicedWindowOperator
+from cutline.runtime.eventtime.columnar_sessions import ColumnarSessions
+from cutline.runtime.eventtime.columnar_windows import ColumnarWindows
+from cutline.runtime.eventtime.keyed import KeyedWindows
+from cutline.runtime.eventtime.operator import WindowOperator, WindowStore
+from cutline.runtime.eventtime.sliced_windows import SlicedWindows
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.operators import Logic, OperatorContext
 
 
 @dataclass(frozen=True)
 class WindowLogic(WindowSpec, Logic):
-    """A keyed window operator (:class:`WindowSpec`): the columnar layout for a built-in of a
-    key column on the memory backend (without ``early_records``), else the keyed one."""
+    """A keyed window operator (:class:`WindowSpec`)."""
 
     keyed = True
 
     def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
+        return WindowOperator(self, ctx, state, self.layout(ctx.state.backend))
+
+    def layout(self, backend: str) -> type[WindowStore]:
+        """Where the windows are kept: as columns for a built-in of a key column on the memory
+        backend (without ``early_records``: its counts per key and window are keyed state),
+        else in keyed state."""
         if (
             self.aggregation.builtin
             and isinstance(self.key, str)
-            and ctx.state.backend == "memory"
-            and self.early_records is None  # (counts per key and window: the keyed layout)
+            and backend == "memory"
+            and self.early_records is None
         ):
             if isinstance(self.assigner, Session):
-                return ColumnarSessionOperator(self, ctx, state)
+                return ColumnarSessions
             if isinstance(self.assigner, Sliding):
-                return SlicedWindowOperator(self, ctx, state)
-            return ColumnarWindowOperator(self, ctx, state)
-        return WindowOperator(self, ctx, state)
+                return SlicedWindows
+            return ColumnarWindows
+        return KeyedWindows

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.assigners import Sliding, starts_of
-from cutline.runtime.eventtime.columnar_windows import (
-    ColumnarWindowOperator,
-    WindowColumns,
-    frozen,
-)
+from cutline.runtime.eventtime.columnar_windows import ColumnarWindows, WindowColumns, frozen
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import Slicing, encode_panes
+from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.slicing import (
     Part,
     last_window_of,
@@ -27,22 +23,22 @@ from cutline.runtime.eventtime.slicing import (
     slices_in,
     slices_of,
 )
-from cutline.runtime.eventtime.spec import WindowSpec
-from cutline.runtime.operators import Batch, OperatorContext, rows
+from cutline.runtime.eventtime.timers import Timer
+from cutline.runtime.operators import Batch, rows
 
 COUNTED = 200_000
-"""Keys in the slices of the open windows up to which :attr:`SlicedWindowOperator.open_windows`
+"""Keys in the slices of the open windows up to which :attr:`SlicedWindows.open_windows`
 counts exactly."""
 
 
-class SlicedWindowOperator(ColumnarWindowOperator):
+class SlicedWindows(ColumnarWindows):
     """Sliding windows computing a built-in aggregate on the memory backend, by slicing: a
     batch's records are grouped by key and **slice** (``gcd(size, slide)`` ms) and merged into
     that slice's columns, once each, whatever the number of windows a record is in; when a
     window fires, its slices merge per key (and with what the window kept itself).
 
     A window keeps columns of its own (a :class:`WindowColumns` in ``panes``, as the tumbling
-    operator's) only for what a restore gave it whole (a checkpoint holds the live windows
+    layout's) only for what a restore gave it whole (a checkpoint holds the live windows
     whole: :func:`~cutline.runtime.eventtime.layouts.read_panes`) or what came while keys
     kept a restored watermark, and, once fired and kept for the lateness, its ``fired`` flag.
     A slice is dropped when the last window that holds it is past.
@@ -53,18 +49,18 @@ class SlicedWindowOperator(ColumnarWindowOperator):
 
     _adopts = False
 
-    def __init__(self, logic: WindowSpec, ctx: OperatorContext, state: Any) -> None:
-        assert isinstance(logic.assigner, Sliding)
-        self.sliding = logic.assigner
-        self.width = slice_width(logic.assigner)
+    def __init__(self, op: WindowOperator) -> None:
+        assert isinstance(op.assigner, Sliding)
+        self.sliding = op.assigner
+        self.width = slice_width(op.assigner)
         """How long a slice is (ms)."""
         self.slices: dict[int, WindowColumns] = {}
         """The records' accumulators per slice start, as columns."""
         self._scheduled: set[int] = set()
         """The windows with a timer to fire (each once): those not fired yet."""
-        super().__init__(logic, ctx, state)
-        self.slice_timers = self.backend.timer_index("window-slices")
+        self.slice_timers = op.timers.parts
         """When each slice is dropped (its last window past), beside the windows' timers."""
+        super().__init__(op)
 
     def _schedule(self, window: int) -> None:
         if window not in self._scheduled:
@@ -101,10 +97,6 @@ class SlicedWindowOperator(ColumnarWindowOperator):
                 count += len(pc.unique(pa.concat_arrays([k.cast(first) for k in found])))
         return count
 
-    def figures(self) -> dict[str, int] | None:
-        timers = len(self.fire_timers) + len(self.cleanup_timers)
-        return {"late": self.late_records, "windows": self.open_windows, "timers": timers}
-
     def _frozen(self) -> Callable[[int | None], bytes]:
         panes, slices = frozen(self.panes.values()), frozen(self.slices.values())
         slicing = Slicing(
@@ -116,23 +108,23 @@ class SlicedWindowOperator(ColumnarWindowOperator):
 
     # ---------------------------------------------------------------- records
 
-    def _records(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        sliding = self.sliding
-        if self.watermark < self._ceiling:  # (keys keeping a restored watermark: into the
-            return super()._records(batch, ts)  # windows themselves, each key's lateness apart)
-        if not isinstance(batch, pa.RecordBatch) or not self._vectorizable(batch):
+    def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
+        sliding, op = self.sliding, self.op
+        if op.floors_differ:  # (keys keeping a restored watermark: into the windows
+            return super().add(batch, ts)  # themselves, each key's lateness apart)
+        if not isinstance(batch, pa.RecordBatch) or not op.vectorizable(batch):
 
             def own(key: Hashable, stamp: int) -> list[int]:
                 last = last_window_of(sliding, stamp) + sliding.size
-                if is_past(last, self.lateness, self._floor(key)):
+                if is_past(last, self.lateness, op.floor(key)):
                     return []
                 return [int(slices_of(sliding, np.array([stamp]))[0])]
 
-            found = self._record_columns(rows(batch), ts, own)
+            found = op.record_columns(rows(batch), ts, own)
             return None if found is None else self._merge_slices(*found)
-        assert isinstance(self.key, str)
-        on_time = in_time(last_window_of(sliding, ts) + sliding.size, self.lateness, self.watermark)
-        self._note_late(batch, np.arange(len(ts)), on_time)
+        assert isinstance(op.key, str)
+        on_time = in_time(last_window_of(sliding, ts) + sliding.size, self.lateness, op.watermark)
+        op.note_late(batch, np.arange(len(ts)), on_time)
         if not on_time.all():
             batch, ts = batch.filter(pa.array(on_time)), ts[on_time]
         if not len(ts):
@@ -141,7 +133,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
         if self.aggregation.takes_values:
             assert self.aggregation.field is not None
             values = batch.column(self.aggregation.field)
-        return self._merge_slices(batch.column(self.key), slices_of(sliding, ts), values)
+        return self._merge_slices(batch.column(op.key), slices_of(sliding, ts), values)
 
     def _merge_slices(self, keys: pa.Array, starts: np.ndarray, values: Any) -> Batch | None:
         """Merge (key, slice start, value) triples into the slices; the fired windows kept
@@ -171,7 +163,7 @@ class SlicedWindowOperator(ColumnarWindowOperator):
         """A new slice: its windows that are not past nor fired fire at their ends; it is
         dropped when the last of them is past."""
         self.slices[piece.start] = piece
-        sliding, watermark = self.sliding, self.watermark
+        sliding, watermark = self.sliding, self.op.watermark
         for window in starts_of(sliding, piece.start):
             pane = self.panes.get(window)
             past = is_past(window + sliding.size, self.lateness, watermark)
@@ -207,10 +199,10 @@ class SlicedWindowOperator(ColumnarWindowOperator):
 
     # ----------------------------------------------------------------- firing
 
-    def _holds_windows(self) -> bool:
+    def holds_windows(self) -> bool:
         return bool(self._scheduled)
 
-    def _so_far(self) -> Batch | None:
+    def so_far(self) -> Batch | None:
         found = []
         for window in sorted(self._scheduled):
             pane = self.panes.get(window)
@@ -221,11 +213,10 @@ class SlicedWindowOperator(ColumnarWindowOperator):
                 found.append((window, *result))
         return self._batch(found, final=False) if found else None
 
-    def _fire_upto(self, watermark: int) -> Batch | None:
-        watermark = self.watermark = max(self.watermark, watermark)
+    def fire(self, due: Iterable[Timer]) -> Batch | None:
         fired: list[tuple[int, pa.Array, np.ndarray]] = []
-        keep = self.lateness > 0 and watermark != MAX_WATERMARK
-        for _, _, window in self.fire_timers.pop_due(watermark):
+        keep = self.op.keeps_fired
+        for _, _, window in due:
             self._scheduled.discard(window)
             pane = self.panes.get(window)
             if pane is not None and pane.fired:  # (restored fired for some keys)
@@ -246,13 +237,13 @@ class SlicedWindowOperator(ColumnarWindowOperator):
                 self.panes[window] = pane
             pane.fired = True
             self._keep(window)
-        for _, _, window in self.cleanup_timers.pop_due(watermark):
-            pane = self.panes.get(window)
-            if pane is not None and pane.fired:
-                del self.panes[window]
-        for _, _, start in self.slice_timers.pop_due(watermark):
-            self.slices.pop(start, None)
         return self._batch(fired) if fired else None
+
+    def clean(self, due: Iterable[Timer]) -> None:
+        """The fired windows past, and then the slices whose last window is past."""
+        super().clean(due)
+        for _, _, start in self.slice_timers.pop_due(self.op.watermark):
+            self.slices.pop(start, None)
 
     def _empty(self, window: int, result: tuple[pa.Array, Any] | None) -> WindowColumns:
         """A window without columns of its own (it fired, and keeps the flag)."""

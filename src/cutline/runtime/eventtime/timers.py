@@ -1,6 +1,11 @@
-"""The timer service: the timers of a keyed operator's current key, on event time or processing
-time (Flink's ``InternalTimerService``), kept as keyed state and ordered by a
-:class:`~cutline.runtime.state.timers.TimerIndex` of the state backend."""
+"""The timer services, on the state backend's
+:class:`~cutline.runtime.state.timers.TimerIndex` (Flink's ``InternalTimerService``):
+
+* :class:`TimerService`: a process function's timers for its current key, on event time or
+  processing time, kept as keyed state;
+* :class:`WindowTimers`: a window operator's, whatever its layout: when a window fires, when a
+  fired one is dropped, and when a part several windows share (a slice) is dropped. They are
+  not kept twice: each layout registers them again from its windows when it is restored."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 from cutline.runtime.state.keygroups import StateError
+from cutline.runtime.state.timers import TimerIndex
 
 EVENT = "event"
 PROCESSING = "processing"
@@ -97,6 +103,40 @@ class TimerService:
     def close(self) -> None:
         for index in self.indexes.values():
             index.close()
+
+
+Timer = tuple[int, Hashable, Any]
+"""A timer that is due: when, for which key (``None``: a timer of every key of a window kept as
+columns), and its namespace (which window: its ``(start, end)``, or its start)."""
+
+
+class WindowTimers:
+    """The timer service of a window operator: three indexes of the state backend, by due
+    time (event time, or for processing-time windows the clock's):
+
+    * ``fire``: the windows not fired yet, at their last millisecond;
+    * ``clean``: the fired windows kept for the allowed lateness, when they are past;
+    * ``parts``: the parts several windows share (slices), when the last of them is past
+      (made on first use).
+
+    The operator pops ``fire`` then ``clean`` as the watermark goes; its window store says
+    what they name."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.fire: TimerIndex = backend.timer_index("window-fire")
+        self.clean: TimerIndex = backend.timer_index("window-clean")
+        self._parts: TimerIndex | None = None
+
+    @property
+    def parts(self) -> TimerIndex:
+        if self._parts is None:
+            self._parts = self._backend.timer_index("window-slices")
+        return self._parts
+
+    def __len__(self) -> int:
+        """The timers of windows (those of parts are not windows')."""
+        return len(self.fire) + len(self.clean)
 
 
 def _ms(timestamp: Any) -> int:
