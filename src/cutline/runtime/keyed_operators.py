@@ -106,13 +106,13 @@ class ProcessContext:
         backend: KeyedStateBackend,
         subtask: int,
         parallelism: int,
-        timer_service: TimerService | None = None,
+        timer_service: TimerService,
     ) -> None:
         self._backend = backend
         self.subtask = subtask
         """This subtask's index (0 .. parallelism - 1)."""
         self.parallelism = parallelism
-        self.timer_service = timer_service if timer_service is not None else TimerService(backend)
+        self.timer_service = timer_service
         """Timers of the current key: ``register_event_time_timer(t)``,
         ``register_processing_time_timer(t)``, ``delete_event_time_timer(t)``,
         ``delete_processing_time_timer(t)``, ``current_watermark()``,
@@ -154,7 +154,7 @@ class _Process(_Keyed):
     def __init__(self, function: KeyedProcessFunction, ctx: OperatorContext, state: Any, key: Any):
         super().__init__(ctx, state, key)
         self.function = function
-        self.timers = TimerService(self.backend)
+        self.timers = TimerService(self.backend, lambda: ctx.watermark)
         self.pctx = ProcessContext(self.backend, ctx.subtask, ctx.parallelism, self.timers)
         try:
             function.open(self.pctx)
@@ -162,7 +162,6 @@ class _Process(_Keyed):
             ctx.fail("(none: in open())", exc)
 
     def on_watermark(self, watermark: int) -> Batch | None:
-        self.timers.watermark = watermark
         fired = self._fire(EVENT, watermark)
         if watermark == MAX_WATERMARK:  # the end of the input: the clock's timers fire too
             pending = self._fire(PROCESSING, MAX_WATERMARK)

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from cutline.connectors.sink import Sink, SinkContext, SinkWriter
 from cutline.connectors.source import Source, SourceContext
+from cutline.runtime.eventtime.clock import EventClock
 from cutline.runtime.eventtime.watermarks import WatermarkStrategy
 from cutline.runtime.source_operator import SourceOperator
 from cutline.runtime.state.config import StateConfig
@@ -150,6 +151,20 @@ class OperatorContext:
     warn: Callable[[str], None] | None = None
     """Tell the job's listener something that is not a failure (a file that changed after it
     was read); ``None``: nowhere to (a test)."""
+    clock: EventClock = field(default_factory=EventClock)
+    """The subtask's event time (one place per subtask); the operator's is at ``position``."""
+    position: int = 0
+    """Where the operator is in its subtask's chain (its place on the ``clock``)."""
+
+    @property
+    def watermark(self) -> int:
+        """The watermark this operator was last told (epoch ms; the least before any)."""
+        return self.clock.reached(self.position)
+
+    def advance(self, watermark: int) -> int:
+        """This operator's time moves on to ``watermark`` if that is further (a restored
+        window operator, a processing-time one); returns where it is."""
+        return self.clock.advance(self.position, watermark)
 
     def fail(self, record: Any, exc: BaseException) -> None:
         """A record could not be processed: raise, or send it to the dead-letter output."""

@@ -113,7 +113,6 @@ class WindowOperator(_Keyed):
         self.aggregation = logic.aggregation
         self.event_time = logic.event_time
         self.lateness = logic.allowed_lateness
-        self.watermark = MIN_WATERMARK
         self.timers = WindowTimers(self.backend)
         self.late_records = 0
         """Records too late for their windows (sent to the side output ``late``), since the
@@ -144,7 +143,7 @@ class WindowOperator(_Keyed):
                 self._marks.append((groups, int(handle["watermark"])))
                 if self.time_type is None and handle.get("time_type") is not None:
                     self.time_type = handle["time_type"]
-        if self._marks:
+        if self._marks:  # (the clock only moves forward)
             self.watermark = min(m for _, m in self._marks)
         self._ceiling = max((m for _, m in self._marks), default=MIN_WATERMARK)
         self.store = layout(self)
@@ -157,6 +156,17 @@ class WindowOperator(_Keyed):
         """The counts of ``early_records``: which windows took another N records."""
 
     # ---------------------------------------------------------------- lateness
+
+    @property
+    def watermark(self) -> int:
+        """The watermark this operator reached: its place on the subtask's clock
+        (:class:`~cutline.runtime.eventtime.clock.EventClock`; for processing-time windows,
+        the wall clock's time it reached)."""
+        return self.ctx.watermark
+
+    @watermark.setter
+    def watermark(self, watermark: int) -> None:
+        self.ctx.advance(watermark)
 
     @property
     def floors_differ(self) -> bool:

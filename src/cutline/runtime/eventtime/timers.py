@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from cutline.runtime.state.keygroups import StateError
@@ -30,22 +30,21 @@ class TimerService:
     key has at most one timer per time and domain (registering it again does nothing);
     ``delete_*`` removes one. Timers are keyed state: checkpointed, restored, rescaled."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, watermark: Callable[[], int]) -> None:
         self._backend = backend
+        self._watermark = watermark
         self._table = backend.value_table(TIMERS)
         self.indexes = {
             EVENT: backend.timer_index(EVENT),
             PROCESSING: backend.timer_index(PROCESSING),
         }
-        self.watermark = -(2**63)
-        """The operator's current watermark (event time reached)."""
         for key in list(backend.keys(TIMERS)):
             for domain, due in self._table.get(key) or ():
                 self.indexes[domain].add(due, key)
 
     def current_watermark(self) -> int:
         """The watermark this operator has reached (epoch ms; very negative before any)."""
-        return self.watermark
+        return self._watermark()
 
     def current_processing_time(self) -> int:
         """The wall clock, in epoch milliseconds."""

@@ -23,6 +23,7 @@ from cutline.connectors.sink import SinkContext
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.restore import Gathered, gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS
+from cutline.runtime.eventtime.clock import EventClock
 from cutline.runtime.graph import Chain, ExecutionPlan
 from cutline.runtime.io.sinks import FileSink
 from cutline.runtime.operators import (
@@ -102,9 +103,12 @@ def operator_context(
     dead_letters: DeadLetterOutput | None,
     restore_location: CheckpointLocation | None,
     warn: Callable[[str], None],
+    clock: EventClock,
+    position: int,
 ) -> OperatorContext:
     """What the operator ``uid`` of subtask ``index`` of ``chain`` (or work done on its
-    behalf, named ``name``) knows."""
+    behalf, named ``name``) knows; ``clock`` is the subtask's event time, the operator's at
+    ``position`` (its place among the chain's operators after the source)."""
     plan = setup.plan
     return OperatorContext(
         name=name,
@@ -130,4 +134,6 @@ def operator_context(
             if out.side is not None and uid == chain.operators[-1].uid
         ),
         warn=warn,
+        clock=clock,
+        position=position,
     )

@@ -30,7 +30,6 @@ from typing import Any, assert_never
 
 from cutline.protocol.watermarks import (
     MAX_WATERMARK,
-    MIN_WATERMARK,
     EmitStatus,
     EmitWatermark,
     WatermarkAction,
@@ -38,6 +37,7 @@ from cutline.protocol.watermarks import (
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS
 from cutline.runtime.checkpoint.storage import CheckpointStorage
+from cutline.runtime.eventtime.clock import EventClock
 from cutline.runtime.graph import Chain, subtask_name
 from cutline.runtime.network.channel import InputGate
 from cutline.runtime.network.control import ControlClient
@@ -92,8 +92,8 @@ class SubtaskRunner:
         self.inbox: queue.SimpleQueue[DriverMessage] = queue.SimpleQueue()
         self.outputs = SubtaskOutputs(self._working_on)
         """Its output edges, and what was sent on them."""
-        self.watermark = MIN_WATERMARK
-        """The watermark this subtask's chain has reached (epoch ms)."""
+        self.clock = EventClock(sum(not op.is_source for op in chain.operators))
+        """Its event time: where each operator of the chain got to, and its outputs."""
         self.idle = False
         """Whether this subtask said downstream that it is idle."""
         self.timed = False
@@ -157,7 +157,7 @@ class SubtaskRunner:
         self._replayed = sum(recorded_records(batches) for batches in gathered.inputs.values())
         self._dead_letters = dead_letter_output(self.setup, self.chain, self.index, parts)
         for op in self.chain.operators:
-            ctx = self._context(op.name, op.uid)
+            ctx = self._context(op.name, op.uid, len(self._operators))
             self._current = op.name
             if op.is_source:
                 self._reader = op.logic.open(ctx, parts.get(op.uid))
@@ -169,8 +169,9 @@ class SubtaskRunner:
             if type(running).on_processing_time is not RunningOperator.on_processing_time
         ]
 
-    def _context(self, name: str, uid: str) -> OperatorContext:
-        """What the operator ``uid`` (or work done on its behalf, named ``name``) knows."""
+    def _context(self, name: str, uid: str, position: int) -> OperatorContext:
+        """What the operator ``uid`` (or work done on its behalf, named ``name``) knows; it is
+        the ``position``-th after the source (its place on the clock)."""
         return operator_context(
             self.setup,
             self.chain,
@@ -180,6 +181,8 @@ class SubtaskRunner:
             dead_letters=self._dead_letters,
             restore_location=self._restore_location,
             warn=self._warn,
+            clock=self.clock,
+            position=position,
         )
 
     def _warn(self, message: str) -> None:
@@ -189,7 +192,12 @@ class SubtaskRunner:
     def connect(self, addresses: dict[tuple[int, str], tuple[str, int]]) -> None:
         """Open the output channels to every downstream subtask."""
         outputs = self._restored_outputs
-        self.outputs.open(self.setup, self.chain, self.index, addresses, outputs, self._context)
+        outputs_place = len(self._operators)  # (a key function works for the outputs)
+
+        def context(name: str, uid: str) -> OperatorContext:
+            return self._context(name, uid, outputs_place)
+
+        self.outputs.open(self.setup, self.chain, self.index, addresses, outputs, context)
 
     @property
     def records_sent(self) -> int:
@@ -346,6 +354,11 @@ class SubtaskRunner:
     # ------------------------------------------------------------ event time
 
     @property
+    def watermark(self) -> int:
+        """The watermark this subtask last sent on (epoch ms)."""
+        return self.clock.output
+
+    @property
     def shown_watermark(self) -> int | None:
         """The watermark for the progress and the statistics: ``None`` without event time."""
         return self.watermark if self.timed else None
@@ -421,8 +434,9 @@ class SubtaskRunner:
                 if own is not None:
                     self._advance_watermark(own, index + 1)
                 return
+            self.clock.advance(index, watermark)
             self._fired(index, running.on_watermark(watermark))
-        self.watermark = watermark
+        self.clock.sent(watermark)
         if watermark != MAX_WATERMARK:
             self.timed = True
         self.outputs.broadcast(Watermark(watermark))
