@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -429,14 +430,49 @@ def test_a_checkpoint_restored_by_another_job_has_its_prepared_transactions_comm
     assert prepared(dsn) == []
 
 
+def gate(
+    monkeypatch: pytest.MonkeyPatch,
+    connection: psycopg.Connection[Any],
+    command: str,
+    until: threading.Event,
+    *,
+    answered: bool = False,
+) -> None:
+    """``connection``'s statements that begin with ``command`` wait for ``until``: before
+    they are sent, or (``answered``) once the server has answered them."""
+    execute = connection.execute
+
+    def gated(statement: Any, *args: Any, **kwargs: Any) -> Any:
+        text = statement if isinstance(statement, str) else statement.as_string(connection)
+        if not text.startswith(command):
+            return execute(statement, *args, **kwargs)
+        if not answered:
+            assert until.wait(timeout=60), f"{command} held for good"
+        result = execute(statement, *args, **kwargs)
+        if answered:
+            assert until.wait(timeout=60), f"{command} held for good"
+        return result
+
+    monkeypatch.setattr(connection, "execute", gated)
+
+
+@pytest.mark.parametrize("taken", ["after the commit", "before the commit is known"])
 def test_an_upsert_barrier_before_the_last_checkpoints_commit_does_not_block_the_writer(
-    postgres: PostgresServer,
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch, taken: str
 ) -> None:
     """Checkpoint 1 prepared an upsert of user u; rows of u come again (in batches of one row)
     and checkpoint 2's barrier comes before checkpoint 1 is known complete: writing them would
     wait for checkpoint 1's row lock, which only the writer's thread releases (when told that
     checkpoint 1 completed). So they wait in the writer, and checkpoint 2 is prepared on the
-    snapshot thread (a PendingCommit), which the commit of checkpoint 1 lets through."""
+    snapshot thread (a PendingCommit), which the commit of checkpoint 1 lets through.
+
+    The server lets the upsert through at ``COMMIT PREPARED``, before the writer's thread
+    takes checkpoint 1 off its prepared transactions: checkpoint 2's committable (every
+    transaction prepared and not known to be committed) holds checkpoint 1's too when the
+    snapshot thread takes it in between. Both orders are right, and each is made here by a
+    gate: the snapshot thread's ``PREPARE TRANSACTION`` held until ``commit(1)`` returned, or
+    ``commit(1)`` held past its ``COMMIT PREPARED`` until the committable is taken. A writer
+    restored with either committable commits nothing twice."""
     dsn = postgres.dsn
     execute(dsn, TOTALS)
     sink = PostgresSink(dsn, "totals", key=("user",), batch_rows=1)
@@ -448,13 +484,28 @@ def test_an_upsert_barrier_before_the_last_checkpoints_commit_does_not_block_the
     writer.write(row([{"user": "v", "amount": 1}]))
     pending = writer.prepare_commit(2)
     assert isinstance(pending, PendingCommit)
+    committed, completed = threading.Event(), threading.Event()
+    assert writer.data is not None
+    if taken == "after the commit":
+        gate(monkeypatch, writer.data, "PREPARE TRANSACTION", committed)
+        wanted = [(2, gid(0, 2, uid="totals"))]
+    else:
+        gate(monkeypatch, writer.control, "COMMIT PREPARED", completed, answered=True)
+        wanted = [(1, gid(0, 1, uid="totals")), (2, gid(0, 2, uid="totals"))]
     with ThreadPoolExecutor(1) as snapshot_thread:
         second = snapshot_thread.submit(pending.complete)
+        second.add_done_callback(lambda _: completed.set())
         writer.commit(1)
-        assert second.result(timeout=60) == [(2, gid(0, 2, uid="totals"))]
+        if taken == "after the commit":
+            assert not second.done()  # (the writer went on while checkpoint 2 waits)
+        committed.set()
+        assert second.result(timeout=60) == wanted
     assert query(dsn, "SELECT * FROM totals") == [("u", 5)]
     writer.commit(2)
     writer.close()
+    assert sorted(query(dsn, "SELECT * FROM totals")) == [("u", 7), ("v", 1)]
+    assert prepared(dsn) == []
+    sink.writer(context(uid="totals", generation=2), {0: wanted}).close()
     assert sorted(query(dsn, "SELECT * FROM totals")) == [("u", 7), ("v", 1)]
     assert prepared(dsn) == []
 
