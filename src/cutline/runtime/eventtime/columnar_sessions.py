@@ -38,8 +38,8 @@ class ColumnarSessions:
     it), and the sessions whose end the watermark passed fire as one batch.
 
     They fire through the operator's timers as the other layouts do, but with one timer for
-    the earliest: a ``fire`` timer at the last millisecond of the first session to end, a
-    ``clean`` one when the first fired session is past (key and namespace ``None``). When one
+    the earliest: a ``to_fire`` timer at the last millisecond of the first session to end, a
+    ``to_drop`` one when the first fired session is past (key and namespace ``None``). When one
     is due, every session it finds due goes, and the next earliest is registered. A session
     only grows as it merges, so a timer found early costs a look and no more.
 
@@ -61,11 +61,11 @@ class ColumnarSessions:
         self.columns = ColumnChain(op.ctx.state)
         self._touched: list[tuple[int, pa.Array]] = []
         """(snapshot, keys) whose sessions changed: those an incremental checkpoint writes."""
-        self.fire_timers, self.cleanup_timers = op.timers.fire, op.timers.clean
+        self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
         self._fires_at = MAX_WATERMARK
-        """The earliest ``fire`` timer registered (a session due then or later)."""
-        self._cleans_at = MAX_WATERMARK
-        """The earliest ``clean`` timer registered."""
+        """The earliest ``to_fire`` timer registered (a session due then or later)."""
+        self._drops_at = MAX_WATERMARK
+        """The earliest ``to_drop`` timer registered."""
         self._restore_windows()
         self._schedule(self.rows)
 
@@ -256,8 +256,8 @@ class ColumnarSessions:
                 self.fire_timers.add(first, None, None)
         if fired.any():
             past = cleanup_time(int(rows["end"][fired].min()), self.lateness)
-            if past < self._cleans_at:
-                self._cleans_at = past
+            if past < self._drops_at:
+                self._drops_at = past
                 self.cleanup_timers.add(past, None, None)
 
     def holds_windows(self) -> bool:
@@ -291,11 +291,11 @@ class ColumnarSessions:
         self._schedule(self.rows)
         return out
 
-    def clean(self, due: Iterable[Timer]) -> None:
+    def drop(self, due: Iterable[Timer]) -> None:
         """The fired sessions past the lateness are dropped."""
         if not list(due):
             return
-        self._cleans_at = MAX_WATERMARK
+        self._drops_at = MAX_WATERMARK
         rows = self.rows
         if rows is None:
             return

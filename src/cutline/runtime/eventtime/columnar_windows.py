@@ -92,7 +92,7 @@ class ColumnarWindows:
         self.windows = op.assigner
         """Their assigner (:func:`~cutline.runtime.eventtime.assigners.end_of` says where a
         window ends)."""
-        self.fire_timers, self.cleanup_timers = op.timers.fire, op.timers.clean
+        self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
         self.panes: dict[int, WindowColumns] = {}
         self.columns = ColumnChain(op.ctx.state)
         self._restore_windows()
@@ -388,7 +388,7 @@ class ColumnarWindows:
                 del self.panes[start]
         return self._batch(fired) if fired else None
 
-    def clean(self, due: Iterable[Timer]) -> None:
+    def drop(self, due: Iterable[Timer]) -> None:
         for _, _, start in due:
             pane = self.panes.get(start)
             if pane is not None and pane.fired:

@@ -52,9 +52,9 @@ class KeyedWindows:
         self.lateness = op.lateness
         self.backend = op.backend
         self.table = op.backend.value_table(WINDOWS)
-        self.fire_timers = op.timers.fire
+        self.fire_timers = op.timers.to_fire
         """Windows not fired yet, by their last millisecond (namespace: start, end)."""
-        self.cleanup_timers = op.timers.clean
+        self.cleanup_timers = op.timers.to_drop
         """Fired windows kept for late records, by when they are dropped."""
         self._session = isinstance(self.assigner, Session)
         self._restore_windows()
@@ -330,7 +330,7 @@ class KeyedWindows:
                 results.append((key, start, end, acc))
         return self.op.results(results) if results else None
 
-    def clean(self, due: Iterable[Timer]) -> None:
+    def drop(self, due: Iterable[Timer]) -> None:
         for _, key, (start, _end) in due:
             self._drop(key, start)
 

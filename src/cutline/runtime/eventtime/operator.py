@@ -69,12 +69,12 @@ class WindowStore(Protocol):
         ...
 
     def fire(self, due: Iterable[Timer]) -> Batch | None:
-        """The windows of the due ``fire`` timers fire: their results (each dropped, or kept
+        """The windows of the due ``to_fire`` timers fire: their results (each dropped, or kept
         for the lateness: :attr:`WindowOperator.keeps_fired`)."""
         ...
 
-    def clean(self, due: Iterable[Timer]) -> None:
-        """The fired windows of the due ``clean`` timers are past: dropped."""
+    def drop(self, due: Iterable[Timer]) -> None:
+        """The fired windows of the due ``to_drop`` timers are past: dropped."""
         ...
 
     def so_far(self) -> Batch | None:
@@ -372,11 +372,11 @@ class WindowOperator(_Keyed):
         fire, then the fired ones past the lateness are dropped. It never goes back: after a
         restore, the watermarks from upstream start again from the least, behind the one
         restored."""
-        if watermark <= self.watermark and not len(self.timers.fire):
+        if watermark <= self.watermark and not len(self.timers.to_fire):
             return None
         watermark = self.watermark = max(self.watermark, watermark)
-        out = self.store.fire(self.timers.fire.pop_due(watermark))
-        self.store.clean(self.timers.clean.pop_due(watermark))
+        out = self.store.fire(self.timers.to_fire.pop_due(watermark))
+        self.store.drop(self.timers.to_drop.pop_due(watermark))
         return out
 
     # ------------------------------------------------------------------ output

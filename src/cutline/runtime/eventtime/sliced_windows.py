@@ -239,9 +239,9 @@ class SlicedWindows(ColumnarWindows):
             self._keep(window)
         return self._batch(fired) if fired else None
 
-    def clean(self, due: Iterable[Timer]) -> None:
+    def drop(self, due: Iterable[Timer]) -> None:
         """The fired windows past, and then the slices whose last window is past."""
-        super().clean(due)
+        super().drop(due)
         for _, _, start in self.slice_timers.pop_due(self.op.watermark):
             self.slices.pop(start, None)
 

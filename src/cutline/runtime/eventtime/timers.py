@@ -113,18 +113,18 @@ class WindowTimers:
     """The timer service of a window operator: three indexes of the state backend, by due
     time (event time, or for processing-time windows the clock's):
 
-    * ``fire``: the windows not fired yet, at their last millisecond;
-    * ``clean``: the fired windows kept for the allowed lateness, when they are past;
+    * ``to_fire``: the windows not fired yet, at their last millisecond;
+    * ``to_drop``: the fired windows kept for the allowed lateness, when they are past;
     * ``parts``: the parts several windows share (slices), when the last of them is past
       (made on first use).
 
-    The operator pops ``fire`` then ``clean`` as the watermark goes; its window store says
-    what they name."""
+    The operator pops ``to_fire`` then ``to_drop`` as the watermark goes; its window store
+    says what they name."""
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
-        self.fire: TimerIndex = backend.timer_index("window-fire")
-        self.clean: TimerIndex = backend.timer_index("window-clean")
+        self.to_fire: TimerIndex = backend.timer_index("window-fire")
+        self.to_drop: TimerIndex = backend.timer_index("window-clean")
         self._parts: TimerIndex | None = None
 
     @property
@@ -135,7 +135,7 @@ class WindowTimers:
 
     def __len__(self) -> int:
         """The timers of windows (those of parts are not windows')."""
-        return len(self.fire) + len(self.clean)
+        return len(self.to_fire) + len(self.to_drop)
 
 
 def _ms(timestamp: Any) -> int:
