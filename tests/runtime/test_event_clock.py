@@ -11,8 +11,9 @@ from test_window_operators import Job
 
 from cutline.protocol.watermarks import MIN_WATERMARK
 from cutline.runtime.eventtime.aggregations import Aggregation
-from cutline.runtime.eventtime.assigners import Tumbling
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.clock import EventClock
+from cutline.runtime.eventtime.layouts import WINDOWS
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.timestamps import EventTime
 from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessContext, ProcessLogic
@@ -80,3 +81,39 @@ def test_a_restored_window_operator_starts_its_place_where_its_checkpoint_was(
     assert op.ctx.watermark == 25
     assert restored.output == [] and restored.late == [{"user": "a", "ts": 7, "n": 1}]
     restored.close()
+
+
+@pytest.mark.parametrize("windows", ["tumbling", "sliding", "session"])
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_fired_windows_go_when_the_lateness_is_past_though_nothing_else_is_open(
+    windows: str, backend: str
+) -> None:
+    """The subtask moves an operator's place on the clock before it calls ``on_watermark``:
+    the windows fired and kept for the allowed lateness still go once it is past, with no
+    other window left to fire."""
+    assigner = {"tumbling": Tumbling(10), "sliding": Sliding(20, 10), "session": Session(10)}
+    logic = WindowLogic(
+        assigner[windows],
+        Aggregation("count"),
+        "user",
+        EventTime("ts", 0, pa.int64()),
+        allowed_lateness=50,
+    )
+    job = Job(logic, backend, 1)
+    op = job.ops[0]
+    job.process([{"user": "a", "ts": 5}, {"user": "b", "ts": 6}], arrow=True)
+    for watermark in (30, 1_000):  # (fired, then past the lateness)
+        op.ctx.advance(watermark)  # (as the subtask does)
+        job.watermark(watermark)
+    assert {r["user"] for r in job.output} == {"a", "b"}
+    assert len(op.timers) == 0 and not op.timers.pending
+    assert op.store.open_windows == 0 and not op.store.holds_windows()
+    assert not list(op.backend.keys(WINDOWS))
+    held = {
+        "ColumnarWindows": lambda s: s.panes,
+        "SlicedWindows": lambda s: {**s.panes, **s.slices},
+        "ColumnarSessions": lambda s: s.rows,
+        "KeyedWindows": lambda s: None,
+    }[type(op.store).__name__](op.store)
+    assert not held
+    job.close()

@@ -372,9 +372,9 @@ class WindowOperator(_Keyed):
         fire, then the fired ones past the lateness are dropped. It never goes back: after a
         restore, the watermarks from upstream start again from the least, behind the one
         restored."""
-        if watermark <= self.watermark and not len(self.timers.to_fire):
-            return None
         watermark = self.watermark = max(self.watermark, watermark)
+        if not self.timers.pending:
+            return None
         out = self.store.fire(self.timers.to_fire.pop_due(watermark))
         self.store.drop(self.timers.to_drop.pop_due(watermark))
         return out

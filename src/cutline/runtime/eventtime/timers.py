@@ -133,6 +133,12 @@ class WindowTimers:
             self._parts = self._backend.timer_index("window-slices")
         return self._parts
 
+    @property
+    def pending(self) -> bool:
+        """Whether any timer waits (of windows, or of parts)."""
+        parts = self._parts
+        return bool(len(self.to_fire) or len(self.to_drop) or (parts is not None and len(parts)))
+
     def __len__(self) -> int:
         """The timers of windows (those of parts are not windows')."""
         return len(self.to_fire) + len(self.to_drop)
