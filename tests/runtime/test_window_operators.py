@@ -563,20 +563,7 @@ def counted(
     return job.output
 
 
-PAST_AT_ONCE = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the memory backend's columnar sessions keep a session that fires at a watermark "
-        "already past its allowed lateness until the next watermark "
-        "(ColumnarSessionOperator._fire_upto takes only the sessions fired before as dropped); "
-        "strict: remove this mark with the fix"
-    ),
-)
-
-
-@pytest.mark.parametrize(
-    "backend", ["disk", pytest.param("memory", marks=PAST_AT_ONCE, id="memory")]
-)
+@pytest.mark.parametrize("backend", ["disk", "memory"])
 @pytest.mark.parametrize("arrow", [True, False])
 def test_a_session_past_its_lateness_when_it_fires_is_dropped_as_it_fires(
     backend: str, arrow: bool
