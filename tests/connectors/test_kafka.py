@@ -106,6 +106,62 @@ def test_a_bounded_topic_is_read_once_with_kafkas_fields(
     )
 
 
+def test_a_schema_dict_sets_the_types_of_the_fields_it_names_only(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """``schema={"amount": "double"}`` types ``amount``; the value's other fields are inferred
+    as without it (not left out); a field it names that no sampled value has is there too. On
+    an empty topic the dict's fields are the value's, and the job says so."""
+    kafka_broker.create_topic("typed", 1)
+    produce(
+        kafka_broker,
+        "typed",
+        ['{"user": "u1", "amount": 1, "note": "x"}', '{"user": "u2", "amount": 2, "note": "y"}'],
+    )
+    env = environment(tmp_path, parallelism=1)
+    stream = env.read_kafka(
+        "typed",
+        bootstrap_servers=kafka_broker.bootstrap_servers,
+        bounded=True,
+        schema={"amount": "double", "score": "int64"},
+    )
+    stream.collect()
+    source = env.graph.operators[stream.operator.uid].logic.source
+    assert source.record_schema().names[:4] == ["user", "amount", "note", "score"]
+    assert [source.record_schema().field(n).type for n in ("user", "amount", "note", "score")] == [
+        pa.string(),
+        pa.float64(),
+        pa.string(),
+        pa.int64(),
+    ]
+    out = run(env).output
+    assert [(r["user"], r["amount"], r["note"], r["score"]) for r in out] == [
+        ("u1", 1.0, "x", None),
+        ("u2", 2.0, "y", None),
+    ]
+    assert all(type(r["amount"]) is float for r in out)
+    kafka_broker.create_topic("nothing-yet", 1)
+    later = environment(tmp_path, parallelism=1, checkpoint_dir=tmp_path / "ck2")
+    with pytest.warns(InputWarning, match=r"the records have the fields schema= names only"):
+        empty = later.read_kafka(
+            "nothing-yet",
+            bootstrap_servers=kafka_broker.bootstrap_servers,
+            schema={"amount": "double"},
+        )
+    source = later.graph.operators[empty.operator.uid].logic.source
+    assert source.record_schema().names[0] == "amount"
+    # a pyarrow.Schema is the whole value: its fields only
+    whole = environment(tmp_path, parallelism=1, checkpoint_dir=tmp_path / "ck3")
+    only = whole.read_kafka(
+        "typed",
+        bootstrap_servers=kafka_broker.bootstrap_servers,
+        bounded=True,
+        schema=pa.schema([("user", pa.string())]),
+    )
+    source = whole.graph.operators[only.operator.uid].logic.source
+    assert source.record_schema().names[0] == "user" and "note" not in source.record_schema().names
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_failure_at_a_random_record_reads_each_record_once(
     kafka_broker: KafkaBroker, tmp_path: Path, seed: int

@@ -480,9 +480,13 @@ class Sources(Dataflow):
         value's bytes returns; plus ``_key``, ``_partition``, ``_offset`` and ``_timestamp``
         (the record's timestamp, UTC).
 
-        :param schema: the JSON value's fields (an Arrow schema, or ``{name: type}``);
-            ``None``: inferred from the topic's first records when the job is built (an empty
-            topic: records are dicts).
+        :param schema: the value's fields. A ``pyarrow.Schema`` is the whole value: its
+            fields only, in its types. A dict (``{name: type}``, types as for ``read_csv``)
+            sets the types of the fields it names only: a JSON value's other fields are
+            inferred from the topic's first records when the job is built, as without
+            ``schema=`` (an empty topic: the dict's fields only, with a warning); a
+            deserializer's records have the dict's fields. ``None``: inferred from the
+            topic's first records (an empty topic: records are dicts).
         :param start: ``"earliest"``, ``"latest"``, a time (``datetime`` or epoch ms) or
             offsets (``{partition: offset}``); resolved once, when the job is built.
         :param bounded: stop at the offsets the partitions had when the job was built (the job
@@ -506,11 +510,13 @@ class Sources(Dataflow):
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{what}: {exc}") from None
         try:
+            partial = isinstance(schema, Mapping) and value_format == "json"
             source = kafka_source(
                 names,
                 bootstrap_servers,
                 value_format=value_format,
-                schema=arrow,
+                schema=None if partial else arrow,
+                types=arrow if partial else None,
                 key_format=key_format,
                 start=start,
                 bounded=bounded,

@@ -103,6 +103,9 @@ class KafkaSource(Source):
     :meth:`prepare`); a partition not in it starts at its beginning."""
     ends: Mapping[str, int] | None = None
     """Bounded: where each partition ends (resolved by :meth:`prepare`)."""
+    types: pa.Schema | None = None
+    """JSON values: the types of the fields it names (``schema=`` as a dict); the others are
+    inferred from the first records by :meth:`prepare`, as without it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.topics, str):
@@ -124,8 +127,9 @@ class KafkaSource(Source):
             raise ValueError(
                 f"read_kafka: key_format must be 'string' or 'raw', not {self.value.key_format!r}"
             )
-        schema = self.value.schema
-        if schema is not None:
+        for schema in (self.value.schema, self.types):
+            if schema is None:
+                continue
             taken = sorted(set(schema.names) & set(KAFKA_FIELDS))
             if taken:
                 raise ValueError(
@@ -151,7 +155,16 @@ class KafkaSource(Source):
             value = self.value
             if value.value_format == "json" and value.schema is None:
                 sample = _sample(consumer, partitions, starts)
-                value = replace(value, schema=infer_schema(sample))
+                inferred = infer_schema(sample, self.types)
+                if self.types is not None and inferred is None:
+                    notes.append(
+                        f"topic(s) {', '.join(self.topics)} have no JSON record to infer the "
+                        "value's other fields from: the records have the fields schema= names "
+                        f"only ({', '.join(self.types.names)}); pass a pyarrow.Schema to say "
+                        "that it is the whole value"
+                    )
+                    inferred = self.types
+                value = replace(value, schema=inferred)
                 if value.schema is None:
                     notes.append(
                         f"topic(s) {', '.join(self.topics)} have no JSON record to infer the "
@@ -638,6 +651,7 @@ def kafka_source(
     *,
     value_format: str | Deserializer = "json",
     schema: pa.Schema | None = None,
+    types: pa.Schema | None = None,
     key_format: str = "string",
     start: Any = "earliest",
     bounded: bool = False,
@@ -645,7 +659,8 @@ def kafka_source(
     config: Mapping[str, Any] | None = None,
     discovery_interval: float | None = 5.0,
 ) -> KafkaSource:
-    """A :class:`KafkaSource` from ``env.read_kafka``'s arguments."""
+    """A :class:`KafkaSource` from ``env.read_kafka``'s arguments (``schema``: the whole
+    value's; ``types``: those of some of a JSON value's fields, the others inferred)."""
     names = (topics,) if isinstance(topics, str) else tuple(topics)
     return KafkaSource(
         names,
@@ -656,4 +671,5 @@ def kafka_source(
         group_id,
         dict(config or {}),
         discovery_interval,
+        types=types,
     )

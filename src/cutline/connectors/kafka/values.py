@@ -256,9 +256,21 @@ def _fit(
     return pa.Table.from_pylist(kept_rows, schema=schema), kept
 
 
-def infer_schema(values: Sequence[bytes]) -> pa.Schema | None:
-    """The Arrow schema of sample JSON values (objects), as Arrow's JSON reader infers it;
-    ``None``: no value to infer from."""
+def with_types(inferred: pa.Schema, types: pa.Schema) -> pa.Schema:
+    """An inferred schema with the types ``types`` gives its fields (those it names that the
+    sample did not have come last)."""
+    fields = [types.field(f.name) if f.name in types.names else f for f in inferred]
+    fields += [f for f in types if f.name not in inferred.names]
+    return pa.schema(fields)
+
+
+def infer_schema(values: Sequence[bytes], types: pa.Schema | None = None) -> pa.Schema | None:
+    """The Arrow schema of sample JSON values (objects), as Arrow's JSON reader infers it,
+    with the types ``types`` gives the fields it names (the sample's values of those are not
+    looked at); ``None``: no value to infer from. Values whose fields cannot share a type with
+    the others' (``1`` in one, ``"abc"`` in another) do not count: they fail when read (the
+    dead letters, with ``on_error="dead_letter"``)."""
+    given = set(types.names) if types is not None else set()
     rows = []
     for value in values:
         try:
@@ -266,10 +278,31 @@ def infer_schema(values: Sequence[bytes]) -> pa.Schema | None:
         except (ValueError, UnicodeDecodeError):
             continue
         if isinstance(row, dict):
-            rows.append(json.dumps(row).encode())
+            rows.append({k: None if k in given else v for k, v in row.items()})
     if not rows:
         return None
     try:
-        return pj.read_json(pa.BufferReader(b"\n".join(rows))).schema
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return pa.Table.from_pylist([json.loads(r) for r in rows]).schema
+        lines = b"\n".join(json.dumps(r).encode() for r in rows)
+        inferred = pj.read_json(pa.BufferReader(lines)).schema
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        inferred = _row_by_row(rows)
+        if inferred is None:
+            return None
+    return inferred if types is None else with_types(inferred, types)
+
+
+def _row_by_row(rows: list[dict[str, Any]]) -> pa.Schema | None:
+    """The schema of sample rows that Arrow cannot read at once: row by row, each unified with
+    those before it (ints widen to floats, nulls take a type), those that cannot be skipped."""
+    found: pa.Schema | None = None
+    for row in rows:
+        try:
+            one = pa.Table.from_pylist([row]).schema
+            found = (
+                one
+                if found is None
+                else pa.unify_schemas([found, one], promote_options="permissive")
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            continue
+    return found
