@@ -138,7 +138,7 @@ WINDOWS: dict[str, Kind] = {
     ),
 }
 COLUMNAR = ("tumbling-count", "tumbling-mean", "sliding-sum", "sliding-min")
-"""The window kinds the memory backend keeps as panes (sessions: as rows)."""
+"""The window kinds the memory backend keeps as columns per window (sessions: as rows)."""
 SESSION_ROWS = ("session-max", "session-mean")
 
 

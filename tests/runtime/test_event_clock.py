@@ -110,8 +110,8 @@ def test_fired_windows_go_when_the_lateness_is_past_though_nothing_else_is_open(
     assert op.store.open_windows == 0 and not op.store.holds_windows()
     assert not list(op.backend.keys(WINDOWS))
     held = {
-        "ColumnarWindows": lambda s: s.panes,
-        "SlicedWindows": lambda s: {**s.panes, **s.slices},
+        "ColumnarWindows": lambda s: s.windows,
+        "SlicedWindows": lambda s: {**s.windows, **s.slices},
         "ColumnarSessions": lambda s: s.rows,
         "KeyedWindows": lambda s: None,
     }[type(op.store).__name__](op.store)

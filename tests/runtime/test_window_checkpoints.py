@@ -284,7 +284,7 @@ def test_a_large_window_looks_a_small_batch_up_in_its_index_of_keys(
     state = job.checkpoint(40, base=30)  # (the changes since 30: an incremental one)
     assert not state[1][0][COLUMNS][-1]["full"]
     op = job.ops[0]
-    holders = op.store.slices if windows == "sliding" else op.store.panes  # type: ignore[attr-defined]
+    holders = op.store.slices if windows == "sliding" else op.store.windows  # type: ignore[attr-defined]
     assert all(piece.index is not None for piece in holders.values())
     restored = Job(logic, "memory", 1, state)
     restored.process([{"user": key(5), "ts": 1_000, "n": 1}], arrow=True)

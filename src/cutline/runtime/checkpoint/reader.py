@@ -25,9 +25,9 @@ from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
     columnar_size,
-    panes_as_windows,
-    read_panes,
+    columns_as_keyed,
     read_session_rows,
+    read_windows,
     session_rows_as_windows,
 )
 from cutline.runtime.network.wire import Watermark, WatermarkStatus, recorded_records
@@ -247,7 +247,7 @@ class CheckpointReader:
             yield KeyedEntry(subtask, key_group(key, max_parallelism), state, kind, key, value)
         # the windows a window operator keeps as columns (the memory backend's), shown as the
         # keyed layout keeps them (runtime/eventtime/layouts.py)
-        columnar: dict[Hashable, Any] = panes_as_windows(read_panes(part, self.location))
+        columnar: dict[Hashable, Any] = columns_as_keyed(read_windows(part, self.location))
         sessions = read_session_rows(part, self.location)
         if sessions is not None:
             columnar = session_rows_as_windows(sessions)

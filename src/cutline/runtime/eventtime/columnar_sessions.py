@@ -58,7 +58,7 @@ class ColumnarSessions:
         self.rows: dict[str, Any] | None = None
         """The open sessions: ``keys`` (Arrow), ``start``, ``end``, ``acc``, ``count`` (mean),
         ``fired`` (NumPy); ``None``: none."""
-        self.columns = ColumnChain(op.ctx.state)
+        self.chain = ColumnChain(op.ctx.state)
         self._touched: list[tuple[int, pa.Array]] = []
         """(snapshot, keys) whose sessions changed: those an incremental checkpoint writes."""
         self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
@@ -97,7 +97,7 @@ class ColumnarSessions:
             handle = op.restored[0]
             groups = range(*handle.get("key_groups", (0, 0)))
             if groups == op.backend.key_groups and handle.get(COLUMNS):
-                self.columns.adopt(restored, handle[COLUMNS])  # (later ones build on it)
+                self.chain.adopt(restored, handle[COLUMNS])  # (later ones build on it)
 
     @property
     def open_windows(self) -> int:
@@ -110,8 +110,8 @@ class ColumnarSessions:
         """The rows' chain of segments (:class:`ColumnChain`) takes a segment: the rows of the
         keys whose sessions changed since ``base``, or all."""
         rows, touched = self.rows, list(self._touched)  # (appended to from now on)
-        ticket = self.columns.snapshot(checkpoint_id, base, savepoint)
-        needed = self.columns.number_of(base)
+        ticket = self.chain.snapshot(checkpoint_id, base, savepoint)
+        needed = self.chain.number_of(base)
         if needed is not None:  # (no later snapshot builds on an older one)
             self._touched = [(number, keys) for number, keys in touched if number > needed]
 
@@ -120,14 +120,14 @@ class ColumnarSessions:
             return encode_session_rows(rows, keys, since)
 
         def write(store: SegmentStore, name: str) -> dict[str, Any]:
-            return self.columns.write(ticket, store, name, encode)
+            return self.chain.write(ticket, store, name, encode)
 
         taken.attached.append(write)
 
     def _touch(self, keys: pa.Array) -> None:
         """The sessions of ``keys`` changed (an incremental checkpoint writes them)."""
         if len(keys):
-            self._touched.append((self.columns.generation, keys))
+            self._touched.append((self.chain.generation, keys))
 
     def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
         gap, op = self.gap, self.op

@@ -23,11 +23,11 @@ from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
-    PaneParts,
-    PaneState,
-    encode_panes,
-    read_panes,
-    windows_as_panes,
+    WindowParts,
+    WindowState,
+    encode_windows,
+    keyed_as_columns,
+    read_windows,
 )
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.timers import Timer
@@ -89,12 +89,12 @@ class ColumnarWindows:
         self.op = op
         self.aggregation = op.aggregation
         self.lateness = op.lateness
-        self.windows = op.assigner
+        self.assigner = op.assigner
         """Their assigner (:func:`~cutline.runtime.eventtime.assigners.end_of` says where a
         window ends)."""
         self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
-        self.panes: dict[int, WindowColumns] = {}
-        self.columns = ColumnChain(op.ctx.state)
+        self.windows: dict[int, WindowColumns] = {}
+        self.chain = ColumnChain(op.ctx.state)
         self._restore_windows()
 
     _adopts = True
@@ -102,20 +102,20 @@ class ColumnarWindows:
     this operator does)."""  # (restores the windows: _restore_windows)
 
     def _restore_windows(self) -> None:
-        """Every restored window as a pane: those kept as columns, and those the keyed layout
+        """Every restored window as columns: those kept so, and those the keyed layout
         wrote (a checkpoint of the disk backend), taken out of keyed state. A window that
         fired for some of its keys only (the old subtasks' watermarks differed at the
         checkpoint, or a record within the lateness came for a new key) fires for the others
         when the watermark passes its end."""
         op = self.op
-        parts: dict[int, list[PaneParts]] = {}
+        parts: dict[int, list[WindowParts]] = {}
         mine = op.backend.key_groups
         store = op.ctx.restore_store
         for handle in op.restored:
             start, stop = handle.get("key_groups", (0, 0))
             whole = range(start, stop) == mine
-            for pane_start, keys, acc, count, flags in (
-                read_panes(handle, store) if store is not None else ()
+            for window_start, keys, acc, count, flags in (
+                read_windows(handle, store) if store is not None else ()
             ):
                 if not whole:  # rescaled: the keys of my key groups only
                     keep = op.owned(keys)
@@ -123,10 +123,10 @@ class ColumnarWindows:
                         continue
                     keys, acc, flags = keys.filter(pa.array(keep)), acc[keep], flags[keep]
                     count = count[keep] if count is not None else None
-                parts.setdefault(pane_start, []).append((pane_start, keys, acc, count, flags))
+                parts.setdefault(window_start, []).append((window_start, keys, acc, count, flags))
         table = op.backend.value_table(WINDOWS)
         keyed = [(key, table.get(key)) for key in list(op.backend.keys(WINDOWS))]
-        for found in windows_as_panes(keyed, self.aggregation.mean):
+        for found in keyed_as_columns(keyed, self.aggregation.mean):
             parts.setdefault(found[0], []).append(found)
         for key, _ in keyed:
             table.delete(key)
@@ -134,38 +134,38 @@ class ColumnarWindows:
         if restored is not None and len(op.restored) == 1 and not keyed and self._adopts:
             handle = op.restored[0]
             if range(*handle.get("key_groups", (0, 0))) == mine and handle.get(COLUMNS):
-                self.columns.adopt(restored, handle[COLUMNS])  # (later ones build on it)
-        for pane_start, pieces in parts.items():  # (keys of several old subtasks: disjoint)
+                self.chain.adopt(restored, handle[COLUMNS])  # (later ones build on it)
+        for window_start, pieces in parts.items():  # (keys of several old subtasks: disjoint)
             first = pieces[0][1].type
             counts = [piece[3] for piece in pieces if piece[3] is not None]
             flags = np.concatenate([piece[4] for piece in pieces])
-            pane = WindowColumns(
-                pane_start,
+            columns = WindowColumns(
+                window_start,
                 pa.concat_arrays([piece[1].cast(first) for piece in pieces]),
                 np.concatenate([piece[2] for piece in pieces]),
                 np.concatenate(counts) if counts else None,
                 version=np.zeros(len(flags), dtype=np.int64),
                 fired=bool(flags.any()),
             )
-            if pane.fired and not flags.all():
-                pane.waiting = np.flatnonzero(~flags)
-            self._add_pane(pane)
+            if columns.fired and not flags.all():
+                columns.waiting = np.flatnonzero(~flags)
+            self._add_window(columns)
 
-    def _add_pane(self, pane: WindowColumns) -> None:
-        self.panes[pane.start] = pane
-        if pane.fired:
-            self._keep(pane.start)
-        if not pane.fired or pane.waiting is not None:
-            self._schedule(pane.start)
+    def _add_window(self, columns: WindowColumns) -> None:
+        self.windows[columns.start] = columns
+        if columns.fired:
+            self._keep(columns.start)
+        if not columns.fired or columns.waiting is not None:
+            self._schedule(columns.start)
 
     def _schedule(self, window: int) -> None:
         """The window (of all its keys: the timer's key is ``None``) fires when the watermark
         reaches its last millisecond."""
-        self.fire_timers.add(end_of(self.windows, window) - 1, None, window)
+        self.fire_timers.add(end_of(self.assigner, window) - 1, None, window)
 
     def _keep(self, window: int) -> None:
         """The fired window is kept for the allowed lateness, then dropped."""
-        end = end_of(self.windows, window)
+        end = end_of(self.assigner, window)
         self.cleanup_timers.add(cleanup_time(end, self.lateness), None, window)
 
     # ---------------------------------------------------------------- figures
@@ -174,7 +174,7 @@ class ColumnarWindows:
     def open_windows(self) -> int:
         return sum(  # (read from the thread that reports the figures: a copy of the list)
             len(p.keys) if not p.fired else len(p.waiting) if p.waiting is not None else 0
-            for p in list(self.panes.values())
+            for p in list(self.windows.values())
         )
 
     def attach(
@@ -183,18 +183,18 @@ class ColumnarWindows:
         """The windows' chain of segments (:class:`ColumnChain`) takes a segment: the keys
         changed since ``base``, or all."""
         encode = self._frozen()
-        ticket = self.columns.snapshot(checkpoint_id, base, savepoint)
+        ticket = self.chain.snapshot(checkpoint_id, base, savepoint)
 
         def write(store: SegmentStore, name: str) -> dict[str, Any]:
-            return self.columns.write(ticket, store, name, encode)
+            return self.chain.write(ticket, store, name, encode)
 
         taken.attached.append(write)
 
     def _frozen(self) -> Callable[[int | None], bytes]:
         """What a snapshot holds of the windows (their arrays, shared from now on), and how
-        it is encoded as a segment (:func:`~cutline.runtime.eventtime.layouts.encode_panes`)."""
-        panes = frozen(self.panes.values())
-        return lambda since: encode_panes(panes, since)
+        it is encoded as a segment (:func:`~cutline.runtime.eventtime.layouts.encode_windows`)."""
+        held = frozen(self.windows.values())
+        return lambda since: encode_windows(held, since)
 
     # ---------------------------------------------------------------- records
 
@@ -202,8 +202,8 @@ class ColumnarWindows:
         op = self.op
         if isinstance(batch, pa.RecordBatch) and not op.floors_differ and op.vectorizable(batch):
             assert isinstance(op.key, str)
-            index, starts = assign(self.windows, ts)
-            on_time = in_time(ends_of(self.windows, starts), self.lateness, op.watermark)
+            index, starts = assign(self.assigner, ts)
+            on_time = in_time(ends_of(self.assigner, starts), self.lateness, op.watermark)
             op.note_late(batch, index, on_time)
             if not on_time.all():
                 index, starts = index[on_time], starts[on_time]
@@ -227,8 +227,8 @@ class ColumnarWindows:
             floor = self.op.floor(key)
             return [
                 s
-                for s in starts_of(self.windows, stamp)
-                if not is_past(end_of(self.windows, s), self.lateness, floor)
+                for s in starts_of(self.assigner, stamp)
+                if not is_past(end_of(self.assigner, s), self.lateness, floor)
             ]
 
         found = self.op.record_columns(records, ts, windows)
@@ -238,32 +238,32 @@ class ColumnarWindows:
         """Merge (key, window start, value) triples into the windows; the windows already
         fired that they update (allowed lateness) fire again."""
         refired: list[tuple[WindowColumns, pa.Array, np.ndarray]] = []
-        merged = self._grouped_into(self.panes, self._add_pane, keys, starts, values)
-        for pane, these, positions in merged:
-            if positions is not None and pane.fired:
-                if pane.waiting is not None:  # (those fire when the watermark passes)
-                    fresh = ~np.isin(positions, pane.waiting)
+        merged = self._grouped_into(self.windows, self._add_window, keys, starts, values)
+        for columns, these, positions in merged:
+            if positions is not None and columns.fired:
+                if columns.waiting is not None:  # (those fire when the watermark passes)
+                    fresh = ~np.isin(positions, columns.waiting)
                     these, positions = these.filter(pa.array(fresh)), positions[fresh]
-                refired.append((pane, these, positions))
+                refired.append((columns, these, positions))
         if not refired:
             return None
         return self._batch(
             [
-                (pane.start, keys_, self._values(pane)[positions])
-                for pane, keys_, positions in refired
+                (columns.start, keys_, self._values(columns)[positions])
+                for columns, keys_, positions in refired
             ]
         )
 
     def _grouped_into(
         self,
-        held: dict[int, WindowColumns],
+        into: dict[int, WindowColumns],
         add: Callable[[WindowColumns], None],
         keys: pa.Array,
         starts: np.ndarray,
         values: Any,
     ) -> list[tuple[WindowColumns, pa.Array, np.ndarray | None]]:
         """(key, start, value) triples grouped by key and start, each start's groups merged
-        into its columns in ``held`` (new ones made and given to ``add``): per start, its
+        into its columns in ``into`` (new ones made and given to ``add``): per start, its
         columns, the keys, and their positions there (``None``: the columns are new)."""
         if values is not None and not isinstance(values, pa.Array | pa.ChunkedArray):
             values = pa.array(values)
@@ -276,9 +276,9 @@ class ColumnarWindows:
         for start in np.unique(group_starts).tolist():
             mask = group_starts == start
             these = group_keys.filter(pa.array(mask))
-            columns = held.get(start)
+            columns = into.get(start)
             if columns is None:
-                generation = self.columns.generation
+                generation = self.chain.generation
                 columns = WindowColumns(
                     start,
                     these,
@@ -297,102 +297,106 @@ class ColumnarWindows:
         return found
 
     def _combine(
-        self, pane: WindowColumns, keys: pa.Array, parts: np.ndarray, counts: np.ndarray | None
+        self, columns: WindowColumns, keys: pa.Array, parts: np.ndarray, counts: np.ndarray | None
     ) -> np.ndarray:
         """Merge one window's groups into its columns; their positions in it."""
-        if keys.type != pane.keys.type:
-            if not len(pane.keys):  # (a window fired empty of keys of its own)
-                pane.keys, pane.index = keys.slice(0, 0), None
+        if keys.type != columns.keys.type:
+            if not len(columns.keys):  # (a window fired empty of keys of its own)
+                columns.keys, columns.index = keys.slice(0, 0), None
             else:
-                keys = keys.cast(pane.keys.type)
-        found = key_positions(pane, keys)
+                keys = keys.cast(columns.keys.type)
+        found = key_positions(columns, keys)
         old = found >= 0
-        if pane.shared:  # a snapshot holds the arrays
-            pane.acc = pane.acc.copy()
-            pane.count = None if pane.count is None else pane.count.copy()
-            pane.version = pane.version.copy()
-            pane.shared = False
-        generation = self.columns.generation
+        if columns.shared:  # a snapshot holds the arrays
+            columns.acc = columns.acc.copy()
+            columns.count = None if columns.count is None else columns.count.copy()
+            columns.version = columns.version.copy()
+            columns.shared = False
+        generation = self.chain.generation
         kind = self.aggregation.kind
         if old.any():
             at, add = found[old], parts[old]
             if (
                 adds(kind)
-                and pane.acc.dtype.kind in "iu"
-                and (largest(add) >= SAFE or largest(pane.acc[at]) >= SAFE)
+                and columns.acc.dtype.kind in "iu"
+                and (largest(add) >= SAFE or largest(columns.acc[at]) >= SAFE)
             ):
-                pane.acc = pane.acc.astype(object)  # (Python ints: no overflow)
-            pane.acc[at] = UFUNCS[kind](pane.acc[at], add)
-            pane.version[at] = generation
-            if pane.count is not None and counts is not None:
-                pane.count[at] = pane.count[at] + counts[old]
+                columns.acc = columns.acc.astype(object)  # (Python ints: no overflow)
+            columns.acc[at] = UFUNCS[kind](columns.acc[at], add)
+            columns.version[at] = generation
+            if columns.count is not None and counts is not None:
+                columns.count[at] = columns.count[at] + counts[old]
         positions = found.copy()
         new = ~old
         if new.any():
-            size = len(pane.keys)
+            size = len(columns.keys)
             added_keys = keys.filter(pa.array(new))
-            if pane.index is not None:
-                pane.index.update(
+            if columns.index is not None:
+                columns.index.update(
                     zip(added_keys.to_pylist(), range(size, size + len(added_keys)), strict=True)
                 )
-            pane.keys = pa.concat_arrays([pane.keys, added_keys])
+            columns.keys = pa.concat_arrays([columns.keys, added_keys])
             added = parts[new]
-            if pane.acc.dtype != added.dtype:
-                common = np.result_type(pane.acc.dtype, added.dtype)
-                pane.acc = pane.acc.astype(common)
-            pane.acc = np.concatenate([pane.acc, added])
-            pane.version = np.concatenate(
-                [pane.version, np.full(len(added), generation, dtype=np.int64)]
+            if columns.acc.dtype != added.dtype:
+                common = np.result_type(columns.acc.dtype, added.dtype)
+                columns.acc = columns.acc.astype(common)
+            columns.acc = np.concatenate([columns.acc, added])
+            columns.version = np.concatenate(
+                [columns.version, np.full(len(added), generation, dtype=np.int64)]
             )
-            if pane.count is not None and counts is not None:
-                pane.count = np.concatenate([pane.count, counts[new]])
+            if columns.count is not None and counts is not None:
+                columns.count = np.concatenate([columns.count, counts[new]])
             positions[new] = np.arange(size, size + int(new.sum()))
         return positions
 
-    def _values(self, pane: WindowColumns) -> np.ndarray:
+    def _values(self, columns: WindowColumns) -> np.ndarray:
         """A window's results per key (the mean divides)."""
         if self.aggregation.mean:
-            assert pane.count is not None
-            means: np.ndarray = pane.acc.astype(float) / pane.count
+            assert columns.count is not None
+            means: np.ndarray = columns.acc.astype(float) / columns.count
             return means
-        return pane.acc
+        return columns.acc
 
     # ----------------------------------------------------------------- firing
 
     def holds_windows(self) -> bool:
-        return bool(self.panes)
+        return bool(self.windows)
 
     def so_far(self) -> Batch | None:
-        open_ = [(p.start, p.keys, self._values(p)) for p in self.panes.values() if not p.fired]
+        open_ = [(p.start, p.keys, self._values(p)) for p in self.windows.values() if not p.fired]
         return self._batch(open_, final=False) if open_ else None
 
     def fire(self, due: Iterable[Timer]) -> Batch | None:
         fired: list[tuple[int, pa.Array, np.ndarray]] = []
         keep = self.op.keeps_fired
         for _, _, start in due:
-            pane = self.panes.get(start)
-            if pane is None:
+            columns = self.windows.get(start)
+            if columns is None:
                 continue
-            if pane.fired:  # (restored fired for some keys: now for the others)
-                if pane.waiting is not None:
-                    waiting, pane.waiting = pane.waiting, None
+            if columns.fired:  # (restored fired for some keys: now for the others)
+                if columns.waiting is not None:
+                    waiting, columns.waiting = columns.waiting, None
                     fired.append(
-                        (start, pane.keys.take(pa.array(waiting)), self._values(pane)[waiting])
+                        (
+                            start,
+                            columns.keys.take(pa.array(waiting)),
+                            self._values(columns)[waiting],
+                        )
                     )
                 continue
-            fired.append((start, pane.keys, self._values(pane)))
+            fired.append((start, columns.keys, self._values(columns)))
             if keep:
-                pane.fired = True
+                columns.fired = True
                 self._keep(start)
             else:
-                del self.panes[start]
+                del self.windows[start]
         return self._batch(fired) if fired else None
 
     def drop(self, due: Iterable[Timer]) -> None:
         for _, _, start in due:
-            pane = self.panes.get(start)
-            if pane is not None and pane.fired:
-                del self.panes[start]
+            columns = self.windows.get(start)
+            if columns is not None and columns.fired:
+                del self.windows[start]
 
     def _batch(
         self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
@@ -402,14 +406,14 @@ class ColumnarWindows:
         starts = np.repeat(np.array([start for start, _, _ in fired], dtype=np.int64), lengths)
         keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
         values = np.concatenate([v for _, _, v in fired])
-        return self.op.builtin_batch(keys, starts, ends_of(self.windows, starts), values, final)
+        return self.op.builtin_batch(keys, starts, ends_of(self.assigner, starts), values, final)
 
 
-def frozen(panes: Iterable[WindowColumns]) -> list[PaneState]:
+def frozen(held: Iterable[WindowColumns]) -> list[WindowState]:
     """Windows (or slices) as a snapshot holds them: their arrays, shared from now on (they
     are copied before they change)."""
-    found: list[PaneState] = []
-    for p in panes:
+    found: list[WindowState] = []
+    for p in held:
         p.shared = True
         found.append((p.start, p.keys, p.acc, p.count, p.version, p.fired, p.waiting, p.born))
     return found
@@ -420,7 +424,7 @@ INDEXED = 8
 its keys (:attr:`WindowColumns.index`)."""
 
 
-def key_positions(pane: WindowColumns, keys: pa.Array) -> np.ndarray:
+def key_positions(columns: WindowColumns, keys: pa.Array) -> np.ndarray:
     """Where each of ``keys`` is among the window's keys (-1: not there). A window much
     larger than the batch looks them up in its index of keys (made once, kept as keys come):
     hashing every key of the window again for each batch would cost as much as the window;
@@ -430,10 +434,10 @@ def key_positions(pane: WindowColumns, keys: pa.Array) -> np.ndarray:
         or pa.types.is_string(keys.type)
         or pa.types.is_large_string(keys.type)
     )
-    if pane.index is None and (not indexable or len(pane.keys) < INDEXED * len(keys) + 1024):
-        found = pc.fill_null(pc.index_in(keys, value_set=pane.keys), -1)
+    if columns.index is None and (not indexable or len(columns.keys) < INDEXED * len(keys) + 1024):
+        found = pc.fill_null(pc.index_in(keys, value_set=columns.keys), -1)
         return np.asarray(found.to_numpy(zero_copy_only=False))
-    if pane.index is None:
-        pane.index = dict(zip(pane.keys.to_pylist(), range(len(pane.keys)), strict=True))
-    get = pane.index.get
+    if columns.index is None:
+        columns.index = dict(zip(columns.keys.to_pylist(), range(len(columns.keys)), strict=True))
+    get = columns.index.get
     return np.fromiter((get(k, -1) for k in keys.to_pylist()), dtype=np.int64, count=len(keys))

@@ -27,9 +27,9 @@ from cutline.runtime.eventtime.chunks import collect
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
-    panes_as_windows,
-    read_panes,
+    columns_as_keyed,
     read_session_rows,
+    read_windows,
     session_rows_as_windows,
 )
 from cutline.runtime.eventtime.operator import Fired, WindowOperator
@@ -81,7 +81,7 @@ class KeyedWindows:
                 rows = read_session_rows(handle, store)
                 found = {} if rows is None else dict(session_rows_as_windows(rows))
             else:
-                found = dict(panes_as_windows(read_panes(handle, store)))
+                found = dict(columns_as_keyed(read_windows(handle, store)))
             for key, value in found.items():
                 if not whole and key_group(key, maximum) not in mine:
                     continue  # rescaled: the keys of my key groups only

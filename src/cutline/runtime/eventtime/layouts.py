@@ -17,7 +17,7 @@ The columnar layout is checkpointed as a chain of segments of its own
 (:class:`~cutline.runtime.state.columns.ColumnChain`), named by the handle's ``columns``:
 a full segment holds every window, an incremental one only what changed since the checkpoint
 it builds on (of each window, the keys whose accumulators changed; of sessions, every session
-of the keys that changed). :func:`read_panes` and :func:`read_session_rows` read either (and
+of the keys that changed). :func:`read_windows` and :func:`read_session_rows` read either (and
 the handles of older checkpoints, which held the columns themselves).
 
 A checkpoint or savepoint written under one backend is restored under the other: the
@@ -44,7 +44,7 @@ from cutline.runtime.state.segments import SegmentSource
 WINDOWS = "windows"
 """The name of the keyed state of the keyed layout."""
 
-PaneParts = tuple[int, pa.Array, np.ndarray, np.ndarray | None, np.ndarray]
+WindowParts = tuple[int, pa.Array, np.ndarray, np.ndarray | None, np.ndarray]
 """One window of the columnar layout: its start, its keys, their accumulators, their counts (a
 mean's), and per key whether it fired."""
 
@@ -63,9 +63,9 @@ def columnar_size(part: Mapping[str, Any]) -> int:
     return len(pickle.dumps(columns, protocol=5)) if columns else 0
 
 
-PANES_FORMAT = 1
+COLUMNS_FORMAT = 1
 
-PaneState = tuple[int, pa.Array, np.ndarray, np.ndarray | None, np.ndarray, bool, Any, int]
+WindowState = tuple[int, pa.Array, np.ndarray, np.ndarray | None, np.ndarray, bool, Any, int]
 """What a snapshot keeps of one window of the columnar layout (arrays it shares, unchanged
 from then on): start, keys, accumulators, counts, per key the snapshot that last changed it,
 whether the window fired, the positions of its keys not fired yet (``None``: none), and the
@@ -82,10 +82,10 @@ class Slicing:
     live: tuple[int, ...]
 
 
-def encode_panes(
-    panes: list[PaneState],
+def encode_windows(
+    panes: list[WindowState],
     since: int | None,
-    slices: list[PaneState] | None = None,
+    slices: list[WindowState] | None = None,
     slicing: Slicing | None = None,
 ) -> bytes:
     """A segment of the columnar windows: every key of every window (``since`` None), or of
@@ -95,7 +95,7 @@ def encode_panes(
     slices: the same of each slice, and ``slicing``."""
     return pickle.dumps(
         {
-            "format": PANES_FORMAT,
+            "format": COLUMNS_FORMAT,
             "panes": _entries(panes, since),
             "slices": _entries(slices or [], since),
             "slicing": slicing,
@@ -104,7 +104,7 @@ def encode_panes(
     )
 
 
-def _entries(panes: list[PaneState], since: int | None) -> list[tuple[Any, ...]]:
+def _entries(panes: list[WindowState], since: int | None) -> list[tuple[Any, ...]]:
     entries: list[tuple[Any, ...]] = []
     for start, keys, acc, count, version, fired, waiting, born in panes:
         replace = since is None or born > since
@@ -126,7 +126,7 @@ def _entries(panes: list[PaneState], since: int | None) -> list[tuple[Any, ...]]
     return entries
 
 
-def read_panes(handle: Mapping[str, Any], store: SegmentSource) -> list[PaneParts]:
+def read_windows(handle: Mapping[str, Any], store: SegmentSource) -> list[WindowParts]:
     """The columnar windows a keyed state handle holds (its chain of segments applied in
     order; an older checkpoint's handle held them itself), each key's ``fired`` flag apart."""
     if handle.get("panes"):
@@ -144,7 +144,7 @@ def read_panes(handle: Mapping[str, Any], store: SegmentSource) -> list[PanePart
         panes = _applied(panes, found["panes"])
         slices = _applied(slices, found.get("slices") or [])
         slicing = found.get("slicing")
-    parts: dict[int, PaneParts] = {}
+    parts: dict[int, WindowParts] = {}
     for start, (keys, acc, count, fired, waiting) in panes.items():
         flags = np.full(len(keys), bool(fired))
         if waiting is not None:
@@ -175,10 +175,10 @@ def _applied(held: dict[int, _Columns], entries: list[tuple[Any, ...]]) -> dict[
 def _window_of_slices(
     slicing: Slicing,
     start: int,
-    pane: PaneParts | None,
+    pane: WindowParts | None,
     fired: bool,
     slices: Mapping[int, _Columns],
-) -> PaneParts:
+) -> WindowParts:
     """A live sliding window, whole: what it kept itself (restored whole, or fired) merged
     with its slices; a key only its slices hold has fired if the window has."""
     found = [slices[s][:3] for s in slices_in(slicing.assigner, start) if s in slices]
@@ -237,7 +237,9 @@ def encode_session_rows(
     keys ``touched`` after snapshot ``since`` (which replace the chain's rows of those keys:
     a key none of whose sessions is left has none)."""
     if since is None:
-        return pickle.dumps({"format": PANES_FORMAT, "sessions": rows, "touched": None}, protocol=5)
+        return pickle.dumps(
+            {"format": COLUMNS_FORMAT, "sessions": rows, "touched": None}, protocol=5
+        )
     keys = pc.unique(pa.concat_arrays(touched)) if touched else pa.array([])
     if rows is not None and len(keys):
         if keys.type != rows["keys"].type:
@@ -246,7 +248,7 @@ def encode_session_rows(
         rows = take_rows(rows, mask)
     else:
         rows = None
-    return pickle.dumps({"format": PANES_FORMAT, "sessions": rows, "touched": keys}, protocol=5)
+    return pickle.dumps({"format": COLUMNS_FORMAT, "sessions": rows, "touched": keys}, protocol=5)
 
 
 def read_session_rows(handle: Mapping[str, Any], store: SegmentSource) -> dict[str, Any] | None:
@@ -306,7 +308,7 @@ def concat_rows(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def panes_as_windows(panes: Iterable[tuple[Any, ...]]) -> dict[Hashable, dict[int, Any]]:
+def columns_as_keyed(panes: Iterable[tuple[Any, ...]]) -> dict[Hashable, dict[int, Any]]:
     """Columnar windows (``panes`` of a handle) in the keyed layout: per key, ``{window start:
     (accumulator, fired)}``."""
     windows: dict[Hashable, dict[int, Any]] = {}
@@ -339,9 +341,9 @@ def session_rows_as_windows(rows: Mapping[str, Any]) -> dict[Hashable, tuple[Any
     return {key: tuple(sorted(sessions)) for key, sessions in found.items()}
 
 
-def windows_as_panes(
+def keyed_as_columns(
     entries: Iterable[tuple[Hashable, Mapping[int, tuple[Any, bool]]]], mean: bool
-) -> Iterator[PaneParts]:
+) -> Iterator[WindowParts]:
     """Keyed-layout windows (``(key, {start: (accumulator, fired)})``) as columnar panes, one
     per window start."""
     by_start: dict[int, tuple[list[Any], list[Any], list[bool]]] = {}

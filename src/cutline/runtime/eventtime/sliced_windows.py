@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from cutline.runtime.eventtime.assigners import Sliding, starts_of
 from cutline.runtime.eventtime.columnar_windows import ColumnarWindows, WindowColumns, frozen
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
-from cutline.runtime.eventtime.layouts import Slicing, encode_panes
+from cutline.runtime.eventtime.layouts import Slicing, encode_windows
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.slicing import (
     Part,
@@ -37,9 +37,9 @@ class SlicedWindows(ColumnarWindows):
     that slice's columns, once each, whatever the number of windows a record is in; when a
     window fires, its slices merge per key (and with what the window kept itself).
 
-    A window keeps columns of its own (a :class:`WindowColumns` in ``panes``, as the tumbling
+    A window keeps columns of its own (a :class:`WindowColumns` in ``windows``, as the tumbling
     layout's) only for what a restore gave it whole (a checkpoint holds the live windows
-    whole: :func:`~cutline.runtime.eventtime.layouts.read_panes`) or what came while keys
+    whole: :func:`~cutline.runtime.eventtime.layouts.read_windows`) or what came while keys
     kept a restored watermark, and, once fired and kept for the lateness, its ``fired`` flag.
     A slice is dropped when the last window that holds it is past.
 
@@ -75,15 +75,15 @@ class SlicedWindows(ColumnarWindows):
         hold at most :data:`COUNTED` keys in all, else at least (each window's largest part:
         counting the keys of windows of millions would cost as much as merging them). Read
         from the thread that reports the figures: it copies what it reads first."""
-        scheduled, panes, slices = list(self._scheduled), dict(self.panes), dict(self.slices)
+        scheduled, held, slices = list(self._scheduled), dict(self.windows), dict(self.slices)
         parts: dict[int, list[pa.Array]] = {}
         count = 0
         for window in scheduled:
-            pane = panes.get(window)
-            if pane is not None and pane.fired:  # (fired for some keys: the others wait)
-                count += 0 if pane.waiting is None else len(pane.waiting)
+            columns = held.get(window)
+            if columns is not None and columns.fired:  # (fired for some keys: the others wait)
+                count += 0 if columns.waiting is None else len(columns.waiting)
                 continue
-            own = [] if pane is None else [pane.keys]
+            own = [] if columns is None else [columns.keys]
             pieces = [slices[s].keys for s in slices_in(self.sliding, window) if s in slices]
             parts[window] = [keys for keys in own + pieces if len(keys)]
         exact = sum(len(keys) for found in parts.values() for keys in found) <= COUNTED
@@ -98,13 +98,13 @@ class SlicedWindows(ColumnarWindows):
         return count
 
     def _frozen(self) -> Callable[[int | None], bytes]:
-        panes, slices = frozen(self.panes.values()), frozen(self.slices.values())
+        held, slices = frozen(self.windows.values()), frozen(self.slices.values())
         slicing = Slicing(
             self.sliding,
             self.aggregation.kind,
-            tuple(sorted(self._scheduled | set(self.panes))),
+            tuple(sorted(self._scheduled | set(self.windows))),
         )
-        return lambda since: encode_panes(panes, since, slices, slicing)
+        return lambda since: encode_windows(held, since, slices, slicing)
 
     # ---------------------------------------------------------------- records
 
@@ -143,16 +143,16 @@ class SlicedWindows(ColumnarWindows):
             self.slices, self._add_slice, keys, starts, values
         ):
             for window in starts_of(self.sliding, piece.start):
-                pane = self.panes.get(window)
-                if pane is not None and pane.fired:
+                columns = self.windows.get(window)
+                if columns is not None and columns.fired:
                     again.setdefault(window, []).append(these)
         fired = []
         for window, found in sorted(again.items()):
-            pane = self.panes[window]
+            columns = self.windows[window]
             first = found[0].type
             these = pc.unique(pa.concat_arrays([k.cast(first) for k in found]))
-            if pane.waiting is not None:  # (those fire when the watermark passes its end)
-                waiting = pane.keys.take(pa.array(pane.waiting)).cast(these.type)
+            if columns.waiting is not None:  # (those fire when the watermark passes its end)
+                waiting = columns.keys.take(pa.array(columns.waiting)).cast(these.type)
                 these = these.filter(pc.invert(pc.is_in(these, value_set=waiting)))
             result = self._result(window, these)
             if result is not None:
@@ -165,9 +165,9 @@ class SlicedWindows(ColumnarWindows):
         self.slices[piece.start] = piece
         sliding, watermark = self.sliding, self.op.watermark
         for window in starts_of(sliding, piece.start):
-            pane = self.panes.get(window)
+            columns = self.windows.get(window)
             past = is_past(window + sliding.size, self.lateness, watermark)
-            if not past and (pane is None or not pane.fired):
+            if not past and (columns is None or not columns.fired):
                 self._schedule(window)
         last = last_window_of(sliding, piece.start) + sliding.size
         self.slice_timers.add(cleanup_time(last, self.lateness), None, piece.start)
@@ -175,9 +175,9 @@ class SlicedWindows(ColumnarWindows):
     def _parts(self, window: int, keys: pa.Array | None = None) -> list[Part]:
         """What the window holds: its own columns and its slices' (of ``keys`` only)."""
         found: list[Part] = []
-        pane = self.panes.get(window)
-        if pane is not None and len(pane.keys):
-            found.append((pane.keys, pane.acc, pane.count))
+        columns = self.windows.get(window)
+        if columns is not None and len(columns.keys):
+            found.append((columns.keys, columns.acc, columns.count))
         for start in slices_in(self.sliding, window):
             piece = self.slices.get(start)
             if piece is not None:
@@ -205,8 +205,8 @@ class SlicedWindows(ColumnarWindows):
     def so_far(self) -> Batch | None:
         found = []
         for window in sorted(self._scheduled):
-            pane = self.panes.get(window)
-            if pane is not None and pane.fired:
+            columns = self.windows.get(window)
+            if columns is not None and columns.fired:
                 continue
             result = self._result(window)
             if result is not None:
@@ -218,10 +218,10 @@ class SlicedWindows(ColumnarWindows):
         keep = self.op.keeps_fired
         for _, _, window in due:
             self._scheduled.discard(window)
-            pane = self.panes.get(window)
-            if pane is not None and pane.fired:  # (restored fired for some keys)
-                if pane.waiting is not None:
-                    waiting, pane.waiting = pane.keys.take(pa.array(pane.waiting)), None
+            columns = self.windows.get(window)
+            if columns is not None and columns.fired:  # (restored fired for some keys)
+                if columns.waiting is not None:
+                    waiting, columns.waiting = columns.keys.take(pa.array(columns.waiting)), None
                     result = self._result(window, waiting)
                     if result is not None:
                         fired.append((window, *result))
@@ -230,12 +230,12 @@ class SlicedWindows(ColumnarWindows):
             if result is not None:
                 fired.append((window, *result))
             if not keep:
-                self.panes.pop(window, None)
+                self.windows.pop(window, None)
                 continue
-            if pane is None:  # (it keeps its fired flag)
-                pane = self._empty(window, result)
-                self.panes[window] = pane
-            pane.fired = True
+            if columns is None:  # (it keeps its fired flag)
+                columns = self._empty(window, result)
+                self.windows[window] = columns
+            columns.fired = True
             self._keep(window)
         return self._batch(fired) if fired else None
 
@@ -255,5 +255,5 @@ class SlicedWindows(ColumnarWindows):
             np.zeros(0, dtype=np.int64),
             np.zeros(0, dtype=np.int64) if mean else None,
             version=np.zeros(0, dtype=np.int64),
-            born=self.columns.generation,
+            born=self.chain.generation,
         )
