@@ -42,6 +42,15 @@ class SourceError(Exception):
     names the source, the split or file, and what to do."""
 
 
+def with_types(inferred: pa.Schema, types: pa.Schema) -> pa.Schema:
+    """A schema a source inferred from its input, with the types ``types`` gives the fields
+    it names (a ``schema=`` dict: the user's types of some fields); those the input did not
+    show come last."""
+    fields = [types.field(f.name) if f.name in types.names else f for f in inferred]
+    fields += [f for f in types if f.name not in inferred.names]
+    return pa.schema(fields)
+
+
 @dataclass(frozen=True)
 class Records:
     """Records read from split ``split``. ``split=None``: from several splits at once (a reader

@@ -21,6 +21,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pj
 
+from cutline.connectors.source import with_types
+
 KAFKA_FIELDS = ("_key", "_partition", "_offset", "_timestamp")
 """The fields a Kafka record adds to its value's."""
 
@@ -254,14 +256,6 @@ def _fit(
         kept_rows.append(row)
         kept.append(message)
     return pa.Table.from_pylist(kept_rows, schema=schema), kept
-
-
-def with_types(inferred: pa.Schema, types: pa.Schema) -> pa.Schema:
-    """An inferred schema with the types ``types`` gives its fields (those it names that the
-    sample did not have come last)."""
-    fields = [types.field(f.name) if f.name in types.names else f for f in inferred]
-    fields += [f for f in types if f.name not in inferred.names]
-    return pa.schema(fields)
 
 
 def infer_schema(values: Sequence[bytes], types: pa.Schema | None = None) -> pa.Schema | None:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cutline.connectors.source import with_types
 from cutline.runtime.io.csv import CsvFile, CsvParser
 from cutline.runtime.io.formats import (
     SAMPLE_BYTES,
@@ -58,7 +59,6 @@ def _with_types(
 ) -> tuple[pa.Schema, list[str]]:
     """``schema`` with the columns of ``types`` of their types; those it lacks added at its
     end, with a note when there were files to find them in."""
-    fields = [types.field(f.name) if f.name in types.names else f for f in schema]
     missing = [f for f in types if f.name not in schema.names]
     if missing and files:
         names = ", ".join(repr(f.name) for f in missing)
@@ -68,7 +68,7 @@ def _with_types(
             f"file(s) do not have (their columns: {', '.join(schema.names) or 'none'}): it is "
             "read as null where a row lacks it",
         ]
-    return pa.schema(fields + missing), notes
+    return with_types(schema, types), notes
 
 
 def _sample(fs: Any, path: str) -> Any:
