@@ -403,11 +403,6 @@ class WindowOperator(_Keyed):
 
     # ------------------------------------------------------- figures, snapshots
 
-    @property
-    def open_windows(self) -> int:
-        """Windows not fired yet, per key."""
-        return self.store.open_windows
-
     def figures(self) -> dict[str, int] | None:
         return {
             "late": self.late_records,
