@@ -35,7 +35,7 @@ def test_the_window_state_benchmark_verifies_both_backends_at_a_tiny_size(tmp_pa
     found = {m["parameters"]["backend"]: m for m in document["measurements"]}
     assert set(found) == {"memory", "disk"}
     assert found["memory"]["parameters"]["operator"] == "WindowOperator(ColumnarWindows)"
-    assert found["disk"]["parameters"]["operator"] == "WindowOperator(KeyedWindows)"
+    assert found["disk"]["parameters"]["operator"] == "WindowOperator(RunWindows)"
     for measurement in found.values():
         assert measurement["verified"] is True, measurement["verification"]
         assert measurement["parameters"]["records"] == [1000, 10, 10]

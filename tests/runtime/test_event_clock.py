@@ -113,6 +113,7 @@ def test_fired_windows_go_when_the_lateness_is_past_though_nothing_else_is_open(
         "ColumnarWindows": lambda s: s.windows,
         "SlicedWindows": lambda s: {**s.windows, **s.slices},
         "ColumnarSessions": lambda s: s.rows,
+        "RunWindows": lambda s: s.windows,
         "KeyedWindows": lambda s: None,
     }[type(op.store).__name__](op.store)
     assert not held

@@ -1,10 +1,10 @@
 """The window operators against each other and against plain Python, over random input.
 
 The same random records, cut into random batches (Arrow or Python records) with watermarks
-between them, go through the keyed layout (:class:`KeyedWindows`, the disk backend's) and
-the columnar ones (:class:`ColumnarWindows`, :class:`ColumnarSessions`, the memory backend's),
-each checkpointed and
-restored at random points (at another parallelism too): both publish the same windows with
+between them, go through the keyed layout (:class:`KeyedWindows`), the columnar ones
+(:class:`ColumnarWindows`, :class:`ColumnarSessions`, the memory backend's) and the runs
+(:class:`RunWindows`, the disk backend's tumbling windows), each checkpointed and
+restored at random points (at another parallelism too): all publish the same windows with
 the same results, send the same records to ``late``, and equal a plain Python computation of
 the windows the watermark passed.
 """
@@ -28,6 +28,7 @@ from cutline.runtime.eventtime.columnar_windows import ColumnarWindows
 from cutline.runtime.eventtime.keyed import KeyedWindows
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.operator import WindowOperator
+from cutline.runtime.eventtime.run_windows import RunWindows
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
@@ -61,14 +62,16 @@ def context(
     *,
     full_every: int = 10,
     restored: int | None = None,
+    **config: Any,
 ) -> OperatorContext:
+    """``config``: more of the :class:`StateConfig`."""
     return OperatorContext(
         name="window",
         subtask=subtask,
         parallelism=parallelism,
         max_parallelism=MAX_PARALLELISM,
         generation=1,
-        state=StateConfig(backend=backend, full_every=full_every),
+        state=StateConfig(backend=backend, full_every=full_every, **config),
         restore_store=store,  # type: ignore[arg-type]
         restore_checkpoint=restored,
         side_outputs=frozenset({"late"}),  # (the job reads .late())
@@ -87,10 +90,14 @@ class Job:
         *,
         full_every: int = 10,
         restored: int | None = None,
+        layout: Any = None,
+        **config: Any,
     ):
         """``restored``: the id of the checkpoint ``state`` is (later checkpoints may build on
-        its chains)."""
+        its chains); ``layout``: the window store (default: the one the logic picks for the
+        backend); ``config``: more of the :class:`StateConfig`."""
         self.logic, self.backend, self.parallelism = logic, backend, parallelism
+        self.layout = layout
         self.store = Store() if state is None else state[0]
         restored_id = restored
         handles = [] if state is None else state[1]
@@ -109,8 +116,14 @@ class Job:
                 self.store,
                 full_every=full_every,
                 restored=restored_id,
+                **config,
             )
-            op = logic.open(ctx, mine_handles or None)
+            handed = mine_handles or None
+            op = (
+                logic.open(ctx, handed)
+                if layout is None
+                else WindowOperator(logic, ctx, handed, layout)
+            )
             self.ops.append(op)
         self.output: list[dict[str, Any]] = []
         self.late: list[dict[str, Any]] = []
@@ -213,9 +226,11 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
             }
         )
     jobs = {backend: Job(logic, backend, rng.randint(1, 3)) for backend in ("memory", "disk")}
+    jobs["keyed"] = Job(logic, "memory", rng.randint(1, 3), layout=KeyedWindows)
     columnar = ColumnarSessions if windows == "session" else ColumnarWindows
     assert all(isinstance(op.store, columnar) for op in jobs["memory"].ops)
-    assert all(type(op.store) is KeyedWindows for op in jobs["disk"].ops)
+    on_disk = RunWindows if windows == "tumbling" else KeyedWindows
+    assert all(type(op.store) is on_disk for op in jobs["disk"].ops)
     position, watermark, checkpoint = 0, -(2**63), 0
     arrivals: list[tuple[dict[str, Any], int]] = []
     while position < len(records):
@@ -237,13 +252,13 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
                 state = job.checkpoint(checkpoint)
                 # restored under either backend: the other layout reads what this one wrote
                 backend = rng.choice(["memory", "disk"]) if switch else job.backend
-                restored = Job(logic, backend, parallelism, state)
+                restored = Job(logic, backend, parallelism, state, layout=job.layout)
                 restored.output, restored.late = job.output, job.late
                 job.close()
                 jobs[name] = restored
     for job in jobs.values():
         job.watermark(MAX_WATERMARK)
-    memory, disk = jobs["memory"], jobs["disk"]
+    memory = jobs["memory"]
 
     def results(job: Job) -> Counter[tuple[Any, ...]]:
         return Counter(
@@ -268,13 +283,14 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
             found[(user, start, end)] = r[aggregation.output]
         return found
 
-    if lateness == 0:  # (with lateness, how often a window fires again may differ)
-        assert results(memory) == results(disk)
-    if windows == "session":
-        assert sessions(memory) == pytest.approx(sessions(disk))
-    else:
-        assert last(memory) == pytest.approx(last(disk))
-    assert Counter(map(str, memory.late)) == Counter(map(str, disk.late))
+    for other in (jobs["disk"], jobs["keyed"]):
+        if lateness == 0:  # (with lateness, how often a window fires again may differ)
+            assert results(memory) == results(other)
+        if windows == "session":
+            assert sessions(memory) == pytest.approx(sessions(other))
+        else:
+            assert last(memory) == pytest.approx(last(other))
+        assert Counter(map(str, memory.late)) == Counter(map(str, other.late))
     if windows == "session":
         for job in jobs.values():
             job.close()

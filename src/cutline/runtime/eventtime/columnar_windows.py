@@ -102,40 +102,11 @@ class ColumnarWindows:
     this operator does)."""  # (restores the windows: _restore_windows)
 
     def _restore_windows(self) -> None:
-        """Every restored window as columns: those kept so, and those the keyed layout
-        wrote (a checkpoint of the disk backend), taken out of keyed state. A window that
-        fired for some of its keys only (the old subtasks' watermarks differed at the
-        checkpoint, or a record within the lateness came for a new key) fires for the others
-        when the watermark passes its end."""
-        op = self.op
-        parts: dict[int, list[WindowParts]] = {}
-        mine = op.backend.key_groups
-        store = op.ctx.restore_store
-        for handle in op.restored:
-            start, stop = handle.get("key_groups", (0, 0))
-            whole = range(start, stop) == mine
-            for window_start, keys, acc, count, flags in (
-                read_windows(handle, store) if store is not None else ()
-            ):
-                if not whole:  # rescaled: the keys of my key groups only
-                    keep = op.owned(keys)
-                    if not keep.any():
-                        continue
-                    keys, acc, flags = keys.filter(pa.array(keep)), acc[keep], flags[keep]
-                    count = count[keep] if count is not None else None
-                parts.setdefault(window_start, []).append((window_start, keys, acc, count, flags))
-        table = op.backend.value_table(WINDOWS)
-        keyed = [(key, table.get(key)) for key in list(op.backend.keys(WINDOWS))]
-        for found in keyed_as_columns(keyed, self.aggregation.mean):
-            parts.setdefault(found[0], []).append(found)
-        for key, _ in keyed:
-            table.delete(key)
-        restored = op.ctx.restore_checkpoint
-        if restored is not None and len(op.restored) == 1 and not keyed and self._adopts:
-            handle = op.restored[0]
-            if range(*handle.get("key_groups", (0, 0))) == mine and handle.get(COLUMNS):
-                self.chain.adopt(restored, handle[COLUMNS])  # (later ones build on it)
-        for window_start, pieces in parts.items():  # (keys of several old subtasks: disjoint)
+        """Every restored window as columns (:func:`restored_parts`). A window that fired for
+        some of its keys only (the old subtasks' watermarks differed at the checkpoint, or a
+        record within the lateness came for a new key) fires for the others when the
+        watermark passes its end."""
+        for window_start, pieces in restored_parts(self.op, self.chain, self._adopts).items():
             first = pieces[0][1].type
             counts = [piece[3] for piece in pieces if piece[3] is not None]
             flags = np.concatenate([piece[4] for piece in pieces])
@@ -199,39 +170,7 @@ class ColumnarWindows:
     # ---------------------------------------------------------------- records
 
     def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        op = self.op
-        if isinstance(batch, pa.RecordBatch) and not op.floors_differ and op.vectorizable(batch):
-            assert isinstance(op.key, str)
-            index, starts = assign(self.assigner, ts)
-            on_time = in_time(ends_of(self.assigner, starts), self.lateness, op.watermark)
-            op.note_late(batch, index, on_time)
-            if not on_time.all():
-                index, starts = index[on_time], starts[on_time]
-            if not len(index):
-                return None
-            taken = pa.array(index)
-            keys = batch.column(op.key).take(taken)
-            values = None
-            if self.aggregation.takes_values:
-                assert self.aggregation.field is not None
-                column = batch.column(self.aggregation.field).take(taken)
-                values = np.asarray(column.to_numpy(zero_copy_only=False))
-            return self._merge(keys, starts, values)
-        return self._merge_records(rows(batch), ts)
-
-    def _merge_records(self, records: list[Any], ts: np.ndarray) -> Batch | None:
-        """Records one by one (Python records, nulls, or after a rescaled restore): their
-        windows and values, then merged as a batch."""
-
-        def windows(key: Hashable, stamp: int) -> list[int]:
-            floor = self.op.floor(key)
-            return [
-                s
-                for s in starts_of(self.assigner, stamp)
-                if not is_past(end_of(self.assigner, s), self.lateness, floor)
-            ]
-
-        found = self.op.record_columns(records, ts, windows)
+        found = window_triples(self.op, batch, ts)
         return None if found is None else self._merge(*found)
 
     def _merge(self, keys: pa.Array, starts: np.ndarray, values: np.ndarray | None) -> Batch | None:
@@ -401,12 +340,7 @@ class ColumnarWindows:
     def _batch(
         self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
     ) -> pa.RecordBatch:
-        """The output of windows firing: per window (its start), its keys and their results."""
-        lengths = [len(keys) for _, keys, _ in fired]
-        starts = np.repeat(np.array([start for start, _, _ in fired], dtype=np.int64), lengths)
-        keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
-        values = np.concatenate([v for _, _, v in fired])
-        return self.op.builtin_batch(keys, starts, ends_of(self.assigner, starts), values, final)
+        return fired_batch(self.op, fired, final)
 
 
 def frozen(held: Iterable[WindowColumns]) -> list[WindowState]:
@@ -441,3 +375,92 @@ def key_positions(columns: WindowColumns, keys: pa.Array) -> np.ndarray:
         columns.index = dict(zip(columns.keys.to_pylist(), range(len(columns.keys)), strict=True))
     get = columns.index.get
     return np.fromiter((get(k, -1) for k in keys.to_pylist()), dtype=np.int64, count=len(keys))
+
+
+def restored_parts(
+    op: WindowOperator, chain: ColumnChain, adopts: bool
+) -> dict[int, list[WindowParts]]:
+    """Every restored window of a columnar layout, per start its parts (one per old subtask
+    whose handle held it): those kept as columns, and those the keyed layout wrote, taken out
+    of keyed state. Restored at another parallelism, the keys of this subtask's key groups
+    only. With ``adopts``, and exactly one handle of exactly this subtask's key groups, later
+    checkpoints of ``chain`` may build on the restored chain."""
+    parts: dict[int, list[WindowParts]] = {}
+    mine = op.backend.key_groups
+    store = op.ctx.restore_store
+    for handle in op.restored:
+        start, stop = handle.get("key_groups", (0, 0))
+        whole = range(start, stop) == mine
+        for window_start, keys, acc, count, flags in (
+            read_windows(handle, store) if store is not None else ()
+        ):
+            if not whole:  # rescaled: the keys of my key groups only
+                keep = op.owned(keys)
+                if not keep.any():
+                    continue
+                keys, acc, flags = keys.filter(pa.array(keep)), acc[keep], flags[keep]
+                count = count[keep] if count is not None else None
+            parts.setdefault(window_start, []).append((window_start, keys, acc, count, flags))
+    table = op.backend.value_table(WINDOWS)
+    keyed = [(key, table.get(key)) for key in list(op.backend.keys(WINDOWS))]
+    for found in keyed_as_columns(keyed, op.aggregation.mean):
+        parts.setdefault(found[0], []).append(found)
+    for key, _ in keyed:
+        table.delete(key)
+    restored = op.ctx.restore_checkpoint
+    if restored is not None and len(op.restored) == 1 and not keyed and adopts:
+        handle = op.restored[0]
+        if range(*handle.get("key_groups", (0, 0))) == mine and handle.get(COLUMNS):
+            chain.adopt(restored, handle[COLUMNS])  # (later ones build on it)
+    return parts
+
+
+def window_triples(
+    op: WindowOperator, batch: Batch, ts: np.ndarray
+) -> tuple[pa.Array, np.ndarray, np.ndarray | None] | None:
+    """A batch's records as (key, window start, value) columns, once per window each is in
+    (a tumbling assigner: one) that is not past; the late ones go to the side output. Arrow
+    batches of a key column take the vectorized path; Python records, nulls, or keys keeping
+    a restored watermark the per-record one. ``None``: nothing is left."""
+    assigner, lateness = op.assigner, op.lateness
+    assert not isinstance(assigner, Session)
+    if isinstance(batch, pa.RecordBatch) and not op.floors_differ and op.vectorizable(batch):
+        assert isinstance(op.key, str)
+        index, starts = assign(assigner, ts)
+        on_time = in_time(ends_of(assigner, starts), lateness, op.watermark)
+        op.note_late(batch, index, on_time)
+        if not on_time.all():
+            index, starts = index[on_time], starts[on_time]
+        if not len(index):
+            return None
+        taken = pa.array(index)
+        keys = batch.column(op.key).take(taken)
+        values = None
+        if op.aggregation.takes_values:
+            assert op.aggregation.field is not None
+            column = batch.column(op.aggregation.field).take(taken)
+            values = np.asarray(column.to_numpy(zero_copy_only=False))
+        return keys, starts, values
+
+    def windows(key: Hashable, stamp: int) -> list[int]:
+        floor = op.floor(key)
+        return [
+            s
+            for s in starts_of(assigner, stamp)
+            if not is_past(end_of(assigner, s), lateness, floor)
+        ]
+
+    return op.record_columns(rows(batch), ts, windows)
+
+
+def fired_batch(
+    op: WindowOperator, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
+) -> pa.RecordBatch:
+    """The output of windows (of a start each) firing: per window its start, its keys and
+    their results."""
+    lengths = [len(keys) for _, keys, _ in fired]
+    starts = np.repeat(np.array([start for start, _, _ in fired], dtype=np.int64), lengths)
+    keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
+    values = np.concatenate([v for _, _, v in fired])
+    assert not isinstance(op.assigner, Session)
+    return op.builtin_batch(keys, starts, ends_of(op.assigner, starts), values, final)

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.runtime.eventtime.assigners import Sliding
-from cutline.runtime.eventtime.slicing import merge_parts, slices_in
+from cutline.runtime.eventtime.slicing import Part, merge_parts, slices_in
 from cutline.runtime.state.columns import read_chain
 from cutline.runtime.state.segments import SegmentSource
 
@@ -126,50 +126,112 @@ def _entries(panes: list[WindowState], since: int | None) -> list[tuple[Any, ...
     return entries
 
 
+RunState = tuple[int, bool, Any, list[tuple[Part, int]], int]
+"""What a snapshot keeps of one window kept as runs: its start, whether it fired, the keys it
+has not fired for yet (``None``: none), its runs with the snapshot each goes into, and the
+snapshot that made the window."""
+
+
+def encode_runs(windows: list[RunState], since: int | None, kind: str) -> bytes:
+    """A segment of windows kept as runs (built-in ``kind``): every run of every window
+    (``since`` None), or of each window the runs made after snapshot ``since`` (a window made
+    after it: all of them, replacing one of the same start the chain held). Every window is
+    named, with or without runs: a window the segment does not name was dropped."""
+    entries = []
+    for start, fired, waiting, runs, born in windows:
+        replace = since is None or born > since
+        added = [part for part, number in runs if since is None or replace or number > since]
+        entries.append((start, replace, fired, waiting, added))
+    return pickle.dumps({"format": COLUMNS_FORMAT, "runs": entries, "kind": kind}, protocol=5)
+
+
 def read_windows(handle: Mapping[str, Any], store: SegmentSource) -> list[WindowParts]:
     """The columnar windows a keyed state handle holds (its chain of segments applied in
-    order; an older checkpoint's handle held them itself), each key's ``fired`` flag apart."""
+    order, whichever columnar layout wrote each; an older checkpoint's handle held them
+    itself), each key's ``fired`` flag apart."""
     if handle.get("panes"):
         return [
             (start, keys, acc, count, fired_flags(fired, len(keys)))
             for start, keys, acc, count, fired in handle["panes"]
         ]
-    panes: dict[int, _Columns] = {}
-    slices: dict[int, _Columns] = {}
+    panes: dict[int, _Held] = {}
+    slices: dict[int, _Held] = {}
     slicing: Slicing | None = None
+    kind = "sum"  # (how runs merge: the chain's runs segments say)
     for data in read_chain(handle, store):
         found = pickle.loads(data)
-        if not isinstance(found, dict) or "panes" not in found:
-            continue  # (the sessions' chain)
-        panes = _applied(panes, found["panes"])
-        slices = _applied(slices, found.get("slices") or [])
-        slicing = found.get("slicing")
-    parts: dict[int, WindowParts] = {}
-    for start, (keys, acc, count, fired, waiting) in panes.items():
-        flags = np.full(len(keys), bool(fired))
-        if waiting is not None:
-            flags[waiting] = False
-        parts[start] = (start, keys, acc, count, flags)
+        if not isinstance(found, dict):
+            continue
+        if "runs" in found:
+            kind = found["kind"]
+            panes = _added(panes, found["runs"])
+        elif "panes" in found:  # (not the sessions' chain)
+            panes = _applied(panes, found["panes"], kind)
+            slices = _applied(slices, found.get("slices") or [], kind)
+            slicing = found.get("slicing")
+    parts = {start: _whole(start, held, kind) for start, held in panes.items()}
     if slicing is not None:
+        columns = {start: _whole(start, held, kind)[1:4] for start, held in slices.items()}
         for start in slicing.live:
-            fired = start in panes and bool(panes[start][3])
-            parts[start] = _window_of_slices(slicing, start, parts.get(start), fired, slices)
+            fired = start in panes and panes[start][1]
+            parts[start] = _window_of_slices(slicing, start, parts.get(start), fired, columns)
     return [parts[start] for start in sorted(parts) if len(parts[start][1])]
 
 
-_Columns = tuple[pa.Array, np.ndarray, np.ndarray | None, bool, Any]
+_Held = tuple[list[Part], bool, pa.Array | None]
+"""A window (or slice) as the chain holds it so far: parts that merge per key into its columns
+(a columnar window's whole columns, or a window's runs), whether it fired, and the keys it has
+not fired for yet (``None``: none)."""
 
 
-def _applied(held: dict[int, _Columns], entries: list[tuple[Any, ...]]) -> dict[int, _Columns]:
-    """A segment's windows (or slices) applied to those the chain held before it."""
-    now: dict[int, _Columns] = {}
+def _applied(held: dict[int, _Held], entries: list[tuple[Any, ...]], kind: str) -> dict[int, _Held]:
+    """A segment of the columnar windows (or slices) applied to what the chain held before it
+    (its parts merged by built-in ``kind``): the keys it names set to their accumulators (a
+    window it replaces, or a new one, whole)."""
+    now: dict[int, _Held] = {}
     for start, replace, fired, waiting, keys, acc, count in entries:
-        old = None if replace else held.get(start)
-        if old is None:
-            now[start] = (keys, acc, count, fired, waiting)
-        else:
-            now[start] = (*_upsert(old[0], old[1], old[2], keys, acc, count), fired, waiting)
+        old = None if replace or start not in held else merge_parts(held[start][0], kind)
+        if old is not None:
+            keys, acc, count = _upsert(*old, keys, acc, count)
+        now[start] = ([(keys, acc, count)], fired, _positions(keys, waiting))
     return now
+
+
+def _added(held: dict[int, _Held], entries: list[tuple[Any, ...]]) -> dict[int, _Held]:
+    """A segment of windows kept as runs (:mod:`~cutline.runtime.eventtime.run_windows`)
+    applied to what the chain held before it: of each window, its runs added since (a window
+    it replaces, or a new one: all of them)."""
+    now: dict[int, _Held] = {}
+    for start, replace, fired, waiting, runs in entries:
+        old = [] if replace or start not in held else held[start][0]
+        now[start] = ([*old, *runs], fired, waiting)
+    return now
+
+
+def _positions(keys: pa.Array, waiting: Any) -> pa.Array | None:
+    """The keys at a columnar window's ``waiting`` positions (``None``: none)."""
+    return None if waiting is None else keys.take(pa.array(np.asarray(waiting, dtype=np.int64)))
+
+
+def _whole(start: int, held: _Held, kind: str) -> WindowParts:
+    """A window as the chain held it, its parts merged per key (built-in ``kind``), each
+    key's flag apart."""
+    runs, fired, waiting = held
+    merged = merge_parts(runs, kind)
+    if merged is None:  # (a window without keys)
+        merged = (runs[0][0], runs[0][1], runs[0][2]) if runs else (pa.array([]), _NO_ACC, None)
+    keys, acc, count = merged
+    flags = np.full(len(keys), bool(fired))
+    if waiting is not None and len(keys):
+        flags[_where(keys, waiting)] = False
+    return start, keys, acc, count, flags
+
+
+def _where(keys: pa.Array, among: pa.Array) -> np.ndarray:
+    """Which of ``keys`` are ``among`` those."""
+    if among.type != keys.type:
+        among = among.cast(keys.type)
+    return np.asarray(pc.is_in(keys, value_set=among).to_numpy(zero_copy_only=False))
 
 
 def _window_of_slices(
@@ -177,7 +239,7 @@ def _window_of_slices(
     start: int,
     pane: WindowParts | None,
     fired: bool,
-    slices: Mapping[int, _Columns],
+    slices: Mapping[int, Part],
 ) -> WindowParts:
     """A live sliding window, whole: what it kept itself (restored whole, or fired) merged
     with its slices; a key only its slices hold has fired if the window has."""
@@ -198,6 +260,7 @@ def _window_of_slices(
 
 
 _NONE = np.zeros(0, dtype=bool)
+_NO_ACC = np.zeros(0, dtype=np.int64)
 
 
 def _upsert(

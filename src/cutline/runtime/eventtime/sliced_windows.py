@@ -16,19 +16,16 @@ from cutline.runtime.eventtime.layouts import Slicing, encode_windows
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.slicing import (
     Part,
+    distinct_keys,
     last_window_of,
-    merge_parts,
     restrict,
     slice_width,
     slices_in,
     slices_of,
+    window_result,
 )
 from cutline.runtime.eventtime.timers import Timer
 from cutline.runtime.operators import Batch, rows
-
-COUNTED = 200_000
-"""Keys in the slices of the open windows up to which :attr:`SlicedWindows.open_windows`
-counts exactly."""
 
 
 class SlicedWindows(ColumnarWindows):
@@ -76,26 +73,18 @@ class SlicedWindows(ColumnarWindows):
         counting the keys of windows of millions would cost as much as merging them). Read
         from the thread that reports the figures: it copies what it reads first."""
         scheduled, held, slices = list(self._scheduled), dict(self.windows), dict(self.slices)
-        parts: dict[int, list[pa.Array]] = {}
-        count = 0
+        found: list[list[pa.Array]] = []
         for window in scheduled:
             columns = held.get(window)
             if columns is not None and columns.fired:  # (fired for some keys: the others wait)
-                count += 0 if columns.waiting is None else len(columns.waiting)
+                waiting = columns.waiting
+                found.append([] if waiting is None else [columns.keys.take(pa.array(waiting))])
                 continue
             own = [] if columns is None else [columns.keys]
-            pieces = [slices[s].keys for s in slices_in(self.sliding, window) if s in slices]
-            parts[window] = [keys for keys in own + pieces if len(keys)]
-        exact = sum(len(keys) for found in parts.values() for keys in found) <= COUNTED
-        for found in parts.values():
-            if not found:
-                continue
-            if len(found) == 1 or not exact:
-                count += max(len(keys) for keys in found)
-            else:
-                first = found[0].type
-                count += len(pc.unique(pa.concat_arrays([k.cast(first) for k in found])))
-        return count
+            found.append(
+                own + [slices[s].keys for s in slices_in(self.sliding, window) if s in slices]
+            )
+        return distinct_keys(found)
 
     def _frozen(self) -> Callable[[int | None], bytes]:
         held, slices = frozen(self.windows.values()), frozen(self.slices.values())
@@ -188,14 +177,7 @@ class SlicedWindows(ColumnarWindows):
 
     def _result(self, window: int, keys: pa.Array | None = None) -> tuple[pa.Array, Any] | None:
         """The window's result per key (of ``keys`` only); ``None``: it holds none."""
-        merged = merge_parts(self._parts(window, keys), self.aggregation.kind)
-        if merged is None:
-            return None
-        found, acc, count = merged
-        if self.aggregation.mean:
-            assert count is not None
-            return found, acc.astype(float) / count
-        return found, acc
+        return window_result(self._parts(window, keys), self.aggregation.kind)
 
     # ----------------------------------------------------------------- firing
 

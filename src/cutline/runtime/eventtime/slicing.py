@@ -16,7 +16,7 @@ windows (slices, or windows restored whole) merge per key.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -86,6 +86,46 @@ def merge_parts(parts: Sequence[Part], kind: str) -> Part | None:
         counts = np.concatenate([part[2] for part in parts if part[2] is not None])
         count = np.add.reduceat(counts[order], at)
     return encoded.dictionary.take(pa.array(codes[at])), merged, count
+
+
+def window_result(parts: Sequence[Part], kind: str) -> tuple[pa.Array, np.ndarray] | None:
+    """Parts of one window merged per key (built-in ``kind``), as its results: each key's
+    accumulator (a mean's sum divided by its count); ``None``: no key in any."""
+    merged = merge_parts(parts, kind)
+    return None if merged is None else results_of(merged)
+
+
+def results_of(part: Part) -> tuple[pa.Array, np.ndarray]:
+    """A window's keys and results, of its columns: each key's accumulator (a mean's sum
+    divided by its count)."""
+    keys, acc, count = part
+    if count is not None:  # (a mean)
+        means: np.ndarray = acc.astype(float) / count
+        return keys, means
+    return keys, acc
+
+
+COUNTED = 200_000
+""":func:`distinct_keys` counts exactly up to this many keys in all."""
+
+
+def distinct_keys(windows: Iterable[list[pa.Array]]) -> int:
+    """The distinct keys of each window (given as the keys of its parts), added up: exact
+    while the parts hold at most :data:`COUNTED` keys in all, else each window's largest
+    part's, a lower bound (counting the keys of windows of millions would cost as much as
+    merging them)."""
+    found = [[keys for keys in parts if len(keys)] for parts in windows]
+    exact = sum(len(keys) for parts in found for keys in parts) <= COUNTED
+    count = 0
+    for parts in found:
+        if not parts:
+            continue
+        if len(parts) == 1 or not exact:
+            count += max(len(keys) for keys in parts)
+        else:
+            first = parts[0].type
+            count += len(pc.unique(pa.concat_arrays([k.cast(first) for k in parts])))
+    return count
 
 
 def restrict(part: Part, keys: pa.Array) -> Part:

@@ -131,6 +131,10 @@ class KeyedStateBackend:
 
     kind = "memory"
 
+    path: str | None = None
+    """The subtask's own folder on the worker's disk (the disk backend's: its database, and
+    what an operator spills beside it), removed when the backend is closed; ``None``: none."""
+
     def __init__(
         self,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
@@ -212,7 +216,7 @@ class KeyedStateBackend:
         """A new index of timers by due time for this subtask (:mod:`timers`): in memory for
         the memory backend, in a database beside the state for the disk backend. Closed with
         the backend."""
-        index = new_timer_index(self.kind, getattr(self, "path", None), name)
+        index = new_timer_index(self.kind, self.path, name)
         self._timer_indexes.append(index)
         return index
 

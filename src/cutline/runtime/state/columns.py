@@ -50,6 +50,15 @@ class ColumnChain:
         """The number of the snapshot that the changes made now go into (restored state is
         generation 0: every chain restored holds it)."""
         self._books = ChainBooks(config)
+        self._settled = 0
+
+    @property
+    def settled(self) -> int:
+        """The number of the newest snapshot whose changes no later incremental segment needs
+        apart from older ones: the snapshot of the newest checkpoint a segment was built on
+        (later ones build on it or on a newer one). Without incremental checkpoints, the
+        current one (every segment is full)."""
+        return self._settled if self.config.incremental else self.generation
 
     def adopt(self, checkpoint_id: int, chain: Sequence[Mapping[str, Any]]) -> None:
         """The restored checkpoint's chain, of exactly this subtask's key groups: later
@@ -93,6 +102,7 @@ class ColumnChain:
         books.written(ticket.checkpoint_id, ticket.savepoint, new_chain)
         if base is not None and since is not None:
             books.forget_before(base)
+            self._settled = max(self._settled, since)
         return {COLUMNS: [r.to_dict() for r in new_chain]}
 
 

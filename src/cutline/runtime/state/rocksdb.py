@@ -241,4 +241,5 @@ class DiskStateBackend(KeyedStateBackend):
         with self._db_lock:
             with contextlib.suppress(Exception):
                 self._db.close()
-            shutil.rmtree(self.path, ignore_errors=True)
+            if self.path is not None:
+                shutil.rmtree(self.path, ignore_errors=True)

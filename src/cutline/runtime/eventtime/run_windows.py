@@ -1,0 +1,378 @@
+"""Tumbling windows of a built-in on the disk backend, kept as **runs** (the write path of a
+log-structured merge tree): a batch's records are grouped by key and window with Arrow, and
+each window's groups are appended to it as one immutable run of partial results (keys and
+their accumulators, as columns). Nothing is looked up when records come: a run is not merged
+with the window's others until the window fires, when they merge per key (counts and sums
+add, the least of the least values is the least, a mean adds its sums and its counts).
+
+* **Larger than memory.** Runs held in memory beyond half the backend's ``memory`` are
+  written (spilled) to Arrow files in the backend's local folder and mapped back: the
+  operating system pages them in and out as the window's merge reads them.
+* **Compaction.** A window with more than :data:`MOST_RUNS` runs merges them into fewer: those
+  of one snapshot, or all those no later incremental checkpoint needs apart (made before the
+  checkpoint later ones build on: :attr:`~cutline.runtime.state.columns.ColumnChain.settled`).
+* **Incremental checkpoints.** A run never changes: a checkpoint writes, of each window, the
+  runs made since the checkpoint it builds on, as a segment of the windows' chain
+  (:class:`~cutline.runtime.state.columns.ColumnChain`, read back by
+  :func:`~cutline.runtime.eventtime.layouts.read_windows`, as every columnar layout's).
+
+A record within the lateness of a fired window adds a run to it, and the window fires again
+for the record's key: its result over every run, restricted to the keys that came. A window
+fires through one timer for all its keys (the timer's key is ``None``, its namespace the
+window's start), as in :class:`~cutline.runtime.eventtime.columnar_windows.ColumnarWindows`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutline.runtime.eventtime.aggregations import column_numbers, group_by_window
+from cutline.runtime.eventtime.assigners import Session, end_of
+from cutline.runtime.eventtime.columnar_windows import (
+    fired_batch,
+    restored_parts,
+    window_triples,
+)
+from cutline.runtime.eventtime.lateness import cleanup_time
+from cutline.runtime.eventtime.layouts import RunState, encode_runs
+from cutline.runtime.eventtime.operator import WindowOperator
+from cutline.runtime.eventtime.slicing import (
+    Part,
+    distinct_keys,
+    merge_parts,
+    restrict,
+    results_of,
+    window_result,
+)
+from cutline.runtime.eventtime.timers import Timer
+from cutline.runtime.operators import Batch
+from cutline.runtime.state.backend import KeyedSnapshot
+from cutline.runtime.state.columns import ColumnChain
+from cutline.runtime.state.segments import SegmentStore
+
+MOST_RUNS = 16
+"""A window with more runs than this compacts them."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """Partial results of one window, each key once: immutable."""
+
+    keys: pa.Array
+    acc: np.ndarray
+    """Per key: its count, sum, least or greatest value (mean: its sum)."""
+    count: np.ndarray | None
+    """Mean: per key, how many values its sum holds."""
+    number: int
+    """The snapshot it goes into (0: restored)."""
+    file: str | None = None
+    """Spilled: the local file its columns are mapped from."""
+
+    @property
+    def part(self) -> Part:
+        return self.keys, self.acc, self.count
+
+    @property
+    def held(self) -> int:
+        """Bytes it holds in memory (0: spilled)."""
+        if self.file is not None:
+            return 0
+        count = 0 if self.count is None else self.count.nbytes
+        return int(self.keys.nbytes + self.acc.nbytes + count)
+
+
+@dataclass
+class WindowRuns:
+    """One window kept as runs."""
+
+    start: int
+    runs: tuple[Run, ...]
+    """Replaced when a run comes or they are compacted, never changed: snapshots share it."""
+    born: int
+    """The snapshot the window was made for (0: restored)."""
+    fired: bool = False
+    """Fired, and kept for the allowed lateness."""
+    waiting: pa.Array | None = field(default=None)
+    """Of a fired window, the keys it has not fired for yet (restored so): they fire when the
+    watermark passes its end."""
+
+
+class RunWindows:
+    """Tumbling windows computing a built-in aggregate (``count``, ``sum``, ``min``, ``max``,
+    ``mean``) on the disk backend, as runs (see the module)."""
+
+    def __init__(self, op: WindowOperator) -> None:
+        assert not isinstance(op.assigner, Session)
+        self.op = op
+        self.aggregation = op.aggregation
+        self.lateness = op.lateness
+        self.assigner = op.assigner
+        self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
+        self.windows: dict[int, WindowRuns] = {}
+        self.chain = ColumnChain(op.ctx.state)
+        self.folder = op.backend.path
+        """Where runs are spilled (``None``: they stay in memory)."""
+        self.budget = op.ctx.state.memory // 2
+        """Bytes of runs held in memory beyond which they are spilled."""
+        self.held = 0
+        """Bytes of the live windows' runs held in memory."""
+        self.spills = 0
+        self._files = itertools.count()
+        for start, pieces in restored_parts(op, self.chain, adopts=True).items():
+            self._restore(start, pieces)
+        self._spill_if_full()
+
+    def _restore(self, start: int, pieces: list[Any]) -> None:
+        """A restored window: one run per old subtask that held it; fired if any of its
+        keys had, the others waiting."""
+        runs = tuple(Run(keys, acc, count, 0) for _, keys, acc, count, _ in pieces)
+        flags = np.concatenate([piece[4] for piece in pieces])
+        window = WindowRuns(start, runs, born=0, fired=bool(flags.any()))
+        if window.fired and not flags.all():
+            first = pieces[0][1].type
+            keys = pa.concat_arrays([piece[1].cast(first) for piece in pieces])
+            window.waiting = keys.filter(pa.array(~flags))
+        self.held += sum(run.held for run in runs)
+        self._add_window(window)
+
+    def _add_window(self, window: WindowRuns) -> None:
+        self.windows[window.start] = window
+        end = end_of(self.assigner, window.start)
+        if window.fired:  # (kept for the lateness, then dropped)
+            self.cleanup_timers.add(cleanup_time(end, self.lateness), None, window.start)
+        if not window.fired or window.waiting is not None:
+            self.fire_timers.add(end - 1, None, window.start)
+
+    # ---------------------------------------------------------------- figures
+
+    @property
+    def open_windows(self) -> int:
+        """The keys of each window not fired yet, added up (exact up to
+        :data:`~cutline.runtime.eventtime.slicing.COUNTED` rows of runs in all). Read from the
+        thread that reports the figures: a copy first."""
+        found = []
+        for window in list(self.windows.values()):
+            if window.fired:
+                found.append([] if window.waiting is None else [window.waiting])
+            else:
+                found.append([run.keys for run in window.runs])
+        return distinct_keys(found)
+
+    # ---------------------------------------------------------------- records
+
+    def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
+        found = window_triples(self.op, batch, ts)
+        return None if found is None else self._merge(*found)
+
+    def _merge(self, keys: pa.Array, starts: np.ndarray, values: Any) -> Batch | None:
+        """(key, window start, value) triples grouped by key and window, each window's groups
+        appended to it as a run; the fired windows kept for the lateness that they update
+        fire again for their keys."""
+        if values is not None and not isinstance(values, pa.Array | pa.ChunkedArray):
+            values = pa.array(values)
+        group_keys, group_starts, sums, grouped_counts = group_by_window(
+            keys, starts, values, self.aggregation.kind
+        )
+        parts = column_numbers(sums)
+        counts = None if grouped_counts is None else column_numbers(grouped_counts)
+        number = self.chain.generation
+        again: list[tuple[int, pa.Array, np.ndarray]] = []
+        for start in np.unique(group_starts).tolist():
+            mask = group_starts == start
+            run = Run(
+                group_keys.filter(pa.array(mask)),
+                parts[mask],
+                None if counts is None else counts[mask],
+                number,
+            )
+            self.held += run.held
+            window = self.windows.get(start)
+            if window is None:
+                self._add_window(WindowRuns(start, (run,), born=number))
+                continue
+            window.runs = (*window.runs, run)
+            if window.fired:
+                these = run.keys
+                if window.waiting is not None:  # (those fire when the watermark passes)
+                    waiting = window.waiting.cast(these.type)
+                    these = these.filter(pc.invert(pc.is_in(these, value_set=waiting)))
+                result = self._result(window, these)
+                if result is not None:
+                    again.append((start, *result))
+            if len(window.runs) > MOST_RUNS:
+                self._compact(window)
+        self._spill_if_full()
+        return self._batch(again) if again else None
+
+    def _result(
+        self, window: WindowRuns, keys: pa.Array | None = None
+    ) -> tuple[pa.Array, Any] | None:
+        """The window's result per key (of ``keys`` only); ``None``: it holds none."""
+        parts = [run.part for run in window.runs]
+        if keys is not None:
+            parts = [restrict(part, keys) for part in parts]
+        return window_result(parts, self.aggregation.kind)
+
+    # -------------------------------------------------------- compaction, spills
+
+    def _compact(self, window: WindowRuns) -> None:
+        """Merge the window's runs into fewer, size-tiered: of those no later incremental
+        checkpoint needs apart (all those made up to :attr:`ColumnChain.settled`, or those of
+        one later snapshot), the smallest, each next one as long as it is at most twice those
+        taken before it together (a large run is not merged again for each small one)."""
+        settled = self.chain.settled
+        classes: dict[int, list[Run]] = {}
+        for run in window.runs:
+            classes.setdefault(max(run.number, settled), []).append(run)
+        runs: list[Run] = []
+        for found in classes.values():
+            found.sort(key=lambda run: len(run.keys))
+            taken = 2
+            rows = sum(len(run.keys) for run in found[:2])
+            while taken < len(found) and len(found[taken].keys) <= 2 * rows:
+                rows += len(found[taken].keys)
+                taken += 1
+            merged = self._merged(found[:taken]) if len(found) > 1 else None
+            runs.extend(found if merged is None else [merged, *found[taken:]])
+        window.runs = tuple(runs)
+
+    def _merged(self, runs: list[Run], part: Part | None = None) -> Run | None:
+        """One run of ``runs`` (of one class: see :meth:`_compact`); ``part``: their merge,
+        already made. ``None``: they hold no key."""
+        part = part or merge_parts([run.part for run in runs], self.aggregation.kind)
+        if part is None:
+            return None
+        merged = Run(*part, number=max(run.number for run in runs))
+        self.held += merged.held - sum(run.held for run in runs)
+        self._forget(runs)
+        return merged
+
+    def _spill_if_full(self) -> None:
+        """Beyond the budget, every run held in memory is written to a file of the local
+        folder and mapped back (runs of Python ints, beyond int64, stay)."""
+        if self.held <= self.budget or self.folder is None:
+            return
+        for window in self.windows.values():
+            window.runs = tuple(self._spilled(run) for run in window.runs)
+        self.held = sum(run.held for w in self.windows.values() for run in w.runs)
+        self.spills += 1
+
+    def _spilled(self, run: Run) -> Run:
+        if run.file is not None or run.acc.dtype == object or not len(run.keys):
+            return run
+        assert self.folder is not None
+        columns = {"k": run.keys, "a": pa.array(run.acc)}
+        if run.count is not None:
+            columns["c"] = pa.array(run.count)
+        table = pa.table(columns)
+        path = os.path.join(self.folder, f"windows-{os.getpid()}-{next(self._files)}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        with pa.memory_map(path) as source:
+            mapped = pa.ipc.open_file(source).read_all().combine_chunks()
+        count = None if run.count is None else mapped.column("c").chunk(0).to_numpy()
+        return Run(
+            mapped.column("k").chunk(0),
+            mapped.column("a").chunk(0).to_numpy(),
+            count,
+            run.number,
+            path,
+        )
+
+    def _forget(self, runs: Iterable[Run]) -> None:
+        """Runs no window holds any more: their files are removed (a snapshot being written
+        still reads a mapped one: the mapping outlives the name)."""
+        for run in runs:
+            if run.file is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(run.file)
+
+    def _drop(self, start: int) -> None:
+        window = self.windows.pop(start, None)
+        if window is not None:
+            self.held -= sum(run.held for run in window.runs)
+            self._forget(window.runs)
+
+    # ---------------------------------------------------------------- snapshots
+
+    def attach(
+        self, taken: KeyedSnapshot, checkpoint_id: int, base: int | None, savepoint: bool
+    ) -> None:
+        """The windows' chain of segments takes a segment: the runs made since ``base``, or
+        all."""
+        held: list[RunState] = [
+            (w.start, w.fired, w.waiting, [(run.part, run.number) for run in w.runs], w.born)
+            for w in self.windows.values()
+        ]
+        kind = str(self.aggregation.kind)
+        ticket = self.chain.snapshot(checkpoint_id, base, savepoint)
+
+        def write(store: SegmentStore, name: str) -> dict[str, Any]:
+            return self.chain.write(ticket, store, name, encode)
+
+        def encode(since: int | None) -> bytes:
+            return encode_runs(held, since, kind)
+
+        taken.attached.append(write)
+
+    # ----------------------------------------------------------------- firing
+
+    def holds_windows(self) -> bool:
+        return bool(self.windows)
+
+    def so_far(self) -> Batch | None:
+        found = []
+        for window in self.windows.values():
+            result = None if window.fired else self._result(window)
+            if result is not None:
+                found.append((window.start, *result))
+        return self._batch(found, final=False) if found else None
+
+    def fire(self, due: Iterable[Timer]) -> Batch | None:
+        fired: list[tuple[int, pa.Array, np.ndarray]] = []
+        keep = self.op.keeps_fired
+        for _, _, start in due:
+            window = self.windows.get(start)
+            if window is None:
+                continue
+            if window.fired:  # (restored fired for some keys: now for the others)
+                if window.waiting is not None:
+                    waiting, window.waiting = window.waiting, None
+                    result = self._result(window, waiting)
+                    if result is not None:
+                        fired.append((start, *result))
+                continue
+            merged = merge_parts([run.part for run in window.runs], self.aggregation.kind)
+            if merged is not None:
+                fired.append((start, *results_of(merged)))
+            if not keep:
+                self._drop(start)
+                continue
+            window.fired = True
+            end = end_of(self.assigner, start)
+            self.cleanup_timers.add(cleanup_time(end, self.lateness), None, start)
+            settled = self.chain.settled
+            if len({max(run.number, settled) for run in window.runs}) == 1:  # (one class)
+                kept = self._merged(list(window.runs), merged)
+                window.runs = () if kept is None else (kept,)
+        return self._batch(fired) if fired else None
+
+    def drop(self, due: Iterable[Timer]) -> None:
+        for _, _, start in due:
+            window = self.windows.get(start)
+            if window is not None and window.fired:
+                self._drop(start)
+
+    def _batch(
+        self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
+    ) -> pa.RecordBatch:
+        return fired_batch(self.op, fired, final)

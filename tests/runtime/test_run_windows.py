@@ -1,0 +1,167 @@
+"""The disk backend's tumbling windows kept as runs (:class:`RunWindows`): incremental
+checkpoints that write only the runs made since their base, compaction that never merges what
+a later increment needs apart, runs spilled to files beyond the memory budget (and removed with
+their window), and the windows exact through all of it."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_window_operators import Job
+
+from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.eventtime import run_windows
+from cutline.runtime.eventtime.aggregations import Aggregation
+from cutline.runtime.eventtime.assigners import Tumbling
+from cutline.runtime.eventtime.logic import WindowLogic
+from cutline.runtime.eventtime.operator import WindowOperator
+from cutline.runtime.eventtime.run_windows import RunWindows
+from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.state.columns import COLUMNS
+
+LOGIC = WindowLogic(
+    Tumbling(100), Aggregation("sum", "n"), "user", EventTime("ts", 0, pa.int64()), 0
+)
+
+
+def store_of(op: WindowOperator) -> RunWindows:
+    assert isinstance(op.store, RunWindows)
+    return op.store
+
+
+def rows_written(job: Job, handle: dict[str, Any]) -> int:
+    """The rows of runs the newest segment of a handle's windows holds."""
+    found = pickle.loads(job.store.files[handle[COLUMNS][-1]["path"]])
+    return sum(len(keys) for entry in found["runs"] for keys, _, _ in entry[4])
+
+
+def fired_sums(job: Job) -> dict[tuple[str, int], int]:
+    job.watermark(MAX_WATERMARK)
+    found = {(r["user"], r["window_start"]): r["n"] for r in job.output}
+    assert len(found) == len(job.output), "each window once"
+    return found
+
+
+def test_an_incremental_checkpoint_writes_only_the_runs_made_since_its_base() -> None:
+    """1,000 keys in a window: checkpoint 1 writes them; checkpoint 2, built on it after 10
+    records, writes those 10 rows; checkpoint 3 with nothing new, none; a savepoint, every run
+    (1,010 rows). Each restores to the same sums."""
+    job = Job(LOGIC, "disk", 1)
+    job.process([{"user": f"u{i}", "ts": 10, "n": i} for i in range(1_000)], arrow=True)
+    first = job.checkpoint(1)[1][0]
+    assert rows_written(job, first) == 1_000 and first[COLUMNS][0]["full"]
+    job.process([{"user": f"u{i}", "ts": 20, "n": 1} for i in range(0, 1_000, 100)], True)
+    second = job.checkpoint(2, base=1)[1][0]
+    assert len(second[COLUMNS]) == 2 and not second[COLUMNS][1]["full"]
+    assert rows_written(job, second) == 10
+    third = job.checkpoint(3, base=2)[1][0]
+    assert len(third[COLUMNS]) == 3 and rows_written(job, third) == 0
+    savepoint = job.ops[0].snapshot(4, base=3, savepoint=True).write(job.store, "sp")
+    assert len(savepoint[COLUMNS]) == 1 and rows_written(job, savepoint) == 1_010
+    wanted = {(f"u{i}", 0): i + (1 if i % 100 == 0 else 0) for i in range(1_000)}
+    for handle in (third, savepoint):
+        restored = Job(LOGIC, "disk", 1, (job.store, [handle]))
+        assert fired_sums(restored) == wanted
+        restored.close()
+    assert fired_sums(job) == wanted
+    job.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["sum", "min", "max", "mean"]))
+def test_compaction_never_merges_what_a_later_increment_needs_apart(seed: int, kind: str) -> None:
+    """Runs compacted after every third (``MOST_RUNS`` 2), checkpoints built on the newest
+    one declared complete (some never are), restores of random checkpoints into fresh
+    operators, which go on checkpointing on the restored chain: every checkpoint restores to
+    exactly the windows the records gave so far."""
+    rng = random.Random(seed)
+    most = run_windows.MOST_RUNS
+    run_windows.MOST_RUNS = 2
+    try:
+        logic = WindowLogic(
+            Tumbling(100), Aggregation(kind, "n"), "user", EventTime("ts", 0, pa.int64()), 0
+        )
+        job = Job(logic, "disk", 1)
+        seen: list[dict[str, Any]] = []
+        states: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
+        complete: int | None = None
+        for checkpoint in range(1, 13):
+            for _ in range(rng.randint(0, 4)):
+                batch = [
+                    {
+                        "user": f"u{rng.randrange(30)}",
+                        "ts": rng.randrange(300),
+                        "n": rng.randint(-9, 99),
+                    }
+                    for _ in range(rng.randint(1, 25))
+                ]
+                job.process(batch, arrow=rng.random() < 0.8)
+                seen += batch
+            store, handles = job.checkpoint(checkpoint, base=complete)
+            states[checkpoint] = (handles, list(seen))
+            if rng.random() < 0.6:
+                complete = checkpoint
+            if rng.random() < 0.25:  # a restore of a random checkpoint, going on from it
+                back = rng.choice(sorted(states))
+                handles, seen = states[back][0], list(states[back][1])
+                job.close()
+                job = Job(logic, "disk", 1, (store, handles), restored=back)
+                job.store = store
+                complete = back
+        for _checkpoint, (handles, records) in sorted(states.items()):
+            restored = Job(logic, "disk", 1, (job.store, handles))
+            assert fired_sums(restored) == pytest.approx(expected(records, kind))
+            restored.close()
+        job.close()
+    finally:
+        run_windows.MOST_RUNS = most
+
+
+def expected(records: list[dict[str, Any]], kind: str) -> dict[tuple[str, int], Any]:
+    values: dict[tuple[str, int], list[int]] = {}
+    for r in records:
+        values.setdefault((r["user"], r["ts"] - r["ts"] % 100), []).append(r["n"])
+    reduce: Any = {"sum": sum, "min": min, "max": max, "mean": lambda v: sum(v) / len(v)}[kind]
+    return {w: reduce(v) for w, v in values.items()}
+
+
+def test_runs_beyond_the_memory_budget_are_spilled_to_files_and_removed_with_their_window(
+    tmp_path: Path,
+) -> None:
+    """With 1 MiB of state memory (half of it for runs), 100,000 keys in each of 3 windows
+    spill their runs to files in the backend's folder; the windows fire exactly (a restore of
+    a checkpoint taken while spilled too), and no file is left once they have fired."""
+    job = Job(LOGIC, "disk", 1, memory=1 << 20, local_dir=str(tmp_path))
+    op = job.ops[0]
+    wanted: Counter[tuple[str, int]] = Counter()
+    for window in range(3):
+        for start in range(0, 100_000, 25_000):
+            batch = [
+                {"user": f"k{i}", "ts": window * 100 + i % 100, "n": i % 7}
+                for i in range(start, start + 25_000)
+            ]
+            job.process(batch, arrow=True)
+            for r in batch:
+                wanted[(r["user"], window * 100)] += r["n"]
+    store = store_of(op)
+    assert store.spills >= 1 and store.held <= store.budget
+    assert op.backend.path is not None
+    files = glob.glob(os.path.join(op.backend.path, "windows-*.arrow"))
+    assert files and all(run.file in files for w in store.windows.values() for run in w.runs)
+    handle = job.checkpoint(1)[1][0]
+    restored = Job(LOGIC, "disk", 1, (job.store, [handle]))
+    assert fired_sums(restored) == dict(wanted)
+    restored.close()
+    assert fired_sums(job) == dict(wanted)
+    assert not store.windows and not glob.glob(os.path.join(op.backend.path, "windows-*.arrow"))
+    job.close()
