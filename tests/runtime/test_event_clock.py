@@ -114,6 +114,7 @@ def test_fired_windows_go_when_the_lateness_is_past_though_nothing_else_is_open(
         "SlicedWindows": lambda s: {**s.windows, **s.slices},
         "ColumnarSessions": lambda s: s.rows,
         "RunWindows": lambda s: s.windows,
+        "SlicedRuns": lambda s: {**s.windows, **s.slices},
         "KeyedWindows": lambda s: None,
     }[type(op.store).__name__](op.store)
     assert not held

@@ -22,16 +22,20 @@ from test_window_operators import Job
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime import run_windows
 from cutline.runtime.eventtime.aggregations import Aggregation
-from cutline.runtime.eventtime.assigners import Tumbling
+from cutline.runtime.eventtime.assigners import Sliding, Tumbling
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.run_windows import RunWindows
 from cutline.runtime.eventtime.timestamps import EventTime
 from cutline.runtime.state.columns import COLUMNS
 
-LOGIC = WindowLogic(
-    Tumbling(100), Aggregation("sum", "n"), "user", EventTime("ts", 0, pa.int64()), 0
-)
+ASSIGNERS = {"tumbling": Tumbling(100), "sliding": Sliding(200, every=100)}
+
+
+def window_logic(windows: str, kind: str = "sum") -> WindowLogic:
+    return WindowLogic(
+        ASSIGNERS[windows], Aggregation(kind, "n"), "user", EventTime("ts", 0, pa.int64()), 0
+    )
 
 
 def store_of(op: WindowOperator) -> RunWindows:
@@ -42,7 +46,8 @@ def store_of(op: WindowOperator) -> RunWindows:
 def rows_written(job: Job, handle: dict[str, Any]) -> int:
     """The rows of runs the newest segment of a handle's windows holds."""
     found = pickle.loads(job.store.files[handle[COLUMNS][-1]["path"]])
-    return sum(len(keys) for entry in found["runs"] for keys, _, _ in entry[4])
+    entries = [*found["runs"], *found["slice_runs"]]
+    return sum(len(keys) for entry in entries for keys, _, _ in entry[4])
 
 
 def fired_sums(job: Job) -> dict[tuple[str, int], int]:
@@ -52,11 +57,18 @@ def fired_sums(job: Job) -> dict[tuple[str, int], int]:
     return found
 
 
-def test_an_incremental_checkpoint_writes_only_the_runs_made_since_its_base() -> None:
-    """1,000 keys in a window: checkpoint 1 writes them; checkpoint 2, built on it after 10
-    records, writes those 10 rows; checkpoint 3 with nothing new, none; a savepoint, every run
-    (1,010 rows). Each restores to the same sums."""
-    job = Job(LOGIC, "disk", 1)
+@pytest.mark.parametrize("windows", ["tumbling", "sliding"])
+def test_an_incremental_checkpoint_writes_only_the_runs_made_since_its_base(windows: str) -> None:
+    """1,000 keys in a window (sliding: in a slice of two windows): checkpoint 1 writes them;
+    checkpoint 2, built on it after 10 records, writes those 10 rows; checkpoint 3 with
+    nothing new, none; a savepoint, every run, merged (1,000 rows). Each restores to the
+    same sums."""
+    logic = window_logic(windows)
+    job = Job(logic, "disk", 1)
+    assert (
+        type(job.ops[0].store).__name__
+        == {"tumbling": "RunWindows", "sliding": "SlicedRuns"}[windows]
+    )
     job.process([{"user": f"u{i}", "ts": 10, "n": i} for i in range(1_000)], arrow=True)
     first = job.checkpoint(1)[1][0]
     assert rows_written(job, first) == 1_000 and first[COLUMNS][0]["full"]
@@ -67,10 +79,11 @@ def test_an_incremental_checkpoint_writes_only_the_runs_made_since_its_base() ->
     third = job.checkpoint(3, base=2)[1][0]
     assert len(third[COLUMNS]) == 3 and rows_written(job, third) == 0
     savepoint = job.ops[0].snapshot(4, base=3, savepoint=True).write(job.store, "sp")
-    assert len(savepoint[COLUMNS]) == 1 and rows_written(job, savepoint) == 1_010
-    wanted = {(f"u{i}", 0): i + (1 if i % 100 == 0 else 0) for i in range(1_000)}
+    assert len(savepoint[COLUMNS]) == 1 and rows_written(job, savepoint) == 1_000
+    starts = (0,) if windows == "tumbling" else (-100, 0)
+    wanted = {(f"u{i}", s): i + (1 if i % 100 == 0 else 0) for i in range(1_000) for s in starts}
     for handle in (third, savepoint):
-        restored = Job(LOGIC, "disk", 1, (job.store, [handle]))
+        restored = Job(logic, "disk", 1, (job.store, [handle]))
         assert fired_sums(restored) == wanted
         restored.close()
     assert fired_sums(job) == wanted
@@ -78,8 +91,14 @@ def test_an_incremental_checkpoint_writes_only_the_runs_made_since_its_base() ->
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["sum", "min", "max", "mean"]))
-def test_compaction_never_merges_what_a_later_increment_needs_apart(seed: int, kind: str) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    kind=st.sampled_from(["sum", "min", "max", "mean"]),
+    windows=st.sampled_from(["tumbling", "sliding"]),
+)
+def test_compaction_never_merges_what_a_later_increment_needs_apart(
+    seed: int, kind: str, windows: str
+) -> None:
     """Runs compacted after every third (``MOST_RUNS`` 2), checkpoints built on the newest
     one declared complete (some never are), restores of random checkpoints into fresh
     operators, which go on checkpointing on the restored chain: every checkpoint restores to
@@ -88,9 +107,7 @@ def test_compaction_never_merges_what_a_later_increment_needs_apart(seed: int, k
     most = run_windows.MOST_RUNS
     run_windows.MOST_RUNS = 2
     try:
-        logic = WindowLogic(
-            Tumbling(100), Aggregation(kind, "n"), "user", EventTime("ts", 0, pa.int64()), 0
-        )
+        logic = window_logic(windows, kind)
         job = Job(logic, "disk", 1)
         seen: list[dict[str, Any]] = []
         states: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
@@ -120,28 +137,33 @@ def test_compaction_never_merges_what_a_later_increment_needs_apart(seed: int, k
                 complete = back
         for _checkpoint, (handles, records) in sorted(states.items()):
             restored = Job(logic, "disk", 1, (job.store, handles))
-            assert fired_sums(restored) == pytest.approx(expected(records, kind))
+            assert fired_sums(restored) == pytest.approx(expected(records, kind, windows))
             restored.close()
         job.close()
     finally:
         run_windows.MOST_RUNS = most
 
 
-def expected(records: list[dict[str, Any]], kind: str) -> dict[tuple[str, int], Any]:
+def expected(records: list[dict[str, Any]], kind: str, windows: str) -> dict[tuple[str, int], Any]:
     values: dict[tuple[str, int], list[int]] = {}
     for r in records:
-        values.setdefault((r["user"], r["ts"] - r["ts"] % 100), []).append(r["n"])
+        start = r["ts"] - r["ts"] % 100
+        for s in (start,) if windows == "tumbling" else (start - 100, start):
+            values.setdefault((r["user"], s), []).append(r["n"])
     reduce: Any = {"sum": sum, "min": min, "max": max, "mean": lambda v: sum(v) / len(v)}[kind]
     return {w: reduce(v) for w, v in values.items()}
 
 
+@pytest.mark.parametrize("windows", ["tumbling", "sliding"])
 def test_runs_beyond_the_memory_budget_are_spilled_to_files_and_removed_with_their_window(
-    tmp_path: Path,
+    tmp_path: Path, windows: str
 ) -> None:
     """With 1 MiB of state memory (half of it for runs), 100,000 keys in each of 3 windows
-    spill their runs to files in the backend's folder; the windows fire exactly (a restore of
-    a checkpoint taken while spilled too), and no file is left once they have fired."""
-    job = Job(LOGIC, "disk", 1, memory=1 << 20, local_dir=str(tmp_path))
+    (or slices) spill their runs to files in the backend's folder; the windows fire exactly
+    (a restore of a checkpoint taken while spilled too), and no file is left once they have
+    fired."""
+    logic = window_logic(windows)
+    job = Job(logic, "disk", 1, memory=1 << 20, local_dir=str(tmp_path))
     op = job.ops[0]
     wanted: Counter[tuple[str, int]] = Counter()
     for window in range(3):
@@ -152,16 +174,18 @@ def test_runs_beyond_the_memory_budget_are_spilled_to_files_and_removed_with_the
             ]
             job.process(batch, arrow=True)
             for r in batch:
-                wanted[(r["user"], window * 100)] += r["n"]
+                for s in (0,) if windows == "tumbling" else (-100, 0):
+                    wanted[(r["user"], window * 100 + s)] += r["n"]
     store = store_of(op)
     assert store.spills >= 1 and store.held <= store.budget
     assert op.backend.path is not None
     files = glob.glob(os.path.join(op.backend.path, "windows-*.arrow"))
-    assert files and all(run.file in files for w in store.windows.values() for run in w.runs)
+    assert files and all(run.file in files for w in store._holders() for run in w.runs)
     handle = job.checkpoint(1)[1][0]
-    restored = Job(LOGIC, "disk", 1, (job.store, [handle]))
+    restored = Job(logic, "disk", 1, (job.store, [handle]))
     assert fired_sums(restored) == dict(wanted)
     restored.close()
     assert fired_sums(job) == dict(wanted)
-    assert not store.windows and not glob.glob(os.path.join(op.backend.path, "windows-*.arrow"))
+    assert not store._holders()
+    assert not glob.glob(os.path.join(op.backend.path, "windows-*.arrow"))
     job.close()

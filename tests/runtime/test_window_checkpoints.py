@@ -26,6 +26,7 @@ from test_window_operators import Job
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
+from cutline.runtime.eventtime.keyed import KeyedWindows
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.timestamps import EventTime
 from cutline.runtime.state.columns import COLUMNS
@@ -301,12 +302,17 @@ def test_a_large_window_looks_a_small_batch_up_in_its_index_of_keys(
         finished.close()
 
 
-def test_the_sliced_layout_counts_its_open_windows_as_the_keyed_one() -> None:
+def test_the_sliced_layouts_count_their_open_windows_as_the_keyed_one() -> None:
     """The ``windows`` figure (key and window pairs not fired yet) of sliding windows kept
-    as slices equals the keyed layout's (a key in several slices of a window counts once)."""
+    as slices (of columns, or of runs) equals the keyed layout's (a key in several slices of
+    a window counts once)."""
     logic = window_logic("sliding", "count")
     rng = random.Random(3)
-    jobs = [Job(logic, "memory", 1), Job(logic, "disk", 1)]
+    jobs = [
+        Job(logic, "memory", 1),
+        Job(logic, "disk", 1),
+        Job(logic, "memory", 1, layout=KeyedWindows),
+    ]
     records = [
         {"user": f"u{rng.randrange(20)}", "ts": rng.randrange(2_000), "n": 1} for _ in range(300)
     ]
@@ -314,8 +320,13 @@ def test_the_sliced_layout_counts_its_open_windows_as_the_keyed_one() -> None:
         job.process(records, arrow=True)
         job.watermark(900)
     figures = [job.ops[0].figures() for job in jobs]
-    assert figures[0] is not None and figures[1] is not None
-    assert figures[0]["windows"] == figures[1]["windows"] > 0
+    assert [type(job.ops[0].store).__name__ for job in jobs] == [
+        "SlicedWindows",
+        "SlicedRuns",
+        "KeyedWindows",
+    ]
+    assert figures[0] is not None and figures[1] is not None and figures[2] is not None
+    assert figures[0]["windows"] == figures[1]["windows"] == figures[2]["windows"] > 0
     for job in jobs:
         job.close()
 

@@ -3,7 +3,7 @@
 The same random records, cut into random batches (Arrow or Python records) with watermarks
 between them, go through the keyed layout (:class:`KeyedWindows`), the columnar ones
 (:class:`ColumnarWindows`, :class:`ColumnarSessions`, the memory backend's) and the runs
-(:class:`RunWindows`, the disk backend's tumbling windows), each checkpointed and
+(:class:`RunWindows`, :class:`SlicedRuns`, the disk backend's), each checkpointed and
 restored at random points (at another parallelism too): all publish the same windows with
 the same results, send the same records to ``late``, and equal a plain Python computation of
 the windows the watermark passed.
@@ -29,6 +29,7 @@ from cutline.runtime.eventtime.keyed import KeyedWindows
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.run_windows import RunWindows
+from cutline.runtime.eventtime.sliced_runs import SlicedRuns
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
@@ -229,7 +230,7 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
     jobs["keyed"] = Job(logic, "memory", rng.randint(1, 3), layout=KeyedWindows)
     columnar = ColumnarSessions if windows == "session" else ColumnarWindows
     assert all(isinstance(op.store, columnar) for op in jobs["memory"].ops)
-    on_disk = RunWindows if windows == "tumbling" else KeyedWindows
+    on_disk = {"tumbling": RunWindows, "sliding": SlicedRuns, "session": KeyedWindows}[windows]
     assert all(type(op.store) is on_disk for op in jobs["disk"].ops)
     position, watermark, checkpoint = 0, -(2**63), 0
     arrivals: list[tuple[dict[str, Any], int]] = []

@@ -17,9 +17,11 @@ keeps.
   :class:`WindowTimers` (the window operator's);
 * ``operator.py``: the one :class:`WindowOperator` (times, lateness, the side output, early
   results, firing as its timers come due) and the :class:`WindowStore` its windows are kept
-  in, in one of four layouts: ``keyed.py`` (:class:`KeyedWindows`, every window and
-  backend), and on the memory backend for a built-in ``columnar_windows.py`` (tumbling),
-  ``sliced_windows.py`` (sliding, by ``slicing.py``), ``columnar_sessions.py``;
+  in, in one of six layouts: ``keyed.py`` (:class:`KeyedWindows`, every window and
+  backend); for a built-in on the memory backend ``columnar_windows.py`` (tumbling),
+  ``sliced_windows.py`` (sliding, by ``slicing.py``), ``columnar_sessions.py``; and on the
+  disk backend ``run_windows.py`` (tumbling, as runs: larger than memory) and
+  ``sliced_runs.py`` (sliding, slices as runs);
 * ``layouts.py``: the two layouts of what a window operator checkpoints, each read as the
   other; ``spec.py``: :class:`WindowSpec`, what a window operator is asked to do;
   ``logic.py``: :class:`WindowLogic`, which opens it with the layout that fits;

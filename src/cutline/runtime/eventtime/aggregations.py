@@ -252,6 +252,19 @@ def group_by_window(
     )
 
 
+def grouped_parts(
+    keys: Any, starts: np.ndarray, values: Any, kind: str
+) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`group_by_window` of (key, window start[, value]) triples, the parts as NumPy
+    arrays (ints as int64, floats as float64): per group its key, its start, its part, and a
+    mean's count."""
+    if values is not None and not isinstance(values, pa.Array | pa.ChunkedArray):
+        values = pa.array(values)
+    group_keys, group_starts, sums, counts = group_by_window(keys, starts, values, Kind(kind))
+    parts = column_numbers(sums)
+    return group_keys, group_starts, parts, None if counts is None else column_numbers(counts)
+
+
 def cut_sessions(
     keys: Any, ts: np.ndarray, values: np.ndarray | None, kind: Kind, gap: int
 ) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

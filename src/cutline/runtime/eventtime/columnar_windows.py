@@ -11,14 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.runtime.eventtime.aggregations import (
-    SAFE,
-    UFUNCS,
-    adds,
-    column_numbers,
-    group_by_window,
-    largest,
-)
+from cutline.runtime.eventtime.aggregations import SAFE, UFUNCS, adds, grouped_parts, largest
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of, starts_of
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.layouts import (
@@ -204,13 +197,9 @@ class ColumnarWindows:
         """(key, start, value) triples grouped by key and start, each start's groups merged
         into its columns in ``into`` (new ones made and given to ``add``): per start, its
         columns, the keys, and their positions there (``None``: the columns are new)."""
-        if values is not None and not isinstance(values, pa.Array | pa.ChunkedArray):
-            values = pa.array(values)
-        group_keys, group_starts, sums, grouped_counts = group_by_window(
+        group_keys, group_starts, parts, counts = grouped_parts(
             keys, starts, values, self.aggregation.kind
         )
-        parts = column_numbers(sums)
-        counts = None if grouped_counts is None else column_numbers(grouped_counts)
         found: list[tuple[WindowColumns, pa.Array, np.ndarray | None]] = []
         for start in np.unique(group_starts).tolist():
             mask = group_starts == start
@@ -328,14 +317,17 @@ class ColumnarWindows:
                 columns.fired = True
                 self._keep(start)
             else:
-                del self.windows[start]
+                self._drop(start)
         return self._batch(fired) if fired else None
 
     def drop(self, due: Iterable[Timer]) -> None:
         for _, _, start in due:
             columns = self.windows.get(start)
             if columns is not None and columns.fired:
-                del self.windows[start]
+                self._drop(start)
+
+    def _drop(self, start: int) -> None:
+        self.windows.pop(start, None)
 
     def _batch(
         self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True

@@ -1,24 +1,27 @@
 """The two layouts of what a window operator keeps, and how each is read as the other.
 
 A window operator (:mod:`cutline.runtime.eventtime`) keeps its windows in one of two layouts,
-chosen by the state backend it **runs** with:
+chosen by what it computes and the state backend it **runs** with:
 
-* **keyed** (the disk backend's, and the memory backend's for a user's function or a key
-  function): keyed state ``windows``, per key ``{window start: (accumulator, fired)}``, or
+* **keyed** (a user's function or a key function, ``early_records``, and the disk backend's
+  sessions): keyed state ``windows``, per key ``{window start: (accumulator, fired)}``, or
   for session windows a sorted tuple of ``(start, end, accumulator, fired)``. A built-in's
   accumulator is its count, sum, least or greatest value, or for ``mean`` ``(sum, count)``.
-* **columnar** (the memory backend's, for a built-in of a key column), beside the (empty)
-  keyed state in the handle's extra fields: ``panes``, per window ``(start, keys,
-  accumulators, counts, fired)`` (``counts`` only for a mean; ``fired`` one flag for the
-  window, or one per key), or ``sessions``, one row per open session (``keys``, ``start``,
-  ``end``, ``acc``, ``count``, ``fired``).
+* **columnar** (for a built-in of a key column), beside the (empty) keyed state: per window
+  ``(start, keys, accumulators, counts, fired)`` (``counts`` only for a mean; ``fired`` one
+  flag for the window, or one per key), or, for sessions, one row per open session
+  (``keys``, ``start``, ``end``, ``acc``, ``count``, ``fired``). The disk backend keeps a
+  window's columns as **runs** (:mod:`~cutline.runtime.eventtime.run_windows`): several
+  parts, each key once in each, that merge per key into the window's columns.
 
 The columnar layout is checkpointed as a chain of segments of its own
 (:class:`~cutline.runtime.state.columns.ColumnChain`), named by the handle's ``columns``:
 a full segment holds every window, an incremental one only what changed since the checkpoint
-it builds on (of each window, the keys whose accumulators changed; of sessions, every session
-of the keys that changed). :func:`read_windows` and :func:`read_session_rows` read either (and
-the handles of older checkpoints, which held the columns themselves).
+it builds on (of each window, the keys whose accumulators changed, or the runs made since; of
+sessions, every session of the keys that changed). :func:`read_windows` reads a chain of
+either kind of segment, or of both (a chain restored under the other backend goes on), and
+:func:`read_session_rows` the sessions' (and both the handles of older checkpoints, which held
+the columns themselves).
 
 A checkpoint or savepoint written under one backend is restored under the other: the
 operator reads whichever layout it finds and keeps its own. The functions here turn one into
@@ -132,17 +135,40 @@ has not fired for yet (``None``: none), its runs with the snapshot each goes int
 snapshot that made the window."""
 
 
-def encode_runs(windows: list[RunState], since: int | None, kind: str) -> bytes:
+def encode_runs(
+    windows: list[RunState],
+    since: int | None,
+    kind: str,
+    slices: list[RunState] | None = None,
+    slicing: Slicing | None = None,
+) -> bytes:
     """A segment of windows kept as runs (built-in ``kind``): every run of every window
     (``since`` None), or of each window the runs made after snapshot ``since`` (a window made
-    after it: all of them, replacing one of the same start the chain held). Every window is
-    named, with or without runs: a window the segment does not name was dropped."""
+    after it: all of them, replacing one of the same start the chain held), merged into one
+    run per window. Every window is
+    named, with or without runs: a window the segment does not name was dropped. Sliding
+    windows kept as slices: the same of each slice, and ``slicing``."""
+    return pickle.dumps(
+        {
+            "format": COLUMNS_FORMAT,
+            "runs": _run_entries(windows, since, kind),
+            "slice_runs": _run_entries(slices or [], since, kind),
+            "slicing": slicing,
+            "kind": kind,
+        },
+        protocol=5,
+    )
+
+
+def _run_entries(windows: list[RunState], since: int | None, kind: str) -> list[tuple[Any, ...]]:
+    """Of each window, the runs a segment writes, merged into one (each key once)."""
     entries = []
     for start, fired, waiting, runs, born in windows:
         replace = since is None or born > since
         added = [part for part, number in runs if since is None or replace or number > since]
-        entries.append((start, replace, fired, waiting, added))
-    return pickle.dumps({"format": COLUMNS_FORMAT, "runs": entries, "kind": kind}, protocol=5)
+        merged = merge_parts(added, kind) if len(added) > 1 else None
+        entries.append((start, replace, fired, waiting, added if merged is None else [merged]))
+    return entries
 
 
 def read_windows(handle: Mapping[str, Any], store: SegmentSource) -> list[WindowParts]:
@@ -165,6 +191,8 @@ def read_windows(handle: Mapping[str, Any], store: SegmentSource) -> list[Window
         if "runs" in found:
             kind = found["kind"]
             panes = _added(panes, found["runs"])
+            slices = _added(slices, found.get("slice_runs") or [])
+            slicing = found.get("slicing")
         elif "panes" in found:  # (not the sessions' chain)
             panes = _applied(panes, found["panes"], kind)
             slices = _applied(slices, found.get("slices") or [], kind)

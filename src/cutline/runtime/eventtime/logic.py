@@ -12,6 +12,7 @@ from cutline.runtime.eventtime.columnar_windows import ColumnarWindows
 from cutline.runtime.eventtime.keyed import KeyedWindows
 from cutline.runtime.eventtime.operator import WindowOperator, WindowStore
 from cutline.runtime.eventtime.run_windows import RunWindows
+from cutline.runtime.eventtime.sliced_runs import SlicedRuns
 from cutline.runtime.eventtime.sliced_windows import SlicedWindows
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.operators import Logic, OperatorContext
@@ -29,11 +30,12 @@ class WindowLogic(WindowSpec, Logic):
     def layout(self, backend: str) -> type[WindowStore]:
         """Where the windows are kept: as columns for a built-in of a key column (without
         ``early_records``: its counts per key and window are keyed state), on the disk backend
-        as runs (tumbling windows), else in keyed state."""
+        as runs (tumbling and sliding windows), else in keyed state."""
         if self.aggregation.builtin and isinstance(self.key, str) and self.early_records is None:
             if backend == "disk":
-                is_tumbling = not isinstance(self.assigner, Session | Sliding)
-                return RunWindows if is_tumbling else KeyedWindows
+                if isinstance(self.assigner, Session):
+                    return KeyedWindows
+                return SlicedRuns if isinstance(self.assigner, Sliding) else RunWindows
             if isinstance(self.assigner, Session):
                 return ColumnarSessions
             if isinstance(self.assigner, Sliding):

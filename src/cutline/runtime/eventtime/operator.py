@@ -19,7 +19,10 @@ layouts:
 * :class:`~cutline.runtime.eventtime.sliced_windows.SlicedWindows`: sliding windows of a
   built-in, as slices (the memory backend's);
 * :class:`~cutline.runtime.eventtime.columnar_sessions.ColumnarSessions`: sessions of a
-  built-in as rows (the memory backend's).
+  built-in as rows (the memory backend's);
+* :class:`~cutline.runtime.eventtime.run_windows.RunWindows` and
+  :class:`~cutline.runtime.eventtime.sliced_runs.SlicedRuns`: tumbling windows, and sliding
+  windows' slices, of a built-in as runs (the disk backend's: larger than memory).
 
 A window **fires** when the watermark reaches its last millisecond (``window_end - 1``): its
 result is emitted with ``window_start`` and ``window_end`` (in the type of the event-time

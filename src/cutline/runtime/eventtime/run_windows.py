@@ -11,6 +11,9 @@ add, the least of the least values is the least, a mean adds its sums and its co
 * **Compaction.** A window with more than :data:`MOST_RUNS` runs merges them into fewer: those
   of one snapshot, or all those no later incremental checkpoint needs apart (made before the
   checkpoint later ones build on: :attr:`~cutline.runtime.state.columns.ColumnChain.settled`).
+* **What must fit.** A window's keys when it fires (it merges its runs at once, and its
+  result is one batch), and what a restore reads (the restored windows, merged, before they
+  are spilled again).
 * **Incremental checkpoints.** A run never changes: a checkpoint writes, of each window, the
   runs made since the checkpoint it builds on, as a segment of the windows' chain
   (:class:`~cutline.runtime.state.columns.ColumnChain`, read back by
@@ -27,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.runtime.eventtime.aggregations import column_numbers, group_by_window
+from cutline.runtime.eventtime.aggregations import grouped_parts
 from cutline.runtime.eventtime.assigners import Session, end_of
 from cutline.runtime.eventtime.columnar_windows import (
     fired_batch,
@@ -127,9 +130,13 @@ class RunWindows:
         """Bytes of the live windows' runs held in memory."""
         self.spills = 0
         self._files = itertools.count()
-        for start, pieces in restored_parts(op, self.chain, adopts=True).items():
+        for start, pieces in restored_parts(op, self.chain, self._adopts).items():
             self._restore(start, pieces)
         self._spill_if_full()
+
+    _adopts = True
+    """Whether later checkpoints may build on the restored chain (it holds the windows as
+    this store does)."""
 
     def _restore(self, start: int, pieces: list[Any]) -> None:
         """A restored window: one run per old subtask that held it; fired if any of its
@@ -146,11 +153,24 @@ class RunWindows:
 
     def _add_window(self, window: WindowRuns) -> None:
         self.windows[window.start] = window
-        end = end_of(self.assigner, window.start)
-        if window.fired:  # (kept for the lateness, then dropped)
-            self.cleanup_timers.add(cleanup_time(end, self.lateness), None, window.start)
+        if window.fired:
+            self._keep(window.start)
         if not window.fired or window.waiting is not None:
-            self.fire_timers.add(end - 1, None, window.start)
+            self._schedule(window.start)
+
+    def _schedule(self, start: int) -> None:
+        """The window (of all its keys: the timer's key is ``None``) fires when the watermark
+        reaches its last millisecond."""
+        self.fire_timers.add(end_of(self.assigner, start) - 1, None, start)
+
+    def _keep(self, start: int) -> None:
+        """The fired window is kept for the allowed lateness, then dropped."""
+        end = end_of(self.assigner, start)
+        self.cleanup_timers.add(cleanup_time(end, self.lateness), None, start)
+
+    def _holders(self) -> list[WindowRuns]:
+        """Everything that holds runs (the windows; sliding windows' slices too)."""
+        return list(self.windows.values())
 
     # ---------------------------------------------------------------- figures
 
@@ -177,52 +197,41 @@ class RunWindows:
         """(key, window start, value) triples grouped by key and window, each window's groups
         appended to it as a run; the fired windows kept for the lateness that they update
         fire again for their keys."""
-        if values is not None and not isinstance(values, pa.Array | pa.ChunkedArray):
-            values = pa.array(values)
-        group_keys, group_starts, sums, grouped_counts = group_by_window(
-            keys, starts, values, self.aggregation.kind
-        )
-        parts = column_numbers(sums)
-        counts = None if grouped_counts is None else column_numbers(grouped_counts)
-        number = self.chain.generation
         again: list[tuple[int, pa.Array, np.ndarray]] = []
-        for start in np.unique(group_starts).tolist():
-            mask = group_starts == start
-            run = Run(
-                group_keys.filter(pa.array(mask)),
-                parts[mask],
-                None if counts is None else counts[mask],
-                number,
-            )
+        for start, run in grouped_runs(keys, starts, values, self.aggregation.kind, self.chain):
             self.held += run.held
             window = self.windows.get(start)
             if window is None:
-                self._add_window(WindowRuns(start, (run,), born=number))
+                self._add_window(WindowRuns(start, (run,), born=run.number))
                 continue
-            window.runs = (*window.runs, run)
+            self._append(window, run)
             if window.fired:
                 these = run.keys
                 if window.waiting is not None:  # (those fire when the watermark passes)
                     waiting = window.waiting.cast(these.type)
                     these = these.filter(pc.invert(pc.is_in(these, value_set=waiting)))
-                result = self._result(window, these)
+                result = self._result(start, these)
                 if result is not None:
                     again.append((start, *result))
-            if len(window.runs) > MOST_RUNS:
-                self._compact(window)
         self._spill_if_full()
         return self._batch(again) if again else None
 
-    def _result(
-        self, window: WindowRuns, keys: pa.Array | None = None
-    ) -> tuple[pa.Array, Any] | None:
-        """The window's result per key (of ``keys`` only); ``None``: it holds none."""
-        parts = [run.part for run in window.runs]
+    def _result(self, start: int, keys: pa.Array | None = None) -> tuple[pa.Array, Any] | None:
+        """The result per key (of ``keys`` only) of the window at ``start``; ``None``: it
+        holds none."""
+        parts = [run.part for run in self.windows[start].runs]
         if keys is not None:
             parts = [restrict(part, keys) for part in parts]
         return window_result(parts, self.aggregation.kind)
 
     # -------------------------------------------------------- compaction, spills
+
+    def _append(self, holder: WindowRuns, run: Run) -> None:
+        """A new run of a window (or slice), compacted with its others beyond
+        :data:`MOST_RUNS`."""
+        holder.runs = (*holder.runs, run)
+        if len(holder.runs) > MOST_RUNS:
+            self._compact(holder)
 
     def _compact(self, window: WindowRuns) -> None:
         """Merge the window's runs into fewer, size-tiered: of those no later incremental
@@ -261,9 +270,10 @@ class RunWindows:
         folder and mapped back (runs of Python ints, beyond int64, stay)."""
         if self.held <= self.budget or self.folder is None:
             return
-        for window in self.windows.values():
-            window.runs = tuple(self._spilled(run) for run in window.runs)
-        self.held = sum(run.held for w in self.windows.values() for run in w.runs)
+        holders = self._holders()
+        for holder in holders:
+            holder.runs = tuple(self._spilled(run) for run in holder.runs)
+        self.held = sum(run.held for holder in holders for run in holder.runs)
         self.spills += 1
 
     def _spilled(self, run: Run) -> Run:
@@ -297,10 +307,13 @@ class RunWindows:
                     os.remove(run.file)
 
     def _drop(self, start: int) -> None:
-        window = self.windows.pop(start, None)
-        if window is not None:
-            self.held -= sum(run.held for run in window.runs)
-            self._forget(window.runs)
+        self._release(self.windows.pop(start, None))
+
+    def _release(self, holder: WindowRuns | None) -> None:
+        """A window (or slice) dropped: its runs' memory and files given back."""
+        if holder is not None:
+            self.held -= sum(run.held for run in holder.runs)
+            self._forget(holder.runs)
 
     # ---------------------------------------------------------------- snapshots
 
@@ -309,20 +322,19 @@ class RunWindows:
     ) -> None:
         """The windows' chain of segments takes a segment: the runs made since ``base``, or
         all."""
-        held: list[RunState] = [
-            (w.start, w.fired, w.waiting, [(run.part, run.number) for run in w.runs], w.born)
-            for w in self.windows.values()
-        ]
-        kind = str(self.aggregation.kind)
+        encode = self._frozen()
         ticket = self.chain.snapshot(checkpoint_id, base, savepoint)
 
         def write(store: SegmentStore, name: str) -> dict[str, Any]:
             return self.chain.write(ticket, store, name, encode)
 
-        def encode(since: int | None) -> bytes:
-            return encode_runs(held, since, kind)
-
         taken.attached.append(write)
+
+    def _frozen(self) -> Callable[[int | None], bytes]:
+        """What a snapshot holds of the windows (their runs, immutable), and how it is
+        encoded as a segment (:func:`~cutline.runtime.eventtime.layouts.encode_runs`)."""
+        held, kind = runs_of(self.windows.values()), str(self.aggregation.kind)
+        return lambda since: encode_runs(held, since, kind)
 
     # ----------------------------------------------------------------- firing
 
@@ -332,7 +344,7 @@ class RunWindows:
     def so_far(self) -> Batch | None:
         found = []
         for window in self.windows.values():
-            result = None if window.fired else self._result(window)
+            result = None if window.fired else self._result(window.start)
             if result is not None:
                 found.append((window.start, *result))
         return self._batch(found, final=False) if found else None
@@ -347,7 +359,7 @@ class RunWindows:
             if window.fired:  # (restored fired for some keys: now for the others)
                 if window.waiting is not None:
                     waiting, window.waiting = window.waiting, None
-                    result = self._result(window, waiting)
+                    result = self._result(start, waiting)
                     if result is not None:
                         fired.append((start, *result))
                 continue
@@ -358,8 +370,7 @@ class RunWindows:
                 self._drop(start)
                 continue
             window.fired = True
-            end = end_of(self.assigner, start)
-            self.cleanup_timers.add(cleanup_time(end, self.lateness), None, start)
+            self._keep(start)
             settled = self.chain.settled
             if len({max(run.number, settled) for run in window.runs}) == 1:  # (one class)
                 kept = self._merged(list(window.runs), merged)
@@ -376,3 +387,28 @@ class RunWindows:
         self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
     ) -> pa.RecordBatch:
         return fired_batch(self.op, fired, final)
+
+
+def runs_of(holders: Iterable[WindowRuns]) -> list[RunState]:
+    """Windows (or slices) as a snapshot holds them: their runs, immutable."""
+    return [
+        (w.start, w.fired, w.waiting, [(run.part, run.number) for run in w.runs], w.born)
+        for w in holders
+    ]
+
+
+def grouped_runs(
+    keys: pa.Array, starts: np.ndarray, values: Any, kind: str, chain: ColumnChain
+) -> Iterator[tuple[int, Run]]:
+    """(key, window start, value) triples grouped by key and window (or slice): per start,
+    its groups as a run of the snapshot the changes now go into."""
+    group_keys, group_starts, parts, counts = grouped_parts(keys, starts, values, kind)
+    for start in np.unique(group_starts).tolist():
+        mask = group_starts == start
+        run = Run(
+            group_keys.filter(pa.array(mask)),
+            parts[mask],
+            None if counts is None else counts[mask],
+            chain.generation,
+        )
+        yield start, run

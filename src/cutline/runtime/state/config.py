@@ -20,7 +20,9 @@ class StateConfig:
         the system's temporary directory). They are scratch space: checkpoints are what
         survives.
     :param memory: ``"disk"``: bytes of memory for RocksDB's write buffers and block cache,
-        per keyed operator subtask.
+        per keyed operator subtask; a window operator's runs
+        (:mod:`~cutline.runtime.eventtime.run_windows`) are written to files beyond half of
+        it.
     """
 
     backend: str = "memory"
