@@ -18,7 +18,7 @@ import cutline
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def test_the_window_state_benchmark_verifies_both_backends_at_a_tiny_size(tmp_path: Path):
+def test_the_window_state_benchmark_verifies_every_backend_at_a_tiny_size(tmp_path: Path):
     src = str(Path(cutline.__file__).resolve().parents[1])  # (the cutline these tests import)
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
     out = tmp_path / "b3w.json"
@@ -33,9 +33,10 @@ def test_the_window_state_benchmark_verifies_both_backends_at_a_tiny_size(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = json.loads(out.read_text())
     found = {m["parameters"]["backend"]: m for m in document["measurements"]}
-    assert set(found) == {"memory", "disk"}
+    assert set(found) == {"memory", "disk", "disk-4MiB"}
     assert found["memory"]["parameters"]["operator"] == "WindowOperator(ColumnarWindows)"
     assert found["disk"]["parameters"]["operator"] == "WindowOperator(RunWindows)"
+    assert found["disk-4MiB"]["parameters"]["incremental_operator"]["memory"] == 4 << 20
     for measurement in found.values():
         assert measurement["verified"] is True, measurement["verification"]
         assert measurement["parameters"]["records"] == [1000, 10, 10]
@@ -45,7 +46,7 @@ def test_the_window_state_benchmark_verifies_both_backends_at_a_tiny_size(tmp_pa
         assert figures["full_over_incremental"]["median"] > 0
         for operator in ("incremental_operator", "non_incremental_operator"):
             assert set(figures[operator]["restore_s"]) == {"c1", "c2", "c3"}
-    # the keyed layout's incremental checkpoint is the changed keys, not all of them
+    # the runs' incremental checkpoint is the changed keys, not all of them
     assert found["disk"]["figures"]["full_over_incremental"]["median"] > 5
 
 
