@@ -8,14 +8,16 @@ add, the least of the least values is the least, a mean adds its sums and its co
 * **Larger than memory.** Runs held in memory beyond half the backend's ``memory`` are
   written (spilled) to Arrow files in the backend's local folder and mapped back: the
   operating system pages them in and out as the window's merge reads them.
-* **Compaction.** A window with more than :data:`MOST_RUNS` runs merges them into fewer: those
-  of one snapshot, or all those no later incremental checkpoint needs apart (made before the
-  checkpoint later ones build on: :attr:`~cutline.runtime.state.columns.ColumnChain.settled`).
+* **Compaction.** A window with more than :data:`MOST_RUNS` runs merges them into fewer,
+  size-tiered, among those of one snapshot, or those no later incremental checkpoint needs
+  apart (made before the checkpoint later ones build on:
+  :attr:`~cutline.runtime.state.columns.ColumnChain.settled`).
 * **What must fit.** A window's keys when it fires (it merges its runs at once, and its
   result is one batch), and what a restore reads (the restored windows, merged, before they
   are spilled again).
 * **Incremental checkpoints.** A run never changes: a checkpoint writes, of each window, the
-  runs made since the checkpoint it builds on, as a segment of the windows' chain
+  runs made since the checkpoint it builds on (merged into one, on the snapshot thread), as
+  a segment of the windows' chain
   (:class:`~cutline.runtime.state.columns.ColumnChain`, read back by
   :func:`~cutline.runtime.eventtime.layouts.read_windows`, as every columnar layout's).
 
