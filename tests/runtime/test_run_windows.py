@@ -189,3 +189,61 @@ def test_runs_beyond_the_memory_budget_are_spilled_to_files_and_removed_with_the
     assert not store._holders()
     assert not glob.glob(os.path.join(op.backend.path, "windows-*.arrow"))
     job.close()
+
+
+def test_a_subtask_spills_many_windows_into_few_files(tmp_path: Path) -> None:
+    """100,000 tumbling windows kept for a long lateness, one small run each, beyond the
+    memory budget: each spill writes one file of all the runs it takes (one memory mapping),
+    not one a run, so that the subtask stays far from the system's limit of mappings
+    (``vm.max_map_count``, 65,530 by default); every window fires exactly. (The review that
+    found the limit failed here with "Memory mapping file failed".)"""
+    logic = WindowLogic(
+        Tumbling(1_000), Aggregation("sum", "n"), "user", EventTime("ts", 0, pa.int64()), 10**12
+    )
+    job = Job(logic, "disk", 1, memory=1 << 20, local_dir=str(tmp_path))
+    store = store_of(job.ops[0])
+    for chunk in range(0, 100_000, 10_000):
+        job.process(
+            [{"user": "u", "ts": w * 1_000, "n": 1 + w % 3} for w in range(chunk, chunk + 10_000)],
+            arrow=True,
+        )
+    folder = job.ops[0].backend.path
+    assert folder is not None
+    files = glob.glob(os.path.join(folder, "windows-*.arrow"))
+    assert store.spills >= 1 and 1 <= len(files) <= store.spills
+    job.watermark(10**9)
+    assert sorted((r["window_start"], r["n"]) for r in job.output) == [
+        (w * 1_000, 1 + w % 3) for w in range(100_000)
+    ]
+    job.close()
+
+
+def test_runs_of_checkpoints_that_never_complete_are_merged_and_the_window_written_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Checkpoint 1 completes, the 12 after it (each built on it) never do: each one's runs
+    must stay apart for an increment built on checkpoint 1, until a window holds more than
+    ``MOST_CLASSES`` (4 here) runs; then they are merged into one, and the next checkpoint
+    writes the window whole. Every checkpoint restores to exactly the sums so far."""
+    monkeypatch.setattr(run_windows, "MOST_RUNS", 2)
+    monkeypatch.setattr(run_windows, "MOST_CLASSES", 4)
+    logic = window_logic("tumbling")
+    job = Job(logic, "disk", 1)
+    seen: list[dict[str, Any]] = []
+    states = []
+    for checkpoint in range(1, 14):
+        batch = [{"user": f"u{i}", "ts": 10, "n": checkpoint} for i in range(checkpoint, 20)]
+        job.process(batch, arrow=True)
+        seen += batch
+        handles = job.checkpoint(checkpoint, base=None if checkpoint == 1 else 1)[1]
+        states.append((handles, list(seen)))
+        assert len(store_of(job.ops[0]).windows[0].runs) <= 4 + 1
+    whole = [
+        rows_written(job, handles[0]) for handles, _ in states[1:]
+    ]  # (incremental: the runs since checkpoint 1, or the window whole after a merge)
+    assert max(whole) == 19 and min(whole) < 19
+    for handles, records in states:
+        restored = Job(logic, "disk", 1, (job.store, handles))
+        assert fired_sums(restored) == expected(records, "sum", "tumbling")
+        restored.close()
+    job.close()

@@ -6,12 +6,14 @@ with the window's others until the window fires, when they merge per key (counts
 add, the least of the least values is the least, a mean adds its sums and its counts).
 
 * **Larger than memory.** Runs held in memory beyond half the backend's ``memory`` are
-  written (spilled) to Arrow files in the backend's local folder and mapped back: the
-  operating system pages them in and out as the window's merge reads them.
+  written (spilled), all at once into one Arrow file of the backend's local folder, and
+  mapped back: the operating system pages them in and out as the window's merge reads them.
+  A file is removed once no window holds a run of it.
 * **Compaction.** A window with more than :data:`MOST_RUNS` runs merges them into fewer,
   size-tiered, among those of one snapshot, or those no later incremental checkpoint needs
   apart (made before the checkpoint later ones build on:
-  :attr:`~cutline.runtime.state.columns.ColumnChain.settled`).
+  :attr:`~cutline.runtime.state.columns.ColumnChain.settled`); beyond :data:`MOST_CLASSES`
+  runs (checkpoints that do not complete), all of them, the window then written whole.
 * **What must fit.** A window's keys when it fires (it merges its runs at once, and its
   result is one batch), and what a restore reads (the restored windows, merged, before they
   are spilled again).
@@ -66,6 +68,11 @@ from cutline.runtime.state.segments import SegmentStore
 
 MOST_RUNS = 16
 """A window with more runs than this compacts them."""
+
+MOST_CLASSES = 64
+"""Runs a window keeps apart at most, however many snapshots made them: beyond (checkpoints
+that never complete), they are merged into one, and the next checkpoint writes the window
+whole."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,10 @@ class RunWindows:
         """Bytes of the live windows' runs held in memory."""
         self.spills = 0
         self._files = itertools.count()
+        self._live: dict[str, int] = {}
+        """Per spill file, the runs of it that windows hold."""
+        self._stuck = 0
+        """Bytes of runs that stayed in memory at the last spill (they cannot be spilled)."""
         for start, pieces in restored_parts(op, self.chain, self._adopts).items():
             self._restore(start, pieces)
         self._spill_if_full()
@@ -254,6 +265,10 @@ class RunWindows:
                 taken += 1
             merged = self._merged(found[:taken]) if len(found) > 1 else None
             runs.extend(found if merged is None else [merged, *found[taken:]])
+        if len(runs) > MOST_CLASSES:  # (checkpoints that do not complete: one class each)
+            merged = self._merged(runs)
+            runs = [] if merged is None else [merged]
+            window.born = self.chain.generation  # (the next segment writes it whole)
         window.runs = tuple(runs)
 
     def _merged(self, runs: list[Run], part: Part | None = None) -> Run | None:
@@ -268,43 +283,47 @@ class RunWindows:
         return merged
 
     def _spill_if_full(self) -> None:
-        """Beyond the budget, every run held in memory is written to a file of the local
-        folder and mapped back (runs of Python ints, beyond int64, stay)."""
-        if self.held <= self.budget or self.folder is None:
+        """Beyond the budget (over what could not be spilled before), every run held in
+        memory is written to the local folder and mapped back: one file per spill (and per
+        shape of run), whatever the number of runs, so that a subtask holds few files and
+        mappings. Runs of Python ints (sums beyond int64) stay in memory."""
+        if self.held <= self.budget + self._stuck or self.folder is None:
             return
         holders = self._holders()
+        shapes: dict[pa.Schema, list[tuple[WindowRuns, int]]] = {}
         for holder in holders:
-            holder.runs = tuple(self._spilled(run) for run in holder.runs)
+            for at, run in enumerate(holder.runs):
+                if run.file is None and run.acc.dtype != object and len(run.keys):
+                    shapes.setdefault(_columns(run).schema, []).append((holder, at))
+        for schema, found in shapes.items():
+            path = os.path.join(self.folder, f"windows-{os.getpid()}-{next(self._files)}.arrow")
+            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+                for holder, at in found:
+                    writer.write_batch(_columns(holder.runs[at]))
+            with pa.memory_map(path) as source:
+                reader = pa.ipc.open_file(source)
+                mapped = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            self._live[path] = len(found)
+            changed: dict[int, tuple[WindowRuns, list[Run]]] = {}
+            for (holder, at), batch in zip(found, mapped, strict=True):
+                runs = changed.setdefault(id(holder), (holder, list(holder.runs)))[1]
+                runs[at] = _from_columns(batch, runs[at].number, path)
+            for holder, runs in changed.values():
+                holder.runs = tuple(runs)
         self.held = sum(run.held for holder in holders for run in holder.runs)
+        self._stuck = self.held
         self.spills += 1
 
-    def _spilled(self, run: Run) -> Run:
-        if run.file is not None or run.acc.dtype == object or not len(run.keys):
-            return run
-        assert self.folder is not None
-        columns = {"k": run.keys, "a": pa.array(run.acc)}
-        if run.count is not None:
-            columns["c"] = pa.array(run.count)
-        table = pa.table(columns)
-        path = os.path.join(self.folder, f"windows-{os.getpid()}-{next(self._files)}.arrow")
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        with pa.memory_map(path) as source:
-            mapped = pa.ipc.open_file(source).read_all().combine_chunks()
-        count = None if run.count is None else mapped.column("c").chunk(0).to_numpy()
-        return Run(
-            mapped.column("k").chunk(0),
-            mapped.column("a").chunk(0).to_numpy(),
-            count,
-            run.number,
-            path,
-        )
-
     def _forget(self, runs: Iterable[Run]) -> None:
-        """Runs no window holds any more: their files are removed (a snapshot being written
-        still reads a mapped one: the mapping outlives the name)."""
+        """Runs no window holds any more: a file is removed once it holds none that a window
+        holds (a snapshot being written still reads a mapped one: the mapping outlives the
+        name)."""
         for run in runs:
-            if run.file is not None:
+            if run.file is None or run.file not in self._live:
+                continue
+            self._live[run.file] -= 1
+            if not self._live[run.file]:
+                del self._live[run.file]
                 with contextlib.suppress(OSError):
                     os.remove(run.file)
 
@@ -414,3 +433,17 @@ def grouped_runs(
             chain.generation,
         )
         yield start, run
+
+
+def _columns(run: Run) -> pa.RecordBatch:
+    """A run as an Arrow batch (to spill it)."""
+    columns = {"k": run.keys, "a": pa.array(run.acc)}
+    if run.count is not None:
+        columns["c"] = pa.array(run.count)
+    return pa.record_batch(columns)
+
+
+def _from_columns(batch: pa.RecordBatch, number: int, path: str) -> Run:
+    """A run spilled to ``path``, its columns mapped from there (zero-copy)."""
+    count = batch.column("c").to_numpy() if "c" in batch.schema.names else None
+    return Run(batch.column("k"), batch.column("a").to_numpy(), count, number, path)
