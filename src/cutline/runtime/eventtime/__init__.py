@@ -21,7 +21,8 @@ keeps.
   backend); for a built-in on the memory backend ``columnar_windows.py`` (tumbling),
   ``sliced_windows.py`` (sliding, by ``slicing.py``), ``columnar_sessions.py``; and on the
   disk backend ``run_windows.py`` (tumbling, as runs: larger than memory) and
-  ``sliced_runs.py`` (sliding, slices as runs);
+  ``sliced_runs.py`` (sliding, slices as runs); both sliced layouts mix in ``sliding.py``
+  (:class:`SlidingBySlices`: what sliding windows kept as slices do alike);
 * ``layouts.py``: the two layouts of what a window operator checkpoints, each read as the
   other; ``spec.py``: :class:`WindowSpec`, what a window operator is asked to do;
   ``logic.py``: :class:`WindowLogic`, which opens it with the layout that fits;
