@@ -60,7 +60,68 @@ class WindowColumns:
     (:func:`key_positions`): a batch then looks its keys up instead of hashing all the window's."""
 
 
-class ColumnarWindows:
+class WindowsByStart:
+    """What the columnar layouts of windows by their start share (:class:`ColumnarWindows`,
+    :class:`~cutline.runtime.eventtime.run_windows.RunWindows`, and the sliced layouts over
+    them): the windows by start; a window fires through one timer for all its keys (the
+    timer's key is ``None``, its namespace the window's start), is kept fired for the allowed
+    lateness, then dropped; what fires goes out as one batch."""
+
+    windows: dict[int, Any]
+    """What each window holds, by its start (in the layout's own way)."""
+
+    def __init__(self, op: WindowOperator) -> None:
+        assert not isinstance(op.assigner, Session)
+        self.op = op
+        self.aggregation = op.aggregation
+        self.lateness = op.lateness
+        self.assigner = op.assigner
+        """Their assigner (:func:`~cutline.runtime.eventtime.assigners.end_of` says where a
+        window ends)."""
+        self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
+        self.chain = ColumnChain(op.ctx.state)
+
+    def _add_window(self, window: Any) -> None:
+        """A window (its ``start``, whether it ``fired``, the keys ``waiting`` to) is held,
+        with its timers."""
+        self.windows[window.start] = window
+        if window.fired:
+            self._keep(window.start)
+        if not window.fired or window.waiting is not None:
+            self._schedule(window.start)
+
+    def _schedule(self, window: int) -> None:
+        """The window (of all its keys: the timer's key is ``None``) fires when the watermark
+        reaches its last millisecond."""
+        self.fire_timers.add(end_of(self.assigner, window) - 1, None, window)
+
+    def _keep(self, window: int) -> None:
+        """The fired window is kept for the allowed lateness, then dropped."""
+        end = end_of(self.assigner, window)
+        self.cleanup_timers.add(cleanup_time(end, self.lateness), None, window)
+
+    def holds_windows(self) -> bool:
+        return bool(self.windows)
+
+    def drop(self, due: Iterable[Timer]) -> None:
+        """The fired windows of the due ``to_drop`` timers are past: dropped."""
+        for _, _, start in due:
+            window = self.windows.get(start)
+            if window is not None and window.fired:
+                self._drop(start)
+
+    def _drop(self, start: int) -> None:
+        """The window at ``start`` is dropped."""
+        raise NotImplementedError
+
+    def _batch(
+        self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
+    ) -> pa.RecordBatch:
+        """The output of windows firing: per window its start, its keys and their results."""
+        return fired_batch(self.op, fired, final)
+
+
+class ColumnarWindows(WindowsByStart):
     """Tumbling windows computing a built-in aggregate (``count``, ``sum``, ``min``,
     ``max``, ``mean``) on the memory backend: each window keeps its keys and their
     accumulators as columns, merged a batch at a time (records grouped by key and window with
@@ -78,16 +139,8 @@ class ColumnarWindows:
     namespace the window's start)."""
 
     def __init__(self, op: WindowOperator) -> None:
-        assert not isinstance(op.assigner, Session)
-        self.op = op
-        self.aggregation = op.aggregation
-        self.lateness = op.lateness
-        self.assigner = op.assigner
-        """Their assigner (:func:`~cutline.runtime.eventtime.assigners.end_of` says where a
-        window ends)."""
-        self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
+        super().__init__(op)
         self.windows: dict[int, WindowColumns] = {}
-        self.chain = ColumnChain(op.ctx.state)
         self._restore_windows()
 
     _adopts = True
@@ -100,37 +153,18 @@ class ColumnarWindows:
         record within the lateness came for a new key) fires for the others when the
         watermark passes its end."""
         for window_start, pieces in restored_parts(self.op, self.chain, self._adopts).items():
-            first = pieces[0][1].type
-            counts = [piece[3] for piece in pieces if piece[3] is not None]
-            flags = np.concatenate([piece[4] for piece in pieces])
+            keys, acc, count, flags = joined(pieces)
             columns = WindowColumns(
                 window_start,
-                pa.concat_arrays([piece[1].cast(first) for piece in pieces]),
-                np.concatenate([piece[2] for piece in pieces]),
-                np.concatenate(counts) if counts else None,
+                keys,
+                acc,
+                count,
                 version=np.zeros(len(flags), dtype=np.int64),
                 fired=bool(flags.any()),
             )
             if columns.fired and not flags.all():
                 columns.waiting = np.flatnonzero(~flags)
             self._add_window(columns)
-
-    def _add_window(self, columns: WindowColumns) -> None:
-        self.windows[columns.start] = columns
-        if columns.fired:
-            self._keep(columns.start)
-        if not columns.fired or columns.waiting is not None:
-            self._schedule(columns.start)
-
-    def _schedule(self, window: int) -> None:
-        """The window (of all its keys: the timer's key is ``None``) fires when the watermark
-        reaches its last millisecond."""
-        self.fire_timers.add(end_of(self.assigner, window) - 1, None, window)
-
-    def _keep(self, window: int) -> None:
-        """The fired window is kept for the allowed lateness, then dropped."""
-        end = end_of(self.assigner, window)
-        self.cleanup_timers.add(cleanup_time(end, self.lateness), None, window)
 
     # ---------------------------------------------------------------- figures
 
@@ -287,9 +321,6 @@ class ColumnarWindows:
 
     # ----------------------------------------------------------------- firing
 
-    def holds_windows(self) -> bool:
-        return bool(self.windows)
-
     def so_far(self) -> Batch | None:
         open_ = [(p.start, p.keys, self._values(p)) for p in self.windows.values() if not p.fired]
         return self._batch(open_, final=False) if open_ else None
@@ -320,19 +351,8 @@ class ColumnarWindows:
                 self._drop(start)
         return self._batch(fired) if fired else None
 
-    def drop(self, due: Iterable[Timer]) -> None:
-        for _, _, start in due:
-            columns = self.windows.get(start)
-            if columns is not None and columns.fired:
-                self._drop(start)
-
     def _drop(self, start: int) -> None:
         self.windows.pop(start, None)
-
-    def _batch(
-        self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
-    ) -> pa.RecordBatch:
-        return fired_batch(self.op, fired, final)
 
 
 def frozen(held: Iterable[WindowColumns]) -> list[WindowState]:
@@ -405,6 +425,19 @@ def restored_parts(
         if range(*handle.get("key_groups", (0, 0))) == mine and handle.get(COLUMNS):
             chain.adopt(restored, handle[COLUMNS])  # (later ones build on it)
     return parts
+
+
+def joined(pieces: list[WindowParts]) -> tuple[pa.Array, np.ndarray, np.ndarray | None, np.ndarray]:
+    """The parts of one restored window (of old subtasks: disjoint keys) one after another:
+    its keys, accumulators, counts (a mean's) and each key's ``fired`` flag."""
+    first = pieces[0][1].type
+    counts = [piece[3] for piece in pieces if piece[3] is not None]
+    return (
+        pa.concat_arrays([piece[1].cast(first) for piece in pieces]),
+        np.concatenate([piece[2] for piece in pieces]),
+        np.concatenate(counts) if counts else None,
+        np.concatenate([piece[4] for piece in pieces]),
+    )
 
 
 def window_triples(

@@ -43,14 +43,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.runtime.eventtime.aggregations import grouped_parts
-from cutline.runtime.eventtime.assigners import Session, end_of
 from cutline.runtime.eventtime.columnar_windows import (
-    fired_batch,
+    WindowsByStart,
+    joined,
     restored_parts,
     window_triples,
 )
-from cutline.runtime.eventtime.lateness import cleanup_time
-from cutline.runtime.eventtime.layouts import RunState, encode_runs
+from cutline.runtime.eventtime.layouts import RunState, WindowParts, encode_runs
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.slicing import (
     Part,
@@ -118,19 +117,13 @@ class WindowRuns:
     watermark passes its end."""
 
 
-class RunWindows:
+class RunWindows(WindowsByStart):
     """Tumbling windows computing a built-in aggregate (``count``, ``sum``, ``min``, ``max``,
     ``mean``) on the disk backend, as runs (see the module)."""
 
     def __init__(self, op: WindowOperator) -> None:
-        assert not isinstance(op.assigner, Session)
-        self.op = op
-        self.aggregation = op.aggregation
-        self.lateness = op.lateness
-        self.assigner = op.assigner
-        self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
+        super().__init__(op)
         self.windows: dict[int, WindowRuns] = {}
-        self.chain = ColumnChain(op.ctx.state)
         self.folder = op.backend.path
         """Where runs are spilled (``None``: they stay in memory)."""
         self.budget = op.ctx.state.memory // 2
@@ -151,35 +144,16 @@ class RunWindows:
     """Whether later checkpoints may build on the restored chain (it holds the windows as
     this store does)."""
 
-    def _restore(self, start: int, pieces: list[Any]) -> None:
-        """A restored window: one run per old subtask that held it; fired if any of its
-        keys had, the others waiting."""
-        runs = tuple(Run(keys, acc, count, 0) for _, keys, acc, count, _ in pieces)
-        flags = np.concatenate([piece[4] for piece in pieces])
-        window = WindowRuns(start, runs, born=0, fired=bool(flags.any()))
+    def _restore(self, start: int, pieces: list[WindowParts]) -> None:
+        """A restored window, one run (of the old subtasks that held it); fired if any of
+        its keys had, the others waiting."""
+        keys, acc, count, flags = joined(pieces)
+        run = Run(keys, acc, count, 0)
+        window = WindowRuns(start, (run,), born=0, fired=bool(flags.any()))
         if window.fired and not flags.all():
-            first = pieces[0][1].type
-            keys = pa.concat_arrays([piece[1].cast(first) for piece in pieces])
             window.waiting = keys.filter(pa.array(~flags))
-        self.held += sum(run.held for run in runs)
+        self.held += run.held
         self._add_window(window)
-
-    def _add_window(self, window: WindowRuns) -> None:
-        self.windows[window.start] = window
-        if window.fired:
-            self._keep(window.start)
-        if not window.fired or window.waiting is not None:
-            self._schedule(window.start)
-
-    def _schedule(self, start: int) -> None:
-        """The window (of all its keys: the timer's key is ``None``) fires when the watermark
-        reaches its last millisecond."""
-        self.fire_timers.add(end_of(self.assigner, start) - 1, None, start)
-
-    def _keep(self, start: int) -> None:
-        """The fired window is kept for the allowed lateness, then dropped."""
-        end = end_of(self.assigner, start)
-        self.cleanup_timers.add(cleanup_time(end, self.lateness), None, start)
 
     def _holders(self) -> list[WindowRuns]:
         """Everything that holds runs (the windows; sliding windows' slices too)."""
@@ -359,9 +333,6 @@ class RunWindows:
 
     # ----------------------------------------------------------------- firing
 
-    def holds_windows(self) -> bool:
-        return bool(self.windows)
-
     def so_far(self) -> Batch | None:
         found = []
         for window in self.windows.values():
@@ -397,17 +368,6 @@ class RunWindows:
                 kept = self._merged(list(window.runs), merged)
                 window.runs = () if kept is None else (kept,)
         return self._batch(fired) if fired else None
-
-    def drop(self, due: Iterable[Timer]) -> None:
-        for _, _, start in due:
-            window = self.windows.get(start)
-            if window is not None and window.fired:
-                self._drop(start)
-
-    def _batch(
-        self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
-    ) -> pa.RecordBatch:
-        return fired_batch(self.op, fired, final)
 
 
 def runs_of(holders: Iterable[WindowRuns]) -> list[RunState]:

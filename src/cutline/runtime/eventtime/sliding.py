@@ -7,15 +7,15 @@ within the lateness, and are counted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.runtime.eventtime.aggregations import Aggregation
-from cutline.runtime.eventtime.assigners import Sliding, end_of, starts_of
+from cutline.runtime.eventtime.assigners import Sliding, starts_of
+from cutline.runtime.eventtime.columnar_windows import WindowsByStart
 from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.slicing import (
@@ -35,7 +35,7 @@ Fired = list[tuple[int, pa.Array, np.ndarray]]
 """Windows firing: per window its start, its keys and their results."""
 
 
-class SlidingBySlices:
+class SlidingBySlices(WindowsByStart):
     """Sliding windows of a built-in kept as **slices** of ``gcd(size, slide)`` ms: a record
     goes into one slice, whatever the number of windows it is in, and a window's result is the
     merge of its slices' (and of what it holds itself) when it fires.
@@ -49,22 +49,11 @@ class SlidingBySlices:
     slice). The first checkpoint after a restore is a full one (the restored chain held
     slices; this store holds those windows whole).
 
-    A store mixes it in before its tumbling layout, which keeps the windows' own parts; it
-    says what a slice or window holds (:meth:`_own_parts`, :meth:`_slice_parts`), how a
-    fired one without parts is kept (:meth:`_empty`), dropped (:meth:`_drop`,
-    :meth:`_drop_slice`) and how records go into slices (:meth:`_into_slices`)."""
-
-    op: WindowOperator
-    aggregation: Aggregation
-    lateness: int
-    windows: dict[int, Any]
-    """The windows' own parts, by start (the tumbling layout's)."""
-    _batch: Callable[..., pa.RecordBatch]
-    """The output of windows firing (the tumbling layout's)."""
-    _keep: Callable[[int], None]
-    """A fired window kept for the lateness (the tumbling layout's)."""
-    _drop: Callable[[int], None]
-    """A window dropped (the tumbling layout's)."""
+    A store mixes it in before its tumbling layout (a :class:`WindowsByStart`), which keeps
+    the windows' own parts; it says what a slice or window holds (:meth:`_own_parts`,
+    :meth:`_slice_parts`), how a fired one without parts is kept (:meth:`_empty`), dropped
+    (:meth:`_drop`, :meth:`_drop_slice`) and how records go into slices
+    (:meth:`_into_slices`)."""
 
     _adopts = False
 
@@ -122,7 +111,7 @@ class SlidingBySlices:
         """The window fires when the watermark reaches its last millisecond (once)."""
         if window not in self._scheduled:
             self._scheduled.add(window)
-            self.op.timers.to_fire.add(end_of(self.sliding, window) - 1, None, window)
+            super()._schedule(window)
 
     def _add_slice(self, piece: Any) -> None:
         """A new slice: its windows that are not past nor fired fire at their ends; it is
@@ -241,10 +230,7 @@ class SlidingBySlices:
 
     def drop(self, due: Iterable[Timer]) -> None:
         """The fired windows past, and then the slices whose last window is past."""
-        for _, _, window in due:
-            own = self.windows.get(window)
-            if own is not None and own.fired:
-                self._drop(window)
+        super().drop(due)
         for _, _, start in self.slice_timers.pop_due(self.op.watermark):
             self._drop_slice(start)
 
