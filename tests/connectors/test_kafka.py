@@ -28,8 +28,8 @@ from test_savepoints import StopWithSavepoint, endpoints_of
 
 from cutline import JobClient, JobFailedError, SourceError, StreamEnvironment, Tumbling
 from cutline.connectors.kafka import KafkaSource, ValueFormat
-from cutline.connectors.kafka import source as kafka_source_module
-from cutline.connectors.kafka.source import _resolve_start
+from cutline.connectors.kafka import metadata as kafka_metadata
+from cutline.connectors.kafka.metadata import resolve_start
 from cutline.examples.servers import KafkaBroker, free_port, produce
 from cutline.protocol.splits import Split
 from cutline.runtime.checkpoint.reader import open_checkpoint
@@ -261,7 +261,7 @@ class Offsets:
 
 def test_a_start_at_a_time_is_each_partitions_first_record_at_or_after_it() -> None:
     source = KafkaSource(("t",), "127.0.0.1:1", start=3500)
-    starts = _resolve_start(Offsets({0: 10, 1: 2}), source, [("t", 0), ("t", 1)])  # type: ignore[arg-type]
+    starts = resolve_start(Offsets({0: 10, 1: 2}), source, [("t", 0), ("t", 1)])  # type: ignore[arg-type]
     # partition 0: its record of time 4000 (offset 3); partition 1 has none so late: its end
     assert starts == {"t/0": 3, "t/1": 2}
 
@@ -366,7 +366,7 @@ def test_raw_and_string_values(kafka_broker: KafkaBroker, tmp_path: Path) -> Non
 def test_clear_errors_when_the_job_is_built(
     kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kafka_source_module, "METADATA_TIMEOUT", 1.0)  # (no broker: a wait)
+    monkeypatch.setattr(kafka_metadata, "METADATA_TIMEOUT", 1.0)  # (no broker: a wait)
     kafka_broker.create_topic("clicks", 1)
     env = environment(tmp_path)
     with pytest.raises(

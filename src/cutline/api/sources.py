@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from cutline.api.settings import location, seconds
 from cutline.api.streams import DataStream
 from cutline.connectors.source import Source, SourceError
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
-from cutline.runtime.io.formats import CsvOptions, InputWarning, as_schema
+from cutline.runtime.io.formats import CsvOptions, InputWarning
 from cutline.runtime.io.sources import FileSource, SequenceSource
 from cutline.runtime.operators import SourceLogic
 
@@ -448,101 +448,6 @@ class Sources(Dataflow):
             time=time,
             columns=columns,
             monitor=monitor,
-        )
-
-    def read_kafka(
-        self,
-        topics: str | Sequence[str],
-        *,
-        bootstrap_servers: str,
-        value_format: str | Callable[[bytes], dict[str, Any]] = "json",
-        schema: pa.Schema | dict[str, Any] | None = None,
-        key_format: str = "string",
-        start: Any = "earliest",
-        bounded: bool = False,
-        group_id: str | None = None,
-        config: Mapping[str, Any] | None = None,
-        discovery_interval: Any = "5s",
-        event_time: str | None = None,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = "10s",
-        event_time_unit: str | None = None,
-        max_watermark_jump: Any = None,
-        watermarks: WatermarkGenerator | None = None,
-        name: str | None = None,
-        rate_limit: float | None = None,
-        on_error: str = "fail",
-    ) -> DataStream:
-        """The records of Kafka ``topics``, **exactly once**: each partition is a split whose
-        offset is in every checkpoint (consumer-group offsets are only published, with
-        ``group_id=``, for monitoring). Records: the value's fields (``value_format="json"``),
-        or a ``value`` column (``"raw"`` bytes, ``"string"``), or the dict a function of the
-        value's bytes returns; plus ``_key``, ``_partition``, ``_offset`` and ``_timestamp``
-        (the record's timestamp, UTC).
-
-        :param schema: the value's fields. A ``pyarrow.Schema`` is the whole value: its
-            fields only, in its types. A dict (``{name: type}``, types as for ``read_csv``)
-            sets the types of the fields it names only: a JSON value's other fields are
-            inferred from the topic's first records when the job is built, as without
-            ``schema=`` (an empty topic: the dict's fields only, with a warning); a
-            deserializer's records have the dict's fields. ``None``: inferred from the
-            topic's first records (an empty topic: records are dicts).
-        :param start: ``"earliest"``, ``"latest"``, a time (``datetime`` or epoch ms) or
-            offsets (``{partition: offset}``); resolved once, when the job is built.
-        :param bounded: stop at the offsets the partitions had when the job was built (the job
-            then ends); ``False``: read until stopped, finding new partitions every
-            ``discovery_interval``.
-        :param event_time: ``"_timestamp"`` (or a field of the value): watermarks per
-            partition; a partition without records for ``idle_timeout`` (default 10 s;
-            ``None``: never) stops holding the watermark back.
-        :param on_error: ``"dead_letter"``: a record that does not decode is kept aside with
-            its topic, partition and offset; ``"fail"``: the job fails naming it.
-        :param config: more librdkafka settings (``security.protocol``, ``sasl.*``).
-        """
-        from cutline.connectors.kafka.source import kafka_source
-
-        names = (topics,) if isinstance(topics, str) else tuple(topics)
-        what = name or "read_kafka"
-        self._check_on_error(what, on_error)
-        every = seconds(discovery_interval, f"{what}: discovery_interval")
-        try:
-            arrow = as_schema(schema)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{what}: {exc}") from None
-        try:
-            partial = isinstance(schema, Mapping) and value_format == "json"
-            source = kafka_source(
-                names,
-                bootstrap_servers,
-                value_format=value_format,
-                schema=None if partial else arrow,
-                types=arrow if partial else None,
-                key_format=key_format,
-                start=start,
-                bounded=bounded,
-                group_id=group_id,
-                config=config,
-                discovery_interval=every,
-            )
-            prepared, notes = source.prepare()  # on the driver, now: the topics are there
-        except SourceError as exc:  # (a bad argument's ValueError names read_kafka already)
-            raise SourceError(f"{what}({', '.join(names)}): {exc}") from None
-        for note in notes:
-            warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
-        idle = idle_timeout if event_time is not None else None
-        strategy = source_strategy(
-            what,
-            prepared.record_schema(),
-            event_time,
-            max_out_of_orderness,
-            idle,
-            event_time_unit,
-            max_watermark_jump,
-            watermarks,
-        )
-        reads = f"kafka {list(names)} value_format={value_format!r} schema={schema!r}"
-        return self._source(
-            prepared, "read_kafka", reads, name, rate_limit, on_error, time=strategy
         )
 
     def _files(

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from cutline.connectors.kafka.source import LOG, reason
+from cutline.connectors.kafka.metadata import LOG, reason
 from cutline.connectors.sink import Sink, SinkContext, SinkError, SinkWriter
 from cutline.connectors.source import Batch
 

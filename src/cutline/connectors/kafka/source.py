@@ -25,61 +25,34 @@ checkpoints and are the only truth.
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import logging
-import threading
-import time
-import zlib
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
 
+from cutline.connectors.kafka.metadata import (
+    check_start,
+    client,
+    listed_partitions,
+    offset_range,
+    parse_split,
+    partition_split,
+    resolve_start,
+    sample_values,
+    split_id,
+    topic_partitions,
+)
+from cutline.connectors.kafka.reader import KafkaReader
 from cutline.connectors.kafka.values import (
     KAFKA_FIELDS,
     VALUE_FORMATS,
     Deserializer,
-    Message,
-    Rejected,
     ValueFormat,
     infer_schema,
 )
-from cutline.connectors.source import (
-    Finished,
-    Nothing,
-    ReadResult,
-    Records,
-    Source,
-    SourceContext,
-    SourceError,
-    SplitReader,
-)
+from cutline.connectors.source import Source, SourceContext, SourceError
 from cutline.protocol.splits import Split
-
-LOG = logging.getLogger("cutline.connectors.kafka")
-METADATA_TIMEOUT = 10.0
-"""Seconds a look-up of the brokers' metadata (topics, partitions, offsets) may take."""
-SAMPLE = 500
-"""At most this many records are read on the driver to infer a JSON value's schema."""
-
-
-def split_id(topic: str, partition: int) -> str:
-    return f"{topic}/{partition}"
-
-
-def parse_split(split: str) -> tuple[str, int]:
-    topic, _, partition = split.rpartition("/")
-    return topic, int(partition)
 
 
 @dataclass(frozen=True)
@@ -136,7 +109,7 @@ class KafkaSource(Source):
                     f"read_kafka: the value's fields {taken} would hide Kafka's own "
                     f"({', '.join(KAFKA_FIELDS)}): rename them"
                 )
-        _check_start(self.start)
+        check_start(self.start)
         if self.bounded:
             object.__setattr__(self, "discovery_interval", None)
 
@@ -146,15 +119,15 @@ class KafkaSource(Source):
         """On the driver: the topics exist, ``start`` (and ``bounded``'s ends) as offsets, a
         JSON value's schema inferred from the first records when none was given."""
         notes: list[str] = []
-        with _client(self) as consumer:
-            partitions = _partitions(consumer, self, check=True)
-            starts = _resolve_start(consumer, self, partitions)
+        with client(self) as consumer:
+            partitions = topic_partitions(consumer, self, check=True)
+            starts = resolve_start(consumer, self, partitions)
             ends = None
             if self.bounded:
-                ends = {split_id(t, p): _watermarks(consumer, t, p)[1] for t, p in partitions}
+                ends = {split_id(t, p): offset_range(consumer, t, p)[1] for t, p in partitions}
             value = self.value
             if value.value_format == "json" and value.schema is None:
-                sample = _sample(consumer, partitions, starts)
+                sample = sample_values(consumer, partitions, starts)
                 inferred = infer_schema(sample, self.types)
                 if self.types is not None and inferred is None:
                     notes.append(
@@ -192,457 +165,11 @@ class KafkaSource(Source):
         subtask never waits for brokers that do not answer, and a listing that fails keeps
         the partitions known."""
         if self.bounded and self.ends is not None:
-            return [_split(*parse_split(s)) for s in self.ends]
-        key = (self.bootstrap_servers, self.topics, tuple(sorted(map(str, self.config.items()))))
-        with _LISTINGS_LOCK:
-            listing = _LISTINGS.setdefault(key, _Listing())
-        return [_split(t, p) for t, p in listing.get(self)]
+            return [partition_split(*parse_split(s)) for s in self.ends]
+        return [partition_split(t, p) for t, p in listed_partitions(self)]
 
     def reader(self, context: SourceContext) -> KafkaReader:
         return KafkaReader(self, context)
-
-
-class _Listing:
-    """The partitions of one source's topics as this process last listed them."""
-
-    def __init__(self) -> None:
-        self.partitions: list[tuple[str, int]] | None = None
-        self.refreshing: threading.Thread | None = None
-        self.lock = threading.Lock()
-
-    def get(self, source: KafkaSource) -> list[tuple[str, int]]:
-        with self.lock:
-            known = self.partitions
-            if known is not None:
-                if self.refreshing is None or not self.refreshing.is_alive():
-                    self.refreshing = threading.Thread(
-                        target=self._refresh, args=(source,), daemon=True
-                    )
-                    self.refreshing.start()
-                return known
-        found = _list(source)  # (the first time: now)
-        with self.lock:
-            self.partitions = _more(self.partitions, found)
-            return self.partitions
-
-    def _refresh(self, source: KafkaSource) -> None:
-        try:
-            found = _list(source)
-        except SourceError:
-            return  # (the brokers do not answer: the partitions known stay)
-        with self.lock:
-            self.partitions = _more(self.partitions, found)
-
-
-def _list(source: KafkaSource) -> list[tuple[str, int]]:
-    with _client(source) as consumer:
-        return _partitions(consumer, source, check=False)
-
-
-def _more(
-    known: list[tuple[str, int]] | None, found: list[tuple[str, int]]
-) -> list[tuple[str, int]]:
-    """Partitions are never removed from a topic: a listing adds to what is known."""
-    return sorted(set(known or ()) | set(found))
-
-
-_LISTINGS: dict[tuple[Any, ...], _Listing] = {}
-_LISTINGS_LOCK = threading.Lock()
-
-
-def _split(topic: str, partition: int) -> Split:
-    return Split(split_id(topic, partition), zlib.crc32(topic.encode()) + partition)
-
-
-def _check_start(start: Any) -> None:
-    if start in ("earliest", "latest") or isinstance(start, dt.datetime):
-        return
-    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
-        return
-    if isinstance(start, Mapping) and all(
-        isinstance(k, int | str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
-        for k, v in start.items()
-    ):
-        return
-    raise ValueError(
-        "read_kafka: start must be 'earliest', 'latest', a time (a datetime, or epoch "
-        "milliseconds) or offsets ({partition: offset} or {'topic/partition': offset}), not "
-        f"{start!r:.100}"
-    )
-
-
-# ----------------------------------------------------------------- metadata
-
-
-def _client(source: KafkaSource) -> contextlib.closing[Consumer]:
-    """A consumer for metadata look-ups, closed after use."""
-    return contextlib.closing(Consumer(_consumer_config(source, group=None)))
-
-
-def _consumer_config(source: KafkaSource, group: str | None) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "bootstrap.servers": source.bootstrap_servers,
-        "logger": LOG,  # (librdkafka's messages through Python's logging, not on stderr)
-        "group.id": group or "cutline",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        # an offset no longer on the broker (retention deleted it) is an error, not a jump
-        "auto.offset.reset": "error",
-        "enable.partition.eof": False,
-        "socket.connection.setup.timeout.ms": int(METADATA_TIMEOUT * 1000),
-    }
-    config.update(source.config)
-    return config
-
-
-def _partitions(consumer: Consumer, source: KafkaSource, *, check: bool) -> list[tuple[str, int]]:
-    """Every partition of the source's topics; with ``check``, a :class:`SourceError` naming
-    a topic that does not exist or brokers that cannot be reached."""
-    where = source.bootstrap_servers
-    found: list[tuple[str, int]] = []
-    for topic in source.topics:
-        try:
-            metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT)
-        except KafkaException as exc:
-            raise SourceError(
-                f"cannot reach the Kafka brokers at {where} to read topic {topic!r}: {reason(exc)}"
-            ) from None
-        entry = metadata.topics.get(topic)
-        error = entry.error if entry is not None else None
-        if entry is None or error is not None or not entry.partitions:
-            if not check:
-                continue
-            if error is not None and error.code() in (
-                KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                KafkaError.SASL_AUTHENTICATION_FAILED,
-            ):
-                raise SourceError(f"the brokers at {where} refuse topic {topic!r}: {error.str()}")
-            raise SourceError(
-                f"topic {topic!r} does not exist on the Kafka brokers at {where}"
-                + _others(consumer)
-            )
-        found += [(topic, p) for p in sorted(entry.partitions)]
-    return found
-
-
-def _others(consumer: Consumer) -> str:
-    try:
-        names = sorted(
-            t
-            for t in consumer.list_topics(timeout=METADATA_TIMEOUT).topics
-            if not t.startswith("__")
-        )
-    except KafkaException:
-        return ""
-    if not names:
-        return " (it has no topic)"
-    return f" (its topics: {', '.join(names[:20])}{', ...' if len(names) > 20 else ''})"
-
-
-def reason(exc: KafkaException) -> str:
-    """What a client exception says (its error's text)."""
-    error = exc.args[0] if exc.args else None
-    return error.str() if isinstance(error, KafkaError) else str(exc)
-
-
-def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
-    try:
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=METADATA_TIMEOUT
-        )
-    except KafkaException as exc:
-        raise SourceError(
-            f"cannot read the offsets of {split_id(topic, partition)}: {reason(exc)}"
-        ) from None
-    return int(low), int(high)
-
-
-def _resolve_start(
-    consumer: Consumer, source: KafkaSource, partitions: list[tuple[str, int]]
-) -> dict[str, int]:
-    """Where each partition starts, as offsets (``"earliest"``: none given: its beginning)."""
-    start = source.start
-    if start == "earliest":
-        return {}
-    if start == "latest":
-        return {split_id(t, p): _watermarks(consumer, t, p)[1] for t, p in partitions}
-    if isinstance(start, Mapping):
-        offsets: dict[str, int] = {}
-        known = {split_id(t, p) for t, p in partitions}
-        for key, offset in start.items():
-            if isinstance(key, int):
-                if len(source.topics) != 1:
-                    raise SourceError(
-                        f"start={{{key}: {offset}}}: with several topics, name the partition "
-                        "as 'topic/partition'"
-                    )
-                key = split_id(source.topics[0], key)
-            if key not in known:
-                raise SourceError(f"start names partition {key!r}, which does not exist")
-            offsets[key] = offset
-        return offsets
-    millis = int(start.timestamp() * 1000) if isinstance(start, dt.datetime) else int(start)
-    asked = [TopicPartition(t, p, millis) for t, p in partitions]
-    try:
-        found = consumer.offsets_for_times(asked, timeout=METADATA_TIMEOUT)
-    except KafkaException as exc:
-        raise SourceError(f"cannot find the offsets at time {start}: {reason(exc)}") from None
-    offsets = {}
-    for tp in found:
-        offset = tp.offset
-        if offset < 0:  # no record at or after that time: from the end
-            offset = _watermarks(consumer, tp.topic, tp.partition)[1]
-        offsets[split_id(tp.topic, tp.partition)] = int(offset)
-    return offsets
-
-
-def _sample(
-    consumer: Consumer, partitions: list[tuple[str, int]], starts: Mapping[str, int]
-) -> list[bytes]:
-    """Up to :data:`SAMPLE` values from where the partitions start (at most a few seconds)."""
-    assigned = [
-        TopicPartition(t, p, starts.get(split_id(t, p), OFFSET_BEGINNING)) for t, p in partitions
-    ]
-    ends = {}
-    for t, p in partitions:
-        low, high = _watermarks(consumer, t, p)
-        if high > max(low, starts.get(split_id(t, p), low)):
-            ends[(t, p)] = high
-    if not ends:
-        return []
-    consumer.assign([tp for tp in assigned if (tp.topic, tp.partition) in ends])
-    values: list[bytes] = []
-    deadline = time.monotonic() + 3.0
-    while len(values) < SAMPLE and time.monotonic() < deadline:
-        got = consumer.consume(SAMPLE, timeout=0.2)
-        for message in got:
-            value = message.value()
-            if message.error() is None and value is not None:
-                values.append(value)
-        if values and not got:  # (what there was came: the rest may be far behind)
-            break
-    consumer.unassign()
-    return values[:SAMPLE]
-
-
-# ------------------------------------------------------------------ the reader
-
-
-class KafkaReader(SplitReader):
-    """One subtask's partitions, read by one consumer with ``assign()`` (no group
-    rebalancing: cutline decides who reads what)."""
-
-    def __init__(self, source: KafkaSource, context: SourceContext) -> None:
-        self.source = source
-        self.context = context
-        self.consumer = Consumer(
-            {**_consumer_config(source, source.group_id), "error_cb": self._on_error}
-        )
-        self.next: dict[str, int | None] = {}
-        """Split -> offset of the next record to give (``None``: from its beginning)."""
-        self.waiting: deque[tuple[str, list[Any]]] = deque()
-        """Messages consumed and not given yet, per split, in order."""
-        self.finished: deque[str] = deque()
-        self.assigned: set[str] = set()
-        """The splits assigned to the consumer."""
-        self.taken: dict[int, dict[str, Any]] = {}
-        """Checkpoint -> the positions it holds, to publish when it completes (group_id)."""
-        self.ended: dict[str, int] = {}
-        """Where the partitions finished since the last checkpoint ended (group_id)."""
-        self._errors: list[str] = []
-        self._lock = threading.Lock()
-        self._warned_down = False
-
-    def add_split(self, split: Split, position: Any) -> None:
-        topic, partition = parse_split(split.id)
-        start = position
-        if start is None and self.source.starts is not None:
-            start = self.source.starts.get(split.id)
-        end = self._end(split.id)
-        if end is not None and (start or 0) >= end:
-            self.next[split.id] = start
-            self.finished.append(split.id)
-            return
-        self.next[split.id] = start
-        offset = OFFSET_BEGINNING if start is None else int(start)
-        self.consumer.incremental_assign([TopicPartition(topic, partition, offset)])
-        self.assigned.add(split.id)
-
-    def _end(self, split: str) -> int | None:
-        return None if self.source.ends is None else self.source.ends.get(split)
-
-    def position(self, split: str) -> Any:
-        return self.next[split]
-
-    def read(self, max_records: int) -> ReadResult:
-        self._raise_errors()
-        if self.finished:
-            return self._finish(self.finished.popleft())
-        if not self.waiting:
-            if not self.next:
-                return Nothing(0.05)
-            self._consume(max_records)
-            if not self.waiting:
-                return Nothing(0.0) if not self.finished else self.read(max_records)
-        split, messages = self.waiting.popleft()
-        if split not in self.next:  # (finished meanwhile)
-            return Nothing(0.0)
-        end = self._end(split)
-        if end is not None:
-            kept = [m for m in messages if m.offset() < end]
-            if len(kept) < len(messages) or (kept and kept[-1].offset() + 1 >= end):
-                self.finished.append(split)
-            messages = kept
-            if not messages:
-                return self.read(max_records)
-        self.next[split] = messages[-1].offset() + 1
-        return self._records(split, messages)
-
-    def _consume(self, max_records: int) -> None:
-        """Consume what the client has (waiting a little for more), grouped by split."""
-        batch = self.consumer.consume(max(1, min(max_records, 100_000)), timeout=0.01)
-        grouped: dict[str, list[Any]] = {}
-        for message in batch:
-            error = message.error()
-            if error is not None:
-                self._message_error(message, error)
-                continue
-            where = split_id(str(message.topic()), int(message.partition() or 0))
-            grouped.setdefault(where, []).append(message)
-        self.waiting.extend(grouped.items())
-
-    def _message_error(self, message: Any, error: KafkaError) -> None:
-        where = split_id(message.topic() or "?", message.partition() or 0)
-        if (
-            error.code() == KafkaError._AUTO_OFFSET_RESET
-            or error.code() == KafkaError.OFFSET_OUT_OF_RANGE
-        ):
-            at = self.next.get(where)
-            raise SourceError(
-                f"source {self.context.name}: partition {where} has no record at offset {at} any "
-                f"more (the broker's retention deleted it?): the records between the restored "
-                f"checkpoint and the partition's beginning are lost to this job ({error.str()})"
-            )
-        if error.code() in (
-            KafkaError.UNKNOWN_TOPIC_OR_PART,
-            KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        ):
-            raise SourceError(f"source {self.context.name}: partition {where}: {error.str()}")
-        if not error.retriable():
-            raise SourceError(f"source {self.context.name}: reading {where} failed: {error.str()}")
-
-    def _records(self, split: str, messages: list[Any]) -> ReadResult:
-        decoded = [
-            Message(
-                m.topic(),
-                m.partition(),
-                m.offset(),
-                m.key(),
-                m.value(),
-                m.timestamp()[1],
-            )
-            for m in messages
-        ]
-        batch, rejected = self.source.value.decode(decoded)
-        for reject in rejected:
-            self._reject(reject)
-        if not len(batch):
-            return Nothing(0.0)
-        return Records(batch, split)
-
-    def _reject(self, reject: Rejected) -> None:
-        if self.context.rejected is None:
-            raise SourceError(
-                f"source {self.context.name}: a record does not decode, {reject.describe()} "
-                "(read_kafka(on_error='dead_letter') keeps such records aside instead)"
-            )
-        self.context.rejected(reject.record(), reject.why)
-
-    def _finish(self, split: str) -> ReadResult:
-        topic, partition = parse_split(split)
-        end = self.next.pop(split, None)
-        if end is not None and self.source.group_id is not None:
-            self.ended[split] = end
-        self.waiting = deque((s, m) for s, m in self.waiting if s != split)
-        if split in self.assigned:
-            self.assigned.discard(split)
-            self.consumer.incremental_unassign([TopicPartition(topic, partition)])
-        return Finished(split)
-
-    def caught_up(self) -> list[str]:
-        """The partitions read to the end the client last heard of (their high watermark)."""
-        done = []
-        for split in self.assigned:
-            at = self.next.get(split)
-            try:
-                _, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(*parse_split(split)), cached=True
-                )
-            except KafkaException:
-                continue
-            if high >= 0 and (at or 0) >= high and not any(s == split for s, _ in self.waiting):
-                done.append(split)
-        return done
-
-    # ------------------------------------------------------------ checkpoints
-
-    def positions_taken(self, checkpoint_id: int, positions: Mapping[str, Any]) -> None:
-        if self.source.group_id is not None:  # (with the ends of those finished since)
-            self.taken[checkpoint_id] = {**self.ended, **positions}
-            self.ended = {}
-
-    def checkpoint_complete(self, checkpoint_id: int) -> None:
-        """Publish the completed checkpoint's offsets to the consumer group (monitoring)."""
-        positions = self.taken.pop(checkpoint_id, None)
-        for older in [c for c in self.taken if c < checkpoint_id]:
-            del self.taken[older]
-        if positions is None:
-            return
-        offsets = [
-            TopicPartition(*parse_split(split), int(offset))
-            for split, offset in positions.items()
-            if offset is not None
-        ]
-        if offsets:
-            try:
-                self.consumer.commit(offsets=offsets, asynchronous=True)
-            except KafkaException as exc:  # (monitoring only: the job goes on)
-                if self.context.warn is not None:
-                    self.context.warn(
-                        f"committing offsets to group {self.source.group_id!r} failed: {reason(exc)}"
-                    )
-
-    def close(self) -> None:
-        self.consumer.close()
-
-    # ----------------------------------------------------------------- errors
-
-    def _on_error(self, error: KafkaError) -> None:
-        """librdkafka's errors (on its threads): brokers down are retried by the client and
-        told to the user once; an error it gives up on fails the subtask at its next read."""
-        if error.code() == KafkaError._ALL_BROKERS_DOWN:
-            if not self._warned_down and self.context.warn is not None:
-                self._warned_down = True
-                self.context.warn(
-                    f"the Kafka brokers at {self.source.bootstrap_servers} do not answer: "
-                    "reading waits for them"
-                )
-            return
-        if error.fatal() or error.code() in (
-            KafkaError._AUTHENTICATION,
-            KafkaError.SASL_AUTHENTICATION_FAILED,
-        ):
-            with self._lock:
-                self._errors.append(error.str())
-
-    def _raise_errors(self) -> None:
-        with self._lock:
-            errors, self._errors = self._errors, []
-        if errors:
-            raise SourceError(
-                f"source {self.context.name}: the Kafka client at "
-                f"{self.source.bootstrap_servers} failed: {'; '.join(errors)}"
-            )
 
 
 def kafka_source(
