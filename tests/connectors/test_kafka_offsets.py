@@ -12,6 +12,7 @@ made by construction: at a checkpoint the job's listener heard of, or while no j
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,11 @@ from test_savepoints import endpoints_of
 
 from cutline import JobFailedError, SourceError
 from cutline.connectors.kafka import KafkaSource
+from cutline.connectors.kafka import metadata as kafka_metadata
 from cutline.connectors.kafka import reader as kafka_reader
 from cutline.connectors.kafka.ranges import honoured, reposition
 from cutline.connectors.source import SourceContext
-from cutline.examples.servers import KafkaBroker
+from cutline.examples.servers import KafkaBroker, free_port
 from cutline.protocol.splits import Split
 
 pytestmark = pytest.mark.connectors
@@ -284,3 +286,43 @@ def test_fail_names_the_topic_the_partition_and_both_offsets(at: int, low: int, 
     text = str(failed.value)
     assert "source clicks: topic 't' partition 3" in text
     assert f"position {at} " in text and f"offset {low if at < low else high} " in text
+
+
+# ------------------------------------------------------- no broker: one clear line
+
+
+def test_no_broker_is_said_once_and_fails_the_build_without_waiting_it_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With nothing listening at ``bootstrap_servers``, librdkafka says "connection refused"
+    at every retry (a user counted 194 lines): its log holds that problem once, and the
+    build fails saying no broker answers, before the look-up's whole deadline."""
+    env = environment(tmp_path)
+    caplog.set_level(logging.DEBUG, logger="cutline.connectors.kafka")
+    with pytest.raises(SourceError, match="no broker answers there") as failed:
+        env.read_kafka("clicks", bootstrap_servers=f"127.0.0.1:{free_port()}")
+    assert "cannot reach the Kafka brokers at 127.0.0.1:" in str(failed.value)
+    refused = [r for r in caplog.records if "Connection refused" in r.getMessage()]
+    assert len(refused) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_a_problem_is_let_through_once_then_again_with_what_was_held_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(kafka_metadata.time, "monotonic", lambda: now[0])
+    once = kafka_metadata.OncePerProblem()
+
+    def line(port: int, after: int) -> logging.LogRecord:
+        text = f"127.0.0.1:{port}/bootstrap: Connect failed: refused (after {after}ms)"
+        return logging.LogRecord("k", 30, "", 0, "%s [%s] %s", ("FAIL", "rdkafka#c-1", text), None)
+
+    assert once.filter(line(9092, 0))
+    assert not any(once.filter(line(9092, after)) for after in range(1, 100))
+    assert once.filter(
+        logging.LogRecord("k", 30, "", 0, "%s [%s] %s", ("REQTMOUT", "c", "x"), None)
+    )
+    now[0] += kafka_metadata.REPEAT_EVERY
+    again = line(9092, 7)
+    assert once.filter(again)
+    assert again.getMessage().endswith("(said 99 times more in the last 300 s)")
