@@ -26,6 +26,7 @@ from cutline.runtime.driver.events import (
     SavepointCompleted,
     WaitingForSlots,
 )
+from cutline.runtime.driver.restart import ExponentialDelay, FailureRate, FixedDelay, NoRestart
 from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
 from cutline.runtime.eventtime.aggregations import AggregateFunction
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
@@ -50,6 +51,9 @@ __all__ = [
     "CheckpointWarning",
     "DataStream",
     "EventTimeError",
+    "ExponentialDelay",
+    "FailureRate",
+    "FixedDelay",
     "GenerationRunning",
     "InputWarning",
     "JobClient",
@@ -64,6 +68,7 @@ __all__ = [
     "KeyedStream",
     "Logic",
     "Monotonous",
+    "NoRestart",
     "OperatorContext",
     "ProcessContext",
     "RecordsSkipped",

@@ -12,10 +12,10 @@ from typing import Any
 import pyarrow as pa
 
 from cutline.api.event_time import source_strategy
-from cutline.api.settings import seconds
 from cutline.api.sources import Sources
 from cutline.api.streams import DataStream
 from cutline.connectors.source import SourceError
+from cutline.runtime.durations import seconds
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator
 from cutline.runtime.io.formats import InputWarning, as_schema
 

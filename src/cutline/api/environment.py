@@ -34,7 +34,7 @@ import fsspec
 
 from cutline.api.connector_sources import ConnectorSources
 from cutline.api.progress import LiveProgress, ProgressLines, wanted
-from cutline.api.settings import Settings, location, seconds
+from cutline.api.settings import Settings, location
 from cutline.api.streams import DataStream, KeyedStream
 from cutline.runtime.checkpoint.lineage import (
     ResumableCheckpointError,
@@ -52,7 +52,9 @@ from cutline.runtime.driver.events import (
     Listener,
     event_listener,
 )
+from cutline.runtime.driver.restart import RestartStrategy
 from cutline.runtime.driver.result import JobInterrupted, JobResult
+from cutline.runtime.durations import seconds
 from cutline.runtime.graph import ExecutionPlan, plan
 from cutline.runtime.io.sinks import collect_directory
 from cutline.runtime.network.net import port_range
@@ -98,8 +100,15 @@ class StreamEnvironment(ConnectorSources):
     :param min_pause: the least time between the end of one checkpoint and the next trigger.
     :param tolerable_failed_checkpoints: failed checkpoints in a row before the job restarts.
     :param retained_checkpoints: complete checkpoints kept.
-    :param restart_attempts: restarts after failures before ``execute`` raises.
-    :param restart_delay: pause before each restart.
+    :param restart_strategy: whether and when the job restarts after a failure, from its
+        latest checkpoint: ``ExponentialDelay()`` (the default: 1 s, then 1.5 times longer each
+        time up to 1 min, with 10 % jitter, reset after an hour without failures; it gives up
+        after 20 restarts in a row), ``FixedDelay(attempts, delay)``,
+        ``FailureRate(failures, interval, delay)`` or ``NoRestart()``. Whatever it is, a job
+        that fails at the same record in the same operator with the same error in two
+        attempts in a row fails at once (a restart cannot help).
+    :param restart_attempts: deprecated: ``restart_strategy=FixedDelay(attempts, delay)``.
+    :param restart_delay: deprecated: ``restart_strategy=FixedDelay(attempts, delay)``.
     :param dead_letter_dir: where records that an operator opened with
         ``on_error="dead_letter"`` could not process go, with their error (JSON lines).
     :param batch_size: records per batch read from a source.
@@ -153,8 +162,9 @@ class StreamEnvironment(ConnectorSources):
         min_pause: float | str = 0,
         tolerable_failed_checkpoints: int = 0,
         retained_checkpoints: int = 1,
-        restart_attempts: int = 3,
-        restart_delay: float | str = "1s",
+        restart_strategy: RestartStrategy | None = None,
+        restart_attempts: int | None = None,
+        restart_delay: float | str | None = None,
         dead_letter_dir: str | os.PathLike[str] | None = None,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         batch_size: int = 65536,
@@ -323,6 +333,7 @@ class StreamEnvironment(ConnectorSources):
                 barriers=settings.barriers,
                 state=settings.state,
                 restart=settings.restart,
+                on_host_loss=settings.on_host_loss,
                 deadlines=settings.deadlines,
                 storage_options=settings.storage_options,
                 batch_size=settings.batch_size,

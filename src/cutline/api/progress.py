@@ -138,8 +138,9 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
         cause = restart.cause.splitlines()[0] if restart.cause else ""
         lines.append(
             Text(
-                f"restart after generation {restart.generation} ({restart.failed_at:.1f} s): "
-                f"{cause[:120]}",
+                f"restart after generation {restart.generation} ({restart.failed_at:.1f} s"
+                + (f", waited {restart.delay:.1f} s" if restart.delay else "")
+                + f"): {cause[:120]}",
                 style="red",
             )
         )

@@ -10,36 +10,22 @@ paths (made absolute, so that every process reads the same place) or fsspec URLs
 from __future__ import annotations
 
 import os
-import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.driver.config import Deadlines
-from cutline.runtime.driver.restart import RestartStrategy
+from cutline.runtime.driver.restart import (
+    RESTART_STRATEGIES,
+    ExponentialDelay,
+    FixedDelay,
+    RestartStrategy,
+)
+from cutline.runtime.durations import seconds
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.task.launch import BarrierHandling
-
-_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|min|m|h)?\s*")
-_UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
-
-
-def seconds(value: float | int | str | None, what: str) -> float | None:
-    """``1.5``, ``"1s"``, ``"500ms"``, ``"2min"`` -> seconds (``None`` stays ``None``)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"{what}: expected seconds or a duration like '1s', got {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        match = _DURATION.fullmatch(value)
-        if match:
-            return float(match.group(1)) * _UNITS[match.group(2)]
-    raise ValueError(
-        f"{what}: {value!r} is not a duration (use seconds, or text like '500ms', '1s', '2min')"
-    )
 
 
 def location(path: str | os.PathLike[str]) -> str:
@@ -67,6 +53,38 @@ def _count(value: Any, what: str, least: int) -> int:
     return value
 
 
+def _restart_strategy(a: Mapping[str, Any]) -> RestartStrategy:
+    """``restart_strategy=``, or the fixed delay the deprecated ``restart_attempts=`` and
+    ``restart_delay=`` say (with a warning), or the default: :class:`ExponentialDelay`."""
+    strategy = a["restart_strategy"]
+    attempts, delay = a["restart_attempts"], a["restart_delay"]
+    if attempts is None and delay is None:
+        if strategy is None:
+            return ExponentialDelay()
+        if not isinstance(strategy, RESTART_STRATEGIES):
+            raise TypeError(
+                "restart_strategy must be ExponentialDelay(...), FixedDelay(...), "
+                f"FailureRate(...) or NoRestart() (from cutline), not {strategy!r:.100}"
+            )
+        return strategy
+    if strategy is not None:
+        raise ValueError(
+            "restart_strategy= and restart_attempts=/restart_delay= both say how to restart: "
+            "pass restart_strategy only"
+        )
+    fixed = FixedDelay(
+        3 if attempts is None else _count(attempts, "restart_attempts", 0),
+        1.0 if delay is None else seconds(delay, "restart_delay") or 0.0,
+    )
+    warnings.warn(
+        f"restart_attempts= and restart_delay= are deprecated: pass restart_strategy={fixed} "
+        "(or another strategy: ExponentialDelay, the default, FailureRate, NoRestart)",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return fixed
+
+
 def _place(value: str | os.PathLike[str] | None) -> str | None:
     return location(value) if value is not None else None
 
@@ -83,6 +101,7 @@ class Settings:
     barriers: BarrierHandling
     state: StateConfig
     restart: RestartStrategy
+    on_host_loss: str
     deadlines: Deadlines
     checkpoint_dir: str | None
     savepoint_dir: str | None
@@ -127,11 +146,8 @@ class Settings:
                 local_dir=os.fspath(a["state_dir"]) if a["state_dir"] is not None else None,
                 memory=a["state_memory"],
             ),
-            restart=RestartStrategy(
-                _count(a["restart_attempts"], "restart_attempts", 0),
-                seconds(a["restart_delay"], "restart_delay") or 0.0,
-                a["on_host_loss"],
-            ),
+            restart=_restart_strategy(a),
+            on_host_loss=a["on_host_loss"],
             deadlines=Deadlines(
                 heartbeat=_duration(a["heartbeat_timeout"], "heartbeat_timeout"),
                 start=_duration(a["start_timeout"], "start_timeout"),

@@ -20,9 +20,10 @@ import pyarrow as pa
 
 from cutline.api.dataflow import Dataflow
 from cutline.api.event_time import source_strategy
-from cutline.api.settings import location, seconds
+from cutline.api.settings import location
 from cutline.api.streams import DataStream
 from cutline.connectors.source import Source, SourceError
+from cutline.runtime.durations import seconds
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.io.formats import CsvOptions, InputWarning
 from cutline.runtime.io.sources import FileSource, SequenceSource

@@ -39,7 +39,14 @@ Batch: TypeAlias = pa.RecordBatch | list[Any]
 
 class SourceError(Exception):
     """A source cannot be read (its input is missing, damaged, or does not fit): the message
-    names the source, the split or file, and what to do."""
+    names the source, the split or file, and what to do. ``record``: the record that cannot
+    be read, when one is to blame (a line, a Kafka message: where it is and what it holds); a
+    job that fails at the same record twice in a row does not restart again (a restart
+    cannot help)."""
+
+    def __init__(self, message: str, record: Any = None) -> None:
+        super().__init__(message)
+        self.record = record
 
 
 def with_types(inferred: pa.Schema, types: pa.Schema) -> pa.Schema:

@@ -57,7 +57,13 @@ class UserFunctionError(Exception):
     """A user function raised while processing a record."""
 
     def __init__(
-        self, operator: str, subtask: int, record: str, error: str, user_traceback: str
+        self,
+        operator: str,
+        subtask: int,
+        record: str,
+        error: str,
+        user_traceback: str,
+        passing: bool = False,
     ) -> None:
         super().__init__(
             f"{operator} (subtask {subtask}) failed on record {record}: {error}\n"
@@ -68,6 +74,8 @@ class UserFunctionError(Exception):
         self.record = record
         self.error = error
         self.user_traceback = user_traceback
+        self.passing = passing
+        """The error is of a kind that passes (an ``OSError``: a connection, a timeout)."""
 
 
 class RecordError(Exception):
@@ -181,7 +189,14 @@ class OperatorContext:
         if self.on_error == "dead_letter" and self.dead_letters is not None:
             self.dead_letters.add(self.name, self.subtask, record, error, trace)
             return
-        raise UserFunctionError(self.name, self.subtask, _repr.repr(record), error, trace) from exc
+        raise UserFunctionError(
+            self.name,
+            self.subtask,
+            _repr.repr(record),
+            error,
+            trace,
+            passing=isinstance(exc, OSError),
+        ) from exc
 
 
 class DeadLetterOutput:

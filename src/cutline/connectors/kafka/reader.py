@@ -267,7 +267,8 @@ class KafkaReader(SplitReader):
         if self.context.rejected is None:
             raise SourceError(
                 f"source {self.context.name}: a record does not decode, {reject.describe()} "
-                "(read_kafka(on_error='dead_letter') keeps such records aside instead)"
+                "(read_kafka(on_error='dead_letter') keeps such records aside instead)",
+                record=reject.record(),
             )
         self.context.rejected(reject.record(), reject.why)
 

@@ -333,6 +333,8 @@ class RestartInfo(_Record):
     hosts: dict[str, str] = field(default_factory=dict)
     """Slot -> the host (address) it ran on in the failed generation (empty: it never got all
     its slots running)."""
+    delay: float = 0.0
+    """Seconds the next generation waited before it started (the restart strategy's delay)."""
 
     KIND: ClassVar[str] = "restart"
 

@@ -3,7 +3,7 @@ that each check themselves when they are made: the coordinator's
 :class:`~cutline.protocol.CheckpointSettings`, the subtasks'
 :class:`~cutline.runtime.task.launch.BarrierHandling`, the
 :class:`~cutline.runtime.state.config.StateConfig`, the
-:class:`~cutline.runtime.driver.restart.RestartStrategy` and the :class:`Deadlines`. The API
+:mod:`~cutline.runtime.driver.restart` strategy and the :class:`Deadlines`. The API
 turns its keyword arguments into these objects once; the driver hands the slots' part of them
 on as they are.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.stats import STATS_HISTORY
-from cutline.runtime.driver.restart import RestartStrategy
+from cutline.runtime.driver.restart import HOST_LOSS_POLICIES, ExponentialDelay, RestartStrategy
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.task.launch import BarrierHandling, PhaseHook, SourceHold
 
@@ -67,7 +67,9 @@ class JobConfig:
     checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
     barriers: BarrierHandling = field(default_factory=BarrierHandling)
     state: StateConfig = field(default_factory=StateConfig)
-    restart: RestartStrategy = field(default_factory=RestartStrategy)
+    restart: RestartStrategy = field(default_factory=ExponentialDelay)
+    on_host_loss: str = "restart"
+    """One of :data:`~cutline.runtime.driver.restart.HOST_LOSS_POLICIES`."""
     deadlines: Deadlines = field(default_factory=Deadlines)
     storage_options: dict[str, Any] | None = None
     batch_size: int = 65536
@@ -105,3 +107,8 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         self.barriers.check_concurrency(self.checkpoints.max_concurrent)
+        if self.on_host_loss not in HOST_LOSS_POLICIES:
+            raise ValueError(
+                f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
+                f"not {self.on_host_loss!r}"
+            )

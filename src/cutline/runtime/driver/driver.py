@@ -27,7 +27,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, assert_never
 
 import fsspec
 
@@ -62,6 +62,7 @@ from cutline.runtime.driver.events import (
 )
 from cutline.runtime.driver.global_commits import GlobalCommitError
 from cutline.runtime.driver.metrics import JobMetrics
+from cutline.runtime.driver.restart import GiveUp, Restart, Restarts
 from cutline.runtime.driver.result import (
     CheckpointWarning,
     Failure,
@@ -85,7 +86,8 @@ class JobDriver:
         listener: EventListener | None = None,
     ) -> None:
         self.plan, self.config, self.launcher = plan, config, launcher
-        self.restart = config.restart
+        self.restarts = Restarts(config.restart)
+        """This run's restart decisions."""
         storage = CheckpointStorage(config.checkpoint_dir, storage_options=config.storage_options)
         existing = storage.checkpoint_ids()
         known = existing + storage.stats_checkpoint_ids()  # ids are never used twice
@@ -294,26 +296,41 @@ class JobDriver:
                 self.result.collected = self._read_collected()
                 self.result.counts = self._counts(restore)
                 return self.result
-            restarts = len(self.result.restarts)
-            if not self.restart.restarts(failure, restarts):
-                self._restarted(
-                    RestartInfo(
-                        generation, failure.describe(), None, self.job.elapsed(), restarted=False
+            decision = self.restarts.after(failure, self.job.elapsed())
+            match decision:
+                case GiveUp(why=why):
+                    self._restarted(
+                        RestartInfo(
+                            generation,
+                            failure.describe(),
+                            None,
+                            self.job.elapsed(),
+                            restarted=False,
+                        )
                     )
-                )
-                self.listener(JobFailure(failure.describe()))
-                raise JobFailedError(
-                    f"the job failed after {restarts + 1} attempt(s) "
-                    f"(restart_attempts={self.restart.attempts}): {failure.describe()}",
-                    failure,
-                )
-            restore = self._choose_checkpoint()  # warns about the damaged ones it skips
-            restored = restore.checkpoint_id if restore is not None else None
-            self._restarted(
-                RestartInfo(generation, failure.describe(), restored, self.job.elapsed())
-            )
-            self.listener(Restarting(generation, failure.describe(), self.restart.delay, restored))
-            time.sleep(self.restart.delay)
+                    self.listener(JobFailure(f"{failure.describe()}\nnot restarted: {why}"))
+                    raise JobFailedError(
+                        f"the job failed after {generation} attempt(s), not restarted: {why}: "
+                        f"{failure.describe()}",
+                        failure,
+                        deterministic=decision.deterministic,
+                    )
+                case Restart(delay=delay):
+                    restore = self._choose_checkpoint()  # warns about damaged ones it skips
+                    restored = restore.checkpoint_id if restore is not None else None
+                    self._restarted(
+                        RestartInfo(
+                            generation,
+                            failure.describe(),
+                            restored,
+                            self.job.elapsed(),
+                            delay=delay,
+                        )
+                    )
+                    self.listener(Restarting(generation, failure.describe(), delay, restored))
+                    time.sleep(delay)
+                case _:
+                    assert_never(decision)
 
     def _choose_checkpoint(self) -> RestoreSpec | None:
         """The newest intact complete checkpoint or savepoint of this run; else the one the
@@ -414,7 +431,7 @@ class JobDriver:
         """Wait for the generation's task slots (and, after a lost host with
         ``on_host_loss="wait"``, for the hosts the failed generation ran on)."""
         hosts: frozenset[str] = frozenset()
-        if self.config.restart.on_host_loss == "wait":
+        if self.config.on_host_loss == "wait":
             hosts = frozenset(h for h in self.result.hosts.get(generation - 1, {}).values() if h)
         error = self.launcher.wait_for_slots(
             self.plan.parallelism,

@@ -88,6 +88,7 @@ class FailureDetector:
                 operator=message.operator,
                 record=message.record,
                 traceback=message.traceback,
+                passing=message.passing,
             )
 
     def lost(self, slot: str, reason: str, finished: bool) -> None:

@@ -19,9 +19,14 @@ class JobFailedError(Exception):
     """The job failed and the restart strategy gave up. The message names the operator, the
     subtask and the user's traceback when a user function failed."""
 
-    def __init__(self, message: str, failure: Failure | None = None) -> None:
+    def __init__(
+        self, message: str, failure: Failure | None = None, *, deterministic: bool = False
+    ) -> None:
         super().__init__(message)
         self.failure = failure
+        self.deterministic = deterministic
+        """It failed at the same record twice in a row: a restart could not help (the
+        restart strategy's attempts were not used up)."""
 
     @property
     def operator(self) -> str | None:
@@ -63,6 +68,9 @@ class Failure:
     operator: str | None = None
     record: str | None = None
     traceback: str | None = None
+    passing: bool = False
+    """The error is of a kind that passes (``OSError``: a connection refused or reset, a
+    timeout, I/O): never taken for a deterministic one, even at the same record twice."""
 
     def describe(self) -> str:
         where = f"{self.operator} (subtask {self.subtask})" if self.operator else self.subtask

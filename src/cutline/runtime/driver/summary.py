@@ -138,6 +138,7 @@ class JobSummary:
             savepoints=savepoints,
             restarts=tuple(
                 f"generation {r.generation}: {_first_line(r.cause)}"
+                + (f" (restarted after {r.delay:.1f} s)" if r.delay else "")
                 for r in restarts
                 if r.restarted
             ),

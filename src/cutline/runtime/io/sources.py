@@ -507,7 +507,7 @@ class FileReader(SplitReader):
     def _reject(self, reject: Reject) -> None:
         error = f"{reject.where}: {reject.reason}"
         if self._rejected is None:
-            raise SourceError(error)
+            raise SourceError(error, record=reject.record)
         self._rejected(reject.record, error)
 
 

@@ -139,6 +139,8 @@ class Failed:
     cause: str = "task"
     """``task``: the subtask's own failure; ``channel``: only because a channel from another
     slot broke (a consequence: that slot's report is the cause)."""
+    passing: bool = False
+    """The error is of a kind that passes (``OSError``: a connection, a timeout, I/O)."""
 
 
 @dataclass(frozen=True)

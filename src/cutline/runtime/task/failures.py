@@ -4,8 +4,10 @@ its traceback, cut to a size a message carries.
 
 from __future__ import annotations
 
+import reprlib
 import traceback
 
+from cutline.connectors.source import SourceError
 from cutline.runtime.network.channel import ChannelError
 from cutline.runtime.network.messages import Failed
 from cutline.runtime.operators import (
@@ -24,17 +26,23 @@ def failed_message(subtask: str, exc: BaseException, operator: str) -> Failed:
             operator=shorten(exc.operator),
             record=shorten(exc.record),
             traceback=shorten(exc.user_traceback),
+            passing=exc.passing,
         )
+    record = exc.record if isinstance(exc, SourceError) else None
     return Failed(
         subtask,
         shorten(f"{type(exc).__name__}: {exc}"),
         operator=shorten(operator),
+        record=shorten(_repr.repr(record)) if record is not None else None,
         traceback=shorten("".join(traceback.format_exception(exc))),
         cause="channel" if isinstance(exc, ChannelError) else "task",
     )
 
 
 MESSAGE_MOST = 16 * 1024
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 200
 
 
 def shorten(text: str) -> str:
