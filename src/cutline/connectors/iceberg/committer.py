@@ -18,7 +18,10 @@ from cutline.connectors.tables.parts import file_prefix, line, named
 
 JOB, SINK, CHECKPOINT = "cutline.job", "cutline.sink", "cutline.checkpoint"
 """The properties of the summary of every snapshot the sink commits: the job, the sink and
-the checkpoint whose rows the table holds from then on."""
+the newest checkpoint of theirs committed to the table."""
+RESTORED = "cutline.restored"
+"""... and of one that withdraws the files of the checkpoints after a restored one: that
+checkpoint."""
 ATTEMPTS = 10
 """Commits tried per checkpoint while others commit to the table at the same time (each
 after pyiceberg's own retries, ``commit.retry.num-retries``), the table read again each
@@ -62,7 +65,7 @@ class IcebergCommitter(GlobalCommitter):
                 return
             done = newest_checkpoint(table, job, sink)
             if done is not None and done > checkpoint_id:
-                if self._withdraw(table, job, sink, checkpoint_id):
+                if self._withdraw(table, job, sink, checkpoint_id, done):
                     return
                 continue
             if done == checkpoint_id:
@@ -103,12 +106,12 @@ class IcebergCommitter(GlobalCommitter):
                 f"{line(exc)}"
             ) from None
 
-    def _withdraw(self, table: Table, job: str, sink: str, checkpoint_id: int) -> bool:
-        """The job restored checkpoint ``checkpoint_id``, older than the newest it committed (a
-        run resumed from its checkpoint directory after a savepoint; the newest checkpoint
-        damaged): the rows of the newer ones come again. One snapshot removes their files,
-        its summary naming the restored checkpoint as the newest the table holds; ``False``:
-        another commit came first."""
+    def _withdraw(self, table: Table, job: str, sink: str, checkpoint_id: int, done: int) -> bool:
+        """The job restored checkpoint ``checkpoint_id``, older than the newest it committed,
+        ``done`` (a run resumed from its checkpoint directory after a savepoint; the newest
+        checkpoint damaged): the rows of the newer ones come again. One snapshot removes their
+        files (none the second time: nothing is committed then); ``False``: another commit
+        came first."""
         prefix = file_prefix(job, sink)
         snapshot = table.current_snapshot()
         assert snapshot is not None
@@ -118,7 +121,9 @@ class IcebergCommitter(GlobalCommitter):
                 name = entry.data_file.file_path.rsplit("/", 1)[-1]
                 if (named(name, prefix) or (0, -1))[1] > checkpoint_id:
                     newer.append(entry.data_file)
-        summary = {JOB: job, SINK: sink, CHECKPOINT: str(checkpoint_id)}
+        if not newer:
+            return True
+        summary = {JOB: job, SINK: sink, CHECKPOINT: str(done), RESTORED: str(checkpoint_id)}
         try:
             with table.transaction() as transaction:
                 update = transaction.update_snapshot(snapshot_properties=summary)

@@ -3,7 +3,6 @@ into it (see :mod:`cutline.connectors.iceberg`)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
-    NamespaceAlreadyExistsError,
+    CommitFailedException,
     NoSuchNamespaceError,
     NoSuchTableError,
     TableAlreadyExistsError,
@@ -110,15 +109,19 @@ class IcebergTarget:
             if name not in schema.names:
                 raise SinkError(f"{self.where}: cannot partition by {name!r}, not a column")
         try:
-            with contextlib.suppress(NamespaceAlreadyExistsError):
-                catalog.create_namespace(self.identifier[:-1])
+            namespace = self.identifier[:-1]
+            try:
+                catalog.create_namespace(namespace)
+            except Exception:
+                if not catalog.namespace_exists(namespace):  # (else: made meanwhile)
+                    raise
             creating = catalog.create_table_transaction(self.identifier, schema=schema)
             if self.partition_by:
                 with creating.update_spec() as spec:
                     for name in self.partition_by:
                         spec.add_identity(name)
             return creating.commit_transaction()
-        except TableAlreadyExistsError:
+        except (TableAlreadyExistsError, CommitFailedException):  # (made meanwhile)
             found = self.load(catalog)
             if found is None:
                 raise SinkError(f"{self.where} was made and dropped meanwhile") from None
