@@ -72,6 +72,9 @@ def test_a_table_is_made_when_the_job_is_built_if_the_columns_are_known(
         ("account", "string"), ("entry", "long"), ("amount", "long"), ("ts", "long"),
     ]  # fmt: skip
     assert made.snapshots() == [] and made.spec().is_unpartitioned()
+    message = rf"Iceberg table {TABLE} is not partitioned \(partition_by=\['account'\]\)"
+    with pytest.raises(SinkError, match=message):
+        IcebergSink(TABLE, catalog, partition_by=["account"]).check(None)
 
 
 def test_a_bad_catalog_or_table_name_is_an_error_when_the_job_is_built(

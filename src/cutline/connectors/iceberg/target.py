@@ -145,7 +145,11 @@ class IcebergTarget:
                 )
             columns.append(str(source))
         if self.partition_by is not None and tuple(self.partition_by) != tuple(columns):
-            raise SinkError(f"{self.where} is partitioned by {columns}")
+            raise SinkError(
+                f"{self.where} is partitioned by {columns}"
+                if columns
+                else f"{self.where} is not partitioned (partition_by={list(self.partition_by)})"
+            )
         return tuple(columns)
 
     def _catalog_named(self) -> str:
@@ -220,7 +224,9 @@ def fit_plan(where: str, table: Schema, files: pa.Schema, records: pa.Schema) ->
     return plan
 
 
-def fitted(where: str, batch: pa.RecordBatch, plan: list[int | None], files: pa.Schema) -> Any:
+def fitted(
+    where: str, batch: pa.RecordBatch, plan: list[int | None], files: pa.Schema
+) -> pa.RecordBatch:
     """``batch`` made a batch of the files' schema by ``plan`` (:func:`fit_plan`)."""
     columns = []
     for wanted, source in zip(files, plan, strict=True):

@@ -58,8 +58,7 @@ class IcebergWriter(PartWriter[IcebergFile]):
         if plan is None:
             table = self.parts.table.schema()
             plan = self.plans[batch.schema] = fit_plan(self.where, table, self.schema, batch.schema)
-        fitting: pa.RecordBatch = fitted(self.where, batch, plan, self.schema)
-        return fitting
+        return fitted(self.where, batch, plan, self.schema)
 
     def committed(self, checkpoint_id: int, files: list[IcebergFile]) -> IcebergCommittable:
         name = self.context.name  # (even without files: see the committer)
