@@ -27,7 +27,7 @@ from test_connector_api import FailAt, assert_exact
 from test_savepoints import SavepointOnHold, endpoints_of
 
 from cutline import CheckpointWarning, JobClient, JobFailedError, SourceHold, StreamEnvironment
-from cutline.connectors import SinkContext, SinkError, delta
+from cutline.connectors import SinkContext, SinkError, tables
 from cutline.connectors.delta import DeltaCommittable, DeltaSink, app_id
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -128,7 +128,7 @@ def test_the_running_sums_are_in_the_table_once_through_a_failure_at_a_random_en
     """``ahead``: the writers write a data file every that many rows, ahead of the barrier
     (files of an interval that fails are orphans, deleted by the restored writers)."""
     if ahead is not None:
-        monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", ahead)
+        monkeypatch.setattr(tables.writer, "ROW_GROUP_ROWS", ahead)
     rng = random.Random(f"delta-{seed}")
     ledger = Ledger(accounts=5, per_account=300, numbered=seed != 2)
     fail = FailAt(f"acct-{rng.randrange(5):02d}", rng.randrange(100, 300), str(tmp_path / "f"))
@@ -327,7 +327,7 @@ def test_the_statistics_are_those_delta_rs_writes_of_the_same_rows(
     """Taken from the Parquet footer (several row groups here), they equal delta-rs's own for
     every type it bounds; a float column with NaN or an infinity has none (a bound JSON cannot
     hold, or one that would not bound the NaN), and a binary or nested one only null counts."""
-    monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", 3)
+    monkeypatch.setattr(tables.writer, "ROW_GROUP_ROWS", 3)
     utc = pa.timestamp("us", tz="UTC")
     columns = {
         "i": pa.array([5, -3, None, 9, 0, 2, 7], pa.int64()),
@@ -396,9 +396,9 @@ def test_files_are_rolled_when_large_and_when_too_many_are_open_and_every_row_is
 ) -> None:
     """A part file past its target size is closed and another opened; past the most open
     files, the one written least recently is closed: every row still in the table once."""
-    monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", 10)
-    monkeypatch.setattr(delta.files, "TARGET_FILE_BYTES", target)
-    monkeypatch.setattr(delta.files, "MAX_OPEN_FILES", most_open)
+    monkeypatch.setattr(tables.writer, "ROW_GROUP_ROWS", 10)
+    monkeypatch.setattr(tables.parts, "TARGET_FILE_BYTES", target)
+    monkeypatch.setattr(tables.parts, "MAX_OPEN_FILES", most_open)
     sink = DeltaSink(str(tmp_path / "table"), partition_by=["city"])
     records = [{"city": f"c{i % 3}", "n": i} for i in range(120)]
     one, two = staged(sink, "j1", {1: records[:60], 2: records[60:]}, size=10)
@@ -431,7 +431,7 @@ def test_a_file_that_cannot_be_written_fails_the_checkpoint_and_every_later_call
 ) -> None:
     """The writer's thread could not write a row group: the files of the interval lack it,
     so they are never committed; the writer refuses from then on, naming the table."""
-    monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", 2)
+    monkeypatch.setattr(tables.writer, "ROW_GROUP_ROWS", 2)
     sink = DeltaSink(str(tmp_path / "table"))
     writer = sink.writer(SinkContext("sums", 0, 1, 1, "r1", job="j1"), {})
     appends = 0
@@ -443,7 +443,7 @@ def test_a_file_that_cannot_be_written_fails_the_checkpoint_and_every_later_call
             raise OSError("the disk is full")
         self.parquet.write_table(rows)
 
-    monkeypatch.setattr(delta.files.PartFile, "append", append)
+    monkeypatch.setattr(tables.parts.PartFile, "append", append)
     message = rf"cannot write into {tmp_path / 'table'}: the disk is full"
     with pytest.raises(SinkError, match=message):  # (at a later hand-over, or the barrier)
         for n in range(6):
@@ -460,7 +460,7 @@ def test_a_table_at_a_uri_is_written_through_delta_rs_own_store(
     """A URI (``s3://`` and the others) goes through delta-rs's object store, not Arrow's
     local filesystem (here that store on a local folder): files, partitions, commits and
     orphans. A ``file://`` URI is a local path."""
-    monkeypatch.setattr(delta.writer, "ROW_GROUP_ROWS", 4)
+    monkeypatch.setattr(tables.writer, "ROW_GROUP_ROWS", 4)
     sink = DeltaSink((tmp_path / "table").as_uri(), partition_by=["city"])
     assert sink.path == str(tmp_path / "table")
     (tmp_path / "table").mkdir()

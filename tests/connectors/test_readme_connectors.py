@@ -1,4 +1,4 @@
-"""The README's Kafka, PostgreSQL and Delta Lake examples, as they are written there, against
+"""The README's Kafka, PostgreSQL, Delta Lake and Apache Iceberg examples, as they are written there, against
 real servers (their ``broker = ...`` and ``dsn = ...`` lines pointed at the test's), in a
 folder of their own, with slots as threads: each does what the README says it does."""
 
@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from deltalake import DeltaTable
+from pyiceberg.catalog import load_catalog
 from test_kafka import read_topic
 
 from cutline import StreamEnvironment
@@ -104,3 +105,18 @@ def test_the_delta_lake_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     for r in table:
         highest[r["user"]] = max(highest.get(r["user"], 0), r["amount"])
     assert highest == {f"u{u}": sum(range(u, 100_000, 10)) for u in range(10)}
+
+
+def test_the_apache_iceberg_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_example(example("Apache Iceberg"), tmp_path, monkeypatch)
+    lake = tmp_path / "lake"
+    catalog = {"type": "sql", "uri": f"sqlite:///{lake}/catalog.db", "warehouse": f"file://{lake}"}
+    made = load_catalog("default", **catalog).load_table("shop.sums")
+    table = made.scan().to_arrow().to_pylist()
+    # (as the Delta Lake example's: each user's count of running sums and its total)
+    assert Counter(r["user"] for r in table) == {f"u{u}": 10_000 for u in range(10)}
+    highest: dict[str, int] = {}
+    for r in table:
+        highest[r["user"]] = max(highest.get(r["user"], 0), r["amount"])
+    assert highest == {f"u{u}": sum(range(u, 100_000, 10)) for u in range(10)}
+    assert all(s.summary["cutline.checkpoint"] for s in made.snapshots())

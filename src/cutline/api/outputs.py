@@ -1,5 +1,5 @@
-"""Where a stream goes besides files: Kafka, PostgreSQL and Delta Lake (``DataStream``'s
-``write_kafka``, ``write_postgres``, ``write_delta``). Each builds a connector of
+"""Where a stream goes besides files: Kafka, PostgreSQL, Delta Lake and Apache Iceberg
+(``DataStream``'s ``write_kafka``, ``write_postgres``, ``write_delta``, ``write_iceberg``). Each builds a connector of
 :mod:`cutline.connectors` and adds its sink operator; each says its guarantee."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pyarrow as pa
 
 from cutline.connectors.sink import Sink
 from cutline.runtime.eventtime.logic import WindowLogic
@@ -23,6 +25,7 @@ class Outputs:
         raise NotImplementedError  # (DataStream's)
 
     operator: Operator  # (DataStream's)
+    schema: pa.Schema | None  # (DataStream's: its records' columns, when known)
 
     def _through(
         self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: str
@@ -117,6 +120,36 @@ class Outputs:
             compression=compression,
         )
         self._write(f"write_delta({where})", sink, name)
+
+    def write_iceberg(
+        self,
+        table: str,
+        *,
+        catalog: Mapping[str, Any] | str,
+        partition_by: Sequence[str] | None = None,
+        compression: str = "zstd",
+        name: str | None = None,
+    ) -> None:
+        """Append the records to the Apache Iceberg table ``table`` (``"namespace.table"``)
+        of ``catalog`` (a dict of pyiceberg catalog properties, e.g. ``{"type": "sql",
+        "uri": "sqlite:////abs/catalog.db", "warehouse": "file:///abs/warehouse"}``, or the
+        name of a catalog in ``~/.pyiceberg.yaml``), **exactly once**: each subtask writes
+        Parquet data files while the records come and closes them at the barrier, and the
+        driver commits them all in one Iceberg snapshot per checkpoint, whose summary names
+        the job and the checkpoint so that no checkpoint is committed twice. The catalog is
+        loaded now, on the driver; the table is made if missing (now, if the stream's
+        columns are known, with ``partition_by`` as identity partitions), and an existing
+        one is checked against the columns. ``compression``: the files' Parquet codec."""
+        from cutline.connectors.iceberg import IcebergSink
+
+        sink = IcebergSink(
+            table,
+            catalog,
+            partition_by=list(partition_by) if partition_by else None,
+            compression=compression,
+        )
+        sink.check(self.schema)
+        self._write(f"write_iceberg({table})", sink, name)
 
 
 @dataclass(frozen=True)

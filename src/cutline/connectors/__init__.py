@@ -17,7 +17,8 @@ other, and so are those to other systems, imported when first named:
   (``stream.write_kafka``, at least once), on confluent-kafka;
 * :class:`PostgresSink` (``stream.write_postgres``, exactly once by two-phase commit), on
   psycopg;
-* :class:`DeltaSink` (``stream.write_delta``, exactly once), on deltalake.
+* :class:`DeltaSink` (``stream.write_delta``, exactly once), on deltalake;
+* :class:`IcebergSink` (``stream.write_iceberg``, exactly once), on pyiceberg.
 
 How to write one: ``docs/connectors.md``.
 """
@@ -48,11 +49,13 @@ from cutline.protocol.splits import Split
 
 if TYPE_CHECKING:
     from cutline.connectors.delta import DeltaSink
+    from cutline.connectors.iceberg import IcebergSink
     from cutline.connectors.kafka import KafkaSink, KafkaSource
     from cutline.connectors.postgres import PostgresSink
 
 _LAZY = {
     "DeltaSink": "cutline.connectors.delta",
+    "IcebergSink": "cutline.connectors.iceberg",
     "KafkaSink": "cutline.connectors.kafka",
     "KafkaSource": "cutline.connectors.kafka",
     "PostgresSink": "cutline.connectors.postgres",
@@ -61,7 +64,7 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     """The connectors to other systems, imported (with their client library) when first
-    named: ``import cutline`` does not load confluent-kafka, psycopg and deltalake."""
+    named: ``import cutline`` does not load confluent-kafka, psycopg, deltalake and pyiceberg."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'cutline.connectors' has no attribute {name!r}")
@@ -76,6 +79,7 @@ __all__ = [
     "Finished",
     "FunctionSink",
     "GlobalCommitter",
+    "IcebergSink",
     "KafkaSink",
     "KafkaSource",
     "Nothing",

@@ -2,10 +2,11 @@
 
 Flink's Delta sink, on cutline's connector API (:mod:`cutline.connectors.sink`):
 
-1. each subtask's :class:`DeltaWriter` (``writer.py``) makes its records fit the table's
-   schema and hands them, every :data:`~writer.ROW_GROUP_ROWS` rows, to a thread of its own,
-   which encodes them as a row group of an open Parquet **part file** in the table's
-   directory (one per ``column=value/`` folder when partitioned), named
+1. each subtask's :class:`DeltaWriter` (``writer.py``, on the part-file writer that the
+   Iceberg sink shares, :mod:`cutline.connectors.tables`) makes its records fit the table's
+   schema and hands them, every :data:`~cutline.connectors.tables.writer.ROW_GROUP_ROWS`
+   rows, to a thread of its own, which encodes them as a row group of an open Parquet **part
+   file** in the table's directory (one per ``column=value/`` folder when partitioned), named
    ``part-<job>-<sink>-<subtask>-<checkpoint>-<uuid>.zstd.parquet`` (``compression=`` chooses
    the codec; ``files.py``): the files are written while records flow, on another core;
 2. at the barrier of checkpoint ``n`` that thread closes the interval's files; the subtask's

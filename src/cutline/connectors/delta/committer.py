@@ -12,18 +12,10 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from cutline.connectors.delta.files import (
-    DeltaCommittable,
-    DeltaTarget,
-    app_id,
-    file_prefix,
-    line,
-    mismatch,
-    named,
-    now,
-    partition_value,
-)
+from cutline.connectors.delta.files import DeltaCommittable, DeltaTarget, app_id, partition_value
 from cutline.connectors.sink import GlobalCommitter, SinkError
+from cutline.connectors.tables.parts import file_prefix, line, named, now
+from cutline.connectors.tables.writer import mismatch
 
 
 class DeltaCommitter(GlobalCommitter):

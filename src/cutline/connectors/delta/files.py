@@ -1,22 +1,17 @@
-"""The Delta sink's data files: where they go, how they are named, and how they are written.
+"""The Delta sink's data files: where they go, and what Delta's add action needs of each.
 
-A writer's rows go into **part files** (Flink's name): Parquet files written while the rows
-arrive, one open per partition folder, closed at the checkpoint's barrier (or when one grows
-past :data:`TARGET_FILE_BYTES`). :class:`PartFiles` writes them, on the writer's own thread;
-what Delta's add action needs of a closed one is a :class:`DataFile`, its statistics read from
-the Parquet footer the writer just wrote (:func:`footer_stats`), not computed again.
+A writer's rows go into **part files** (:mod:`cutline.connectors.tables.parts`), one open per
+partition folder; :class:`DeltaPartFiles` puts them in the table's folder (through delta-rs's
+own store for a URI), and what Delta's add action needs of a closed one is a
+:class:`DataFile`, its statistics read from the Parquet footer the writer just wrote
+(:func:`footer_stats`), not computed again.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import math
 import os
-import re
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -34,34 +29,24 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
 from cutline.connectors.sink import SinkError
+from cutline.connectors.tables.parts import (
+    PartFile,
+    PartFiles,
+    codec,
+    line,
+    now,
+    partitions,
+    token,
+)
 
 STATS_COLUMNS = 32
 """Statistics of the first 32 columns (Delta's default ``dataSkippingNumIndexedCols``)."""
-TARGET_FILE_BYTES = 128 << 20
-"""A part file this large is closed and another opened (delta-rs's target is 100 MiB)."""
-MAX_OPEN_FILES = 64
-"""Part files a writer keeps open at once (one per partition folder): past it, the one written
-least recently is closed (a table partitioned by a column of many values gets more files,
-not more memory or descriptors)."""
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-CODECS = ("zstd", "snappy", "lz4", "gzip", "brotli", "none")
 
 
 def app_id(job: str, sink: str) -> str:
     """The Delta application id of a job's sink: ``cutline-<job>-<sink>``."""
     return f"cutline-{token(job)}-{token(sink)}"
-
-
-def file_prefix(job: str, sink: str) -> str:
-    """The start of the names of a job's sink's data files: ``part-<job>-<sink>-``."""
-    return f"part-{token(job)}-{token(sink)}-"
-
-
-def named(name: str, prefix: str) -> tuple[int, int] | None:
-    """The subtask and checkpoint of a data file of ``prefix`` (``part-<job>-<sink>-``)."""
-    pattern = re.escape(prefix) + r"(\d{5})-(\d{10})-[0-9a-f-]+\.[a-z0-9]+\.parquet"
-    found = re.fullmatch(pattern, name)
-    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 @dataclass(frozen=True)
@@ -77,12 +62,7 @@ class DeltaTarget:
     default: faster), ``lz4``, ``gzip``, ``brotli`` or ``none``."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.compression, str) or self.compression.lower() not in CODECS:
-            raise ValueError(
-                f"write_delta: compression must be one of {', '.join(CODECS)}, "
-                f"not {self.compression!r}"
-            )
-        object.__setattr__(self, "compression", self.compression.lower())
+        object.__setattr__(self, "compression", codec(self.compression, "write_delta"))
         path = os.fspath(self.path)
         if path.startswith("file://"):  # (a local path: as one, delta-rs's store needs it made)
             path = url2pathname(urlparse(path).path)
@@ -145,25 +125,13 @@ class DeltaCommittable:
     files: tuple[DataFile, ...]
 
 
-class PartFile:
-    """One open part file: rows appended as row groups, statistics from its footer."""
+class DeltaPartFile(PartFile):
+    """A part file of a Delta table: it notes the float columns that hold a NaN or an
+    infinity (no bounds in their statistics)."""
 
-    def __init__(
-        self,
-        store: pafs.FileSystem,
-        path: str,
-        first: pa.Table,
-        values: dict[str, str | None],
-        compression: str,
-    ) -> None:
-        """A file for rows of ``first``'s schema (its first rows, not written yet)."""
-        self.path, self.schema, self.values = path, first.schema, values
-        self.out = store.open_output_stream(path)
-        self.parquet = pq.ParquetWriter(
-            self.out, self.schema, compression=compression, use_dictionary=dictionary(first)
-        )
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self.not_finite: set[str] = set()
-        """Float columns with a NaN or an infinity: no bounds in the statistics."""
 
     def append(self, rows: pa.Table) -> None:
         for name in rows.column_names[:STATS_COLUMNS]:
@@ -174,136 +142,46 @@ class PartFile:
                 and not pc.all(pc.is_finite(column)).as_py()  # (nulls skipped)
             ):
                 self.not_finite.add(name)
-        self.parquet.write_table(rows)
-
-    def size(self) -> int:
-        return int(self.out.tell())
-
-    def close(self) -> DataFile:
-        """The file, finished (its checkpoint is set when the interval's files are)."""
-        self.parquet.close()
-        size = self.size()
-        self.out.close()
-        metadata = self.parquet.writer.metadata
-        stats = footer_stats(metadata, self.schema, self.not_finite)
-        return DataFile(self.path, size, self.values, now(), stats, 0)
+        super().append(rows)
 
 
-class PartFiles:
-    """A writer's part files of one checkpoint interval, one open per partition folder. Used
-    on one thread only (the writer's own), in order: :meth:`append` as rows come, :meth:`close`
-    at the barrier. After a failure it refuses everything: a file it could not write would be
-    committed without some of its rows."""
+class DeltaPartFiles(PartFiles[DataFile]):
+    """A Delta writer's part files: in the table's folder (``column=value/`` folders when it
+    is partitioned, the partition columns left out of the files), described for Delta's add
+    actions."""
 
     def __init__(self, target: DeltaTarget, prefix: str, subtask: int) -> None:
-        self.target, self.prefix, self.subtask = target, prefix, subtask
+        super().__init__(target.path, prefix, subtask, target.compression)
         self.store = target.store()
-        self.open: dict[str, PartFile] = {}
-        """By partition folder, the one written last at the end."""
-        self.closed: list[DataFile] = []
+        self.partition_by: tuple[str, ...] = ()
+        """Set by the writer once it knows the table's."""
         self.folders = {""}
         """Partition folders known to exist."""
-        self.failed: SinkError | None = None
 
-    def append(
-        self,
-        batches: list[pa.RecordBatch],
-        schema: pa.Schema,
-        partition_by: tuple[str, ...],
-        named_after: int,
-    ) -> None:
-        """Write ``batches`` (of ``schema``) into the open files of their partitions; a file
-        opened for them is named after checkpoint ``named_after``: the one after the last
-        barrier, whose barrier closes it (or a later one's; so after a restore, the files of
-        an attempt are orphans precisely when named after a checkpoint the table lacks)."""
-        self._check()
-        try:
-            table = pa.Table.from_batches(batches, schema=schema)
-            for values, folder, rows in partitions(table, partition_by):
-                part = self.open.pop(folder, None)
-                if part is not None and not part.schema.equals(rows.schema):
-                    self.closed.append(part.close())  # (a null column has a type now)
-                    part = None
-                if part is None:
-                    if len(self.open) >= MAX_OPEN_FILES:
-                        oldest = next(iter(self.open))
-                        self.closed.append(self.open.pop(oldest).close())
-                    if folder not in self.folders:
-                        self.store.create_dir(folder.rstrip("/"), recursive=True)
-                        self.folders.add(folder)
-                    name = f"{folder}{self._name(named_after)}"
-                    part = PartFile(self.store, name, rows, values, self.target.compression)
-                part.append(rows)
-                if part.size() >= TARGET_FILE_BYTES:
-                    self.closed.append(part.close())
-                else:
-                    self.open[folder] = part
-        except Exception as exc:
-            raise self._failure(exc) from None
+    def split(self, table: pa.Table) -> list[tuple[str, Any, pa.Table]]:
+        out = []
+        for found, rows in partitions(table, self.partition_by):
+            values = {c: partition_value(v) for c, v in found.items()}
+            folder = "".join(f"{quote(c, safe='')}={_folder(v)}/" for c, v in values.items())
+            out.append((folder, values, rows.drop_columns(list(self.partition_by))))
+        return out
 
-    def close(self, checkpoint: int) -> list[DataFile]:
-        """Close every open file: the files of the interval that checkpoint's barrier ends."""
-        self._check()
-        try:
-            while self.open:
-                self.closed.append(self.open.popitem()[1].close())
-        except Exception as exc:
-            raise self._failure(exc) from None
-        files = [dataclasses.replace(f, checkpoint=checkpoint) for f in self.closed]
-        self.closed = []
-        return files
+    def create(self, folder: str, values: Any, name: str) -> tuple[str, Any]:
+        if folder not in self.folders:
+            self.store.create_dir(folder.rstrip("/"), recursive=True)
+            self.folders.add(folder)
+        path = f"{folder}{name}"
+        return path, self.store.open_output_stream(path)
 
-    def _failure(self, exc: Exception) -> SinkError:
-        """What failed, kept: every later call refuses (whatever it was)."""
-        if not isinstance(exc, SinkError):
-            exc = SinkError(f"cannot write into {self.target.path}: {line(exc)}")
-        self.failed = exc
-        return exc
+    def part(self, out: Any, path: str, first: pa.Table, values: Any) -> PartFile:
+        return DeltaPartFile(out, path, first, values, self.options)
 
-    def _check(self) -> None:
-        if self.failed is not None:
-            raise self.failed
-
-    def _name(self, checkpoint: int) -> str:
-        unique = uuid.uuid4()
-        codec = self.target.compression
-        return f"{self.prefix}{self.subtask:05d}-{checkpoint:010d}-{unique}.{codec}.parquet"
-
-
-# ------------------------------------------------------------------------------- encodings
-
-SAMPLE = 8192
-"""Values of a column looked at to tell whether a dictionary pays."""
-
-
-def dictionary(rows: pa.Table) -> bool | list[str]:
-    """The columns a new file dictionary-encodes: all but those whose first :data:`SAMPLE`
-    values are mostly distinct (ids, random numbers, free text). Arrow encodes every column
-    with a dictionary until it outgrows 1 MiB; for such a column that is work thrown away,
-    three to six times the time of plain encoding, and a larger file (parquet-mr falls back
-    the same way)."""
-    distinct = set()
-    for column in rows.schema:
-        kind = column.type
-        if pa.types.is_nested(kind) or pa.types.is_dictionary(kind) or "." in column.name:
-            continue
-        sample = rows.column(column.name).slice(0, SAMPLE)
-        present = len(sample) - sample.null_count
-        if present >= 64 and pc.count_distinct(sample).as_py() * 2 > present:
-            distinct.add(column.name)
-    if not distinct:
-        return True
-    return [path for path in _leaf_paths(rows.schema) if path not in distinct]
-
-
-@functools.lru_cache(maxsize=64)
-def _leaf_paths(schema: pa.Schema) -> list[str]:
-    """The Parquet column paths of ``schema`` (``a``, ``s.b``, ``l.list.element``, ...)."""
-    out = pa.BufferOutputStream()
-    with pq.ParquetWriter(out, schema) as writer:
-        writer.write_table(schema.empty_table())
-    columns = writer.writer.metadata.schema
-    return [columns.column(i).path for i in range(len(columns))]
+    def described(
+        self, part: PartFile, size: int, metadata: pq.FileMetaData, checkpoint: int
+    ) -> DataFile:
+        assert isinstance(part, DeltaPartFile)
+        stats = footer_stats(metadata, part.schema, part.not_finite)
+        return DataFile(part.path, size, part.values, now(), stats, checkpoint)
 
 
 # ------------------------------------------------------------------------------- statistics
@@ -392,23 +270,6 @@ def _utc(value: int, unit: str) -> str:
 # ------------------------------------------------------------------------------- partitions
 
 
-def partitions(
-    table: pa.Table, columns: tuple[str, ...]
-) -> list[tuple[dict[str, str | None], str, pa.Table]]:
-    """The rows of each partition: (partition values, folder, rows without those columns)."""
-    if not columns:
-        return [({}, "", table)]
-    keyed = table.select(list(columns)).append_column("_row", pa.array(range(table.num_rows)))
-    groups = keyed.group_by(list(columns), use_threads=False).aggregate([("_row", "list")])
-    out = []
-    for i in range(groups.num_rows):
-        values = {c: partition_value(groups.column(c)[i].as_py()) for c in columns}
-        folder = "".join(f"{quote(c, safe='')}={_folder(v)}/" for c, v in values.items())
-        rows = table.take(groups.column("_row_list")[i].values).drop_columns(list(columns))
-        out.append((values, folder, rows))
-    return out
-
-
 def partition_value(value: Any) -> str | None:
     return None if value is None else value.isoformat() if isinstance(value, date) else str(value)
 
@@ -433,32 +294,3 @@ def stored(kind: pa.DataType, where: str, column: str) -> pa.DataType:
             ) from None
         _STORED[str(kind)] = pa.schema(as_stored).field("c").type
     return _STORED[str(kind)]
-
-
-def widens(given: pa.DataType, wanted: pa.DataType) -> bool:
-    """Whether a column of type ``given`` goes into one of ``wanted`` without loss."""
-    t = pa.types
-    if t.is_integer(given) and t.is_integer(wanted):
-        return bool(given.bit_width < wanted.bit_width and t.is_signed_integer(wanted))
-    numeric = t.is_integer(given) or t.is_floating(given)
-    return bool(t.is_null(given) or (numeric and t.is_float64(wanted)))
-
-
-def mismatch(where: str, column: str, table: pa.DataType, records: pa.DataType) -> str:
-    return f"{where}: column {column!r} is {table} in the table, {records} in the records"
-
-
-# ------------------------------------------------------------------------------------ words
-
-
-def now() -> int:
-    return int(time.time() * 1000)
-
-
-def token(name: str) -> str:
-    """``name`` as a part of a file's name or an app id: letters, digits and ``_``."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", name) or "_"
-
-
-def line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
