@@ -34,8 +34,8 @@ import fsspec
 
 from cutline.api.progress import LiveProgress, ProgressLines, wanted
 from cutline.api.settings import Settings, location, seconds
-from cutline.api.sources import Sources
 from cutline.api.streams import DataStream, KeyedStream
+from cutline.api.table_sources import TableSources
 from cutline.runtime.checkpoint.lineage import (
     ResumableCheckpointError,
     refuse_fresh_start,
@@ -86,7 +86,7 @@ def _restore_url(restore_from: str | os.PathLike[str] | None) -> str | None:
     return location(restore_from)
 
 
-class StreamEnvironment(Sources):
+class StreamEnvironment(TableSources):
     """A streaming job being built, and how it runs.
 
     :param parallelism: subtasks per operator, one Spark task slot each.
