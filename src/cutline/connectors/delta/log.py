@@ -59,7 +59,9 @@ class Commit:
 
     def describe(self) -> str:
         """``version 7 (DELETE, predicate=a = 2)``: the version, its operation and how."""
-        how = ", ".join(f"{k}={v}" for k, v in self.parameters.items() if v not in (None, ""))
+        how = ", ".join(
+            f"{k}={v}" for k, v in sorted(self.parameters.items()) if v not in (None, "")
+        )
         return f"version {self.version} ({self.operation}{', ' + how if how else ''})"
 
 

@@ -92,6 +92,8 @@ class DeltaSource(Source):
     """Whether version ``start`` is read as the table's snapshot (all its files)."""
     end: int | None = field(default=None, kw_only=True)
     """Bounded: the last version read."""
+    built_at: int = field(default=-1, kw_only=True)
+    """The table's version when the job was built, whose schema it reads."""
     schema: pa.Schema | None = field(default=None, kw_only=True)
     """The records' columns (fixed by :meth:`prepare`)."""
     table_columns: tuple[str, ...] = field(default=(), kw_only=True)
@@ -199,6 +201,7 @@ class DeltaSource(Source):
             start=start,
             snapshot=snapshot,
             end=latest if self.monitor is None else None,
+            built_at=latest,
             schema=chosen,
             table_columns=tuple(schema.names),
             partition_columns=tuple(table.metadata().partition_columns),
@@ -404,8 +407,8 @@ class DeltaReader(SplitReader):
             raise SourceError(
                 unreadable_mapping(self.source.path, commit.version, commit.column_mapping)
             )
-        if commit.schema is not None:
-            self._check_schema(commit)
+        if commit.schema is not None and commit.version > self.source.built_at:
+            self._check_schema(commit)  # (an older one's files: read into the job's types)
         if commit.removed is None:
             return list(commit.added)
         added = f"; it adds {len(commit.added)} file(s)" if commit.added else ""
@@ -424,8 +427,10 @@ class DeltaReader(SplitReader):
         return []
 
     def _check_schema(self, commit: Commit) -> None:
-        """A new schema: the job's columns must be there with their types; columns added are
-        not read (said once)."""
+        """A schema set after the job was built: the job's columns must be there with their
+        types; columns added are not read (said once). (Spark's ``isReadCompatible`` of the
+        new schema read as the stream's, without failing on added columns: a stream that
+        restarts on them, as Spark's, would fail again within one run.)"""
         new, at = commit.schema, f"{self.where}: {commit.describe()}"
         assert new is not None
         for column in self.schema:
