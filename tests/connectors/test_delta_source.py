@@ -453,3 +453,12 @@ def test_event_time_windows_over_a_table(tmp_path: Path) -> None:
 def log_actions(table: Path, version: int) -> list[dict[str, Any]]:
     text = (table / "_delta_log" / f"{version:020d}.json").read_text()
     return [json.loads(line) for line in text.splitlines()]
+
+
+def test_a_table_with_column_mapping_is_refused_when_the_job_is_built(tmp_path: Path) -> None:
+    """Its data files name the columns otherwise than the table (``col-<uuid>``)."""
+    table = tmp_path / "table"
+    mapping = {"delta.columnMapping.mode": "name"}
+    write_deltalake(str(table), pa.table({"a": [1]}), configuration=mapping)
+    with pytest.raises(SourceError, match=r"has column mapping \(delta.columnMapping.mode=name"):
+        StreamEnvironment(1).read_delta(table)

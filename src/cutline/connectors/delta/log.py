@@ -146,7 +146,7 @@ class TableLog:
         paths = [unquote(p) for p in adds.column("path").to_pylist()]
         names = adds.column_names
         values = adds.column("partition").to_pylist() if "partition" in names else None
-        deleted = _with_deletion_vectors(table)
+        deleted = with_deletion_vectors(table)
         files = [
             AddedFile(path, (values[i] or {}) if values else {}, path in deleted)
             for i, path in enumerate(paths)
@@ -223,7 +223,7 @@ def _commit_file(version: int) -> str:
     return f"{LOG}/{version:020d}.json"
 
 
-def _with_deletion_vectors(table: DeltaTable) -> set[str]:
+def with_deletion_vectors(table: DeltaTable) -> set[str]:
     """The data files (relative paths) that have a deletion vector at the loaded version."""
     features = table.protocol().reader_features or []
     if "deletionVectors" not in features:

@@ -54,6 +54,7 @@ from cutline.connectors.delta.log import (
     column_mapping,
     open_table,
     unreadable_mapping,
+    with_deletion_vectors,
 )
 from cutline.connectors.source import (
     Finished,
@@ -176,12 +177,12 @@ class DeltaSource(Source):
             start = found
         else:
             start, snapshot = latest, True
-            for file in log.snapshot(latest):
-                if file.deletion_vector:
-                    raise SourceError(
-                        f"{where}: data file {file.path} (version {latest}) has a deletion "
-                        "vector (rows of it deleted), which this source cannot apply"
-                    )
+            deleted = sorted(with_deletion_vectors(table))
+            if deleted:
+                raise SourceError(
+                    f"{where}: data file {deleted[0]} (version {latest}) has a deletion vector "
+                    "(rows of it deleted), which this source cannot apply"
+                )
         if self.monitor is None and start > latest:
             notes.append(
                 f"{where}: starting_version='latest' without monitor=: nothing to read (the "
