@@ -462,3 +462,24 @@ def test_a_table_with_column_mapping_is_refused_when_the_job_is_built(tmp_path: 
     write_deltalake(str(table), pa.table({"a": [1]}), configuration=mapping)
     with pytest.raises(SourceError, match=r"has column mapping \(delta.columnMapping.mode=name"):
         StreamEnvironment(1).read_delta(table)
+
+
+def test_a_watched_run_refuses_a_checkpoint_whose_slices_a_bounded_run_ended(
+    tmp_path: Path,
+) -> None:
+    """The bounded run read every slice to its end, which its checkpoint holds as finished:
+    a watched run resuming it would never read those slices' later versions, so it fails
+    naming them and what to do."""
+    table = tmp_path / "table"
+    append(table, 0, files=2)
+
+    def job(**options: Any) -> StreamEnvironment:
+        env = StreamEnvironment(2, checkpoint_dir=tmp_path / "ck", restart_attempts=0)
+        env.read_delta(table, name="orders", slices=4, **options).collect("rows")
+        return env
+
+    assert batches_of(list(job().execute(launcher=ThreadLauncher()).output)) == every(0)
+    append(table, 1)
+    message = r"slice\(s\) (0/4, 2/4|1/4, 3/4) read to the end of a bounded run .*\(fresh=True\)"
+    with pytest.raises(JobFailedError, match=message):
+        job(monitor="20ms").execute(launcher=ThreadLauncher(), restore_from="latest")

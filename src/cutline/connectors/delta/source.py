@@ -66,7 +66,7 @@ from cutline.connectors.source import (
     SourceError,
     SplitReader,
 )
-from cutline.protocol.splits import Split
+from cutline.protocol.splits import Split, owner
 
 SLICES = 64
 """The splits a table is read in, by default: the most subtasks that read it."""
@@ -271,6 +271,8 @@ class DeltaReader(SplitReader):
         """The newest version known to be in the log."""
         self.look_at = 0.0
         """When to look for a version not in the log at the last look (monotonic seconds)."""
+        self.opened = False
+        """Whether its first read looked at the slices it was given."""
 
     def add_split(self, split: Split, position: Any) -> None:
         number, count = (int(part) for part in split.id.split("/"))
@@ -301,6 +303,9 @@ class DeltaReader(SplitReader):
         return [s.id for s in self.slices.values() if s.waiting]
 
     def read(self, max_records: int) -> ReadResult:
+        if not self.opened:
+            self.opened = True
+            self._check_ended()
         for piece in sorted(self.slices.values(), key=Slice.order):
             while True:
                 if piece.file is None:
@@ -328,6 +333,31 @@ class DeltaReader(SplitReader):
                 piece.file = None
 
     # ------------------------------------------------------------------ the slices
+
+    def _check_ended(self) -> None:
+        """A watched run: every slice this subtask reads must be one it was given (at its
+        first read, the restored ones and the listing's were). One it was not ended in the run
+        whose checkpoint the job restores: a bounded run read it to its end, which the
+        checkpoint does not say, so its later versions would never be read: refused. (A
+        bounded run restoring its own checkpoint, after a failure, goes on without them.)"""
+        if self.source.bounded:
+            return
+        count, context = self.source.slices, self.context
+        mine = {
+            j
+            for j in range(count)
+            if owner(Split(str(j), j), context.parallelism) == context.subtask
+        }
+        ended = sorted(mine - {s.number for s in self.slices.values()})
+        if ended:
+            raise SourceError(
+                f"{self.where}: the restored checkpoint has slice(s) "
+                f"{', '.join(f'{j}/{count}' for j in ended)} read to the end of a bounded run "
+                "(read_delta without monitor=): a watched run cannot read the versions after "
+                "that end from it; read a table in runs by watching it (monitor=) and stopping "
+                "each run with a savepoint, or start afresh (fresh=True) with starting_version= "
+                "the version after the one it read to"
+            )
 
     def _advance(self, piece: Slice) -> str:
         """Open the next file of ``piece`` (from its position), passing over the versions
