@@ -483,3 +483,26 @@ def test_a_watched_run_refuses_a_checkpoint_whose_slices_a_bounded_run_ended(
     message = r"slice\(s\) (0/4, 2/4|1/4, 3/4) read to the end of a bounded run .*\(fresh=True\)"
     with pytest.raises(JobFailedError, match=message):
         job(monitor="20ms").execute(launcher=ThreadLauncher(), restore_from="latest")
+
+
+def test_a_commit_cleaned_from_the_log_before_it_was_read_fails_naming_it(tmp_path: Path) -> None:
+    """A watched slice restored at version 1, whose commit log cleanup removed since (a
+    checkpoint of the log at version 3): the reader fails rather than wait for it for ever."""
+    table = tmp_path / "table"
+    no_retention = {"delta.logRetentionDuration": "interval 0 seconds"}
+    rows = batch(0).append_column("part", pa.array([0] * ROWS))
+    write_deltalake(str(table), rows, partition_by=["part"], configuration=no_retention)
+    source, _ = DeltaSource(str(table), starting_version=0, slices=2, monitor=0.01).prepare()
+    for number in (1, 2, 3):
+        append(table, number)
+    log = DeltaTable(str(table))
+    log.create_checkpoint()
+    log.cleanup_metadata()
+    assert not (table / "_delta_log" / f"{1:020d}.json").exists()
+    reader = source.reader(SourceContext("orders", 0, 1))
+    reader.add_split(Split("0/2", 0), (1, False, 0, None, 0))
+    reader.add_split(Split("1/2", 1), (4, False, 0, None, 0))
+    message = r"version 1 is not in its log, which has a checkpoint at version 3: it was cleaned"
+    with pytest.raises(SourceError, match=message):
+        for _ in range(100):
+            reader.read(10)

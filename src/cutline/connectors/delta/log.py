@@ -119,6 +119,25 @@ class TableLog:
             ) from None
         return bool(info.type == pafs.FileType.File)
 
+    def check_kept(self, version: int) -> None:
+        """A commit not in the log, when a checkpoint of the log is at or past it, was
+        cleaned up (log cleanup removes only commits older than a checkpoint): a
+        :class:`SourceError`, rather than waiting for it for ever."""
+        name = f"{LOG}/_last_checkpoint"
+        try:
+            with self.store.open_input_stream(name) as stream:
+                last = int(json.loads(stream.read().decode())["version"])
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SourceError(f"Delta table {self.path}: cannot read {name}: {exc}") from None
+        if last >= version:
+            raise SourceError(
+                f"Delta table {self.path}: the commit of version {version} is not in its log, "
+                f"which has a checkpoint at version {last}: it was cleaned up "
+                "(delta.logRetentionDuration) before it was read"
+            )
+
     def commit(self, version: int) -> Commit:
         """What ``version`` did; a :class:`SourceError` when its commit is not in the log (not
         yet, or cleaned up)."""

@@ -415,6 +415,7 @@ class DeltaReader(SplitReader):
                 if now < self.look_at:
                     return None
                 if not self.log.has(version):
+                    self.log.check_kept(version)
                     assert self.source.monitor is not None
                     self.look_at = now + self.source.monitor
                     return None
