@@ -91,10 +91,9 @@ class DeltaSource(Source):
     """The first version read (fixed by :meth:`prepare`)."""
     snapshot: bool = field(default=False, kw_only=True)
     """Whether version ``start`` is read as the table's snapshot (all its files)."""
-    end: int | None = field(default=None, kw_only=True)
-    """Bounded: the last version read."""
     built_at: int = field(default=-1, kw_only=True)
-    """The table's version when the job was built, whose schema it reads."""
+    """The table's version when the job was built: the last one read when bounded; its schema
+    is the records'."""
     schema: pa.Schema | None = field(default=None, kw_only=True)
     """The records' columns (fixed by :meth:`prepare`)."""
     table_columns: tuple[str, ...] = field(default=(), kw_only=True)
@@ -135,6 +134,11 @@ class DeltaSource(Source):
     @property
     def bounded(self) -> bool:  # type: ignore[override]
         return self.monitor is None
+
+    @property
+    def end(self) -> int | None:
+        """The last version read: bounded, the table's when the job was built."""
+        return self.built_at if self.monitor is None else None
 
     def options(self) -> dict[str, str] | None:
         return dict(self.storage_options) if self.storage_options else None
@@ -201,7 +205,6 @@ class DeltaSource(Source):
             self,
             start=start,
             snapshot=snapshot,
-            end=latest if self.monitor is None else None,
             built_at=latest,
             schema=chosen,
             table_columns=tuple(schema.names),
