@@ -384,9 +384,15 @@ def test_partition_columns_come_back_as_columns_of_their_types(tmp_path: Path) -
             "city": ["a b", "x/y", None, "a b", "x/y", "c"],
             "day": pa.array([date(2024, 1, 1 + i % 2) for i in range(6)], pa.date32()),
             "shard": pa.array([i % 3 for i in range(6)], pa.int32()),
+            "at": pa.array(
+                [datetime(2024, 1, 2, 3, 4, 5, 123456 * (i % 2), UTC) for i in range(6)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "on": [i % 2 == 0 for i in range(6)],
         }
     )
-    write_deltalake(str(table), rows.slice(0, 3), partition_by=["city", "day", "shard"])
+    parts = ["city", "day", "shard", "at", "on"]
+    write_deltalake(str(table), rows.slice(0, 3), partition_by=parts)
     write_deltalake(str(table), rows.slice(3), mode="append")
     schema = DeltaTable(str(table)).schema().to_arrow()
     for options in ({}, {"starting_version": 0}):  # (a snapshot's values; a commit's text)
