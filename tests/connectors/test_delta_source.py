@@ -512,3 +512,19 @@ def test_a_commit_cleaned_from_the_log_before_it_was_read_fails_naming_it(tmp_pa
     with pytest.raises(SourceError, match=message):
         for _ in range(100):
             reader.read(10)
+
+
+def test_arguments_that_do_not_fit_are_named_when_the_job_is_built(tmp_path: Path) -> None:
+    append(tmp_path / "table", 0)
+    env = StreamEnvironment(1)
+    wrong = [
+        ({"monitor": "0s"}, r"monitor must be a positive duration, not 0.0"),
+        ({"slices": 0}, r"slices must be a positive integer, not 0"),
+        ({"starting_timestamp": "yesterday"}, r"'yesterday' is not an ISO-8601 date or time"),
+        ({"starting_version": "first"}, r"a version number \(0 or more\) or 'latest', not 'first'"),
+        ({"columns": "row"}, r"columns takes a list of column names, not 'row'"),
+        ({"event_time": "nope"}, r"event_time='nope': no such column"),
+    ]
+    for options, message in wrong:
+        with pytest.raises((ValueError, TypeError), match=message):
+            env.read_delta(tmp_path / "table", **options)

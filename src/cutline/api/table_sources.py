@@ -4,7 +4,6 @@ connector and its client library (deltalake) are imported when first used."""
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -80,13 +79,10 @@ class TableSources(Sources):
         what = name or "read_delta"
         self._check_on_error(what, on_error)
         chosen = _column_names(what, columns)
-        every = seconds(monitor, f"{what}: monitor")
-        if every is not None and not 0 < every < math.inf:
-            raise ValueError(f"{what}: monitor must be a positive duration, not {monitor!r}")
-        source = DeltaSource(
+        source = DeltaSource(  # (which checks its arguments)
             os.fspath(path),
             storage_options=dict(storage_options) if storage_options else None,
-            monitor=every,
+            monitor=seconds(monitor, f"{what}: monitor"),
             starting_version=starting_version,
             starting_timestamp=starting_timestamp,
             skip_change_commits=skip_change_commits,
