@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow.dataset as ds
 import pytest
 from deltalake import DeltaTable
 from pyiceberg.catalog import load_catalog
@@ -25,11 +26,12 @@ pytestmark = pytest.mark.connectors
 README = Path(__file__).parents[2] / "README.md"
 
 
-def example(heading: str) -> str:
-    """The first Python block under README heading ``#### heading``."""
+def example(heading: str, number: int = 0) -> str:
+    """Python block ``number`` (0: the first) under README heading ``#### heading``."""
     text = README.read_text()
     section = text[text.index(f"#### {heading}\n") :]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    section = section[: section.find("\n#### ", 1) % len(section)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[number]
 
 
 def run_example(code: str, folder: Path, monkeypatch: pytest.MonkeyPatch, **lines: str) -> None:
@@ -120,3 +122,18 @@ def test_the_apache_iceberg_example(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         highest[r["user"]] = max(highest.get(r["user"], 0), r["amount"])
     assert highest == {f"u{u}": sum(range(u, 100_000, 10)) for u in range(10)}
     assert all(s.summary["cutline.checkpoint"] for s in made.snapshots())
+
+
+def test_the_delta_lake_reading_example_reads_back_what_the_first_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The running sums the first example wrote, read back (the table's snapshot, then the
+    job ends): each user's highest is its total."""
+    both = example("Delta Lake") + example("Delta Lake", 1)
+    run_example(both, tmp_path, monkeypatch)
+    totals = ds.dataset(str(tmp_path / "totals"), format="parquet").to_table().to_pylist()
+    assert len(totals) == 100_000 and set(totals[0]) == {"user", "amount"}
+    highest: dict[str, int] = {}
+    for r in totals:
+        highest[r["user"]] = max(highest.get(r["user"], 0), r["amount"])
+    assert highest == {f"u{u}": sum(range(u, 100_000, 10)) for u in range(10)}

@@ -17,7 +17,9 @@ other, and so are those to other systems, imported when first named:
   (``stream.write_kafka``, at least once), on confluent-kafka;
 * :class:`PostgresSink` (``stream.write_postgres``, exactly once by two-phase commit), on
   psycopg;
-* :class:`DeltaSink` (``stream.write_delta``, exactly once), on deltalake;
+* :class:`DeltaSink` (``stream.write_delta``, exactly once) and :class:`DeltaSource`
+  (``env.read_delta``: a table's snapshot, then what each later version adds, exactly once),
+  on deltalake;
 * :class:`IcebergSink` (``stream.write_iceberg``, exactly once), on pyiceberg.
 
 How to write one: ``docs/connectors.md``.
@@ -48,13 +50,14 @@ from cutline.connectors.source import (
 from cutline.protocol.splits import Split
 
 if TYPE_CHECKING:
-    from cutline.connectors.delta import DeltaSink
+    from cutline.connectors.delta import DeltaSink, DeltaSource
     from cutline.connectors.iceberg import IcebergSink
     from cutline.connectors.kafka import KafkaSink, KafkaSource
     from cutline.connectors.postgres import PostgresSink
 
 _LAZY = {
     "DeltaSink": "cutline.connectors.delta",
+    "DeltaSource": "cutline.connectors.delta",
     "IcebergSink": "cutline.connectors.iceberg",
     "KafkaSink": "cutline.connectors.kafka",
     "KafkaSource": "cutline.connectors.kafka",
@@ -76,6 +79,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Batch",
     "DeltaSink",
+    "DeltaSource",
     "Finished",
     "FunctionSink",
     "GlobalCommitter",

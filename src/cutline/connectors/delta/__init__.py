@@ -1,6 +1,9 @@
-"""A Delta Lake table, appended to exactly once: ``stream.sink_to(DeltaSink("s3://b/sums"))``.
+"""Delta Lake tables: appended to exactly once (``stream.sink_to(DeltaSink("s3://b/sums"))``,
+``stream.write_delta``), and read as a stream (:class:`DeltaSource`, ``env.read_delta``: the
+table's snapshot, then what every later version adds, as Spark's Delta streaming source reads
+it; ``source.py``, which says how).
 
-Flink's Delta sink, on cutline's connector API (:mod:`cutline.connectors.sink`):
+The sink is Flink's Delta sink, on cutline's connector API (:mod:`cutline.connectors.sink`):
 
 1. each subtask's :class:`DeltaWriter` (``writer.py``, on the part-file writer that the
    Iceberg sink shares, :mod:`cutline.connectors.tables`) makes its records fit the table's
@@ -57,6 +60,7 @@ from typing import Any
 
 from cutline.connectors.delta.committer import DeltaCommitter
 from cutline.connectors.delta.files import DataFile, DeltaCommittable, DeltaTarget, app_id
+from cutline.connectors.delta.source import DeltaReader, DeltaSource
 from cutline.connectors.delta.writer import DeltaWriter
 from cutline.connectors.sink import Sink, SinkContext
 
@@ -64,7 +68,9 @@ __all__ = [
     "DataFile",
     "DeltaCommittable",
     "DeltaCommitter",
+    "DeltaReader",
     "DeltaSink",
+    "DeltaSource",
     "DeltaTarget",
     "DeltaWriter",
     "app_id",

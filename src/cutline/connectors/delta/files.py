@@ -63,12 +63,7 @@ class DeltaTarget:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compression", codec(self.compression, "write_delta"))
-        path = os.fspath(self.path)
-        if path.startswith("file://"):  # (a local path: as one, delta-rs's store needs it made)
-            path = url2pathname(urlparse(path).path)
-        if "://" not in path:
-            path = os.path.abspath(path)  # (a worker's working directory is not the driver's)
-        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "path", table_path(self.path))
         if self.partition_by is not None:
             object.__setattr__(self, "partition_by", tuple(self.partition_by))
 
@@ -86,13 +81,30 @@ class DeltaTarget:
 
     def store(self) -> pafs.FileSystem:
         """The table's folder as a filesystem (delta-rs's object store: every store it knows)."""
-        if "://" not in self.path:  # (Arrow's own: it writes without holding the GIL)
+        if "://" not in self.path:
             os.makedirs(self.path, exist_ok=True)
-            return pafs.SubTreeFileSystem(self.path, pafs.LocalFileSystem())
         try:
-            return pafs.PyFileSystem(DeltaStorageHandler(self.path, self.options()))
+            return table_store(self.path, self.options())
         except DeltaError as exc:
             raise SinkError(f"cannot open {self.path}: {line(exc)}") from None
+
+
+def table_path(path: str | os.PathLike[str]) -> str:
+    """A table's location as delta-rs and every worker take it: a URI as given, a local path
+    (or a ``file://`` URI) made absolute (a worker's working directory is not the driver's)."""
+    where = os.fspath(path)
+    if where.startswith("file://"):  # (a local path: as one, delta-rs's store needs it made)
+        where = url2pathname(urlparse(where).path)
+    return where if "://" in where else os.path.abspath(where)
+
+
+def table_store(path: str, options: dict[str, str] | None) -> pafs.FileSystem:
+    """The folder of the table at ``path`` (:func:`table_path`) as a filesystem: Arrow's own
+    for a local one (it reads and writes without holding the GIL), else delta-rs's object
+    store (every store it knows). Raises ``DeltaError`` for a URI it cannot open."""
+    if "://" not in path:
+        return pafs.SubTreeFileSystem(path, pafs.LocalFileSystem())
+    return pafs.PyFileSystem(DeltaStorageHandler(path, options))
 
 
 @dataclass(frozen=True)
