@@ -212,6 +212,9 @@ class FileSource(Source):
     listed: tuple[str, ...] | None = None
     """The files found when the job was built (:meth:`prepare`), in name order: its splits,
     numbered so (dealt round-robin), the same for every subtask."""
+    versions: tuple[str, ...] | None = None
+    """The version (size, modification time) of each file of :attr:`listed` when the job was
+    built: a restore reading on inside a file that changed since fails naming it."""
     monitor: float | None = None
     """A watched directory: seconds between two listings (files found later are dealt by a
     hash of their path); ``None``: the files of the listing only."""
@@ -286,7 +289,8 @@ class FileSource(Source):
         ``read_csv``), and what the user should be warned about (no input files; a column
         read as text because it mixes numbers and text; a column of ``types`` that no file
         has). A path that does not exist raises :class:`SourceError`."""
-        files = self.list_files()
+        listing = self.found()
+        files = [path for path, _ in listing]
         notes = [] if files or self.monitor is not None else [self._nothing()]
         source = self
         csv = self.csv
@@ -319,7 +323,7 @@ class FileSource(Source):
             fs, _ = self.filesystem()
             for path in files:
                 check_castable(parquet_schema(fs, path), source.schema, path)
-        return replace(source, listed=tuple(files)), notes
+        return replace(source, listed=tuple(files), versions=tuple(v for _, v in listing)), notes
 
     def _nothing(self) -> str:
         suffixes = " or ".join(f"'{s}'" for s in SUFFIXES[self.format])
@@ -343,8 +347,13 @@ class FileSource(Source):
         when it was not prepared); watched, every file there now, those found since the job
         was built unnumbered."""
         if self.monitor is None:
-            files = self.listed if self.listed is not None else tuple(self.list_files())
-            return [Split(path, i) for i, path in enumerate(files)]
+            if self.listed is None:
+                return [Split(path, i, v) for i, (path, v) in enumerate(self.found())]
+            versions = self.versions or (None,) * len(self.listed)
+            return [
+                Split(path, i, v)
+                for i, (path, v) in enumerate(zip(self.listed, versions, strict=True))
+            ]
         numbered = {path: i for i, path in enumerate(self.listed or ())}
         return [Split(path, numbered.get(path), version) for path, version in self.found()]
 
@@ -386,6 +395,8 @@ class FileReader(SplitReader):
         self._files: list[str] = []
         """The files to read, the one being read first."""
         self._rows: dict[str, int] = {}
+        self._versions: dict[str, str | None] = {}
+        """Each file's version when it was listed (``None``: unknown)."""
         self._rejected = rejected
         self._blocks: Iterator[Block] | None = None
         self._block: Block | None = None
@@ -398,6 +409,7 @@ class FileReader(SplitReader):
             )
         self._files.append(split.id)
         self._rows[split.id] = rows
+        self._versions[split.id] = split.version
 
     def position(self, split: str) -> int:
         return self._rows[split]
@@ -430,6 +442,8 @@ class FileReader(SplitReader):
             return Nothing()
         path = self._files[0]
         if self._blocks is None:
+            if self._rows[path]:
+                self._check_unchanged(path)
             self._blocks = _open_blocks(self._source, self._fs, path)
             self._pass_over(path, self._rows[path])
         batch = self._take(path, max_records)
@@ -439,6 +453,27 @@ class FileReader(SplitReader):
         self._files.pop(0)
         del self._rows[path]
         return Finished(path)
+
+    def _check_unchanged(self, path: str) -> None:
+        """A file read on from a restored position is the one the position counted: there
+        still, of the version it was listed with (when known)."""
+        rows, version = self._rows[path], self._versions.get(path)
+        try:
+            now = _version(self._fs.info(path))
+        except FileNotFoundError:
+            raise SourceError(
+                f"{path} is gone, though the checkpoint restored read {rows:,} rows of it and "
+                "holds the rest as still to read: put it back, or run the job afresh"
+            ) from None
+        except OSError:
+            return  # (reading it says why)
+        if version is not None and now != version:
+            raise SourceError(
+                f"{path} changed since it was listed (it was {version}, it is {now}), and the "
+                f"checkpoint restored read {rows:,} rows of it: the rows after those are not "
+                "the ones it counted. A file is read once: put new data in a new file, or run "
+                "the job afresh"
+            )
 
     def close(self) -> None:
         """Closes the file being read (reading goes on with the next one)."""
