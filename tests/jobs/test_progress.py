@@ -161,3 +161,22 @@ def test_a_result_prints_as_a_short_summary(tmp_path):
     assert text.startswith("JobResult(") and "1 generation(s)" in text
     assert "collected 'numbers': 50,000 records" in text
     assert f"the last {result.checkpoints[-1].checkpoint_id}" in text
+
+
+def test_the_display_shows_each_restarts_delay_and_the_records_skipped() -> None:
+    metrics = JobMetrics(
+        elapsed=30.0,
+        generation=3,
+        operators=[OperatorMetrics("src", "clicks", 0, 10, 0.0, 1.0, 0.0)],
+        restarts=[
+            RestartInfo(1, "pg: cannot connect", 1, 4.0, delay=1.0),
+            RestartInfo(2, "pg: cannot connect", 1, 6.5, delay=1.5),
+        ],
+        skipped={"clicks": 98},
+    )
+    console = Console(record=True, width=140)
+    console.print(render(metrics))
+    text = console.export_text()
+    assert "generation 3 · skipped: clicks 98" in text
+    assert "restart after generation 1 (4.0 s, waited 1.0 s): pg: cannot connect" in text
+    assert "restart after generation 2 (6.5 s, waited 1.5 s): pg: cannot connect" in text
