@@ -48,7 +48,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from cutline import KeyedProcessFunction, StreamEnvironment
+from cutline import FixedDelay, KeyedProcessFunction, StreamEnvironment
 from cutline.demo import WorkerKiller, check_b1_output, write_b1_input
 from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import local_session
@@ -163,7 +163,10 @@ def _recovery(spark: Any, input_dir: Path, work: Path, events: int, interval: fl
     out, ck = work / "out", work / "ck"
     shutil.rmtree(work, ignore_errors=True)
     env = StreamEnvironment(
-        parallelism=2, checkpoint_interval=interval, checkpoint_dir=str(ck), restart_delay=0
+        parallelism=2,
+        checkpoint_interval=interval,
+        checkpoint_dir=str(ck),
+        restart_strategy=FixedDelay(delay=0),
     )
     env.read_parquet(str(input_dir)).key_by("key").sum("value").write_parquet(str(out))
     killer = WorkerKiller()  # kills on the first checkpoint completed, the sources held

@@ -35,6 +35,7 @@ from cutline.runtime.driver.events import (
     JobListener,
     SavepointCompleted,
 )
+from cutline.runtime.driver.restart import FixedDelay
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.task.launch import SourceHold
 
@@ -223,7 +224,7 @@ def run_demo(
         parallelism=parallelism,
         checkpoint_interval="1s",
         checkpoint_dir=str(checkpoints),
-        restart_delay=0.5,
+        restart_strategy=FixedDelay(delay=0.5),
         retained_checkpoints=3,  # for `cutline checkpoints show / diff` afterwards
         on_host_loss=on_host_loss,
         heartbeat_timeout=heartbeat_timeout,

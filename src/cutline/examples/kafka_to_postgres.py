@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from cutline.api import SourceHold, StreamEnvironment
+from cutline.api import FixedDelay, SourceHold, StreamEnvironment
 from cutline.demo import WorkerKiller
 from cutline.examples.servers import KafkaBroker, PostgresServer, produce
 
@@ -59,7 +59,10 @@ def expected(rows: list[dict[str, Any]]) -> tuple[Counter[tuple[str, int]], dict
 
 def job(workdir: Path, broker: KafkaBroker, dsn: str) -> StreamEnvironment:
     env = StreamEnvironment(
-        2, checkpoint_interval=0.25, checkpoint_dir=str(workdir / "checkpoints"), restart_delay=0
+        2,
+        checkpoint_interval=0.25,
+        checkpoint_dir=str(workdir / "checkpoints"),
+        restart_strategy=FixedDelay(delay=0),
     )
     sums = (
         env.read_kafka(

@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from cutline import StreamEnvironment
+from cutline import FixedDelay, StreamEnvironment
 from cutline.report import checkpoint_figure, history_figure, write_report
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.checkpoint.verify import verify_checkpoint
@@ -73,7 +73,7 @@ def run(workdir: Path, spark: Any = None, records: int = RECORDS) -> Any:
         retained_checkpoints=5,
         batch_size=2_000,
         buffer_capacity=2,
-        restart_delay=0.2,
+        restart_strategy=FixedDelay(delay=0.2),
     )
     (
         env.from_sequence(0, records, name="events")
