@@ -26,7 +26,14 @@ from deltalake.fs import DeltaStorageHandler
 from test_connector_api import FailAt, assert_exact
 from test_savepoints import SavepointOnHold, endpoints_of
 
-from cutline import CheckpointWarning, JobClient, JobFailedError, SourceHold, StreamEnvironment
+from cutline import (
+    CheckpointWarning,
+    FixedDelay,
+    JobClient,
+    JobFailedError,
+    SourceHold,
+    StreamEnvironment,
+)
 from cutline.connectors import SinkContext, SinkError, tables
 from cutline.connectors.delta import DeltaCommittable, DeltaSink, app_id
 from cutline.runtime.task.local import ThreadLauncher
@@ -48,7 +55,7 @@ def sums_job(
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / checkpoints,
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 40,
     }
     env = StreamEnvironment(2, **{**settings, **options})
@@ -313,7 +320,9 @@ def test_a_table_of_another_schema_fails_the_job_at_its_first_batch(tmp_path: Pa
     path = tmp_path / "table"
     columns = {"account": ["a"], "entry": [0], "amount": ["12"], "ts": [0]}
     write_deltalake(str(path), pa.table(columns))
-    env = sums_job(tmp_path, Ledger(accounts=2, per_account=100), restart_attempts=0)
+    env = sums_job(
+        tmp_path, Ledger(accounts=2, per_account=100), restart_strategy=FixedDelay(0, delay=0)
+    )
     message = rf"Delta table {path}: column 'amount' is string in the table, int64 in the records"
     with pytest.raises(JobFailedError, match=message):
         env.execute(launcher=ThreadLauncher())

@@ -25,7 +25,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from test_savepoints import StopWithSavepoint, endpoints_of
 
-from cutline import JobFailedError, SourceError, StreamEnvironment, Tumbling
+from cutline import FixedDelay, JobFailedError, SourceError, StreamEnvironment, Tumbling
 from cutline.connectors import SourceContext, Split
 from cutline.connectors.delta import DeltaSource
 from cutline.runtime.checkpoint.reader import open_checkpoint
@@ -83,7 +83,7 @@ def counting_job(
         parallelism,
         checkpoint_interval=0.05,
         checkpoint_dir=tmp_path / checkpoints,
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=16,
     )
     stream = env.read_delta(tmp_path / "table", monitor="20ms", name="orders", **options)
@@ -174,7 +174,11 @@ def test_a_failure_mid_stream_reads_each_row_once(
         return record
 
     env = StreamEnvironment(
-        2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_delay=0, batch_size=8
+        2,
+        checkpoint_interval=0.05,
+        checkpoint_dir=tmp_path / "ck",
+        restart_strategy=FixedDelay(delay=0),
+        batch_size=8,
     )
     rows = env.read_delta(table, monitor="20ms", name="orders").map(fail_once, name="fail")
     rows.key_by("user").count(name="per_user").write_parquet(tmp_path / "out", name="out")
@@ -281,7 +285,7 @@ def test_a_version_that_removes_data_fails_the_job_naming_it_and_its_operation(
 ) -> None:
     table = tmp_path / "table"
     changes(table)
-    env = StreamEnvironment(2, checkpoint_interval=0.05, restart_attempts=0)
+    env = StreamEnvironment(2, checkpoint_interval=0.05, restart_strategy=FixedDelay(0))
     env.read_delta(table, starting_version=0).collect("rows")
     message = (
         rf"Delta table {table}: version 2 \(DELETE, predicate=batch = 0 AND row % 2 = 0\) "
@@ -292,7 +296,7 @@ def test_a_version_that_removes_data_fails_the_job_naming_it_and_its_operation(
     with pytest.raises(JobFailedError, match=message):
         env.execute(launcher=ThreadLauncher())
     # from version 3 on: the overwrite fails it
-    env = StreamEnvironment(2, checkpoint_interval=0.05, restart_attempts=0)
+    env = StreamEnvironment(2, checkpoint_interval=0.05, restart_strategy=FixedDelay(0))
     env.read_delta(table, starting_version=3).collect("rows")
     message = (
         r"version 4 \(WRITE, mode=Overwrite, partitionBy=\[\"part\"\]\) removes data \(file "
@@ -480,7 +484,7 @@ def test_a_watched_run_refuses_a_checkpoint_whose_slices_a_bounded_run_ended(
     append(table, 0, files=2)
 
     def job(**options: Any) -> StreamEnvironment:
-        env = StreamEnvironment(2, checkpoint_dir=tmp_path / "ck", restart_attempts=0)
+        env = StreamEnvironment(2, checkpoint_dir=tmp_path / "ck", restart_strategy=FixedDelay(0))
         env.read_delta(table, name="orders", slices=4, **options).collect("rows")
         return env
 

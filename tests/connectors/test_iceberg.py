@@ -24,7 +24,7 @@ from pyiceberg.table import Table
 from test_connector_api import FailAt, assert_exact
 from test_savepoints import SavepointOnHold, endpoints_of
 
-from cutline import CheckpointWarning, JobClient, SourceHold, StreamEnvironment
+from cutline import CheckpointWarning, FixedDelay, JobClient, SourceHold, StreamEnvironment
 from cutline.connectors import SinkContext, tables
 from cutline.connectors.iceberg import IcebergCommittable, IcebergCommitter, IcebergSink
 from cutline.runtime.task.local import ThreadLauncher
@@ -64,7 +64,7 @@ def sums_job(
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / checkpoints,
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 40,
     }
     env = StreamEnvironment(2, **{**settings, **options})

@@ -17,7 +17,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 from test_iceberg import TABLE, rows, sqlite_catalog, staged, sums_job, table
 
-from cutline import JobFailedError, StreamEnvironment
+from cutline import FixedDelay, JobFailedError, StreamEnvironment
 from cutline.connectors import SinkContext, SinkError, tables
 from cutline.connectors.iceberg import IcebergCommittable, IcebergSink
 from cutline.runtime.task.local import ThreadLauncher
@@ -53,7 +53,7 @@ def test_a_table_of_other_columns_fails_the_job_at_its_first_batch_when_they_are
 ) -> None:
     make(catalog, pa.schema([("account", pa.string()), ("entry", pa.int64()),
                              ("amount", pa.string()), ("ts", pa.int64())]))  # fmt: skip
-    env = StreamEnvironment(1, checkpoint_dir=tmp_path / "ck", restart_attempts=0)
+    env = StreamEnvironment(1, checkpoint_dir=tmp_path / "ck", restart_strategy=FixedDelay(0))
     ledger = Ledger(accounts=2, per_account=100)
     env.from_source(ledger).map(lambda r: r).write_iceberg(TABLE, catalog=catalog)  # (unknown)
     message = rf"Iceberg table {TABLE}: column 'amount' is string in the table, int64 in the rec"
@@ -117,7 +117,7 @@ def test_a_catalog_named_in_the_configuration_is_resolved_on_the_driver(
 def test_a_column_of_only_nulls_cannot_make_a_table(
     tmp_path: Path, catalog: dict[str, str]
 ) -> None:
-    env = StreamEnvironment(1, checkpoint_dir=tmp_path / "ck", restart_attempts=0)
+    env = StreamEnvironment(1, checkpoint_dir=tmp_path / "ck", restart_strategy=FixedDelay(0))
     env.from_sequence(0, 5).map(lambda r: {"n": r["value"], "x": None}).write_iceberg(
         TABLE, catalog=catalog
     )

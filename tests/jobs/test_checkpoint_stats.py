@@ -27,7 +27,7 @@ from test_loops import touch_on_checkpoint
 from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 import checkpoint_verification
-from cutline import JobClient, JobResult, SourceHold, StreamEnvironment
+from cutline import FixedDelay, JobClient, JobResult, SourceHold, StreamEnvironment
 from cutline.runtime.checkpoint.layout import METADATA, SHARED
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.reader import CheckpointReader
@@ -81,7 +81,7 @@ def environment(directory: Path, mode: str, **options: Any) -> StreamEnvironment
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.1,
         "checkpoint_dir": directory / "checkpoints",
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 20,
         "buffer_capacity": 2,
         "retained_checkpoints": 1000,

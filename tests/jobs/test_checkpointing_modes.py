@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cutline import JobResult, SourceHold, StreamEnvironment
+from cutline import FixedDelay, JobResult, SourceHold, StreamEnvironment
 from cutline.runtime.task.local import ThreadLauncher
 
 N = 2_000
@@ -31,7 +31,7 @@ def environment(tmp_path: Path, mode: str, **options: Any) -> StreamEnvironment:
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.1,
         "checkpoint_dir": tmp_path / "checkpoints",
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 20,
         "checkpointing": "aligned" if mode == "aligned-timeout" else mode,
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cutline import StreamEnvironment, Tumbling
+from cutline import FixedDelay, StreamEnvironment, Tumbling
 from cutline.runtime.task.local import ThreadLauncher
 
 START = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
@@ -61,7 +61,7 @@ def test_every_n_records_a_window_gives_its_count_so_far_even_across_a_failure(
         checkpoint_dir=str(tmp_path / "ck"),
         checkpoint_interval=0.02,
         batch_size=1,
-        restart_attempts=1,
+        restart_strategy=FixedDelay(1),
     )
     clicks = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness="10 min")
     marker = tmp_path / "failed"

@@ -26,6 +26,7 @@ from cutline import (
     AggregateFunction,
     DataStream,
     EventTimeError,
+    FixedDelay,
     JobFailedError,
     JobResult,
     KeyedProcessFunction,
@@ -79,7 +80,7 @@ def environment(tmp_path: Path, parallelism: int, **options: Any) -> StreamEnvir
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / "checkpoints",
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 50,
     }
     settings.update(options)
@@ -706,7 +707,7 @@ def test_timers_survive_a_failure_and_a_restore_at_another_parallelism(
             checkpoint_dir=tmp_path / checkpoints,
             state_backend=backend,
             retained_checkpoints=100,
-            restart_attempts=0,
+            restart_strategy=FixedDelay(0, delay=0),
         )
         stream = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND + 30)
         if fail:  # on the last event of a file: read only after the hold

@@ -42,6 +42,7 @@ import pytest
 from cutline import (
     AggregateFunction,
     DataStream,
+    FixedDelay,
     JobClient,
     JobFailedError,
     Logic,
@@ -599,7 +600,7 @@ def environment(
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / checkpoints,
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 50,
         "max_parallelism": 16,
     }
@@ -778,7 +779,7 @@ def test_a_job_that_failed_for_good_resumes_from_its_retained_unaligned_checkpoi
             buffer_capacity=1,
             batch_size=20,
             retained_checkpoints=100,
-            restart_attempts=0,
+            restart_strategy=FixedDelay(0, delay=0),
         )
 
         def through(stream: DataStream) -> DataStream:

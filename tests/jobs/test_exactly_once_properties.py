@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutline import SourceHold, StreamEnvironment
+from cutline import FixedDelay, SourceHold, StreamEnvironment
 from cutline.runtime.task.local import ThreadLauncher
 
 KEYS = 5
@@ -71,8 +71,7 @@ def _run_and_check(tmp_path_factory, parallelism, records, batch_size, interval,
         parallelism,
         checkpoint_interval=interval,
         checkpoint_dir=str(work / "ck"),
-        restart_delay=0,
-        restart_attempts=len(failures),
+        restart_strategy=FixedDelay(len(failures), delay=0),
         batch_size=batch_size,
         buffer_capacity=2,
         **modes[mode],

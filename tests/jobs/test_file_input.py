@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_runtime_jobs import FailAfterCheckpoint, dead_letters
 
-from cutline import JobFailedError, JobResult, SourceHold, StreamEnvironment
+from cutline import FixedDelay, JobFailedError, JobResult, SourceHold, StreamEnvironment
 from cutline.runtime.io.formats import CsvOptions, InputWarning, SourceError, as_schema
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -32,8 +32,7 @@ def environment(tmp_path: Path, parallelism: int = 1, **options: Any) -> StreamE
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / "checkpoints",
         "dead_letter_dir": tmp_path / "dead",
-        "restart_delay": 0,
-        "restart_attempts": 0,
+        "restart_strategy": FixedDelay(0, delay=0),
         "batch_size": 16,
     }
     settings.update(options)
@@ -404,7 +403,7 @@ def test_rejected_rows_are_dead_lettered_once_across_a_restore(tmp_path: Path) -
                 lines.append(f"u{i % 5},{i}")
                 good.append(i)
         write(tmp_path / "in" / f"part-{f}.csv", "\n".join(lines) + "\n")
-    env = environment(tmp_path, 2, batch_size=4, restart_attempts=1)
+    env = environment(tmp_path, 2, batch_size=4, restart_strategy=FixedDelay(1, delay=0))
     (
         env.read_csv(tmp_path / "in", schema=SCHEMA, on_error="dead_letter")
         .map(FailAfterCheckpoint(str(marker), str(flag)))

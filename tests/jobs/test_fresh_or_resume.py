@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cutline import ResumableCheckpointError, StreamEnvironment
+from cutline import FixedDelay, ResumableCheckpointError, StreamEnvironment
 from cutline.cli import main
 from cutline.runtime.checkpoint.lineage import begin_lineage, read_lineage, resumable
 from cutline.runtime.checkpoint.storage import CheckpointStorage
@@ -34,7 +34,7 @@ def job(
         checkpoint_interval=None if n is not None else 0.05,
         checkpoint_dir=tmp_path / ck,
         retained_checkpoints=retained,
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         **options,  # type: ignore[arg-type]
     )
     env.from_sequence(0, n, name="numbers", rate_limit=None if n else 20_000).key_by(

@@ -19,7 +19,7 @@ from test_event_time import write_late_input
 from test_savepoints import build as savepoint_job
 from test_savepoints import endpoints_of, exactly_once, published, run_until_savepoint
 
-from cutline import SourceHold, StreamEnvironment, Tumbling
+from cutline import FixedDelay, SourceHold, StreamEnvironment, Tumbling
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.driver.summary import JobSummary
@@ -83,7 +83,7 @@ def job(tmp_path: Path, out: Path, fail_at: int = -1, **options: Any) -> StreamE
         2,
         checkpoint_interval=0.05,
         checkpoint_dir=tmp_path / "checkpoints",
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=8,
         max_parallelism=16,
         dead_letter_dir=tmp_path / "dead",
@@ -200,7 +200,7 @@ def test_late_records_per_window_operator_survive_a_restart_once(tmp_path: Path)
             1,
             checkpoint_interval=0.05,
             checkpoint_dir=workdir / "checkpoints",
-            restart_delay=0,
+            restart_strategy=FixedDelay(delay=0),
             batch_size=1,
         )
         stream = env.read_parquet(workdir / "in", event_time="ts", name="clicks")

@@ -15,7 +15,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from cutline import SourceHold, StreamEnvironment
+from cutline import FixedDelay, SourceHold, StreamEnvironment
 from cutline.runtime.checkpoint.lock import (
     LOCK_FILE,
     CheckpointDirectoryLock,
@@ -32,7 +32,7 @@ def _job(tmp_path: Path, out: str, checkpoint_dir: Path | str | None = None) -> 
         2,
         checkpoint_interval=0.05,
         checkpoint_dir=str(checkpoint_dir or tmp_path / "ck"),
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
     )
     env.from_sequence(0, 20_000).key_by(lambda r: r["value"] % 5).sum("value").write_jsonl(
         tmp_path / out
@@ -157,7 +157,9 @@ def test_a_job_whose_lease_is_taken_over_stops_without_restarting():
                     f'"renewed": {time.time() + 3600}}}'
                 )
 
-    env = StreamEnvironment(2, checkpoint_interval=0.05, checkpoint_dir=url, restart_delay=0)
+    env = StreamEnvironment(
+        2, checkpoint_interval=0.05, checkpoint_dir=url, restart_strategy=FixedDelay(delay=0)
+    )
     env.from_sequence(0, None).collect()
     with pytest.raises(JobFailedError, match="taken over by run other001") as info:
         env.execute(  # unbounded and held: only the lost lease ends it

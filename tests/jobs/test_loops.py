@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from test_runtime_jobs import FirstBatch, once_something_was_read
 
-from cutline import JobResult, SourceHold, StreamEnvironment
+from cutline import FixedDelay, JobResult, SourceHold, StreamEnvironment
 from cutline.examples.connected_components import (
     Propagate,
     as_output,
@@ -44,7 +44,7 @@ def environment(tmp_path: Path, mode: str, **options: Any) -> StreamEnvironment:
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / "checkpoints",
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 50,
         "checkpointing": mode,
     }
@@ -265,9 +265,8 @@ def test_a_restored_loop_is_not_declared_quiet_while_it_replays_its_back_edge(
         1,
         checkpoint_interval=0.05,
         checkpoint_dir=tmp_path / "checkpoints",
-        restart_delay=0,
         batch_size=20,
-        restart_attempts=2,
+        restart_strategy=FixedDelay(2, delay=0),
     )
 
     def body(loop: Any) -> tuple[Any, Any]:

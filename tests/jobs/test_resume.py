@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cutline import CheckpointWarning, StreamEnvironment
+from cutline import CheckpointWarning, FixedDelay, StreamEnvironment
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.task.local import ThreadLauncher
@@ -41,7 +41,7 @@ def build(workdir: Path, retained: int = 1, rate_limit: float | None = None) -> 
         checkpoint_dir=workdir / "ck",
         checkpoint_interval=0.2,
         batch_size=50,
-        restart_delay=0.1,
+        restart_strategy=FixedDelay(delay=0.1),
         retained_checkpoints=retained,
     )
     env.from_sequence(0, RECORDS, rate_limit=rate_limit).map(slow, name="slow").write_jsonl(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cutline import StreamEnvironment
+from cutline import FixedDelay, StreamEnvironment
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -20,7 +20,7 @@ def _job(tmp_path: Path, out: str, retained: int, n: int = 5_000) -> StreamEnvir
         checkpoint_interval=None,  # the final checkpoint only: one per run, whatever the speed
         checkpoint_dir=str(tmp_path / "ck"),
         retained_checkpoints=retained,
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
     )
     env.from_sequence(0, n).key_by(lambda r: r["value"] % 5).sum("value", name="sums").collect()
     return env

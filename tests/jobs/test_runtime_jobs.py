@@ -24,6 +24,7 @@ import pyarrow.json as pa_json
 import pytest
 
 from cutline import (
+    FixedDelay,
     JobFailedError,
     JobResult,
     KeyedProcessFunction,
@@ -47,7 +48,7 @@ def environment(tmp_path: Path, parallelism: int = 2, **options: Any) -> StreamE
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / "checkpoints",
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 16,
     }
     settings.update(options)
@@ -547,7 +548,7 @@ def bad(record: dict[str, int]) -> dict[str, int]:
 def test_an_exception_raised_every_time_fails_the_job_naming_operator_subtask_record_line(
     tmp_path: Path,
 ) -> None:
-    env = environment(tmp_path, 2, restart_attempts=1)
+    env = environment(tmp_path, 2, restart_strategy=FixedDelay(1, delay=0))
     env.from_sequence(0, 20).map(bad).collect()
     with pytest.raises(JobFailedError) as info:
         env.execute(launcher=ThreadLauncher())
@@ -580,7 +581,7 @@ def test_a_user_error_is_reported_even_if_reporting_it_takes_a_while(
         original(self, exc)
 
     monkeypatch.setattr(SubtaskRunner, "_report", slow_report)
-    env = environment(tmp_path, 1, restart_attempts=0)
+    env = environment(tmp_path, 1, restart_strategy=FixedDelay(0, delay=0))
     env.from_sequence(0, 20).map(bad).collect()
     with pytest.raises(JobFailedError) as info:
         env.execute(launcher=ThreadLauncher())
@@ -589,7 +590,7 @@ def test_a_user_error_is_reported_even_if_reporting_it_takes_a_while(
 
 
 def test_no_restart_attempts_fails_on_the_first_error(tmp_path: Path) -> None:
-    env = environment(tmp_path, 1, restart_attempts=0)
+    env = environment(tmp_path, 1, restart_strategy=FixedDelay(0, delay=0))
     env.from_sequence(0, 20).key_by("value").sum("value").map(bad).collect()
     with pytest.raises(
         JobFailedError,
@@ -782,7 +783,9 @@ def fail_on_seven(record: dict[str, int]) -> dict[str, int]:
 def test_a_second_run_never_touches_the_first_runs_dead_letters(tmp_path: Path) -> None:
     dead = tmp_path / "dead"
     for run_number in (1, 2):
-        env = environment(tmp_path, 2, dead_letter_dir=dead, restart_attempts=1)
+        env = environment(
+            tmp_path, 2, dead_letter_dir=dead, restart_strategy=FixedDelay(1, delay=0)
+        )
         stream = env.from_sequence(0, 50).map(fail_on_seven, on_error="dead_letter")
         if run_number == 2:  # the second run also restarts once, before any checkpoint
             stream = stream.map(FailFirstTime(tmp_path / "flag"))
@@ -839,7 +842,7 @@ def customer_of(record: dict[str, Any]) -> Any:
 
 
 def test_a_failing_key_function_names_key_by_the_operator_and_the_record(tmp_path: Path) -> None:
-    env = environment(tmp_path, 2, restart_attempts=0)
+    env = environment(tmp_path, 2, restart_strategy=FixedDelay(0, delay=0))
     env.from_sequence(0, 20).key_by(customer_of).count().collect()
     with pytest.raises(JobFailedError) as info:
         env.execute(launcher=ThreadLauncher())
@@ -870,7 +873,7 @@ def huge_error(record: dict[str, int]) -> dict[str, int]:
 
 
 def test_an_error_with_a_huge_message_is_still_reported_as_the_users(tmp_path: Path) -> None:
-    env = environment(tmp_path, 2, restart_attempts=0)
+    env = environment(tmp_path, 2, restart_strategy=FixedDelay(0, delay=0))
     env.from_sequence(0, 10).map(huge_error).collect()
     with pytest.raises(JobFailedError) as info:
         env.execute(launcher=ThreadLauncher())
@@ -920,7 +923,7 @@ def with_a_lock_at_50(record: dict[str, int]) -> dict[str, Any]:
 def test_a_record_the_sink_cannot_write_fails_the_job_naming_the_sink(tmp_path: Path) -> None:
     """The sink writes its part file on the snapshot thread; a record it cannot encode still
     fails the subtask (naming the sink and the file), not only that checkpoint."""
-    env = environment(tmp_path, 1, batch_size=10, restart_attempts=1)
+    env = environment(tmp_path, 1, batch_size=10, restart_strategy=FixedDelay(1, delay=0))
     env.from_sequence(0, 200).map(with_a_lock_at_50, name="bad").collect()
     with pytest.raises(JobFailedError) as failed:
         env.execute(launcher=ThreadLauncher(), progress=False)

@@ -20,6 +20,7 @@ import pytest
 from test_runtime_jobs import FailAfterCheckpoint as FailOnceAfter  # raises once, after marker
 
 from cutline import (
+    FixedDelay,
     JobClient,
     JobClientError,
     KeyedProcessFunction,
@@ -57,7 +58,7 @@ def build(
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / checkpoint_dir,
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 8,
         "max_parallelism": 16,
     }
@@ -378,7 +379,7 @@ def test_incremental_checkpoints_restore_exactly_and_keep_only_needed_files(
         2,
         checkpoint_interval=0.03,
         checkpoint_dir=tmp_path / "checkpoints",
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=8,
         max_parallelism=16,
         retained_checkpoints=3,
@@ -468,7 +469,7 @@ def test_the_disk_backend_keeps_more_state_than_its_memory_through_a_restart(
         2,
         checkpoint_interval=0.2,
         checkpoint_dir=tmp_path / "checkpoints",
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=500,
         max_parallelism=16,
         state_backend="disk",
@@ -610,7 +611,7 @@ def test_dead_letters_and_collect_restore_at_another_parallelism(
             parallelism,
             checkpoint_interval=0.05,
             checkpoint_dir=tmp_path / "checkpoints",  # the same: collect's folder is reused
-            restart_delay=0,
+            restart_strategy=FixedDelay(delay=0),
             batch_size=8,
             max_parallelism=16,
             dead_letter_dir=tmp_path / "dead",
@@ -655,7 +656,7 @@ def test_restoring_a_savepoint_after_a_failure_discards_older_checkpoints(
         2,
         checkpoint_interval=0.05,
         checkpoint_dir=tmp_path / "ck",
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=8,
         max_parallelism=16,
         retained_checkpoints=1,

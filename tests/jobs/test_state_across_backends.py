@@ -44,6 +44,7 @@ from test_event_time_restore import (
 from test_savepoints import SavepointOnHold
 
 from cutline import (
+    FixedDelay,
     JobClient,
     KeyedProcessFunction,
     ProcessContext,
@@ -396,7 +397,7 @@ def test_a_loop_s_state_restores_under_the_other_backend_exactly(
             parallelism,
             checkpoint_interval=0.05,
             checkpoint_dir=tmp_path / f"checkpoints{name}",
-            restart_delay=0,
+            restart_strategy=FixedDelay(delay=0),
             batch_size=50,
             state_backend=backend,
             state_dir=tmp_path / f"state{name}",

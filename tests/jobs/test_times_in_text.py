@@ -23,7 +23,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runtime_jobs import dead_letters
 
-from cutline import EventTimeError, JobFailedError, JobResult, StreamEnvironment, Tumbling
+from cutline import (
+    EventTimeError,
+    FixedDelay,
+    JobFailedError,
+    JobResult,
+    StreamEnvironment,
+    Tumbling,
+)
 from cutline.runtime.io.formats import InputWarning, as_schema
 from cutline.runtime.io.times import to_timestamps
 from cutline.runtime.task.local import ThreadLauncher
@@ -38,8 +45,7 @@ def environment(tmp_path: Path, parallelism: int = 1) -> StreamEnvironment:
         checkpoint_interval=0.05,
         checkpoint_dir=tmp_path / "checkpoints",
         dead_letter_dir=tmp_path / "dead",
-        restart_delay=0,
-        restart_attempts=0,
+        restart_strategy=FixedDelay(0, delay=0),
         batch_size=16,
     )
 

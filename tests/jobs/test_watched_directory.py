@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import pytest
 from test_savepoints import StopWithSavepoint, endpoints_of
 
-from cutline import JobFailedError, SourceError, StreamEnvironment
+from cutline import FixedDelay, JobFailedError, SourceError, StreamEnvironment
 from cutline.runtime.checkpoint.reader import open_checkpoint
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -77,7 +77,7 @@ def watching_job(
         parallelism,
         checkpoint_interval=0.05,
         checkpoint_dir=tmp_path / checkpoints,
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
     )
     env.read_jsonl(tmp_path / "landing", monitor="20ms", name="landing").key_by("user").count(
         name="per_user"
@@ -197,7 +197,7 @@ def test_a_watched_directory_that_goes_away_fails_the_job_naming_it(tmp_path: Pa
             landing.rmdir()
 
     env = StreamEnvironment(
-        1, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_attempts=0
+        1, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_strategy=FixedDelay(0)
     )
     env.read_jsonl(tmp_path / "landing", monitor="20ms", name="landing").write_parquet(
         tmp_path / "out", name="out"

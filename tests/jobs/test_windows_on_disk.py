@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from test_event_time import FailOnceOn
 
-from cutline import Sliding, SourceHold, StreamEnvironment, Tumbling
+from cutline import FixedDelay, Sliding, SourceHold, StreamEnvironment, Tumbling
 from cutline.runtime.task.local import ThreadLauncher
 
 USERS = 40_000
@@ -43,7 +43,7 @@ def test_windows_larger_than_the_state_memory_are_exact_through_a_failure(
         2,
         checkpoint_interval=0.05,
         checkpoint_dir=tmp_path / "checkpoints",
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=5_000,
         state_backend="disk",
         state_memory=1 << 20,

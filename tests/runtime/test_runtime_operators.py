@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cutline import InputWarning, JobFailedError, StreamEnvironment
+from cutline import FixedDelay, InputWarning, JobFailedError, StreamEnvironment
 from cutline.connectors import SinkContext
 from cutline.runtime.io.sinks import PENDING, FileSink
 from cutline.runtime.keyed_operators import (
@@ -749,7 +749,7 @@ def test_a_sum_of_text_is_an_error_naming_the_field_not_a_concatenation(tmp_path
     value, without cutline's traceback."""
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.csv").write_text("user,value\nu3,3\nu3,4\nu9,abc\n")
-    env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck"), restart_attempts=0)
+    env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck"), restart_strategy=FixedDelay(0))
     with pytest.warns(InputWarning, match="value"):
         stream = env.read_csv(tmp_path / "in")
     with pytest.raises(ValueError, match=r"sum\('value'\): column 'value' is string, but sum"):
@@ -788,7 +788,7 @@ def test_an_operator_s_name_is_what_errors_dead_letters_and_the_figures_call_it(
     assert dead["operator"] == "parse"
     assert result.metrics is not None and result.metrics.operator("parse").records_in == 2
 
-    env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck2"), restart_attempts=0)
+    env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck2"), restart_strategy=FixedDelay(0))
     env.read_jsonl(tmp_path / "in").map(parse_amount, name="parse").collect()
     with pytest.raises(JobFailedError) as info:
         env.execute(launcher=ThreadLauncher(), progress=False)
@@ -822,7 +822,10 @@ def test_the_first_cause_wins_over_the_failures_it_causes(tmp_path: Path) -> Non
     ... control connection closed' in about one run of eight)."""
     for run in range(12):
         env = StreamEnvironment(
-            2, checkpoint_dir=str(tmp_path / f"ck{run}"), restart_attempts=0, batch_size=100
+            2,
+            checkpoint_dir=str(tmp_path / f"ck{run}"),
+            restart_strategy=FixedDelay(0),
+            batch_size=100,
         )
         with pytest.raises(JobFailedError) as info:
             fragile_job(env).execute(launcher=ThreadLauncher(), progress=False)

@@ -13,7 +13,7 @@ import pytest
 from test_connector_api import assert_exact, ledger_job, published
 from test_event_time_faults import _execute_killing
 
-from cutline import StreamEnvironment
+from cutline import FixedDelay, StreamEnvironment
 from cutline.demo import WorkerKiller
 
 from ledger import Journal, Ledger, journal
@@ -41,7 +41,10 @@ def test_a_sink_of_the_api_is_exact_through_a_sigkill_at_a_random_moment(
     rng = random.Random("journal")
     ledger = Ledger(accounts=6, per_account=1500)
     env = StreamEnvironment(
-        2, checkpoint_interval=0.3, checkpoint_dir=str(tmp_path / "ck"), restart_delay=0
+        2,
+        checkpoint_interval=0.3,
+        checkpoint_dir=str(tmp_path / "ck"),
+        restart_strategy=FixedDelay(delay=0),
     )
     env.from_source(ledger, name="ledger").key_by("account").sum("amount", name="balance").sink_to(
         Journal(str(tmp_path / "journal")), name="journal"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
-from cutline import StreamEnvironment
+from cutline import FixedDelay, StreamEnvironment
 
 N = 20_000
 KEYS = 7
@@ -60,7 +60,7 @@ def _run(spark, tmp_path: Path, hook: Freeze, **settings: object):
     options: dict[str, object] = {
         "checkpoint_interval": 0.2,
         "checkpoint_dir": str(tmp_path / "ck"),
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "heartbeat_timeout": 2,
         "batch_size": 500,
     }
@@ -102,7 +102,12 @@ def test_a_worker_frozen_in_any_phase_is_noticed_and_the_job_restarts_exactly(sp
     """Generation 1 freezes in the rendezvous, generation 2 while restoring, 3 while running,
     4 at the final checkpoint, 5 while publishing; generation 6 ends the job."""
     phases = list(FROZEN)
-    result = _run(spark, tmp_path, Freeze(phases, tmp_path / "pids"), restart_attempts=len(phases))
+    result = _run(
+        spark,
+        tmp_path,
+        Freeze(phases, tmp_path / "pids"),
+        restart_strategy=FixedDelay(len(phases), delay=0),
+    )
     assert len((tmp_path / "pids").read_text().split()) == len(phases)
     assert len(result.restarts) == len(phases)
     for restart, phase in zip(result.restarts, phases, strict=True):
@@ -124,7 +129,14 @@ def test_a_worker_that_stalls_in_a_phase_misses_its_deadline_and_the_job_restart
     """The process is alive and sends heartbeats; only the phase's deadline tells: generation 1
     stalls while restoring, generation 2 while publishing after the final checkpoint."""
     hook = Stall(["restore", "commit"], tmp_path / "pids")
-    result = _run(spark, tmp_path, hook, restore_timeout=2, commit_timeout=2, restart_attempts=2)
+    result = _run(
+        spark,
+        tmp_path,
+        hook,
+        restore_timeout=2,
+        commit_timeout=2,
+        restart_strategy=FixedDelay(2, delay=0),
+    )
     restore, commit = result.restarts
     assert restore.cause.startswith(
         "slot-1: did not report running within 2 s of starting its restore (restore_timeout)"

@@ -24,7 +24,7 @@ from test_delta_source import Appender, append, counted, published
 from test_event_time_faults import _execute_killing
 from test_savepoints import endpoints_of
 
-from cutline import JobListener, StreamEnvironment
+from cutline import FixedDelay, JobListener, StreamEnvironment
 from cutline.connectors.delta import DeltaSink
 from cutline.demo import WorkerKiller
 from cutline.runtime.driver.events import CheckpointCompleted, JobEvent, SavepointCompleted
@@ -39,7 +39,10 @@ def test_the_delta_sink_is_exact_through_a_sigkill_at_a_random_moment(
     rng = random.Random(f"delta-{seed}")
     ledger = Ledger(accounts=6, per_account=1500, numbered=seed == 0)
     env = StreamEnvironment(
-        2, checkpoint_interval=0.3, checkpoint_dir=str(tmp_path / "ck"), restart_delay=0
+        2,
+        checkpoint_interval=0.3,
+        checkpoint_dir=str(tmp_path / "ck"),
+        restart_strategy=FixedDelay(delay=0),
     )
     table = tmp_path / "table"
     balances = env.from_source(ledger, name="ledger").key_by("account").sum("amount")
@@ -90,7 +93,10 @@ def test_the_delta_source_is_exact_through_a_sigkill_mid_stream(
     table = tmp_path / "table"
     append(table, 0, files=3)
     env = StreamEnvironment(
-        2, checkpoint_interval=0.3, checkpoint_dir=str(tmp_path / "ck"), restart_delay=0
+        2,
+        checkpoint_interval=0.3,
+        checkpoint_dir=str(tmp_path / "ck"),
+        restart_strategy=FixedDelay(delay=0),
     )
     orders = env.read_delta(table, monitor="50ms", name="orders")
     orders.key_by("user").count(name="per_user").write_parquet(tmp_path / "out", name="out")

@@ -29,7 +29,7 @@ from test_event_time_restore import (
     write_clicks,
 )
 
-from cutline import DataStream, SourceHold, StreamEnvironment
+from cutline import DataStream, FixedDelay, SourceHold, StreamEnvironment
 from cutline.demo import WorkerKiller
 from cutline.runtime.checkpoint.reader import open_checkpoint
 from cutline.runtime.driver.result import JobResult
@@ -42,7 +42,7 @@ def _env(tmp_path: Path, **settings: Any) -> StreamEnvironment:
     options: dict[str, Any] = {
         "checkpoint_interval": 0.3,
         "checkpoint_dir": str(tmp_path / "ck"),
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 100,
     }
     options.update(settings)

@@ -16,7 +16,7 @@ from pyiceberg.catalog import load_catalog
 from test_connector_api import assert_exact
 from test_event_time_faults import _execute_killing
 
-from cutline import StreamEnvironment
+from cutline import FixedDelay, StreamEnvironment
 from cutline.demo import WorkerKiller
 
 from ledger import Ledger
@@ -36,7 +36,10 @@ def test_the_iceberg_sink_is_exact_through_a_sigkill_at_a_random_moment(
         "warehouse": (tmp_path / "warehouse").as_uri(),
     }
     env = StreamEnvironment(
-        2, checkpoint_interval=0.3, checkpoint_dir=str(tmp_path / "ck"), restart_delay=0
+        2,
+        checkpoint_interval=0.3,
+        checkpoint_dir=str(tmp_path / "ck"),
+        restart_strategy=FixedDelay(delay=0),
     )
     balances = env.from_source(ledger, name="ledger").key_by("account").sum("amount")
     balances.write_iceberg("db.sums", catalog=catalog, name="sums")

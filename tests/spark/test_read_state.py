@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from cutline import KeyedProcessFunction, SourceHold, StreamEnvironment
+from cutline import FixedDelay, KeyedProcessFunction, SourceHold, StreamEnvironment
 from cutline.runtime.checkpoint.reader import InspectError, open_checkpoint
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM, key_group
@@ -77,7 +77,7 @@ def counts(tmp_path_factory: pytest.TempPathFactory) -> Path:
         checkpoint_interval=0.05,
         checkpoint_dir=directory,
         retained_checkpoints=100,
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=20,
     )
     env.from_sequence(0, N).map(key_value).key_by("key").count(name="counts").collect()
@@ -199,7 +199,7 @@ def unaligned(tmp_path_factory: pytest.TempPathFactory) -> Path:
         checkpoint_interval=0.1,
         checkpoint_dir=directory,
         retained_checkpoints=100,
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=20,
         buffer_capacity=2,
         checkpointing="unaligned",

@@ -23,6 +23,7 @@ import pytest
 
 from cutline import (
     CheckpointWarning,
+    FixedDelay,
     JobFailedError,
     KeyedProcessFunction,
     SourceHold,
@@ -61,7 +62,7 @@ def _env(tmp_path: Path, parallelism: int = 2, **settings: object) -> StreamEnvi
     options: dict[str, object] = {
         "checkpoint_interval": 0.3,
         "checkpoint_dir": str(tmp_path / "ck"),
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 2000,
     }
     options.update(settings)
@@ -184,7 +185,7 @@ def always_fails(record: dict) -> dict:
 
 
 def test_a_failure_every_time_ends_with_the_operator_subtask_and_traceback(spark, tmp_path):
-    env = _env(tmp_path, restart_attempts=1)
+    env = _env(tmp_path, restart_strategy=FixedDelay(1, delay=0))
     env.from_sequence(0, 100).map(always_fails).collect()
     with pytest.raises(JobFailedError) as info:
         env.execute(spark)
@@ -535,7 +536,7 @@ def test_the_user_s_failure_wins_over_the_losses_it_causes(spark, tmp_path):
     from test_runtime_operators import fragile_job
 
     for run in range(3):
-        env = _env(tmp_path / f"r{run}", restart_attempts=0, batch_size=100)
+        env = _env(tmp_path / f"r{run}", restart_strategy=FixedDelay(0, delay=0), batch_size=100)
         with pytest.raises(JobFailedError) as info:
             fragile_job(env).execute(spark)
         assert info.value.operator == "fragile", (run, str(info.value))

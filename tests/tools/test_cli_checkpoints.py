@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from cutline import SourceHold, StreamEnvironment
+from cutline import FixedDelay, SourceHold, StreamEnvironment
 from cutline.cli import main
 from cutline.cli_render import print_indented
 from cutline.runtime.checkpoint.layout import StorageError
@@ -61,7 +61,7 @@ def run_job(directory: Path, *, retained: int = 100, fail: bool = True) -> Any:
         retained_checkpoints=retained,
         batch_size=500,
         buffer_capacity=2,
-        restart_delay=0.1,
+        restart_strategy=FixedDelay(delay=0.1),
     )
     function = FailOnce(directory / "marker", RECORDS // 2 if fail else -1)
     (

@@ -21,7 +21,7 @@ import pytest
 from matplotlib.lines import Line2D
 
 import checkpoint_verification
-from cutline import SourceHold, StreamEnvironment
+from cutline import FixedDelay, SourceHold, StreamEnvironment
 from cutline.report import (
     TABLE_ROWS,
     ReportError,
@@ -121,7 +121,7 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         2,
         checkpoint_interval=0.05,
         checkpoint_dir=base / "checkpoints",
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=4,
     )
     (
