@@ -102,6 +102,8 @@ def test_a_bounded_topic_is_read_once_with_kafkas_fields(
             ("_partition", pa.int32()),
             ("_offset", pa.int64()),
             ("_timestamp", pa.timestamp("ms", tz="UTC")),
+            ("_headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+            ("_tombstone", pa.bool_()),
         ]
     )
 
@@ -380,9 +382,9 @@ def test_clear_errors_when_the_job_is_built(
             bootstrap_servers=f"127.0.0.1:{free_port()}",
             config={"socket.connection.setup.timeout.ms": 1000},
         )
-    with pytest.raises(ValueError, match="value_format must be one of json, raw, string"):
+    with pytest.raises(ValueError, match="value_format must be one of json, avro, raw, string"):
         env.read_kafka(
-            "clicks", bootstrap_servers=kafka_broker.bootstrap_servers, value_format="avro"
+            "clicks", bootstrap_servers=kafka_broker.bootstrap_servers, value_format="protobuf"
         )
     with pytest.raises(
         ValueError, match=r"the value's fields \['_offset'\] would hide Kafka's own"
