@@ -84,10 +84,6 @@ class Outputs:
             when the job is built (``schema=None``: that subject's latest is used)."""
         from cutline.connectors.kafka.sink import kafka_sink
 
-        fields = {"key": key, "timestamp": timestamp, "delete": delete, "headers": headers}
-        for argument, column in fields.items():
-            if isinstance(column, str):
-                has_column(self._schema(), column, f"write_kafka({topic}): {argument}=")
         sink = kafka_sink(
             topic,
             bootstrap_servers,
@@ -100,6 +96,10 @@ class Outputs:
             schema=schema,
             schema_registry=schema_registry,
         )
+        fields = {"key": key, "timestamp": timestamp, "delete": delete, "headers": headers}
+        for argument, column in fields.items():
+            if isinstance(column, str):
+                has_column(self._schema(), column, f"write_kafka({topic}): {argument}=")
         self._write(f"write_kafka({topic})", sink, name)
 
     def write_postgres(

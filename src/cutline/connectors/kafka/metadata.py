@@ -167,7 +167,7 @@ def resolve_start(
             if isinstance(key, int):
                 if len(source.topics) != 1 or source.pattern is not None:
                     raise SourceError(
-                        f"start={{{key}: {offset}}}: with several topics, name the partition "
+                        f"start={{{key}: {offset}}}: with several topics or a pattern, name the partition "
                         "as 'topic/partition'"
                     )
                 key = split_id(source.topics[0], key)
