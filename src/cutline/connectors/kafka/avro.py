@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import fastavro
 import pyarrow as pa
+from fastavro.read import SchemaResolutionError
 from fastavro.validation import validate
 
 if TYPE_CHECKING:
@@ -358,6 +359,11 @@ class _Decoder:
             body = io.BytesIO(value[5:])
         try:
             decoded = fastavro.schemaless_reader(body, writer, self.reader)
+        except SchemaResolutionError as exc:
+            raise NotAvro(
+                f"its writer's schema (id {int.from_bytes(value[1:5], 'big')}) does not resolve "
+                f"to the reader's: {exc}"
+            ) from None
         except Exception as exc:  # (fastavro raises what the bytes make it: EOF, index, ...)
             raise NotAvro(
                 f"its value is not Avro of the schema: {type(exc).__name__}: {exc}"
@@ -372,27 +378,27 @@ class _Decoder:
         return {"value": decoded}
 
     def _writer(self, schema_id: int) -> Any:
+        """The writer's schema of id ``schema_id``, parsed; fetched once (the lock held: the
+        subtasks of a process wait for one fetch rather than each make one)."""
         with self.lock:
             if schema_id in self.writers:
                 return self.writers[schema_id]
             if schema_id in self.unknown:
                 raise NotAvro(self.unknown[schema_id])
-        registry = self.avro.registry
-        assert registry is not None
-        try:
-            schema = client(registry).get_schema(schema_id)
-        except Exception as exc:
-            if not _not_found(exc):
-                raise _registry_error(registry, f"to give schema id {schema_id}", exc) from None
-            why = f"its schema id {schema_id} is not in the Schema Registry at {url(registry)}"
-            with self.lock:
+            registry = self.avro.registry
+            assert registry is not None
+            try:
+                schema = client(registry).get_schema(schema_id)
+            except Exception as exc:
+                if not _not_found(exc):
+                    raise _registry_error(registry, f"to give schema id {schema_id}", exc) from None
+                why = f"its schema id {schema_id} is not in the Schema Registry at {url(registry)}"
                 self.unknown[schema_id] = why
-            raise NotAvro(why) from None
-        _check_avro(schema, f"its schema id {schema_id}")
-        writer = fastavro.parse_schema(json.loads(schema.schema_str or "null"))
-        with self.lock:
+                raise NotAvro(why) from None
+            _check_avro(schema, f"its schema id {schema_id}")
+            writer = fastavro.parse_schema(json.loads(schema.schema_str or "null"))
             self.writers[schema_id] = writer
-        return writer
+            return writer
 
 
 class _Encoder:
