@@ -235,7 +235,14 @@ class KafkaSource(Source):
                 )
             text = texts.pop()
             avro = replace(avro, schema=text)
-        return replace(value, avro=avro, schema=avro.arrow_schema())
+        columns = avro.arrow_schema()
+        taken = sorted(set(columns.names) & set(KAFKA_FIELDS))
+        if taken:
+            raise SourceError(
+                f"the Avro values of {self.named} have fields {taken}, which would hide Kafka's "
+                "own: pass a schema= without them (Avro's resolution drops them)"
+            )
+        return replace(value, avro=avro, schema=columns)
 
     def record_schema(self) -> pa.Schema | None:
         return self.value.record_schema()

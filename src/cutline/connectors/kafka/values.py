@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
@@ -249,7 +250,7 @@ class ValueFormat:
             pa.array([m.timestamp for m in messages], pa.int64()).cast(
                 kafka.field("_timestamp").type
             ),
-            pa.array([_headers(m) for m in messages], HEADERS),
+            _headers_array(messages),
             pa.array([m.value is None for m in messages], pa.bool_()),
         ]
         columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
@@ -260,6 +261,14 @@ class ValueFormat:
 
 def _headers(message: Message) -> list[dict[str, Any]]:
     return [{"key": key, "value": value} for key, value in message.headers or ()]
+
+
+def _headers_array(messages: Sequence[Message]) -> pa.Array:
+    """``_headers`` of ``messages`` (without a header among them: empty lists, made at once)."""
+    if any(m.headers for m in messages):
+        return pa.array([_headers(m) for m in messages], HEADERS)
+    offsets = pa.array(np.zeros(len(messages) + 1, np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array([], HEADERS.value_type))
 
 
 def _with_tombstones(
