@@ -45,6 +45,7 @@ _API = (
     "Logic",
     "OperatorContext",
     "ProcessContext",
+    "RecordsSkipped",
     "Restarting",
     "RestoreError",
     "ResumableCheckpointError",

@@ -38,6 +38,7 @@ class ConnectorSources(Sources):
         group_id: str | None = None,
         config: Mapping[str, Any] | None = None,
         discovery_interval: Any = "5s",
+        on_offset_out_of_range: str = "fail",
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = "10s",
@@ -78,6 +79,12 @@ class ConnectorSources(Sources):
         :param bounded: stop at the offsets the partitions had when the job was built (the job
             then ends); ``False``: read until stopped, finding new partitions every
             ``discovery_interval``.
+        :param on_offset_out_of_range: what to do with a partition that no longer holds the
+            offset the job reads on from (its records deleted by retention; the topic deleted
+            and made again, so that it ends before it): ``"fail"`` (the job fails naming the
+            topic, the partition and both offsets), ``"earliest"`` or ``"latest"`` (read on
+            from the partition's first or last offset; the records skipped are counted and
+            reported).
         :param event_time: ``"_timestamp"`` (or a field of the value): watermarks per
             partition; a partition without records for ``idle_timeout`` (default 10 s;
             ``None``: never) stops holding the watermark back.
@@ -118,6 +125,7 @@ class ConnectorSources(Sources):
                 group_id=group_id,
                 config=config,
                 discovery_interval=every,
+                on_offset_out_of_range=on_offset_out_of_range,
             )
             prepared, notes = source.prepare()  # on the driver, now: the topics are there
         except SourceError as exc:  # (a bad argument's ValueError names read_kafka already)

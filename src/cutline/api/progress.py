@@ -66,6 +66,14 @@ def render(metrics: JobMetrics, title: str = "cutline") -> Group:
             if metrics.late
             else ""
         ),
+        (
+            (
+                " · skipped: " + ", ".join(f"{n} {c:,}" for n, c in metrics.skipped.items()),
+                "yellow",
+            )
+            if metrics.skipped
+            else ""
+        ),
     )
     timed = metrics.event_time
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -195,6 +203,7 @@ class ProgressLines:
             "restart",
             "slots",
             "warning",
+            "skipped",
             "failure",
         }
     )

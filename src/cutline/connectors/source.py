@@ -93,6 +93,13 @@ class SourceContext:
     warn: Callable[[str], None] | None = None
     """Tell the user something that is not a failure (the job's listener hears it, with the
     subtask's name); ``None``: nowhere to."""
+    skipped: Callable[[str, int, str], None] | None = None
+    """Report records that will never be read, because a split's position could not be
+    honoured and the user chose to read on elsewhere rather than fail (``skipped(split,
+    records, why)``: how many, and why, naming the split and both positions). cutline counts
+    them per source, once however often a restore repeats the same skip, and tells the user:
+    the job's listener, the live display and the result. ``None``: nowhere to (say it with
+    ``warn``)."""
 
 
 class SplitReader(ABC):

@@ -151,6 +151,9 @@ class OperatorContext:
     warn: Callable[[str], None] | None = None
     """Tell the job's listener something that is not a failure (a file that changed after it
     was read); ``None``: nowhere to (a test)."""
+    skipped: Callable[[str, int, str], None] | None = None
+    """A source's: report records it will never read (``SourceContext.skipped``: split,
+    records, why) to the driver, which counts them; ``None``: nowhere to (a test)."""
     clock: EventClock = field(default_factory=EventClock)
     """The subtask's event time (one place per subtask); the operator's is at ``position``."""
     position: int = 0
@@ -310,7 +313,9 @@ class SourceLogic:
             def rejected(record: Any, error: str) -> None:
                 dead.add(ctx.name, ctx.subtask, record, error, "")
 
-        context = SourceContext(ctx.name, ctx.subtask, ctx.parallelism, rejected, ctx.warn)
+        context = SourceContext(
+            ctx.name, ctx.subtask, ctx.parallelism, rejected, ctx.warn, ctx.skipped
+        )
         return SourceOperator(self.source, context, state, self.watermarks)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import re
 import threading
 import time
 import zlib
@@ -28,10 +29,52 @@ if TYPE_CHECKING:
     from cutline.connectors.kafka.source import KafkaSource
 
 LOG = logging.getLogger("cutline.connectors.kafka")
+"""Where librdkafka's own log lines go (every client of the connector is given it), each
+problem once (:class:`OncePerProblem`)."""
 METADATA_TIMEOUT = 10.0
 """Seconds a look-up of the brokers' metadata (topics, partitions, offsets) may take."""
 SAMPLE = 500
 """At most this many records are read on the driver to infer a JSON value's schema."""
+
+
+REPEAT_EVERY = 300.0
+"""Seconds after which a problem librdkafka goes on saying is let through again."""
+
+
+class OncePerProblem(logging.Filter):
+    """librdkafka says a problem again at every retry: a broker that is down, a line every
+    few hundred milliseconds per client. This lets the first line of each problem through,
+    and another every :data:`REPEAT_EVERY` seconds while it goes on, with how many were held
+    back; a problem is its line without numbers and without the client's name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: dict[str, tuple[float, int]] = {}
+        """Problem -> when it was last let through, and the lines held back since."""
+        self.lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 3:  # (facility, client, text)
+            problem = f"{args[0]} {re.sub(r'[0-9]+', '#', str(args[2]))}"
+        else:
+            problem = re.sub(r"[0-9]+", "#", record.getMessage())
+        now = time.monotonic()
+        with self.lock:
+            said, held = self.said.get(problem, (-REPEAT_EVERY, 0))
+            if now - said < REPEAT_EVERY:
+                self.said[problem] = (said, held + 1)
+                return False
+            if len(self.said) > 1000:
+                self.said.clear()
+            self.said[problem] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} (said {held} times more in the last %.0f s)"
+            record.args = (*(args if isinstance(args, tuple) else ()), now - said)
+        return True
+
+
+LOG.addFilter(OncePerProblem())
 
 
 def split_id(topic: str, partition: int) -> str:
@@ -43,9 +86,49 @@ def parse_split(split: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
-def client(source: KafkaSource) -> contextlib.closing[Consumer]:
+DOWN_FOR = 2.0
+"""Seconds a look-up goes on while every broker refuses connections (none listens there)
+before it fails, rather than wait its whole :data:`METADATA_TIMEOUT`."""
+
+
+class MetadataConsumer(Consumer):
+    """A consumer for metadata look-ups, which hears the client's errors: so that a look-up
+    fails as soon as it is clear that no broker is there (:meth:`topic`)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.down_since: float | None = None
+        super().__init__({**config, "error_cb": self._error})
+
+    def _error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.down_since = self.down_since or time.monotonic()
+
+    def topic(self, name: str | None, where: str) -> Any:
+        """The brokers' metadata of topic ``name`` (``None``: of every topic); a
+        :class:`SourceError` once the look-up took :data:`METADATA_TIMEOUT`, or every broker
+        refused connections for :data:`DOWN_FOR`."""
+        deadline = time.monotonic() + METADATA_TIMEOUT
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.list_topics(name, timeout=max(0.01, min(0.5, left)))
+            except KafkaException as exc:
+                self.poll(0)  # (hears the client's errors)
+                down = self.down_since is not None and time.monotonic() - self.down_since
+                if left <= 0.5 or (down and down >= DOWN_FOR):
+                    what = f"topic {name!r}" if name is not None else "its topics"
+                    if down:
+                        why = "no broker answers there (connection refused, or none listens)"
+                    else:
+                        why = reason(exc)
+                    raise SourceError(
+                        f"cannot reach the Kafka brokers at {where} to read {what}: {why}"
+                    ) from None
+
+
+def client(source: KafkaSource) -> contextlib.closing[MetadataConsumer]:
     """A consumer for metadata look-ups, closed after use."""
-    return contextlib.closing(Consumer(consumer_config(source, group=None)))
+    return contextlib.closing(MetadataConsumer(consumer_config(source, group=None)))
 
 
 def consumer_config(source: KafkaSource, group: str | None) -> dict[str, Any]:
@@ -65,7 +148,7 @@ def consumer_config(source: KafkaSource, group: str | None) -> dict[str, Any]:
 
 
 def topic_partitions(
-    consumer: Consumer, source: KafkaSource, *, check: bool
+    consumer: MetadataConsumer, source: KafkaSource, *, check: bool
 ) -> list[tuple[str, int]]:
     """Every partition of the source's topics (named, or matching its pattern now); with
     ``check``, a :class:`SourceError` naming a topic that does not exist or brokers that
@@ -75,13 +158,7 @@ def topic_partitions(
     where = source.bootstrap_servers
     found: list[tuple[str, int]] = []
     for topic in source.topics:
-        try:
-            metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT)
-        except KafkaException as exc:
-            raise SourceError(
-                f"cannot reach the Kafka brokers at {where} to read topic {topic!r}: {reason(exc)}"
-            ) from None
-        entry = metadata.topics.get(topic)
+        entry = consumer.topic(topic, where).topics.get(topic)
         error = entry.error if entry is not None else None
         if entry is None or error is not None or not entry.partitions:
             if not check:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,7 +17,14 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from cutline.connectors.kafka.metadata import consumer_config, parse_split, reason, split_id
+from cutline.connectors.kafka.metadata import (
+    consumer_config,
+    offset_range,
+    parse_split,
+    reason,
+    split_id,
+)
+from cutline.connectors.kafka.ranges import Reposition, honoured, reposition
 from cutline.connectors.kafka.values import Message, Rejected
 from cutline.connectors.source import (
     Finished,
@@ -30,6 +39,11 @@ from cutline.protocol.splits import Split
 
 if TYPE_CHECKING:
     from cutline.connectors.kafka.source import KafkaSource
+
+RANGE_CHECK_INTERVAL = 1.0
+"""Seconds between two looks at whether each partition still holds the position read from
+(and a bounded one its end), from the offsets the client last heard of: no request, unless
+one looks wrong (:mod:`cutline.connectors.kafka.ranges`)."""
 
 
 class KafkaReader(SplitReader):
@@ -53,6 +67,11 @@ class KafkaReader(SplitReader):
         """Checkpoint -> the positions it holds, to publish when it completes (group_id)."""
         self.ended: dict[str, int] = {}
         """Where the partitions finished since the last checkpoint ended (group_id)."""
+        self.ends: dict[str, int] = dict(source.ends or {})
+        """Bounded: where each partition ends (the end the brokers said when the job was
+        built, or the lower one they say now, when the partition ends before it)."""
+        self._check_at = 0.0
+        self._said_past_end: set[str] = set()
         self._errors: list[str] = []
         self._lock = threading.Lock()
         self._warned_down = False
@@ -73,13 +92,14 @@ class KafkaReader(SplitReader):
         self.assigned.add(split.id)
 
     def _end(self, split: str) -> int | None:
-        return None if self.source.ends is None else self.source.ends.get(split)
+        return self.ends.get(split)
 
     def position(self, split: str) -> Any:
         return self.next[split]
 
     def read(self, max_records: int) -> ReadResult:
         self._raise_errors()
+        self._check_ranges()
         if self.finished:
             return self._finish(self.finished.popleft())
         if not self.waiting:
@@ -94,6 +114,8 @@ class KafkaReader(SplitReader):
         end = self._end(split)
         if end is not None:
             kept = [m for m in messages if m.offset() < end]
+            if len(kept) < len(messages):
+                self._past_end(split, end, messages[-1].offset())
             if len(kept) < len(messages) or (kept and kept[-1].offset() + 1 >= end):
                 self.finished.append(split)
             messages = kept
@@ -121,12 +143,15 @@ class KafkaReader(SplitReader):
             error.code() == KafkaError._AUTO_OFFSET_RESET
             or error.code() == KafkaError.OFFSET_OUT_OF_RANGE
         ):
-            at = self.next.get(where)
-            raise SourceError(
-                f"source {self.context.name}: partition {where} has no record at offset {at} any "
-                f"more (the broker's retention deleted it?): the records between the restored "
-                f"checkpoint and the partition's beginning are lost to this job ({error.str()})"
-            )
+            if where not in self.next:  # (finished meanwhile)
+                return
+            low, high = offset_range(self.consumer, *parse_split(where))
+            if not self._honour(where, low, high):
+                raise SourceError(
+                    f"source {self.context.name}: reading partition {where} from offset "
+                    f"{self.next[where]} failed ({error.str()}), though the brokers say it "
+                    f"holds offsets {low} to {high}"
+                )
         if error.code() in (
             KafkaError.UNKNOWN_TOPIC_OR_PART,
             KafkaError.TOPIC_AUTHORIZATION_FAILED,
@@ -134,6 +159,90 @@ class KafkaReader(SplitReader):
             raise SourceError(f"source {self.context.name}: partition {where}: {error.str()}")
         if not error.retriable():
             raise SourceError(f"source {self.context.name}: reading {where} failed: {error.str()}")
+
+    # ------------------------------------------------------------- offset ranges
+
+    def _check_ranges(self) -> None:
+        """Every :data:`RANGE_CHECK_INTERVAL`: whether each partition still holds the
+        position read from (and a bounded one its end), as the client last heard; a doubt
+        is put to the brokers (:meth:`_honour`)."""
+        now = time.monotonic()
+        if now < self._check_at:
+            return
+        self._check_at = now + RANGE_CHECK_INTERVAL
+        for split in sorted(self.assigned):
+            try:
+                low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(*parse_split(split)), cached=True
+                )
+            except KafkaException:
+                continue
+            if high < 0:  # (not heard of yet)
+                continue
+            at, end = self.next.get(split), self.ends.get(split)
+            gone = at is not None and (at > high or (low >= 0 and at < low))
+            if gone or (end is not None and end > high):
+                try:  # (the brokers' own word: what the client last heard may be old)
+                    low, high = offset_range(self.consumer, *parse_split(split))
+                except SourceError:
+                    continue  # (they do not answer: looked at again later)
+                self._honour(split, low, high)
+
+    def _honour(self, split: str, low: int, high: int) -> bool:
+        """``split`` holds offsets ``low`` to ``high``: a position it no longer holds is failed
+        on or moved, as ``on_offset_out_of_range`` says, and a bounded end past its end
+        lowered to it, with a warning. Whether either was needed."""
+        topic, partition = parse_split(split)
+        at, changed = self.next.get(split), False
+        if at is not None and not honoured(at, low, high):
+            policy = self.source.on_offset_out_of_range
+            self._move(reposition(self.context.name, split, at, low, high, policy))
+            at, changed = self.next[split], True
+        end = self.ends.get(split)
+        if end is not None and end > high:
+            self.ends[split] = max(high, at if at is not None else low)
+            self._tell(
+                f"the bounded read of topic {topic!r} partition {partition} was to end at offset "
+                f"{end}, where the partition ended when the job was built, but it ends at "
+                f"{high} now (the topic deleted and made again, or the partition truncated): "
+                f"the read ends at {self.ends[split]}"
+            )
+            if (at if at is not None else low) >= self.ends[split]:
+                self.finished.append(split)
+            changed = True
+        return changed
+
+    def _move(self, move: Reposition) -> None:
+        """Read ``move.split`` on from ``move.offset``, reporting what that skips."""
+        topic, partition = parse_split(move.split)
+        self.waiting = deque((s, m) for s, m in self.waiting if s != move.split)
+        if move.split in self.assigned:
+            self.consumer.incremental_unassign([TopicPartition(topic, partition)])
+        self.consumer.incremental_assign([TopicPartition(topic, partition, move.offset)])
+        self.assigned.add(move.split)
+        self.next[move.split] = move.offset
+        if self.context.skipped is not None:
+            self.context.skipped(move.split, move.skipped, move.why)
+        else:
+            self._tell(f"{move.why}: {move.skipped:,} records skipped")
+
+    def _past_end(self, split: str, end: int, seen: int) -> None:
+        """A bounded partition holds records past the end it reads to: said once."""
+        if split in self._said_past_end:
+            return
+        self._said_past_end.add(split)
+        topic, partition = parse_split(split)
+        self._tell(
+            f"the bounded read of topic {topic!r} partition {partition} ends at offset {end}, "
+            f"where the brokers said the partition ended when the job was built, but it holds "
+            f"records past it (offset {seen} at least), which are not read: records written "
+            "after the job was built, or a broker that said its end short (Tansu, the broker "
+            "of cutline.examples.servers, does after a produce batch of several records)"
+        )
+
+    def _tell(self, message: str) -> None:
+        if self.context.warn is not None:
+            self.context.warn(f"source {self.context.name}: {message}")
 
     def _records(self, split: str, messages: list[Any]) -> ReadResult:
         decoded = [
@@ -165,6 +274,14 @@ class KafkaReader(SplitReader):
 
     def _finish(self, split: str) -> ReadResult:
         topic, partition = parse_split(split)
+        end = self.ends.get(split)
+        if end is not None and split in self.assigned:
+            with contextlib.suppress(KafkaException):  # (what the client last heard)
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), cached=True
+                )
+                if high > end:
+                    self._past_end(split, end, high - 1)
         end = self.next.pop(split, None)
         if end is not None and self.source.group_id is not None:
             self.ended[split] = end

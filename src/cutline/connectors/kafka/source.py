@@ -15,6 +15,11 @@ checkpoints and are the only truth.
   exactly once with a sink that commits with the checkpoints. Consumer-group commits are only
   for monitoring (``group_id=``): made once a checkpoint completes, of that checkpoint's
   offsets, never read back.
+* **Positions no longer there**: a partition that no longer holds a position (its records
+  deleted by retention, or the topic deleted and made again: it ends before the position) is
+  never read on from silently; the job fails naming the topic, the partition and both offsets,
+  or reads on where ``on_offset_out_of_range`` says, counting the records skipped
+  (:mod:`cutline.connectors.kafka.ranges`).
 * **Where to start** (``start=``): ``"earliest"``, ``"latest"``, a time (a ``datetime`` or
   epoch milliseconds: the first record at or after it) or explicit offsets
   (``{partition: offset}``, or ``{"topic/partition": offset}``). ``"latest"`` and a time are
@@ -22,7 +27,8 @@ checkpoints and are the only truth.
   starts from the same records.
 * **Bounded** (``bounded=True``, Flink's ``setBounded(OffsetsInitializer.latest())``): every
   partition ends at the offset it had reached when the job was built; the job ends when all
-  are read.
+  are read. A partition found to hold records past its end, or to end before it (made
+  again), is said in a warning naming it.
 * **Event time**: the record timestamp is ``_timestamp``; with ``event_time="_timestamp"``
   each partition makes its own watermark, and a partition without records for
   ``idle_timeout`` stops holding the job's watermark back (see ``env.read_kafka``).
@@ -58,6 +64,7 @@ from cutline.connectors.kafka.metadata import (
     split_id,
     topic_partitions,
 )
+from cutline.connectors.kafka.ranges import OFFSET_POLICIES
 from cutline.connectors.kafka.reader import KafkaReader
 from cutline.connectors.kafka.values import (
     KAFKA_FIELDS,
@@ -94,6 +101,9 @@ class KafkaSource(Source):
     types: pa.Schema | None = None
     """JSON values: the types of the fields it names (``schema=`` as a dict); the others are
     inferred from the first records by :meth:`prepare`, as without it."""
+    on_offset_out_of_range: str = "fail"
+    """What a reader does with a position its partition no longer holds (one of
+    :data:`~cutline.connectors.kafka.ranges.OFFSET_POLICIES`: see that module)."""
     pattern: re.Pattern[str] | None = None
     """The topics whose whole name it matches, instead of ``topics`` (then empty)."""
 
@@ -141,6 +151,11 @@ class KafkaSource(Source):
                     f"({', '.join(KAFKA_FIELDS)}): rename them"
                 )
         check_start(self.start)
+        if self.on_offset_out_of_range not in OFFSET_POLICIES:
+            raise ValueError(
+                "read_kafka: on_offset_out_of_range must be one of "
+                f"{', '.join(map(repr, OFFSET_POLICIES))}, not {self.on_offset_out_of_range!r}"
+            )
         if self.bounded:
             object.__setattr__(self, "discovery_interval", None)
 
@@ -278,6 +293,7 @@ def kafka_source(
     group_id: str | None = None,
     config: Mapping[str, Any] | None = None,
     discovery_interval: float | None = 5.0,
+    on_offset_out_of_range: str = "fail",
 ) -> KafkaSource:
     """A :class:`KafkaSource` from ``env.read_kafka``'s arguments (``schema``: the whole
     value's; ``types``: those of some of a JSON value's fields, the others inferred;
@@ -315,5 +331,6 @@ def kafka_source(
         dict(config or {}),
         discovery_interval,
         types=types,
+        on_offset_out_of_range=on_offset_out_of_range,
         pattern=pattern,
     )

@@ -39,10 +39,9 @@ from cutline.protocol.coordinator import (
     TriggerCheckpoint,
     WriteMetadata,
 )
-from cutline.protocol.cut import channel_cuts, check_cut
 from cutline.protocol.errors import ProtocolError
 from cutline.protocol.termination import NextWave, Terminated, TerminationDetector
-from cutline.runtime.checkpoint.layout import CheckpointMetadata, StateHandle, StorageError
+from cutline.runtime.checkpoint.layout import StateHandle, StorageError
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.stats import RecordCounts
 from cutline.runtime.driver.events import (
@@ -55,11 +54,11 @@ from cutline.runtime.driver.events import (
 )
 from cutline.runtime.driver.failure_detector import FailureDetector
 from cutline.runtime.driver.global_commits import GlobalCommitError
+from cutline.runtime.driver.metadata import checkpoint_metadata
 from cutline.runtime.driver.result import Failure
 from cutline.runtime.driver.run import JobRun
 from cutline.runtime.driver.savepoints import SavepointRequests
 from cutline.runtime.driver.stats_tracker import CheckpointStatsTracker
-from cutline.runtime.graph import Operator
 from cutline.runtime.network.control import ControlServer, Event
 from cutline.runtime.network.messages import (
     Abort,
@@ -81,10 +80,10 @@ from cutline.runtime.network.messages import (
     Phase,
     Ready,
     Release,
+    Skipped,
     Trigger,
     Warn,
 )
-from cutline.runtime.operators import SinkLogic
 from cutline.runtime.task.launch import LaunchedJob
 
 LOST_GRACE = 0.25
@@ -273,6 +272,8 @@ class JobAttempt:
                 self._on_census(slot, message, now)
             case Warn():
                 run.listener(JobWarning(f"{message.subtask}: {message.message}"))
+            case Skipped():
+                run.skipped(message.source, message.split, message.records, message.why)
             case Ack():
                 self.stats.acknowledged(message, now)
                 self._carry_out(
@@ -496,7 +497,9 @@ class JobAttempt:
         n = action.checkpoint_id
         target = self.savepoints.folder(n)
         try:
-            metadata = self._metadata(action, savepoint=target is not None)
+            metadata = checkpoint_metadata(
+                run, self.generation, self.stats, action, savepoint=target is not None
+            )
             if target is not None:
                 if any(h.shared for h in metadata.handles.values()):
                     raise ValueError("a savepoint names shared files")
@@ -543,58 +546,10 @@ class JobAttempt:
         if target is None:
             run.retire_earlier(len(self.coordinator.completed))
 
-    def _metadata(
-        self, action: WriteMetadata[str, dict[str, Any]], savepoint: bool
-    ) -> CheckpointMetadata:
-        """The checkpoint's metadata; ``ValueError`` if its channels do not form a consistent
-        cut (``protocol/cut.py``): such a checkpoint is never completed."""
-        plan, mode = self.run.plan, self.run.config.barriers.mode
-        operators = [op for chain in plan.chains for op in chain.operators]
-        metadata = CheckpointMetadata(
-            checkpoint_id=action.checkpoint_id,
-            generation=self.generation,
-            handles={s: StateHandle.from_dict(h) for s, h in action.handles},
-            extra={
-                "savepoint": savepoint,
-                "run": self.run.run_id,
-                "parallelism": plan.parallelism,
-                "max_parallelism": plan.max_parallelism,
-                "operators": [op.uid for op in operators],
-                "operator_names": {op.uid: op.name for op in operators},
-                "operator_kinds": {op.uid: _kind(op) for op in operators},
-                "checkpointing": mode,
-                "time": time.time(),
-            },
-        )
-        counts = self.stats.counted(action.checkpoint_id, plan.subtasks())
-        if counts is not None:  # (a restore of it goes on counting from them)
-            metadata.extra.update(counts.to_extra())
-        violations = check_cut(
-            channel_cuts(
-                {s: h.channels for s, h in metadata.handles.items() if h.channels is not None}
-            ),
-            at_least_once=mode == "at_least_once",
-        )
-        if violations:
-            raise ValueError(
-                f"it is not a consistent cut: {violations[0]}"
-                + (f" (and {len(violations) - 1} more channels)" if len(violations) > 1 else "")
-            )
-        return metadata
-
     def _broadcast(self, message: DriverMessage) -> None:
         for slot in sorted(self.slots):
             with contextlib.suppress(ControlError):
                 self.server.send(slot, message)
-
-
-def _kind(op: Operator) -> str:
-    """What kind of state operator ``op`` has (``CheckpointReader.operators`` says it)."""
-    if op.is_source:
-        return "source"
-    if isinstance(op.logic, SinkLogic):
-        return "sink"
-    return "keyed" if getattr(op.logic, "keyed", False) else "operator"
 
 
 def _shared(handles: Any) -> list[str]:

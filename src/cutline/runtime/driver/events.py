@@ -20,6 +20,8 @@ event                         ``kind``    when
 :class:`GenerationRunning`    running     every slot of a generation is ready, and where
 :class:`Restarting`           restart     a generation failed and the job restarts
 :class:`JobFailure`           failure     the job failed for good (``execute`` raises next)
+:class:`RecordsSkipped`       skipped     a source skipped records it will never read, as the
+                                          user's policy said (once per skip)
 :class:`JobWarning`           warning     anything else a user should know
 ============================  ==========  ======================================================
 """
@@ -153,6 +155,24 @@ class JobFailure(JobEvent):
     @property
     def message(self) -> str:
         return self.cause
+
+
+@dataclass(frozen=True)
+class RecordsSkipped(JobEvent):
+    """A source read on past records it will never read: a split's position its input no
+    longer held, and the user chose to read on elsewhere rather than fail (Kafka's
+    ``on_offset_out_of_range``). Said once per skip, however often a restore repeats it."""
+
+    kind: ClassVar[str] = "skipped"
+    source: str
+    split: str
+    records: int
+    why: str
+    """Names the split and both positions."""
+
+    @property
+    def message(self) -> str:
+        return f"{self.source}: {self.records:,} records of {self.split} skipped: {self.why}"
 
 
 @dataclass(frozen=True)

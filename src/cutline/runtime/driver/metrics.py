@@ -91,6 +91,9 @@ class JobMetrics:
     barrier waits behind (``None``: none is)."""
     at: float = 0.0
     """When the figures were taken (epoch seconds): watermark lags are behind it."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Per source (its name) that skipped any, the records it will never read (a position
+    its input no longer held, read on from elsewhere as the user's policy said), this run."""
 
     @property
     def late(self) -> dict[str, int]:
@@ -130,6 +133,8 @@ class MetricsCollector:
         self.restarts: list[RestartInfo] = []
         self.waiting: str | None = None
         """Said by the driver: see :attr:`JobMetrics.waiting`."""
+        self.skips: dict[tuple[str, str, str], int] = {}
+        """(source, split, why) -> the records skipped, this run (each skip once)."""
         self._chain_of = {op.uid: chain.uid for chain in plan.chains for op in chain.operators}
 
     def new_generation(self, generation: int) -> None:
@@ -219,7 +224,24 @@ class MetricsCollector:
             restarts=list(self.restarts),
             waiting=self.waiting,
             at=time.time(),
+            skipped=self.skipped(),
         )
+
+    def skip(self, source: str, split: str, records: int, why: str) -> bool:
+        """A source skipped ``records`` of ``split``; whether that skip is new (a restore that
+        repeats one says the same ``why``)."""
+        key = (source, split, why)
+        if key in self.skips:
+            return False
+        self.skips[key] = records
+        return True
+
+    def skipped(self) -> dict[str, int]:
+        """Per source (its name), the records it skipped this run."""
+        totals: dict[str, int] = {}
+        for (source, _, _), records in self.skips.items():
+            totals[source] = totals.get(source, 0) + records
+        return totals
 
     def _watermark(self, chain_uid: str) -> int | None:
         """The least watermark of the chain's subtasks (``None`` if one has none yet)."""

@@ -122,6 +122,7 @@ class JobResult:
             len([c for c in self.checkpoints if not c.savepoint]),
             len(self.savepoints),
             self.restarts,
+            metrics.skipped if metrics is not None else None,
         )
 
     def __repr__(self) -> str:

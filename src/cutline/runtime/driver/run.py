@@ -23,7 +23,7 @@ from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo, RunIn
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.client import JobEndpoint
 from cutline.runtime.driver.config import JobConfig
-from cutline.runtime.driver.events import EventListener, JobWarning
+from cutline.runtime.driver.events import EventListener, JobWarning, RecordsSkipped
 from cutline.runtime.driver.global_commits import GlobalCommits
 from cutline.runtime.driver.metrics import JobMetrics, MetricsCollector
 from cutline.runtime.driver.result import JobResult
@@ -93,6 +93,12 @@ class JobRun:
                 self.storage.prune_stats(self.config.stats_history)
         except StorageError as exc:
             self.listener(JobWarning(f"cannot keep checkpoint statistics: {exc}"))
+
+    def skipped(self, source: str, split: str, records: int, why: str) -> None:
+        """A source skipped ``records`` of ``split`` (``SourceContext.skipped``): counted and
+        told once, however often a restore repeats the same skip."""
+        if self.metrics.skip(source, split, records, why):
+            self.listener(RecordsSkipped(source, split, records, why))
 
     def delete_shared(self, paths: list[str]) -> None:
         """Remove shared files no retained checkpoint names any more."""

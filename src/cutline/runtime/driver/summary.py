@@ -89,6 +89,9 @@ class JobSummary:
     late: dict[str, int] = field(default_factory=dict)
     """Per window operator, the records too late for its windows (sent to ``.late()``)."""
     dead_letters: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Per source that skipped any, the records it will never read (a position its input no
+    longer held, read on from elsewhere as the user's policy said), this run."""
     watermark: int | None = None
     """The least watermark of the job's operators at the end (epoch ms;
     :data:`~cutline.protocol.watermarks.MAX_WATERMARK`: the input ended), ``None`` without
@@ -116,6 +119,7 @@ class JobSummary:
         checkpoints: int,
         savepoints: int,
         restarts: list[RestartInfo],
+        skipped: Mapping[str, int] | None = None,
     ) -> JobSummary:
         """The summary of a job's counts, its late records and watermarks at the end (of its
         operators that have one), its checkpoints and restarts."""
@@ -128,6 +132,7 @@ class JobSummary:
             window_results={label[o.uid]: o.records_out for o in operators if o.kind == "window"},
             late=dict(late),
             dead_letters=counts.dead_letters if counts is not None else 0,
+            skipped=dict(skipped or {}),
             watermark=min(watermarks) if watermarks else None,
             checkpoints=checkpoints,
             savepoints=savepoints,
@@ -166,6 +171,9 @@ class JobSummary:
         if self.counted:
             dead = self.dead_letters
             parts.append(f"{dead:,} dead letter{_s(dead)}" if dead else "no dead letters")
+        if self.skipped:
+            skipped = sum(self.skipped.values())
+            parts.append(f"{_records(skipped)} skipped ({_each(self.skipped)})")
         if self.watermark is not None:
             parts.append(f"watermark at the end: {watermark_text(self.watermark)}")
         if self.restarts:

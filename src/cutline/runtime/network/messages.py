@@ -25,6 +25,8 @@ slot → driver     meaning
 ``CensusCount``   the answer to a census: records the slot's subtasks sent and processed
 ``Warn``          something the user must hear of that is not a failure (a file changed
                   after it was read), for the job's listener
+``Skipped``       a source's reader skipped records it will never read (a position its
+                  split no longer held, and the user's policy said read on elsewhere)
 ================  ======================================================================
 
 ================  ======================================================================
@@ -162,6 +164,20 @@ class Warn:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """Records source ``source`` will never read of split ``split``: ``records`` of them,
+    ``why`` (which names the split and both positions: one skip, however often a restore
+    repeats it, has one ``why``)."""
+
+    kind: ClassVar[str] = "skipped"
+    subtask: str
+    source: str
+    split: str
+    records: int
+    why: str
+
+
+@dataclass(frozen=True)
 class Lost:
     """Not a message on the wire: the slot's connection ended early (``reason``)."""
 
@@ -181,6 +197,7 @@ SlotMessage: TypeAlias = (
     | Finished
     | CensusCount
     | Warn
+    | Skipped
 )
 """What a slot sends to the driver."""
 
@@ -260,6 +277,7 @@ SLOT_MESSAGES: dict[str, type[Any]] = {
         Finished,
         CensusCount,
         Warn,
+        Skipped,
     )
 }
 DRIVER_MESSAGES: dict[str, type[Any]] = {

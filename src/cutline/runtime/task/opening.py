@@ -103,6 +103,7 @@ def operator_context(
     dead_letters: DeadLetterOutput | None,
     restore_location: CheckpointLocation | None,
     warn: Callable[[str], None],
+    skipped: Callable[[str, int, str], None] | None = None,
     clock: EventClock,
     position: int,
 ) -> OperatorContext:
@@ -134,6 +135,7 @@ def operator_context(
             if out.side is not None and uid == chain.operators[-1].uid
         ),
         warn=warn,
+        skipped=skipped,
         clock=clock,
         position=position,
     )

@@ -50,6 +50,7 @@ from cutline.runtime.network.messages import (
     DriverMessage,
     Peers,
     Release,
+    Skipped,
     Stop,
     Trigger,
     Warn,
@@ -181,6 +182,9 @@ class SubtaskRunner:
             dead_letters=self._dead_letters,
             restore_location=self._restore_location,
             warn=self._warn,
+            skipped=lambda split, records, why: self.control.send(
+                Skipped(self.name, name, split, records, why[:2000])
+            ),
             clock=self.clock,
             position=position,
         )
