@@ -368,3 +368,25 @@ def test_clear_errors_when_the_job_is_built(
         match=r"write_kafka\(clicks\): a record does not fit the Avro schema, .*Click\.user is <1>",
     ):
         run(env)
+
+
+def test_a_schema_of_another_type_than_a_record_is_one_value_column(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    kafka_broker.create_topic("names", 1)
+    produce(kafka_broker, "names", [avro("string", name) for name in ("ada", "grace", "")])
+    broker = kafka_broker.bootstrap_servers
+    env = environment(tmp_path, parallelism=1)
+    names = env.read_kafka(
+        "names", bootstrap_servers=broker, bounded=True, value_format="avro", schema="string"
+    )
+    assert names.schema is not None and names.schema.field("value").type == pa.string()
+    names.collect()
+    kafka_broker.create_topic("upper", 1)
+    names.map(lambda r: {"value": r["value"].upper()}).write_kafka(
+        "upper", bootstrap_servers=broker, value_format="avro", schema={"type": "string"},
+        config=ONE_A_BATCH,
+    )  # fmt: skip
+    assert [r["value"] for r in run(env).output] == ["ada", "grace", ""]
+    written = read_topic(kafka_broker, "upper", 1)
+    assert [m.value() for m in written] == [avro("string", n) for n in ("ADA", "GRACE", "")]
