@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, TopicPartition
 from test_runtime_jobs import dead_letters
 from test_savepoints import StopWithSavepoint, endpoints_of
 
-from cutline import JobClient, JobFailedError, SourceError, StreamEnvironment, Tumbling
+from cutline import FixedDelay, JobClient, JobFailedError, SourceError, StreamEnvironment, Tumbling
 from cutline.connectors.kafka import KafkaSource, ValueFormat
 from cutline.connectors.kafka import metadata as kafka_metadata
 from cutline.connectors.kafka.metadata import resolve_start
@@ -63,7 +63,7 @@ def environment(tmp_path: Path, parallelism: int = 2, **options: Any) -> StreamE
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / "ck",
         "dead_letter_dir": tmp_path / "dead",
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
     }
     settings.update(options)
     return StreamEnvironment(parallelism, **settings)
@@ -102,6 +102,8 @@ def test_a_bounded_topic_is_read_once_with_kafkas_fields(
             ("_partition", pa.int32()),
             ("_offset", pa.int64()),
             ("_timestamp", pa.timestamp("ms", tz="UTC")),
+            ("_headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+            ("_tombstone", pa.bool_()),
         ]
     )
 
@@ -300,7 +302,12 @@ def test_records_that_do_not_decode_go_to_the_dead_letters_named(
     assert "does not fit the schema" in dead[1]["error"]
     assert "not an object" in dead[2]["error"]
     # failing instead names where
-    env = environment(tmp_path, parallelism=1, checkpoint_dir=tmp_path / "ck2", restart_attempts=0)
+    env = environment(
+        tmp_path,
+        parallelism=1,
+        checkpoint_dir=tmp_path / "ck2",
+        restart_strategy=FixedDelay(0, delay=0),
+    )
     env.read_kafka(
         "mixed",
         bootstrap_servers=kafka_broker.bootstrap_servers,
@@ -380,9 +387,9 @@ def test_clear_errors_when_the_job_is_built(
             bootstrap_servers=f"127.0.0.1:{free_port()}",
             config={"socket.connection.setup.timeout.ms": 1000},
         )
-    with pytest.raises(ValueError, match="value_format must be one of json, raw, string"):
+    with pytest.raises(ValueError, match="value_format must be one of json, avro, raw, string"):
         env.read_kafka(
-            "clicks", bootstrap_servers=kafka_broker.bootstrap_servers, value_format="avro"
+            "clicks", bootstrap_servers=kafka_broker.bootstrap_servers, value_format="protobuf"
         )
     with pytest.raises(
         ValueError, match=r"the value's fields \['_offset'\] would hide Kafka's own"

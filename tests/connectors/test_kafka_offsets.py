@@ -34,7 +34,7 @@ from test_kafka import (
 )
 from test_savepoints import endpoints_of
 
-from cutline import JobFailedError, SourceError
+from cutline import FixedDelay, JobFailedError, SourceError
 from cutline.connectors.kafka import KafkaSource
 from cutline.connectors.kafka import metadata as kafka_metadata
 from cutline.connectors.kafka import reader as kafka_reader
@@ -64,7 +64,7 @@ class Heard:
 
 
 def summing(tmp_path: Path, broker: KafkaBroker, ck: str, out: str, **options: Any) -> Any:
-    env = environment(tmp_path, 2, checkpoint_dir=tmp_path / ck, restart_attempts=0)
+    env = environment(tmp_path, 2, checkpoint_dir=tmp_path / ck, restart_strategy=FixedDelay(0))
     env.read_kafka(
         "clicks",
         bootstrap_servers=broker.bootstrap_servers,

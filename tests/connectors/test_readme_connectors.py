@@ -15,7 +15,9 @@ import pyarrow.dataset as ds
 import pytest
 from deltalake import DeltaTable
 from pyiceberg.catalog import load_catalog
+from schema_registry import SchemaRegistry
 from test_kafka import read_topic
+from test_kafka_avro import avro
 
 from cutline import StreamEnvironment
 from cutline.examples.servers import KafkaBroker, PostgresServer, produce
@@ -26,12 +28,13 @@ pytestmark = pytest.mark.connectors
 README = Path(__file__).parents[2] / "README.md"
 
 
-def example(heading: str, number: int = 0) -> str:
-    """Python block ``number`` (0: the first) under README heading ``#### heading``."""
+def example(heading: str, index: int = 0) -> str:
+    """The Python block ``index`` (the first: 0) under README heading ``#### heading``."""
     text = README.read_text()
     section = text[text.index(f"#### {heading}\n") :]
-    section = section[: section.find("\n#### ", 1) % len(section)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)[number]
+    following = re.search(r"\n#{2,4} ", section[1:])  # (the next heading)
+    section = section if following is None else section[: following.start() + 1]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[index]  # type: ignore[no-any-return]
 
 
 def run_example(code: str, folder: Path, monkeypatch: pytest.MonkeyPatch, **lines: str) -> None:
@@ -70,6 +73,94 @@ def test_the_kafka_example(
     for r in written:
         per_user[r["user"]] += r["count"]
     assert per_user == {f"u{u}": 75 for u in range(4)}
+
+
+def test_the_kafka_changelog_example(
+    kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Account changes in Avro (the registry's wire format, a registry the test starts: an
+    HTTP server of its own on a loopback port) in two topics named ``accounts-...`` and one
+    that is not: the valid ones, and every delete, with their headers and timestamps, are in
+    ``valid-accounts``."""
+    code = example("Kafka", 1)
+    account = {
+        "type": "record",
+        "name": "Account",
+        "fields": [{"name": "owner", "type": "string"}, {"name": "balance", "type": "long"}],
+    }
+    with SchemaRegistry() as registry:
+        schema_id = registry.register("accounts-value", account)
+        sent: list[tuple[bytes, int | None, list[Any], int]] = []
+        for t, topic in enumerate(["accounts-eu", "accounts-us", "archive"]):
+            kafka_broker.create_topic(topic, 1)
+            changes = []
+            for i in range(12):
+                key, at = f"{topic}-{i % 4}".encode(), 1_700_000_000_000 + 100 * t + i
+                balance = None if i % 5 == 4 else (i - 3) * 10  # (deletes; negatives)
+                value = (
+                    None
+                    if balance is None
+                    else avro(account, {"owner": "o", "balance": balance}, schema_id)
+                )
+                headers = [("change", str(i).encode())]
+                changes.append(((key, value), at, headers))
+                if topic != "archive" and (balance is None or balance >= 0):
+                    sent.append((key, balance, headers, at))
+            produce(
+                kafka_broker,
+                topic,
+                [c[0] for c in changes],
+                timestamps=[c[1] for c in changes],
+                headers=[c[2] for c in changes],
+            )
+        kafka_broker.create_topic("valid-accounts", 1)
+        run_example(
+            code,
+            tmp_path,
+            monkeypatch,
+            broker=kafka_broker.bootstrap_servers,
+            registry=registry.url,
+        )
+        (written_id,) = registry.subjects["valid-accounts-value"]
+    written = [
+        (
+            m.key(),
+            None if m.value() is None else decoded(account, m.value(), written_id),
+            m.headers(),
+            m.timestamp()[1],
+        )
+        for m in consume(kafka_broker, "valid-accounts", len(sent))
+    ]
+    assert Counter(map(repr, written)) == Counter(map(repr, sent))
+
+
+def consume(broker: KafkaBroker, topic: str, count: int) -> list[Any]:
+    """The records of partition 0 of ``topic``, once ``count`` have come (the example's
+    producer batches records, after which Tansu's high watermark cannot be trusted: the
+    records are counted), with those that come in half a second more."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "check"})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got: list[Any] = []
+        for _ in range(100):  # (10 s at most)
+            got += [m for m in consumer.consume(count, timeout=0.1) if m.error() is None]
+            if len(got) >= count:
+                more = [m for m in consumer.consume(count, timeout=0.5) if m.error() is None]
+                return got + more  # (none more, if the example wrote each record once)
+        raise AssertionError(f"{topic} has {len(got)} records, not {count}")
+    finally:
+        consumer.close()
+
+
+def decoded(schema: dict[str, Any], value: bytes, schema_id: int) -> int:
+    import io
+
+    import fastavro
+
+    assert value[:5] == b"\x00" + schema_id.to_bytes(4, "big")
+    return int(fastavro.schemaless_reader(io.BytesIO(value[5:]), schema, None)["balance"])  # type: ignore[call-overload, index]
 
 
 def test_the_postgresql_example(

@@ -18,7 +18,7 @@ import pytest
 from test_event_time_faults import _execute_killing
 from test_kafka import put, read_topic, running_sums
 
-from cutline import StreamEnvironment, Tumbling
+from cutline import FixedDelay, StreamEnvironment, Tumbling
 from cutline.demo import WorkerKiller
 from cutline.examples.servers import KafkaBroker, PostgresServer, produce
 
@@ -44,7 +44,10 @@ def test_kafka_to_postgres_is_exact_through_a_sigkill_at_a_random_moment(
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
         conn.execute('CREATE TABLE sums ("user" text NOT NULL, amount bigint NOT NULL)')
     env = StreamEnvironment(
-        2, checkpoint_interval=0.2, checkpoint_dir=str(tmp_path / "ck"), restart_delay=0
+        2,
+        checkpoint_interval=0.2,
+        checkpoint_dir=str(tmp_path / "ck"),
+        restart_strategy=FixedDelay(delay=0),
     )
     env.read_kafka(
         "clicks",
@@ -82,7 +85,10 @@ def test_kafka_windows_into_kafka_have_every_result_through_a_sigkill(
             kafka_broker, "clicks", values, partition=p, timestamps=[base + i * 20 for i in mine]
         )
     env = StreamEnvironment(
-        2, checkpoint_interval=0.2, checkpoint_dir=str(tmp_path / "ck"), restart_delay=0
+        2,
+        checkpoint_interval=0.2,
+        checkpoint_dir=str(tmp_path / "ck"),
+        restart_strategy=FixedDelay(delay=0),
     )
     env.read_kafka(
         "clicks",

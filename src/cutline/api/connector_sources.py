@@ -8,6 +8,7 @@ connector's client library is imported when its method is first called, not with
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
@@ -29,11 +30,12 @@ class ConnectorSources(Sources):
 
     def read_kafka(
         self,
-        topics: str | Sequence[str],
+        topics: str | Sequence[str] | re.Pattern[str],
         *,
         bootstrap_servers: str,
         value_format: str | Callable[[bytes], dict[str, Any]] = "json",
-        schema: pa.Schema | dict[str, Any] | None = None,
+        schema: pa.Schema | dict[str, Any] | str | None = None,
+        schema_registry: str | Mapping[str, Any] | None = None,
         key_format: str = "string",
         start: Any = "earliest",
         bounded: bool = False,
@@ -53,18 +55,29 @@ class ConnectorSources(Sources):
     ) -> DataStream:
         """The records of Kafka ``topics``, **exactly once**: each partition is a split whose
         offset is in every checkpoint (consumer-group offsets are only published, with
-        ``group_id=``, for monitoring). Records: the value's fields (``value_format="json"``),
-        or a ``value`` column (``"raw"`` bytes, ``"string"``), or the dict a function of the
-        value's bytes returns; plus ``_key``, ``_partition``, ``_offset`` and ``_timestamp``
-        (the record's timestamp, UTC).
+        ``group_id=``, for monitoring). Records: the value's fields (``value_format="json"``
+        or ``"avro"``), or a ``value`` column (``"raw"`` bytes, ``"string"``), or the dict a
+        function of the value's bytes returns; plus ``_key``, ``_partition``, ``_offset``,
+        ``_timestamp`` (the record's timestamp, UTC), ``_headers`` (a list of ``{"key": str,
+        "value": bytes}``) and ``_tombstone`` (true for a record whose value is null: its
+        value fields are null).
 
+        :param topics: a name, names, or a ``re.Pattern``: the topics whose whole name it
+            matches, listed when the job is built and, unbounded, every
+            ``discovery_interval`` (a topic created later is read from its beginning).
         :param schema: the value's fields. A ``pyarrow.Schema`` is the whole value: its
             fields only, in its types. A dict (``{name: type}``, types as for ``read_csv``)
             sets the types of the fields it names only: a JSON value's other fields are
             inferred from the topic's first records when the job is built, as without
             ``schema=`` (an empty topic: the dict's fields only, with a warning); a
             deserializer's records have the dict's fields. ``None``: inferred from the
-            topic's first records (an empty topic: records are dicts).
+            topic's first records (an empty topic: records are dicts). With
+            ``value_format="avro"``: the Avro schema (a dict or its JSON text), the
+            writer's, or with a registry the reader's (``None``: the latest of subject
+            ``<topic>-value`` when the job is built).
+        :param schema_registry: Avro values in Confluent's wire format: the Schema Registry's
+            URL (or ``{"url": ..., "basic.auth.user.info": ...}``, its client's settings);
+            each record's writer's schema is fetched by its id, once per worker.
         :param start: ``"earliest"``, ``"latest"``, a time (``datetime`` or epoch ms) or
             offsets (``{partition: offset}``); resolved once, when the job is built.
         :param bounded: stop at the offsets the partitions had when the job was built (the job
@@ -85,22 +98,31 @@ class ConnectorSources(Sources):
         """
         from cutline.connectors.kafka.source import kafka_source
 
-        names = (topics,) if isinstance(topics, str) else tuple(topics)
+        pattern = topics if isinstance(topics, re.Pattern) else None
+        names: tuple[str, ...] = ()
+        if isinstance(topics, str):
+            names = (topics,)
+        elif not isinstance(topics, re.Pattern):
+            names = tuple(topics)
         what = name or "read_kafka"
         self._check_on_error(what, on_error)
         every = seconds(discovery_interval, f"{what}: discovery_interval")
+        avro = value_format == "avro"
         try:
-            arrow = as_schema(schema)
+            arrow = None if avro else as_schema(schema)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{what}: {exc}") from None
+        described = ", ".join(names) if pattern is None else repr(pattern.pattern)
         try:
             partial = isinstance(schema, Mapping) and value_format == "json"
             source = kafka_source(
-                names,
+                pattern or names,
                 bootstrap_servers,
                 value_format=value_format,
                 schema=None if partial else arrow,
                 types=arrow if partial else None,
+                avro_schema=schema if avro else None,
+                schema_registry=schema_registry,
                 key_format=key_format,
                 start=start,
                 bounded=bounded,
@@ -111,7 +133,7 @@ class ConnectorSources(Sources):
             )
             prepared, notes = source.prepare()  # on the driver, now: the topics are there
         except SourceError as exc:  # (a bad argument's ValueError names read_kafka already)
-            raise SourceError(f"{what}({', '.join(names)}): {exc}") from None
+            raise SourceError(f"{what}({described}): {exc}") from None
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
         idle = idle_timeout if event_time is not None else None
@@ -125,7 +147,11 @@ class ConnectorSources(Sources):
             max_watermark_jump,
             watermarks,
         )
-        reads = f"kafka {list(names)} value_format={value_format!r} schema={schema!r}"
+        topics_read = list(names) if pattern is None else f"pattern {pattern.pattern!r}"
+        reads = f"kafka {topics_read} value_format={value_format!r} schema={schema!r}"
+        avro_format = prepared.value.avro
+        if avro_format is not None and avro_format.registry is not None:  # (its URL: no secret)
+            reads += f" schema_registry={dict(avro_format.registry)['url']!r}"
         return self._source(
             prepared, "read_kafka", reads, name, rate_limit, on_error, time=strategy
         )

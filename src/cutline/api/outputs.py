@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from cutline.api.columns import has_column
 from cutline.connectors.sink import Sink
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.graph import Edge, KeySelector, Operator
@@ -26,6 +27,9 @@ class Outputs:
 
     operator: Operator  # (DataStream's)
     schema: pa.Schema | None  # (DataStream's: its records' columns, when known)
+
+    def _schema(self) -> pa.Schema | None:
+        raise NotImplementedError  # (DataStream's)
 
     def _through(
         self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: str
@@ -51,18 +55,52 @@ class Outputs:
         bootstrap_servers: str,
         key: str | None = None,
         value_format: str = "json",
+        headers: str | Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        timestamp: str | None = None,
+        delete: str | None = None,
+        schema: Any = None,
+        schema_registry: str | Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
         name: str | None = None,
     ) -> None:
         """Send the records to Kafka ``topic``, **at least once**: an idempotent producer,
         flushed at every checkpoint (a checkpoint completes only once the brokers have every
         record before it); after a failure the records since the restored checkpoint are
-        sent again. Each record is a JSON object (``value_format="json"``), or its ``value``
-        field's bytes or text (``"raw"``, ``"string"``); ``key=``: the field that keys it.
-        ``docs/connectors.md`` says why not exactly once, and what a reader does."""
-        from cutline.connectors.kafka.sink import KafkaSink
+        sent again. Each record is a JSON object (``value_format="json"``: every field but
+        ``headers``'s and ``delete``'s), an Avro record of ``schema`` (``"avro"``), or its
+        ``value`` field's bytes or text (``"raw"``, ``"string"``). ``docs/connectors.md``
+        says why not exactly once, and what a reader does.
 
-        sink = KafkaSink(topic, bootstrap_servers, key, value_format, dict(config or {}))
+        :param key: the field that keys each record.
+        :param headers: a field holding each record's headers (a list of ``{"key": str,
+            "value": bytes}`` as ``_headers`` is read, of ``(key, value)`` pairs, or a dict),
+            or the headers of every record (a dict or pairs; text values as UTF-8).
+        :param timestamp: the field of each record's timestamp (a datetime, or epoch
+            milliseconds); ``None``: the time it is sent.
+        :param delete: a boolean field: a record where it is true is sent as a tombstone (its
+            key and a null value: a delete in a compacted topic); needs ``key``.
+        :param schema: with ``value_format="avro"``, the Avro schema (a dict or its JSON text).
+        :param schema_registry: Avro in Confluent's wire format: the Schema Registry's URL (or
+            its client's settings); the schema is registered under subject ``<topic>-value``
+            when the job is built (``schema=None``: that subject's latest is used)."""
+        from cutline.connectors.kafka.sink import kafka_sink
+
+        sink = kafka_sink(
+            topic,
+            bootstrap_servers,
+            key=key,
+            value_format=value_format,
+            config=config,
+            headers=headers,
+            timestamp=timestamp,
+            delete=delete,
+            schema=schema,
+            schema_registry=schema_registry,
+        )
+        fields = {"key": key, "timestamp": timestamp, "delete": delete, "headers": headers}
+        for argument, column in fields.items():
+            if isinstance(column, str):
+                has_column(self._schema(), column, f"write_kafka({topic}): {argument}=")
         self._write(f"write_kafka({topic})", sink, name)
 
     def write_postgres(

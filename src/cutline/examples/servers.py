@@ -268,15 +268,17 @@ class KafkaBroker(_Server):
 def produce(
     broker: KafkaBroker,
     topic: str,
-    records: Iterable[bytes | str | tuple[bytes | str | None, bytes | str]],
+    records: Iterable[bytes | str | tuple[bytes | str | None, bytes | str | None]],
     partition: int = 0,
     timeout: float = 10.0,
     timestamps: Iterable[int] | None = None,
+    headers: Iterable[list[tuple[str, str | bytes | None]] | None] | None = None,
 ) -> list[int]:
-    """Send ``records`` (values, or ``(key, value)`` pairs) to ``partition`` of ``topic``, one
-    record a batch (``batch.num.messages=1``: Tansu's high watermark is wrong after a batch of
-    several records), wait until all are written and return their offsets, in order.
-    ``timestamps``: each record's timestamp (epoch milliseconds; else the producer's clock)."""
+    """Send ``records`` (values, or ``(key, value)`` pairs: a ``None`` value is a tombstone)
+    to ``partition`` of ``topic``, one record a batch (``batch.num.messages=1``: Tansu's high
+    watermark is wrong after a batch of several records), wait until all are written and
+    return their offsets, in order. ``timestamps``: each record's timestamp (epoch
+    milliseconds; else the producer's clock); ``headers``: each record's headers."""
     from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
     config = {"bootstrap.servers": broker.bootstrap_servers, "batch.num.messages": 1}
@@ -294,10 +296,19 @@ def produce(
     times = list(timestamps) if timestamps is not None else [0] * len(records)
     if len(times) != len(records):
         raise ValueError(f"{len(records)} records but {len(times)} timestamps")
-    for record, at in zip(records, times, strict=True):
+    each = list(headers) if headers is not None else [None] * len(records)
+    if len(each) != len(records):
+        raise ValueError(f"{len(records)} records but {len(each)} lists of headers")
+    for record, at, their in zip(records, times, each, strict=True):
         key, value = record if isinstance(record, tuple) else (None, record)
         producer.produce(
-            topic, value, key, partition=partition, timestamp=at, on_delivery=delivered
+            topic,
+            value,
+            key,
+            partition=partition,
+            timestamp=at,
+            headers=their,
+            on_delivery=delivered,
         )
         producer.poll(0)
     producer.flush(timeout)

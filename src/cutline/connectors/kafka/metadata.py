@@ -1,6 +1,6 @@
-"""What the Kafka brokers say, for the source: topics and their partitions, offsets, a sample
-of values; the partitions of a source as this process last listed them; the checks of
-``start=``. Every look-up has a deadline (:data:`METADATA_TIMEOUT`)."""
+"""What the Kafka brokers say, for the source: topics (named, or those a pattern matches) and
+their partitions, offsets, a sample of values; the partitions of a source as this process last
+listed them; the checks of ``start=``. Every look-up has a deadline (:data:`METADATA_TIMEOUT`)."""
 
 from __future__ import annotations
 
@@ -150,8 +150,11 @@ def consumer_config(source: KafkaSource, group: str | None) -> dict[str, Any]:
 def topic_partitions(
     consumer: MetadataConsumer, source: KafkaSource, *, check: bool
 ) -> list[tuple[str, int]]:
-    """Every partition of the source's topics; with ``check``, a :class:`SourceError` naming
-    a topic that does not exist or brokers that cannot be reached."""
+    """Every partition of the source's topics (named, or matching its pattern now); with
+    ``check``, a :class:`SourceError` naming a topic that does not exist or brokers that
+    cannot be reached."""
+    if source.pattern is not None:
+        return pattern_partitions(consumer, source)
     where = source.bootstrap_servers
     found: list[tuple[str, int]] = []
     for topic in source.topics:
@@ -169,6 +172,27 @@ def topic_partitions(
                 f"topic {topic!r} does not exist on the Kafka brokers at {where}" + others(consumer)
             )
         found += [(topic, p) for p in sorted(entry.partitions)]
+    return found
+
+
+def pattern_partitions(consumer: Consumer, source: KafkaSource) -> list[tuple[str, int]]:
+    """The partitions of the topics whose whole name the source's pattern matches (as Java's
+    ``Pattern.matches``, which Flink's ``setTopicPattern`` uses), but Kafka's internal ones
+    (``__consumer_offsets``...)."""
+    assert source.pattern is not None
+    try:
+        metadata = consumer.list_topics(timeout=METADATA_TIMEOUT)
+    except KafkaException as exc:
+        raise SourceError(
+            f"cannot reach the Kafka brokers at {source.bootstrap_servers} to list the topics "
+            f"matching {source.pattern.pattern!r}: {reason(exc)}"
+        ) from None
+    found: list[tuple[str, int]] = []
+    for topic, entry in sorted(metadata.topics.items()):
+        if topic.startswith("__") or not source.pattern.fullmatch(topic):
+            continue
+        if entry.error is None and entry.partitions:
+            found += [(topic, p) for p in sorted(entry.partitions)]
     return found
 
 
@@ -218,9 +242,9 @@ def resolve_start(
         known = {split_id(t, p) for t, p in partitions}
         for key, offset in start.items():
             if isinstance(key, int):
-                if len(source.topics) != 1:
+                if len(source.topics) != 1 or source.pattern is not None:
                     raise SourceError(
-                        f"start={{{key}: {offset}}}: with several topics, name the partition "
+                        f"start={{{key}: {offset}}}: with several topics or a pattern, name the partition "
                         "as 'topic/partition'"
                     )
                 key = split_id(source.topics[0], key)
@@ -330,7 +354,9 @@ def partition_split(topic: str, partition: int) -> Split:
 def listed_partitions(source: KafkaSource) -> list[tuple[str, int]]:
     """The partitions of ``source``'s topics as this process last listed them (the first
     time: now), listed again meanwhile on a thread of its own."""
-    key = (source.bootstrap_servers, source.topics, tuple(sorted(map(str, source.config.items()))))
+    pattern = None if source.pattern is None else (source.pattern.pattern, source.pattern.flags)
+    config = tuple(sorted(map(str, source.config.items())))
+    key = (source.bootstrap_servers, source.topics, pattern, config)
     with _LISTINGS_LOCK:
         listing = _LISTINGS.setdefault(key, _Listing())
     return listing.get(source)

@@ -253,6 +253,7 @@ class KafkaReader(SplitReader):
                 m.key(),
                 m.value(),
                 m.timestamp()[1],
+                m.headers(),
             )
             for m in messages
         ]

@@ -5,6 +5,11 @@ checkpoints and are the only truth.
   (so a topic's partitions are dealt round-robin, and two topics start at different
   subtasks, as Flink's Kafka source deals them). Partitions added to a topic while the job
   runs are found every ``discovery_interval`` and read from their beginning.
+* **Topics by pattern** (``re.compile("clicks-.*")``, Flink's ``setTopicPattern``): the topics
+  whose whole name it matches, listed on the driver when the job is built; an unbounded
+  source finds the topics created later with new partitions (every ``discovery_interval``)
+  and reads them from their beginning. None matching: an error if bounded (it would read
+  nothing), a warning if not (they may come).
 * **Positions**: the offset of the next record to read. A restore hands each partition to its
   reader from there, so records after the checkpoint are read again and none before it:
   exactly once with a sink that commits with the checkpoints. Consumer-group commits are only
@@ -31,17 +36,27 @@ checkpoints and are the only truth.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
 
+from cutline.connectors.kafka.avro import (
+    AvroFormat,
+    NotAvro,
+    RegistryUnavailable,
+    latest_schema,
+    registry_config,
+    schema_text,
+)
 from cutline.connectors.kafka.metadata import (
     check_start,
     client,
     listed_partitions,
     offset_range,
+    others,
     parse_split,
     partition_split,
     resolve_start,
@@ -89,12 +104,23 @@ class KafkaSource(Source):
     on_offset_out_of_range: str = "fail"
     """What a reader does with a position its partition no longer holds (one of
     :data:`~cutline.connectors.kafka.ranges.OFFSET_POLICIES`: see that module)."""
+    pattern: re.Pattern[str] | None = None
+    """The topics whose whole name it matches, instead of ``topics`` (then empty)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.topics, str):
             object.__setattr__(self, "topics", (self.topics,))
-        if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
-            raise ValueError(f"read_kafka: topics must be topic names, not {self.topics!r}")
+        if self.pattern is not None:
+            if not isinstance(self.pattern, re.Pattern) or self.topics:
+                raise ValueError(
+                    "read_kafka: topics are names or one re.Pattern, not both: "
+                    f"{self.topics!r}, {self.pattern!r}"
+                )
+        elif not self.topics or not all(isinstance(t, str) and t for t in self.topics):
+            raise ValueError(
+                "read_kafka: topics must be topic names or a re.Pattern of them, not "
+                f"{self.topics!r}"
+            )
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers:
             raise ValueError(
                 "read_kafka: bootstrap_servers must say where the brokers are, e.g. "
@@ -105,6 +131,11 @@ class KafkaSource(Source):
             raise ValueError(
                 f"read_kafka: value_format must be one of {', '.join(VALUE_FORMATS)} or a "
                 f"function of a value's bytes to a dict of fields, not {fmt!r}"
+            )
+        if (fmt == "avro") != (self.value.avro is not None):
+            raise ValueError(
+                "read_kafka: value_format='avro' needs schema= (an Avro schema) or "
+                "schema_registry=, and they are for Avro values only"
             )
         if self.value.key_format not in ("string", "raw"):
             raise ValueError(
@@ -130,23 +161,44 @@ class KafkaSource(Source):
 
     # ------------------------------------------------------------------ driver
 
+    @property
+    def named(self) -> str:
+        """The topics, as a message names them."""
+        if self.pattern is not None:
+            return f"the topics matching {self.pattern.pattern!r}"
+        return f"topic(s) {', '.join(self.topics)}"
+
     def prepare(self) -> tuple[KafkaSource, list[str]]:
-        """On the driver: the topics exist, ``start`` (and ``bounded``'s ends) as offsets, a
-        JSON value's schema inferred from the first records when none was given."""
+        """On the driver: the topics exist (a pattern's: some, if bounded), ``start`` (and
+        ``bounded``'s ends) as offsets, a JSON value's schema inferred from the first records
+        when none was given, an Avro value's from the registry."""
         notes: list[str] = []
         with client(self) as consumer:
             partitions = topic_partitions(consumer, self, check=True)
+            if self.pattern is not None and not partitions:
+                if self.bounded:
+                    raise SourceError(
+                        f"no topic on the Kafka brokers at {self.bootstrap_servers} matches "
+                        f"{self.pattern.pattern!r}, and a bounded source reads only those there "
+                        "when the job is built" + others(consumer)
+                    )
+                notes.append(
+                    f"no topic matches {self.pattern.pattern!r} yet: the job reads those "
+                    f"created while it runs, found every {self.discovery_interval} s"
+                )
             starts = resolve_start(consumer, self, partitions)
             ends = None
             if self.bounded:
                 ends = {split_id(t, p): offset_range(consumer, t, p)[1] for t, p in partitions}
             value = self.value
+            if value.avro is not None:
+                value = self._avro_schema(value, value.avro, sorted({t for t, _ in partitions}))
             if value.value_format == "json" and value.schema is None:
                 sample = sample_values(consumer, partitions, starts)
                 inferred = infer_schema(sample, self.types)
                 if self.types is not None and inferred is None:
                     notes.append(
-                        f"topic(s) {', '.join(self.topics)} have no JSON record to infer the "
+                        f"{self.named} have no JSON record to infer the "
                         "value's other fields from: the records have the fields schema= names "
                         f"only ({', '.join(self.types.names)}); pass a pyarrow.Schema to say "
                         "that it is the whole value"
@@ -155,7 +207,7 @@ class KafkaSource(Source):
                 value = replace(value, schema=inferred)
                 if value.schema is None:
                     notes.append(
-                        f"topic(s) {', '.join(self.topics)} have no JSON record to infer the "
+                        f"{self.named} have no JSON record to infer the "
                         "schema from: records are read as dicts (pass schema= to read them "
                         "as Arrow columns, which is faster)"
                     )
@@ -163,10 +215,49 @@ class KafkaSource(Source):
                     taken = sorted(set(value.schema.names) & set(KAFKA_FIELDS))
                     if taken:
                         raise SourceError(
-                            f"the JSON values of {', '.join(self.topics)} have fields {taken}, "
+                            f"the JSON values of {self.named} have fields {taken}, "
                             f"which would hide Kafka's own: pass a schema= without them"
                         )
         return replace(self, starts=starts, ends=ends, value=value), notes
+
+    def _avro_schema(self, value: ValueFormat, avro: AvroFormat, topics: list[str]) -> ValueFormat:
+        """Avro values: the registry answers; without ``schema=``, the reader's schema is the
+        latest of subject ``<topic>-value`` (the same for every topic), fetched now."""
+        registry = avro.registry
+        found: dict[str, str | None] = {}
+        if registry is not None:
+            for topic in topics if avro.schema is None else topics[:1]:
+                try:
+                    found[topic] = latest_schema(registry, f"{topic}-value")
+                except (RegistryUnavailable, NotAvro, ValueError) as exc:
+                    raise SourceError(str(exc)) from None
+        text = avro.schema
+        if text is None:
+            missing = [t for t, schema in found.items() if schema is None]
+            if not found or missing:
+                subjects = ", ".join(f"{t}-value" for t in missing) or "<topic>-value"
+                raise SourceError(
+                    f"the Schema Registry at {dict(registry or ()).get('url')} has no schema "
+                    f"under subject {subjects} to read {self.named} with: pass schema= (the "
+                    "reader's Avro schema)"
+                )
+            texts = set(found.values())
+            if len(texts) > 1:
+                raise SourceError(
+                    f"the latest schemas of subjects {', '.join(f'{t}-value' for t in found)} "
+                    "differ: pass schema= (the reader's Avro schema), which each record is "
+                    "resolved to"
+                )
+            text = texts.pop()
+            avro = replace(avro, schema=text)
+        columns = avro.arrow_schema()
+        taken = sorted(set(columns.names) & set(KAFKA_FIELDS))
+        if taken:
+            raise SourceError(
+                f"the Avro values of {self.named} have fields {taken}, which would hide Kafka's "
+                "own: pass a schema= without them (Avro's resolution drops them)"
+            )
+        return replace(value, avro=avro, schema=columns)
 
     def record_schema(self) -> pa.Schema | None:
         return self.value.record_schema()
@@ -188,12 +279,14 @@ class KafkaSource(Source):
 
 
 def kafka_source(
-    topics: str | tuple[str, ...] | list[str],
+    topics: str | tuple[str, ...] | list[str] | re.Pattern[str],
     bootstrap_servers: str,
     *,
     value_format: str | Deserializer = "json",
     schema: pa.Schema | None = None,
     types: pa.Schema | None = None,
+    avro_schema: Any = None,
+    schema_registry: str | Mapping[str, Any] | None = None,
     key_format: str = "string",
     start: Any = "earliest",
     bounded: bool = False,
@@ -203,12 +296,35 @@ def kafka_source(
     on_offset_out_of_range: str = "fail",
 ) -> KafkaSource:
     """A :class:`KafkaSource` from ``env.read_kafka``'s arguments (``schema``: the whole
-    value's; ``types``: those of some of a JSON value's fields, the others inferred)."""
-    names = (topics,) if isinstance(topics, str) else tuple(topics)
+    value's; ``types``: those of some of a JSON value's fields, the others inferred;
+    ``avro_schema``: an Avro value's, as a dict or JSON text; ``schema_registry``: Avro values
+    in the Schema Registry's wire format, its URL or client settings)."""
+    pattern = topics if isinstance(topics, re.Pattern) else None
+    names: tuple[str, ...] = ()
+    if pattern is None:
+        names = (topics,) if isinstance(topics, str) else tuple(topics)  # type: ignore[arg-type]
+    avro = None
+    if value_format == "avro" or avro_schema is not None or schema_registry is not None:
+        if value_format != "avro":
+            raise ValueError(
+                "read_kafka: schema_registry= is for value_format='avro' (Avro values) only"
+            )
+        if avro_schema is None and schema_registry is None:
+            raise ValueError(
+                "read_kafka: value_format='avro' needs schema= (the Avro schema, a dict or its "
+                "JSON text) or schema_registry= (the writer's schema of each record by its id)"
+            )
+        text = None if avro_schema is None else schema_text(avro_schema, "read_kafka")
+        registry = None
+        if schema_registry is not None:
+            registry = registry_config(schema_registry, "read_kafka")
+        avro = AvroFormat(text, registry)
+        if text is not None:
+            schema = avro.arrow_schema()
     return KafkaSource(
         names,
         bootstrap_servers,
-        ValueFormat(value_format, schema, key_format),
+        ValueFormat(value_format, schema, key_format, avro),
         start,
         bounded,
         group_id,
@@ -216,4 +332,5 @@ def kafka_source(
         discovery_interval,
         types=types,
         on_offset_out_of_range=on_offset_out_of_range,
+        pattern=pattern,
     )

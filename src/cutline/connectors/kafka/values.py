@@ -1,13 +1,17 @@
-"""What a Kafka record becomes: its value decoded (JSON, raw bytes, a string, or a function of
-the user's) and Kafka's own fields beside it (``_key``, ``_partition``, ``_offset``,
-``_timestamp``).
+"""What a Kafka record becomes: its value decoded (JSON, Avro, raw bytes, a string, or a
+function of the user's) and Kafka's own fields beside it (``_key``, ``_partition``,
+``_offset``, ``_timestamp``, ``_headers``, ``_tombstone``).
 
 One read of a partition is decoded at once. JSON values with a schema take the fast path, every
 value of the read parsed by Arrow in one go; a read that Arrow cannot take whole (a value that
 is not one JSON object on one line, a field of another type) is decoded record by record, so
 that each record that does not decode is named, with its topic, partition and offset, and goes
 to the dead letters or fails the job, as the source was told: never a crash, never a silent
-drop.
+drop. Avro values are decoded record by record by fastavro (:mod:`.avro`).
+
+A **tombstone** (a record whose value is null: a delete in a compacted changelog topic) is a
+record like the others, ``_tombstone`` true: its value fields are all null (``value`` is null
+with ``"raw"`` and ``"string"``); its key, partition, offset, timestamp and headers are its own.
 """
 
 from __future__ import annotations
@@ -18,13 +22,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
-from cutline.connectors.source import with_types
+from cutline.connectors.kafka.avro import AvroFormat, NotAvro, RegistryUnavailable
+from cutline.connectors.source import SourceError, with_types
 
-KAFKA_FIELDS = ("_key", "_partition", "_offset", "_timestamp")
+KAFKA_FIELDS = ("_key", "_partition", "_offset", "_timestamp", "_headers", "_tombstone")
 """The fields a Kafka record adds to its value's."""
+
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+"""``_headers``: the record's headers in order, each a ``{"key": str, "value": bytes}`` (a
+value may be null; a key may come several times), as Spark's Kafka source gives them
+(``array<struct<key: string, value: binary>>``); a record without headers has an empty list."""
 
 KAFKA_SCHEMA = pa.schema(
     [
@@ -32,11 +43,15 @@ KAFKA_SCHEMA = pa.schema(
         ("_partition", pa.int32()),
         ("_offset", pa.int64()),
         ("_timestamp", pa.timestamp("ms", tz="UTC")),
+        ("_headers", HEADERS),
+        ("_tombstone", pa.bool_()),
     ]
 )
 """Their Arrow types with ``key_format="string"`` (``"raw"``: ``_key`` is binary)."""
 
-VALUE_FORMATS = ("json", "raw", "string")
+VALUE_FORMATS = ("json", "avro", "raw", "string")
+
+Header = tuple[str, bytes | None]
 
 Deserializer = Callable[[bytes], dict[str, Any]]
 """A user's deserializer: a value's bytes to the record's fields (a dict); what it raises
@@ -54,6 +69,7 @@ class Message:
     value: bytes | None
     timestamp: int
     """Epoch milliseconds (the producer's create time or the broker's log-append time)."""
+    headers: Sequence[Header] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,15 +99,18 @@ class Rejected:
 class ValueFormat:
     """How one source decodes its records (picklable: it travels with the source).
 
-    ``value_format``: ``"json"`` (an object per value: its fields), ``"raw"`` (a ``value``
-    column of bytes), ``"string"`` (``value`` as UTF-8 text), or a deserializer of the user's.
-    ``schema``: the value's fields as Arrow types (JSON, or a deserializer's dicts); ``None``
-    with a deserializer, or JSON on an empty topic: records are Python dicts.
+    ``value_format``: ``"json"`` (an object per value: its fields), ``"avro"`` (a record per
+    value: its fields; ``avro`` says how), ``"raw"`` (a ``value`` column of bytes),
+    ``"string"`` (``value`` as UTF-8 text), or a deserializer of the user's. ``schema``: the
+    value's fields as Arrow types (JSON, Avro, or a deserializer's dicts); ``None`` with a
+    deserializer, or JSON on an empty topic: records are Python dicts.
     """
 
     value_format: str | Deserializer = "json"
     schema: pa.Schema | None = None
     key_format: str = "string"
+    avro: AvroFormat | None = None
+    """Avro values: the reader's schema and the Schema Registry, if any."""
 
     def record_schema(self) -> pa.Schema | None:
         """The columns of the records, when they are Arrow batches."""
@@ -115,14 +134,37 @@ class ValueFormat:
     def decode(
         self, messages: Sequence[Message]
     ) -> tuple[pa.RecordBatch | list[Any], list[Rejected]]:
-        """The records of ``messages`` (one partition's, in order) and those rejected."""
+        """The records of ``messages`` (one partition's, in order) and those rejected; a
+        tombstone is a record of null value fields."""
         if self.value_format in ("raw", "string"):
             return self._plain(messages)
         schema = self.schema
-        if isinstance(self.value_format, str) and schema is not None:
+        if schema is None:  # (records as dicts: a deserializer's, or JSON of an empty topic)
+            rows: list[dict[str, Any]] = []
+            rejected: list[Rejected] = []
+            for message in messages:
+                try:
+                    row = {} if message.value is None else self._one(message)
+                except _Undecodable as exc:
+                    rejected.append(Rejected(message, str(exc)))
+                    continue
+                row.update(self._fields(message))
+                rows.append(row)
+            return rows, rejected
+        present = [m for m in messages if m.value is not None]
+        columns, kept, rejected = self._columns(present, schema)
+        if len(present) < len(messages):
+            columns, kept = _with_tombstones(columns, kept, messages)
+        return self._with_kafka_fields(columns, kept), rejected
+
+    def _columns(
+        self, messages: list[Message], schema: pa.Schema
+    ) -> tuple[pa.Table, list[Message], list[Rejected]]:
+        """The value columns of ``messages`` (none a tombstone), those kept and those not."""
+        if self.value_format == "json":
             fast = _json_at_once(messages, schema)
             if fast is not None:
-                return self._with_kafka_fields(fast, messages), []
+                return fast, messages, []
         rows: list[dict[str, Any]] = []
         kept: list[Message] = []
         rejected: list[Rejected] = []
@@ -132,18 +174,23 @@ class ValueFormat:
                 kept.append(message)
             except _Undecodable as exc:
                 rejected.append(Rejected(message, str(exc)))
-        if schema is None:
-            for row, message in zip(rows, kept, strict=True):
-                row.update(self._fields(message))
-            return rows, rejected
         columns, fit = _fit(rows, kept, schema, rejected)
         rejected.sort(key=lambda r: r.message.offset)
-        return self._with_kafka_fields(columns, fit), rejected
+        return columns, fit, rejected
 
     def _one(self, message: Message) -> dict[str, Any]:
         value = message.value
-        if value is None:
-            raise _Undecodable("it has no value (a tombstone)")
+        assert value is not None  # (tombstones are not decoded)
+        if self.avro is not None:
+            try:
+                return self.avro.decode(value)
+            except NotAvro as exc:
+                raise _Undecodable(str(exc)) from None
+            except RegistryUnavailable as exc:  # (not the record's fault: the job restarts)
+                raise SourceError(
+                    f"topic {message.topic!r} partition {message.partition} offset "
+                    f"{message.offset}: {exc}"
+                ) from None
         if callable(self.value_format):
             try:
                 row = self.value_format(value)
@@ -190,6 +237,8 @@ class ValueFormat:
             "_partition": message.partition,
             "_offset": message.offset,
             "_timestamp": dt.datetime.fromtimestamp(message.timestamp / 1000, dt.UTC),
+            "_headers": _headers(message),
+            "_tombstone": message.value is None,
         }
 
     def _with_kafka_fields(self, table: pa.Table, messages: Sequence[Message]) -> pa.RecordBatch:
@@ -201,11 +250,44 @@ class ValueFormat:
             pa.array([m.timestamp for m in messages], pa.int64()).cast(
                 kafka.field("_timestamp").type
             ),
+            _headers_array(messages),
+            pa.array([m.value is None for m in messages], pa.bool_()),
         ]
         columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
         return pa.RecordBatch.from_arrays(
             [*columns, *arrays], schema=pa.schema([*table.schema, *kafka])
         )
+
+
+def _headers(message: Message) -> list[dict[str, Any]]:
+    return [{"key": key, "value": value} for key, value in message.headers or ()]
+
+
+def _headers_array(messages: Sequence[Message]) -> pa.Array:
+    """``_headers`` of ``messages`` (without a header among them: empty lists, made at once)."""
+    if any(m.headers for m in messages):
+        return pa.array([_headers(m) for m in messages], HEADERS)
+    offsets = pa.array(np.zeros(len(messages) + 1, np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array([], HEADERS.value_type))
+
+
+def _with_tombstones(
+    columns: pa.Table, kept: list[Message], messages: Sequence[Message]
+) -> tuple[pa.Table, list[Message]]:
+    """``columns`` (of the ``kept`` values) with a row of nulls for each tombstone among
+    ``messages``, in the messages' order."""
+    row = {m.offset: i for i, m in enumerate(kept)}
+    indices: list[int | None] = []
+    order: list[Message] = []
+    for message in messages:
+        if message.value is None:
+            indices.append(None)
+        elif message.offset in row:
+            indices.append(row[message.offset])
+        else:
+            continue  # (rejected)
+        order.append(message)
+    return columns.take(pa.array(indices, pa.int64())), order
 
 
 class _Undecodable(Exception):
