@@ -12,7 +12,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -25,8 +25,22 @@ from confluent_kafka import (
 from cutline.connectors.source import SourceError
 from cutline.protocol.splits import Split
 
-if TYPE_CHECKING:
-    from cutline.connectors.kafka.source import KafkaSource
+
+class Brokers(Protocol):
+    """What the look-ups need of a Kafka source (:class:`~cutline.connectors.kafka.KafkaSource`
+    is one): where its brokers are, how to reach them, and which topics it reads."""
+
+    @property
+    def bootstrap_servers(self) -> str: ...
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+    @property
+    def topics(self) -> tuple[str, ...]: ...
+    @property
+    def pattern(self) -> re.Pattern[str] | None: ...
+    @property
+    def start(self) -> Any: ...
+
 
 LOG = logging.getLogger("cutline.connectors.kafka")
 """Where librdkafka's own log lines go (every client of the connector is given it), each
@@ -126,12 +140,12 @@ class MetadataConsumer(Consumer):
                     ) from None
 
 
-def client(source: KafkaSource) -> contextlib.closing[MetadataConsumer]:
+def client(source: Brokers) -> contextlib.closing[MetadataConsumer]:
     """A consumer for metadata look-ups, closed after use."""
     return contextlib.closing(MetadataConsumer(consumer_config(source, group=None)))
 
 
-def consumer_config(source: KafkaSource, group: str | None) -> dict[str, Any]:
+def consumer_config(source: Brokers, group: str | None) -> dict[str, Any]:
     config: dict[str, Any] = {
         "bootstrap.servers": source.bootstrap_servers,
         "logger": LOG,  # (librdkafka's messages through Python's logging, not on stderr)
@@ -148,7 +162,7 @@ def consumer_config(source: KafkaSource, group: str | None) -> dict[str, Any]:
 
 
 def topic_partitions(
-    consumer: MetadataConsumer, source: KafkaSource, *, check: bool
+    consumer: MetadataConsumer, source: Brokers, *, check: bool
 ) -> list[tuple[str, int]]:
     """Every partition of the source's topics (named, or matching its pattern now); with
     ``check``, a :class:`SourceError` naming a topic that does not exist or brokers that
@@ -175,7 +189,7 @@ def topic_partitions(
     return found
 
 
-def pattern_partitions(consumer: Consumer, source: KafkaSource) -> list[tuple[str, int]]:
+def pattern_partitions(consumer: Consumer, source: Brokers) -> list[tuple[str, int]]:
     """The partitions of the topics whose whole name the source's pattern matches (as Java's
     ``Pattern.matches``, which Flink's ``setTopicPattern`` uses), but Kafka's internal ones
     (``__consumer_offsets``...)."""
@@ -229,7 +243,7 @@ def offset_range(consumer: Consumer, topic: str, partition: int) -> tuple[int, i
 
 
 def resolve_start(
-    consumer: Consumer, source: KafkaSource, partitions: list[tuple[str, int]]
+    consumer: Consumer, source: Brokers, partitions: list[tuple[str, int]]
 ) -> dict[str, int]:
     """Where each partition starts, as offsets (``"earliest"``: none given: its beginning)."""
     start = source.start
@@ -307,7 +321,7 @@ class _Listing:
         self.refreshing: threading.Thread | None = None
         self.lock = threading.Lock()
 
-    def get(self, source: KafkaSource) -> list[tuple[str, int]]:
+    def get(self, source: Brokers) -> list[tuple[str, int]]:
         with self.lock:
             known = self.partitions
             if known is not None:
@@ -322,7 +336,7 @@ class _Listing:
             self.partitions = more_partitions(self.partitions, found)
             return self.partitions
 
-    def _refresh(self, source: KafkaSource) -> None:
+    def _refresh(self, source: Brokers) -> None:
         try:
             found = list_partitions(source)
         except SourceError:
@@ -331,7 +345,7 @@ class _Listing:
             self.partitions = more_partitions(self.partitions, found)
 
 
-def list_partitions(source: KafkaSource) -> list[tuple[str, int]]:
+def list_partitions(source: Brokers) -> list[tuple[str, int]]:
     with client(source) as consumer:
         return topic_partitions(consumer, source, check=False)
 
@@ -351,7 +365,7 @@ def partition_split(topic: str, partition: int) -> Split:
     return Split(split_id(topic, partition), zlib.crc32(topic.encode()) + partition)
 
 
-def listed_partitions(source: KafkaSource) -> list[tuple[str, int]]:
+def listed_partitions(source: Brokers) -> list[tuple[str, int]]:
     """The partitions of ``source``'s topics as this process last listed them (the first
     time: now), listed again meanwhile on a thread of its own."""
     pattern = None if source.pattern is None else (source.pattern.pattern, source.pattern.flags)

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -18,6 +18,7 @@ from confluent_kafka import (
 )
 
 from cutline.connectors.kafka.metadata import (
+    Brokers,
     consumer_config,
     offset_range,
     parse_split,
@@ -25,7 +26,7 @@ from cutline.connectors.kafka.metadata import (
     split_id,
 )
 from cutline.connectors.kafka.ranges import Reposition, honoured, reposition
-from cutline.connectors.kafka.values import Message, Rejected
+from cutline.connectors.kafka.values import Message, Rejected, ValueFormat
 from cutline.connectors.source import (
     Finished,
     Nothing,
@@ -37,8 +38,23 @@ from cutline.connectors.source import (
 )
 from cutline.protocol.splits import Split
 
-if TYPE_CHECKING:
-    from cutline.connectors.kafka.source import KafkaSource
+
+class Reading(Brokers, Protocol):
+    """What a reader needs of its source (:class:`~cutline.connectors.kafka.KafkaSource` is
+    one), beyond its brokers: how to decode, where partitions start and end, the group it
+    publishes offsets to, what to do with a position no longer held."""
+
+    @property
+    def value(self) -> ValueFormat: ...
+    @property
+    def starts(self) -> Mapping[str, int] | None: ...
+    @property
+    def ends(self) -> Mapping[str, int] | None: ...
+    @property
+    def group_id(self) -> str | None: ...
+    @property
+    def on_offset_out_of_range(self) -> str: ...
+
 
 RANGE_CHECK_INTERVAL = 1.0
 """Seconds between two looks at whether each partition still holds the position read from
@@ -50,7 +66,7 @@ class KafkaReader(SplitReader):
     """One subtask's partitions, read by one consumer with ``assign()`` (no group
     rebalancing: cutline decides who reads what)."""
 
-    def __init__(self, source: KafkaSource, context: SourceContext) -> None:
+    def __init__(self, source: Reading, context: SourceContext) -> None:
         self.source = source
         self.context = context
         self.consumer = Consumer(
