@@ -41,6 +41,21 @@ class SinkError(Exception):
     file, table or transaction."""
 
 
+class RecordError(Exception):
+    """A record that cannot be handled, though the job can go on without it: one a writer's
+    destination refused (a value its column cannot take), or one cutline cannot handle itself
+    (not a dict where columns are needed, a missing key column). Reported like a user
+    function's error, with the record: the job fails naming it, or with
+    ``on_error="dead_letter"`` it goes to the dead letters with ``message`` and the job goes
+    on. ``message`` should say what is wrong and where (the table, the column, the value),
+    the same way every time the record comes (no times, counters or transaction ids in it): a
+    record that fails alike in two attempts in a row fails the job."""
+
+    def __init__(self, message: str, record: Any = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
 @dataclass(frozen=True)
 class SinkContext:
     """What a writer knows of where it runs."""
