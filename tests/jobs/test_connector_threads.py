@@ -11,7 +11,11 @@ A failure of a connector chained after a source names the connector, not the sou
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+import sys
 import threading
+import types
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_connector_api import assert_exact
 
 from cutline import JobFailedError, SourceHold, StreamEnvironment
 from cutline.connectors import (
@@ -307,3 +312,43 @@ def test_a_connector_chained_after_a_source_that_fails_is_named(
     assert f"{operator} (subtask ledger-0): " in str(failed.value)
     what = "is not there" if where in ("made", "reader") else f"went away ({where})"
     assert what in str(failed.value)
+
+
+# -- the page's SQLite sink ----------------------------------------------------------------------
+
+
+def test_the_sqlite_sink_of_the_write_your_own_page_is_exact_through_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/connectors.md's SQLite sink, as it is written there: its connection may only be
+    used by the thread that made it (``sqlite3``'s own check). Two subtasks write one database
+    file; a failure strikes after two checkpoints completed, and the restored writers move what
+    the restored checkpoint staged and drop the rest: every balance is in the table once, and
+    nothing is left staged."""
+    page = (Path(__file__).parents[2] / "docs" / "connectors.md").read_text()
+    code = page.split("```python\n")[3].split("```", 1)[0]
+    assert "sqlite3.connect" in code and len(code.splitlines()) < 80
+    database = tmp_path / "out.db"
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        db.execute(
+            "CREATE TABLE balances (account TEXT, entry INTEGER, amount INTEGER, ts INTEGER)"
+        )
+    ledger = Ledger(accounts=4, per_account=250)
+    env = StreamEnvironment(
+        2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_delay=0
+    )
+    stream = env.from_source(ledger, name="ledger").map(FailOnce(200, str(tmp_path)), name="fail")
+    page_module = types.ModuleType("sqlite_page")
+    page_module.stream = stream.key_by("account").sum("amount", name="balance")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sqlite_page", page_module)
+    monkeypatch.chdir(tmp_path)  # ("out.db")
+    exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
+    result = env.execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert len(result.restarts) == 1 and result.restarts[0].restored_from is not None
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        db.row_factory = sqlite3.Row
+        rows = [dict(row) for row in db.execute("SELECT * FROM balances")]
+        assert db.execute("SELECT count(*) FROM cutline_staged").fetchone()[0] == 0
+    assert_exact(ledger, rows, [], with_windows=False)
