@@ -480,10 +480,12 @@ class PostgresServer(_Server):
         try:
             copied = _copied_for_nobody(self.binaries)
         except (OSError, ServerUnavailable) as exc:
-            failed = f"copying them where it can read them failed: {exc}"
+            failed: str | None = f"copying them where it can read them failed: {exc}"
         else:
-            if (failed := _runs_as_nobody(self._as_nobody, copied)) is None:
+            failed = _runs_as_nobody(self._as_nobody, copied)
+            if failed is None:
                 return copied
+            failed = f"nor can it run their copy in {copied}: {failed}"
         raise ServerUnavailable(
             f"as root, PostgreSQL runs as nobody (uid {NOBODY}: initdb refuses root), which "
             f"cannot read the binaries in {self.binaries}: {why}; {failed}. Install "
