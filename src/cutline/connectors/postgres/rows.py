@@ -62,8 +62,9 @@ def refused_by_row(exc: psycopg.Error) -> bool:
     """Whether the server (or psycopg, adapting a value) refused a statement because of the
     rows it was given, rather than failing as a whole."""
     state = exc.sqlstate
-    if state is None:
-        return isinstance(exc, (psycopg.DataError, psycopg.ProgrammingError))
+    if state is None:  # (psycopg's own: a value it cannot send, not a statement it got wrong)
+        adapting = isinstance(exc, psycopg.ProgrammingError) and str(exc).startswith("cannot ad")
+        return isinstance(exc, psycopg.DataError) or adapting
     return state[:2] in ("22", "23") or state in REFUSED_STATES
 
 
