@@ -176,7 +176,7 @@ class SubtaskRunner:
         self._restored_inputs = gathered.inputs
         self._restored_outputs = gathered.outputs
         self._replayed = sum(recorded_records(batches) for batches in gathered.inputs.values())
-        self._current = DEAD_LETTERS
+        self._current = "dead letters"
         self._dead_letters = dead_letter_output(self.setup, self.chain, self.index, parts)
         for op in self.chain.operators:
             ctx = self._context(op.name, op.uid, len(self._operators))
@@ -307,8 +307,9 @@ class SubtaskRunner:
                         self._current = uid
                         running.notify_complete(checkpoint)
                     if self._dead_letters is not None:
-                        self._current = DEAD_LETTERS
+                        was, self._current = self._current, DEAD_LETTERS
                         self._dead_letters.writer.commit(checkpoint)
+                        self._current = was
                 case Abort(checkpoint=checkpoint):
                     aborted = self.checkpoints[checkpoint]
                     aborted.triggered = None
@@ -494,8 +495,9 @@ class SubtaskRunner:
             self._current = uid
             parts[uid] = running.snapshot(checkpoint_id, base=base, savepoint=savepoint)
         if self._dead_letters is not None:
-            self._current = DEAD_LETTERS
+            was, self._current = self._current, DEAD_LETTERS
             parts[DEAD_LETTERS] = self._dead_letters.writer.prepare_commit(checkpoint_id)
+            self._current = was
         self._last_snapshot = checkpoint_id
         now = time.monotonic()
         first, checkpoint.first_barrier = checkpoint.first_barrier, None
