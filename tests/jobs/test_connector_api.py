@@ -24,7 +24,7 @@ import pyarrow.dataset as ds
 import pytest
 from test_savepoints import SavepointOnHold, endpoints_of
 
-from cutline import JobClient, JobFailedError, SourceHold, StreamEnvironment, Tumbling
+from cutline import FixedDelay, JobClient, JobFailedError, SourceHold, StreamEnvironment, Tumbling
 from cutline.runtime.task.local import ThreadLauncher
 
 from ledger import (
@@ -74,7 +74,7 @@ def ledger_job(
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
         "checkpoint_dir": tmp_path / checkpoints,
-        "restart_delay": 0,
+        "restart_strategy": FixedDelay(delay=0),
         "batch_size": 40,
     }
     settings.update(options)
@@ -179,7 +179,10 @@ def test_a_connector_that_breaks_the_contract_is_named(
     tmp_path: Path, how: str, message: str
 ) -> None:
     env = StreamEnvironment(
-        1, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_attempts=0
+        1,
+        checkpoint_interval=0.05,
+        checkpoint_dir=tmp_path / "ck",
+        restart_strategy=FixedDelay(0, delay=0),
     )
     env.from_source(Broken(how), name="broken").collect()
     with pytest.raises(JobFailedError, match=message):
@@ -221,7 +224,10 @@ def balances_to(
     tmp_path: Path, parallelism: int, ledger: Ledger, sink: Any, *, fail: FailAt | None = None
 ) -> StreamEnvironment:
     env = StreamEnvironment(
-        parallelism, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_delay=0
+        parallelism,
+        checkpoint_interval=0.05,
+        checkpoint_dir=tmp_path / "ck",
+        restart_strategy=FixedDelay(delay=0),
     )
     stream = env.from_source(ledger, name="ledger")
     if fail is not None:
@@ -319,7 +325,10 @@ def test_the_sink_of_the_write_your_own_page_is_exact_through_a_failure(
     ledger = Ledger(accounts=4, per_account=250)
     fail = FailAt("acct-02", 200, str(tmp_path / "failed"))
     env = StreamEnvironment(
-        2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_delay=0
+        2,
+        checkpoint_interval=0.05,
+        checkpoint_dir=tmp_path / "ck",
+        restart_strategy=FixedDelay(delay=0),
     )
     stream = env.from_source(ledger, name="ledger").map(fail, name="fail")
     page_module = types.ModuleType("journal_page")
@@ -361,7 +370,10 @@ def test_readers_are_told_of_completed_checkpoints_and_closed_when_their_subtask
     ledger = Closing(accounts=4, per_account=200, folder=str(tmp_path))
     fail = FailAt("acct-01", 150, str(tmp_path / "failed"))
     env = StreamEnvironment(
-        2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", restart_delay=0
+        2,
+        checkpoint_interval=0.05,
+        checkpoint_dir=tmp_path / "ck",
+        restart_strategy=FixedDelay(delay=0),
     )
     env.from_source(ledger, name="ledger").map(fail, name="fail").collect()
     result = env.execute(

@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from test_event_time_faults import _execute_killing
 
-from cutline import SourceHold, StreamEnvironment
+from cutline import FixedDelay, SourceHold, StreamEnvironment
 from cutline.connectors import SinkContext
 from cutline.connectors.postgres import PostgresSink, PostgresWriter
 from cutline.demo import WorkerKiller
@@ -99,7 +99,7 @@ def running_sums(
         2,
         checkpoint_interval=0.3,
         checkpoint_dir=str(tmp_path / "ck"),
-        restart_delay=0,
+        restart_strategy=FixedDelay(delay=0),
         batch_size=100,
     )
     sums = (

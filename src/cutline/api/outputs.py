@@ -22,7 +22,9 @@ from cutline.runtime.operators import Logic, SinkLogic
 class Outputs:
     """The writers of :class:`~cutline.api.DataStream` to external systems."""
 
-    def transform(self, label: str, logic: Logic, *, name: str | None = None) -> Any:
+    def transform(
+        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
+    ) -> Any:
         raise NotImplementedError  # (DataStream's)
 
     operator: Operator  # (DataStream's)
@@ -37,16 +39,21 @@ class Outputs:
         raise NotImplementedError  # (DataStream's)
 
     def _write(
-        self, label: str, sink: Sink, name: str | None, key: tuple[str, ...] | None = None
+        self,
+        label: str,
+        sink: Sink,
+        name: str | None,
+        key: tuple[str, ...] | None = None,
+        on_error: str = "fail",
     ) -> None:
         """The sink operator ``label`` (its id, unless named, comes from it: two sinks of
         one stream into two tables have two). With ``key``, its subtasks get the records
         hashed by those fields, unless each key's records come from one subtask already."""
         if key is None or _keyed_by(self.operator, key):
-            self.transform(label, SinkLogic(sink), name=name)
+            self.transform(label, SinkLogic(sink), name=name, on_error=on_error)
             return
         edge = Edge(self.operator.uid, "hash", _selector(key))
-        self._through(edge, label, SinkLogic(sink), name, "fail")
+        self._through(edge, label, SinkLogic(sink), name, on_error)
 
     def write_kafka(
         self,
@@ -112,26 +119,33 @@ class Outputs:
         columns: Sequence[str] | None = None,
         batch_rows: int = 20_000,
         name: str | None = None,
+        on_error: str = "fail",
     ) -> None:
         """Write the records into PostgreSQL ``table``, **exactly once**: a transaction per
         subtask and checkpoint, prepared at the barrier and committed when the checkpoint
         completes (two-phase commit; the server needs ``max_prepared_transactions`` > 0).
         Inserts every record (``COPY``), or with ``key=`` upserts on those columns (a
         primary key or unique constraint): a record replaces its key's row. The table must
-        exist with a column per field (``columns=``: only those fields are written); checked
-        now, on the driver, with the server. Upserts of one key all go through one subtask
-        (the records are hashed by ``key`` on their way to the sink, unless they come from a
-        ``key_by`` of those fields already)."""
+        exist with a column per field (``columns=``: only those fields are written). Checked
+        now, on the driver, with the server: the table, the key's constraint, and, when the
+        fields written are known (``columns=``, or the stream's columns), that each is a
+        column, every NOT NULL column without a default is given, and each field's type goes
+        into its column's. A record the server refuses (a value its column cannot take, a
+        constraint it breaks) fails the job naming the table, the column, the value and the
+        record, or with ``on_error="dead_letter"`` goes to the dead letters while the job
+        goes on. Upserts of one key all go through one subtask (the records are hashed by
+        ``key`` on their way to the sink, unless they come from a ``key_by`` of those fields
+        already)."""
         from cutline.connectors.postgres import PostgresSink
 
         keys = None if key is None else ((key,) if isinstance(key, str) else tuple(key))
         chosen = None if columns is None else tuple(columns)
         sink = PostgresSink(dsn, table, keys, batch_rows, chosen)
-        sink.check()
+        sink.check(self.schema)
         # upserts of one key from two subtasks would wait for each other's prepared
         # transactions, each committed only once a checkpoint the other holds up completes:
         # each key is upserted by one subtask
-        self._write(f"write_postgres({table})", sink, name, keys)
+        self._write(f"write_postgres({table})", sink, name, keys, on_error)
 
     def write_delta(
         self,

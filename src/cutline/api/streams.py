@@ -335,20 +335,19 @@ class DataStream(_Operators, Outputs):
         operator = self.transform(what, SinkLogic(sink), name=name).operator
         self.env._outputs[operator.uid] = path
 
-    def sink_to(self, sink: Sink | Callable[[Any], Any], *, name: str | None = None) -> None:
-        """Write the records to ``sink``: a connector of the API
-        (:class:`cutline.connectors.Sink`: exactly once when its writer commits as the API
-        says), or a plain function ``fn(batch)`` called for every batch (an Arrow record
-        batch, or a list of records): **at least once**, since after a failure the batches
-        since the restored checkpoint come again (make it idempotent where it can be).
-        ``name`` it to keep its id whatever the function."""
-        if isinstance(sink, Sink):
-            label = f"sink_to({type(sink).__name__})"
-        else:
+    def sink_to(
+        self, sink: Sink | Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
+    ) -> None:
+        """Write the records to ``sink``: a connector of the API (exactly once when its
+        writer commits as the API says), or a function ``fn(batch)`` called for every batch
+        (Arrow, or a list of records): **at least once**, since after a failure the batches
+        since the restored checkpoint come again. ``name`` it to keep its id whatever the
+        function. ``on_error``: for a record the writer refuses (``RecordError``)."""
+        if not isinstance(sink, Sink):
             _callable(sink, "sink_to")
-            label = f"sink_to({function_name(sink)})"
-            sink = FunctionSink(sink)
-        self.transform(label, SinkLogic(sink), name=name)
+        label = f"sink_to({type(sink).__name__ if isinstance(sink, Sink) else function_name(sink)})"
+        sink = sink if isinstance(sink, Sink) else FunctionSink(sink)
+        self.transform(label, SinkLogic(sink), name=name, on_error=on_error)
 
     def collect(self, name: str = "collect") -> None:
         """Keep the records: ``execute()`` returns them (``result.output``), exactly once."""

@@ -22,8 +22,20 @@ A sink without transactions gives at-least-once output: ``stream.sink_to(fn)`` c
 ``fn(batch)`` for every batch, and a restore calls it again for the batches after the
 restored checkpoint (:class:`FunctionSink`).
 
-Every method of a writer is called on its subtask's thread, but
-:meth:`PendingCommit.complete`, called on the subtask's snapshot thread.
+**Threads.** Every call cutline makes to one writer, from :meth:`Sink.writer` that makes it to
+its :meth:`SinkWriter.close`, is made on one thread, its subtask's, one call at a time: a client
+bound to the thread that made it (a ``sqlite3`` connection) can be kept in the writer. The one
+exception is :meth:`PendingCommit.complete`: it runs on the subtask's snapshot thread, one at a
+time and in checkpoint order, while the subtask's thread goes on calling the writer
+(:meth:`SinkWriter.write`, and :meth:`SinkWriter.commit` of an earlier checkpoint; the commit of
+its own checkpoint comes only after it returned), so what it touches must be safe to use from
+that thread. When the subtask fails or is stopped, :meth:`SinkWriter.abort` and
+:meth:`SinkWriter.close` do not wait for a ``complete()`` still running; when it ends, ``close()``
+comes after every one.
+
+A record the destination refuses (a value its column cannot take) is a :class:`RecordError`
+raised by :meth:`SinkWriter.write` or :meth:`SinkWriter.prepare_commit`: the job fails naming
+it, or with ``on_error="dead_letter"`` it goes to the dead letters and the job goes on.
 """
 
 from __future__ import annotations
@@ -39,6 +51,21 @@ from cutline.connectors.source import Batch
 class SinkError(Exception):
     """A sink cannot write, stage or commit its output: the message names the sink and the
     file, table or transaction."""
+
+
+class RecordError(Exception):
+    """A record that cannot be handled, though the job can go on without it: one a writer's
+    destination refused (a value its column cannot take), or one cutline cannot handle itself
+    (not a dict where columns are needed, a missing key column). Reported like a user
+    function's error, with the record: the job fails naming it, or with
+    ``on_error="dead_letter"`` it goes to the dead letters with ``message`` and the job goes
+    on. ``message`` should say what is wrong and where (the table, the column, the value),
+    the same way every time the record comes (no times, counters or transaction ids in it): a
+    record that fails alike in two attempts in a row fails the job."""
+
+    def __init__(self, message: str, record: Any = None) -> None:
+        super().__init__(message)
+        self.record = record
 
 
 @dataclass(frozen=True)
@@ -68,7 +95,8 @@ class SinkContext:
 
 class PendingCommit(ABC):
     """A committable whose slow part is still to do: cutline calls :meth:`complete` on the
-    subtask's snapshot thread (the asynchronous part of the checkpoint)."""
+    subtask's snapshot thread (the asynchronous part of the checkpoint), not the thread that
+    calls the writer (see the module's docstring)."""
 
     @abstractmethod
     def complete(self) -> Any:
@@ -76,18 +104,22 @@ class PendingCommit(ABC):
 
 
 class SinkWriter(ABC):
-    """Writes one subtask's records (see the module's docstring)."""
+    """Writes one subtask's records (see the module's docstring). Every method is called on
+    the subtask's thread, the one that called :meth:`Sink.writer`."""
 
     @abstractmethod
     def write(self, batch: Batch) -> None:
         """Take ``batch`` (an Arrow record batch, or a list of records), staged until a
-        checkpoint commits it."""
+        checkpoint commits it. A :class:`RecordError` for one record the destination refused
+        (of this batch, or of one held since) once every other record given is taken."""
 
     @abstractmethod
     def prepare_commit(self, checkpoint_id: int) -> Any:
         """The barrier of ``checkpoint_id``: close what was written since the last one and
         return its committable (small, picklable; ``None``: nothing), or a
-        :class:`PendingCommit` that makes it on the snapshot thread."""
+        :class:`PendingCommit` that makes it on the snapshot thread. A :class:`RecordError`
+        for a record refused while sending what it held: cutline puts it aside (or fails)
+        and asks again, until it returns."""
 
     @abstractmethod
     def commit(self, checkpoint_id: int) -> None:
@@ -96,7 +128,8 @@ class SinkWriter(ABC):
 
     def abort(self) -> None:
         """The subtask fails or is cancelled: drop what was staged and not prepared (what was
-        prepared is the restored writer's to commit or abort)."""
+        prepared is the restored writer's to commit or abort). Before :meth:`close`; a
+        ``complete()`` may still run on the snapshot thread."""
         return None
 
     def close(self) -> None:
@@ -135,9 +168,10 @@ class Sink(ABC):
 
     @abstractmethod
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> SinkWriter:
-        """A writer for one subtask: ``restored`` maps old subtask indexes to their
-        committables in the restored checkpoint (empty on a fresh start): commit those, abort
-        the rest those subtasks staged."""
+        """A writer for one subtask, made on the subtask's thread (once per attempt), which
+        makes every call to it: ``restored`` maps old subtask indexes to their committables in
+        the restored checkpoint (empty on a fresh start): commit those, abort the rest those
+        subtasks staged."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ a restore, at any parallelism, hands each split to its new reader from there. So
 reader read after the checkpoint is read again, and nothing before it: exactly once, when the
 reader reads the same records again from a position.
 
-Every method of a reader is called on its subtask's thread, one at a time. Event time
+**Threads.** Every call cutline makes to one reader, from :meth:`Source.reader` that makes it
+to its :meth:`SplitReader.close`, is made on one thread, its subtask's, one call at a time: a
+client bound to the thread that made it can be kept in the reader. Event time
 (``event_time=`` on ``env.from_source``) is cutline's: watermarks per split from the records
 each read returns (:class:`Records` names its split), idleness, and the lowest timestamp a
 split not started yet may hold (:meth:`SplitReader.lowest_timestamp`, :meth:`SplitReader.head`).
@@ -111,8 +113,8 @@ class SourceContext:
 
 class SplitReader(ABC):
     """Reads the splits cutline hands to one subtask of a source (see the module's docstring).
-    Every method runs on the subtask's thread; none may block for long (``read`` answers
-    :class:`Nothing` rather than wait for input)."""
+    Every method runs on the subtask's thread, the one that called :meth:`Source.reader`;
+    none may block for long (``read`` answers :class:`Nothing` rather than wait for input)."""
 
     @abstractmethod
     def add_split(self, split: Split, position: Any) -> None:
@@ -200,4 +202,5 @@ class Source(ABC):
 
     @abstractmethod
     def reader(self, context: SourceContext) -> SplitReader:
-        """A reader for one subtask (on that subtask's thread, once per attempt)."""
+        """A reader for one subtask, made on that subtask's thread (once per attempt), which
+        makes every call to it."""

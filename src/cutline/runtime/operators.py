@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutline.connectors.sink import RecordError as RecordError  # (the runtime's, too)
 from cutline.connectors.sink import Sink, SinkContext, SinkWriter
 from cutline.connectors.source import Source, SourceContext
 from cutline.runtime.eventtime.clock import EventClock
@@ -76,15 +77,6 @@ class UserFunctionError(Exception):
         self.user_traceback = user_traceback
         self.passing = passing
         """The error is of a kind that passes (an ``OSError``: a connection, a timeout)."""
-
-
-class RecordError(Exception):
-    """A record cannot be handled by cutline itself (not a dict where columns are needed, a
-    missing key column); reported like a user function's error, with the record."""
-
-    def __init__(self, message: str, record: Any = None) -> None:
-        super().__init__(message)
-        self.record = record
 
 
 def rows(batch: Batch) -> list[Any]:
@@ -485,18 +477,27 @@ class _Sink(RunningOperator):
         self.writer, self.columnar, self.ctx = writer, columnar, ctx
 
     def process(self, batch: Batch) -> Batch | None:
+        if self.columnar:
+            try:
+                batch = to_arrow(batch, f"{self.ctx.name}")
+            except RecordError as exc:
+                self.ctx.fail(exc.record, exc)
+                return None
         try:
-            self.writer.write(to_arrow(batch, f"{self.ctx.name}") if self.columnar else batch)
-        except RecordError as exc:
-            self.ctx.fail(exc.record, exc)
-        except Exception as exc:
-            self.ctx.fail(f"a batch of {len(batch)} records", exc)
-        return None
+            self.writer.write(batch)
+        except RecordError as exc:  # a record the destination refused (the writer took the
+            self.ctx.fail(exc.record, exc)  # rest): to the dead letters, or the job fails
+        return None  # (anything else: the writer cannot go on, the subtask fails)
 
     def snapshot(
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
     ) -> Any:
-        return self.writer.prepare_commit(checkpoint_id)
+        while True:
+            try:
+                return self.writer.prepare_commit(checkpoint_id)
+            except RecordError as exc:  # refused while sending what it held: put aside, and
+                self.ctx.fail(exc.record, exc)  # asked again (the dead letters are written
+                # before the sink's committable is taken: ``SubtaskRunner._snapshot``)
 
     def notify_complete(self, checkpoint_id: int) -> None:
         self.writer.commit(checkpoint_id)

@@ -8,12 +8,14 @@ A slot
    has inputs, and exchanges the gates' addresses with the other slots once through the
    driver (the *rendezvous*: it sends ``Gates``, the driver answers every slot with ``Peers``
    once all said theirs);
-3. restores each subtask's state from the checkpoint the driver chose, connects the output
-   channels, and says ``Ready``;
-4. runs each subtask in its own thread (a
+3. starts each subtask's thread (a
    :class:`~cutline.runtime.task.source_subtask.SourceSubtask` or an
-   :class:`~cutline.runtime.task.input_subtask.InputSubtask`), routes the driver's messages
-   to them and answers ``Census`` itself;
+   :class:`~cutline.runtime.task.input_subtask.InputSubtask`), which restores its state from
+   the checkpoint the driver chose and opens its operators: every call into an operator, a
+   connector's reader or writer among them, is made on that thread, from the one that makes
+   it to its ``close()``; then connects the output channels, and says ``Ready``;
+4. lets the subtasks run their loops, routes the driver's messages to them and answers
+   ``Census`` itself;
 5. says ``Finished`` when every subtask ended, or reports the first failure and raises.
 """
 
@@ -63,7 +65,6 @@ def run_slot(setup: SlotSetup, slot: int, host: str) -> dict[str, Any]:
     control: ControlClient | None = None
     beats: _Heartbeats | None = None
     runners: list[SubtaskRunner] = []
-    opening: str | None = None
     try:
         setup.enter("start", slot)
         control = ControlClient(
@@ -95,11 +96,13 @@ def run_slot(setup: SlotSetup, slot: int, host: str) -> dict[str, Any]:
         storage = CheckpointStorage(setup.checkpoint_dir, storage_options=setup.storage_options)
         for chain in plan.chains:
             kind: type[SubtaskRunner] = SourceSubtask if chain.is_source else InputSubtask
-            runner = kind(setup, chain, slot, control, storage, gates.get(chain.uid))
-            runners.append(runner)
-            opening = runner.name
-            runner.open()
-        opening = None
+            runners.append(kind(setup, chain, slot, control, storage, gates.get(chain.uid)))
+        for runner in runners:  # each opens its operators on its own thread, which runs them
+            runner.start()
+        for runner in runners:
+            runner.opened.wait()
+            if runner.failure is not None:  # (reported by the subtask, naming its operator)
+                raise RuntimeError(f"subtask {runner.name} failed: {runner.failure}")
         for runner in runners:
             runner.connect(addresses)
         control.send(Ready(os.getpid(), host))
@@ -108,8 +111,7 @@ def run_slot(setup: SlotSetup, slot: int, host: str) -> dict[str, Any]:
     except BaseException as exc:
         if control is not None and not any(r.failure for r in runners):
             with contextlib.suppress(ControlError):
-                subtask = opening or f"slot-{slot}"
-                control.send(failed_message(subtask, exc, "(opening the subtasks)"))
+                control.send(failed_message(f"slot-{slot}", exc, "(starting the subtasks)"))
         raise
     finally:
         if beats is not None:
@@ -166,7 +168,7 @@ class _Heartbeats:
 
     def _run(self) -> None:
         while not self._stopped.wait(self._every):
-            running = [r for r in list(self._runners) if r.thread is not None]
+            running = [r for r in list(self._runners) if r.looping]
             try:
                 self._control.send(
                     Heartbeat({r.name: r.records_in for r in running}, _metrics(running))
@@ -186,19 +188,11 @@ keeps its control connection open, so that the driver hears the cause first."""
 def _supervise(
     setup: SlotSetup, slot: int, control: ControlClient, runners: list[SubtaskRunner]
 ) -> dict[str, Any]:
-    def run(runner: SubtaskRunner) -> None:
-        try:
-            runner.run()
-        finally:
-            control.wake()  # the loop below sees at once that a subtask ended
-
-    threads = [
-        threading.Thread(target=run, args=(r,), name=f"cutline-{r.name}", daemon=True)
-        for r in runners
-    ]
-    for runner, thread in zip(runners, threads, strict=True):
-        runner.thread = thread
-        thread.start()
+    threads = []
+    for runner in runners:
+        assert runner.thread is not None
+        threads.append(runner.thread)
+        runner.go()
     final: int | None = None
     while any(t.is_alive() for t in threads):
         failed = [r for r in runners if r.failure is not None]

@@ -146,16 +146,38 @@ class SubtaskRunner:
         self._clocked: list[int] = []
         """The operators (their index in the chain) that look at processing time."""
         self.thread: threading.Thread | None = None
+        """The subtask's thread (:meth:`start`): every call into its operators, their
+        connectors' readers and writers among them, is made on it, from :meth:`open` to
+        their ``close``."""
+        self.opened = threading.Event()
+        """Set once the thread opened the operators (or failed to: :attr:`failure`)."""
+        self._go = threading.Event()
+        """Set when the slot says the loop may run (:meth:`go`), or stops the subtask."""
+        self.looping = False
+        """Whether its loop runs (its figures go into the slot's heartbeats)."""
 
     # ----------------------------------------------------------------- set-up
 
+    def start(self) -> None:
+        """Start the subtask's thread: it opens the operators (:meth:`open`), says so
+        (:attr:`opened`), waits for :meth:`go`, then runs the loop until the subtask ends."""
+        self.thread = threading.Thread(target=self.run, name=f"cutline-{self.name}", daemon=True)
+        self.thread.start()
+
+    def go(self) -> None:
+        """The slot connected every output and told the driver it is ready: run the loop."""
+        self._go.set()
+
     def open(self) -> None:
-        """Restore state (when the driver chose a checkpoint) and open every operator."""
+        """Restore state (when the driver chose a checkpoint) and open every operator (on the
+        subtask's thread: a connector's reader or writer is made on the thread that uses it)."""
+        self._current = "(restoring the subtask's checkpoint)"  # (no operator's yet)
         self._restore_location, gathered = restored(self.setup, self.chain, self.index, self.name)
         parts = gathered.parts
         self._restored_inputs = gathered.inputs
         self._restored_outputs = gathered.outputs
         self._replayed = sum(recorded_records(batches) for batches in gathered.inputs.values())
+        self._current = "dead letters"
         self._dead_letters = dead_letter_output(self.setup, self.chain, self.index, parts)
         for op in self.chain.operators:
             ctx = self._context(op.name, op.uid, len(self._operators))
@@ -213,23 +235,33 @@ class SubtaskRunner:
     # ------------------------------------------------------------------- loop
 
     def run(self) -> None:
+        """The subtask's thread, from opening its operators to closing them."""
         try:
+            self.open()
+            self.opened.set()
+            self._go.wait()
+            if self.stopped.is_set():
+                raise Stopped
+            self.looping = True
             self._loop()
             self.snapshot_writer.shutdown()
         except Stopped:
             self.stopped.set()
         except BaseException as exc:
-            if self.stopped.is_set():
-                return  # closing the channels of a stopped job makes sends fail: not a failure
-            self._report(exc)  # first: the slot closes the control connection once it sees
-            self.failure = exc  # a failure, and the driver must get the cause before that
+            if not self.stopped.is_set():  # (closing the channels of a stopped job makes
+                self._report(exc)  # sends fail: not a failure.) Reported first: the slot
+                self.failure = exc  # ends once it sees a failure, and the driver must get
+                # the cause before that
         finally:
+            self.opened.set()  # (failed to open, or stopped meanwhile)
             if self.failure is not None or self.stopped.is_set():
-                for _, running in self._operators:  # (the sinks drop what they staged)
+                for uid, running in self._operators:  # (the sinks drop what they staged)
+                    self._current = uid
                     with contextlib.suppress(Exception):
                         running.abort()
             self.snapshot_writer.shutdown(cancel=True)
             self.close_operators()
+            self.control.wake()  # the slot sees at once that the subtask ended
 
     def _loop(self) -> None:
         """The subtask's loop, until its input ended and its last checkpoint completed."""
@@ -246,6 +278,7 @@ class SubtaskRunner:
 
     def stop(self) -> None:
         self.stopped.set()
+        self._go.set()
         self.inbox.put(Stop())
 
     def _handle_messages(self, wait: float) -> None:
@@ -272,11 +305,15 @@ class SubtaskRunner:
                         if timed.checkpoint_id <= checkpoint:
                             timed.triggered = None
                     if self._reader is not None:
+                        self._current = self.chain.operators[0].name
                         self._reader.checkpoint_complete(checkpoint)
-                    for _, running in self._operators:
+                    for uid, running in self._operators:
+                        self._current = uid
                         running.notify_complete(checkpoint)
                     if self._dead_letters is not None:
+                        was, self._current = self._current, DEAD_LETTERS
                         self._dead_letters.writer.commit(checkpoint)
+                        self._current = was
                 case Abort(checkpoint=checkpoint):
                     aborted = self.checkpoints[checkpoint]
                     aborted.triggered = None
@@ -462,7 +499,9 @@ class SubtaskRunner:
             self._current = uid
             parts[uid] = running.snapshot(checkpoint_id, base=base, savepoint=savepoint)
         if self._dead_letters is not None:
+            was, self._current = self._current, DEAD_LETTERS
             parts[DEAD_LETTERS] = self._dead_letters.writer.prepare_commit(checkpoint_id)
+            self._current = was
         self._last_snapshot = checkpoint_id
         now = time.monotonic()
         first, checkpoint.first_barrier = checkpoint.first_barrier, None
@@ -518,9 +557,12 @@ class SubtaskRunner:
         self.failure = exc
 
     def _report(self, exc: BaseException) -> None:
-        operator = self._current
-        for op in self.chain.operators:
-            if op.uid == self._current:
-                operator = op.name
+        """Tell the driver of ``exc``, naming the operator it came from: the one whose work
+        ran when it was raised (:attr:`_current`, a uid or a name)."""
         with contextlib.suppress(ControlError):
-            self.control.send(failed_message(self.name, exc, operator))
+            self.control.send(failed_message(self.name, exc, self._named(self._current)))
+
+    def _named(self, current: str) -> str:
+        if current == DEAD_LETTERS:
+            return "dead letters"
+        return next((op.name for op in self.chain.operators if op.uid == current), current)
