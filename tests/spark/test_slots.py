@@ -146,4 +146,4 @@ def test_the_settings_are_checked_when_the_job_is_built() -> None:
         with pytest.raises(ValueError, match="slot_timeout"):
             StreamEnvironment(slot_timeout=bad)
     env = StreamEnvironment(slot_timeout="30s", on_host_loss="wait")
-    assert (env.settings.deadlines.slots, env.settings.restart.on_host_loss) == (30.0, "wait")
+    assert (env.settings.deadlines.slots, env.settings.on_host_loss) == (30.0, "wait")

@@ -18,6 +18,7 @@ from typing import Any
 from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.driver.config import Deadlines
 from cutline.runtime.driver.restart import (
+    HOST_LOSS_POLICIES,
     RESTART_STRATEGIES,
     ExponentialDelay,
     FixedDelay,
@@ -85,6 +86,15 @@ def _restart_strategy(a: Mapping[str, Any]) -> RestartStrategy:
     return fixed
 
 
+def _host_loss(value: Any) -> str:
+    if value not in HOST_LOSS_POLICIES:
+        raise ValueError(
+            f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
+            f"not {value!r}"
+        )
+    return str(value)
+
+
 def _place(value: str | os.PathLike[str] | None) -> str | None:
     return location(value) if value is not None else None
 
@@ -147,7 +157,7 @@ class Settings:
                 memory=a["state_memory"],
             ),
             restart=_restart_strategy(a),
-            on_host_loss=a["on_host_loss"],
+            on_host_loss=_host_loss(a["on_host_loss"]),
             deadlines=Deadlines(
                 heartbeat=_duration(a["heartbeat_timeout"], "heartbeat_timeout"),
                 start=_duration(a["start_timeout"], "start_timeout"),

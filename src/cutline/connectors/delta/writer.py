@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake.exceptions import DeltaError
 
@@ -21,7 +20,7 @@ from cutline.connectors.delta.files import (
     stored,
 )
 from cutline.connectors.sink import SinkContext, SinkError
-from cutline.connectors.tables.parts import line, named
+from cutline.connectors.tables.parts import cast_column, line, named
 from cutline.connectors.tables.writer import PartWriter, mismatch, widens
 
 
@@ -88,16 +87,7 @@ class DeltaWriter(PartWriter[DataFile]):
                 given = stored(column.type, self.where, wanted.name)
                 if not (given.equals(wanted.type) or widens(given, wanted.type)):
                     raise SinkError(mismatch(self.where, wanted.name, wanted.type, column.type))
-                try:
-                    column = pc.cast(column, wanted.type, safe=True)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise SinkError(
-                        f"{self.where}: a value of column {wanted.name!r} does not fit its type "
-                        f"{wanted.type}: {line(exc)}"
-                    ) from None
-            if not wanted.nullable and column.null_count:
-                raise SinkError(f"{self.where}: a null in column {wanted.name!r}, not nullable")
-            columns.append(column)
+            columns.append(cast_column(self.where, column, wanted))
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
     def _remove_orphans(self, subtasks: set[int]) -> None:

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -23,7 +22,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.utils.config import Config
 
 from cutline.connectors.sink import SinkError
-from cutline.connectors.tables.parts import codec, line
+from cutline.connectors.tables.parts import cast_column, codec, line
 from cutline.connectors.tables.writer import mismatch, widens
 
 DEFAULT_CATALOG = "default"
@@ -233,18 +232,7 @@ def fitted(
         if source is None:
             columns.append(pa.nulls(batch.num_rows, wanted.type))
             continue
-        column = batch.column(source)
-        if not column.type.equals(wanted.type):
-            try:
-                column = pc.cast(column, wanted.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise SinkError(
-                    f"{where}: a value of column {wanted.name!r} does not fit its type "
-                    f"{wanted.type}: {line(exc)}"
-                ) from None
-        if not wanted.nullable and column.null_count:
-            raise SinkError(f"{where}: a null in column {wanted.name!r}, which is required")
-        columns.append(column)
+        columns.append(cast_column(where, batch.column(source), wanted))
     return pa.RecordBatch.from_arrays(columns, schema=files)
 
 

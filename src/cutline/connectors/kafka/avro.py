@@ -305,6 +305,27 @@ def _check_avro(schema: Any, what: str) -> None:
         raise NotAvro(f"{what} refers to other schemas (references), which cutline does not read")
 
 
+def avro_format(
+    value_format: Any, schema: Any, registry: str | Mapping[str, Any] | None, where: str
+) -> AvroFormat | None:
+    """The Avro values ``read_kafka`` or ``write_kafka`` (``where``) were asked for, from
+    their arguments: ``None`` for another value format; a ``ValueError`` when the arguments
+    do not go together (a registry without Avro values, Avro values without a schema or a
+    registry)."""
+    if value_format != "avro" and schema is None and registry is None:
+        return None
+    if value_format != "avro":
+        raise ValueError(f"{where}: schema_registry= is for value_format='avro' (Avro values) only")
+    if schema is None and registry is None:
+        raise ValueError(
+            f"{where}: value_format='avro' needs schema= (the Avro schema, a dict or its JSON "
+            "text), or schema_registry= (the writer's schema of each record by its id; writing: "
+            "the latest of subject '<topic>-value')"
+        )
+    text = None if schema is None else schema_text(schema, where)
+    return AvroFormat(text, None if registry is None else registry_config(registry, where))
+
+
 # ---------------------------------------------------------------- decoding, encoding
 
 

@@ -37,10 +37,9 @@ from cutline.connectors.kafka.avro import (
     AvroFormat,
     NotAvro,
     RegistryUnavailable,
+    avro_format,
     latest_schema,
     register,
-    registry_config,
-    schema_text,
 )
 from cutline.connectors.kafka.metadata import LOG, reason
 from cutline.connectors.sink import Sink, SinkContext, SinkError, SinkWriter
@@ -152,22 +151,7 @@ def kafka_sink(
 ) -> KafkaSink:
     """A :class:`KafkaSink` from ``stream.write_kafka``'s arguments, prepared (its Avro schema
     registered, with a registry)."""
-    avro = None
-    if value_format == "avro" or schema is not None or schema_registry is not None:
-        if value_format != "avro":
-            raise ValueError(
-                "write_kafka: schema= and schema_registry= are for value_format='avro' only"
-            )
-        if schema is None and schema_registry is None:
-            raise ValueError(
-                "write_kafka: value_format='avro' needs schema= (the Avro schema, a dict or its "
-                "JSON text), or schema_registry= (then the latest of subject '<topic>-value')"
-            )
-        text = None if schema is None else schema_text(schema, "write_kafka")
-        registry = None
-        if schema_registry is not None:
-            registry = registry_config(schema_registry, "write_kafka")
-        avro = AvroFormat(text, registry)
+    avro = avro_format(value_format, schema, schema_registry, "write_kafka")
     fixed: str | tuple[Header, ...] | None = None
     if isinstance(headers, str):
         fixed = headers

@@ -47,9 +47,8 @@ from cutline.connectors.kafka.avro import (
     AvroFormat,
     NotAvro,
     RegistryUnavailable,
+    avro_format,
     latest_schema,
-    registry_config,
-    schema_text,
 )
 from cutline.connectors.kafka.metadata import (
     check_start,
@@ -303,24 +302,9 @@ def kafka_source(
     names: tuple[str, ...] = ()
     if pattern is None:
         names = (topics,) if isinstance(topics, str) else tuple(topics)  # type: ignore[arg-type]
-    avro = None
-    if value_format == "avro" or avro_schema is not None or schema_registry is not None:
-        if value_format != "avro":
-            raise ValueError(
-                "read_kafka: schema_registry= is for value_format='avro' (Avro values) only"
-            )
-        if avro_schema is None and schema_registry is None:
-            raise ValueError(
-                "read_kafka: value_format='avro' needs schema= (the Avro schema, a dict or its "
-                "JSON text) or schema_registry= (the writer's schema of each record by its id)"
-            )
-        text = None if avro_schema is None else schema_text(avro_schema, "read_kafka")
-        registry = None
-        if schema_registry is not None:
-            registry = registry_config(schema_registry, "read_kafka")
-        avro = AvroFormat(text, registry)
-        if text is not None:
-            schema = avro.arrow_schema()
+    avro = avro_format(value_format, avro_schema, schema_registry, "read_kafka")
+    if avro is not None and avro.schema is not None:
+        schema = avro.arrow_schema()
     return KafkaSource(
         names,
         bootstrap_servers,

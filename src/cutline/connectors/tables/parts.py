@@ -249,3 +249,20 @@ def token(name: str) -> str:
 def line(exc: BaseException) -> str:
     """The first line of an exception's message (or its kind)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def cast_column(where: str, column: pa.Array, wanted: pa.Field) -> pa.Array:
+    """``column`` as a column of field ``wanted`` of a table (``where`` names it): cast to its
+    type, no value lost (a :class:`SinkError` naming the column if one does not fit), and no
+    null where it is required."""
+    if not column.type.equals(wanted.type):
+        try:
+            column = pc.cast(column, wanted.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SinkError(
+                f"{where}: a value of column {wanted.name!r} does not fit its type "
+                f"{wanted.type}: {line(exc)}"
+            ) from None
+    if not wanted.nullable and column.null_count:
+        raise SinkError(f"{where}: a null in column {wanted.name!r}, which is required")
+    return column
