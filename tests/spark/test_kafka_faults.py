@@ -7,12 +7,15 @@ checkpoint completed and the killer was told of it."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import psycopg
 import pytest
 from test_event_time_faults import _execute_killing
@@ -33,14 +36,40 @@ def clicks(n: int = ROWS) -> list[dict[str, Any]]:
     return [{"user": f"u{i % 6}", "amount": i} for i in range(n)]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+AVRO = {
+    "type": "record",
+    "name": "Click",
+    "fields": [{"name": "user", "type": "string"}, {"name": "amount", "type": "long"}],
+}
+
+
+def put_avro(broker: KafkaBroker, topic: str, rows: list[dict[str, Any]], partitions: int) -> None:
+    """As ``put``, the values in Avro's binary encoding of :data:`AVRO`."""
+    schema = fastavro.parse_schema(AVRO)
+    for p in range(partitions):
+        values = []
+        for i, row in enumerate(rows):
+            if i % partitions == p:
+                out = io.BytesIO()
+                fastavro.schemaless_writer(out, schema, row)
+                values.append((row["user"], out.getvalue()))
+        produce(broker, topic, values, partition=p)
+
+
+@pytest.mark.parametrize(("seed", "avro"), [(0, False), (1, False), (2, True)])
 def test_kafka_to_postgres_is_exact_through_a_sigkill_at_a_random_moment(
-    spark: Any, kafka_broker: KafkaBroker, postgres: PostgresServer, tmp_path: Path, seed: int
+    spark: Any,
+    kafka_broker: KafkaBroker,
+    postgres: PostgresServer,
+    tmp_path: Path,
+    seed: int,
+    avro: bool,
 ) -> None:
+    """JSON values from a named topic, or Avro values from topics matched by a pattern."""
     rng = random.Random(f"kafka-postgres-{seed}")
     kafka_broker.create_topic("clicks", 3)
     rows = clicks()
-    put(kafka_broker, "clicks", rows, 3)
+    (put_avro if avro else put)(kafka_broker, "clicks", rows, 3)
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
         conn.execute('CREATE TABLE sums ("user" text NOT NULL, amount bigint NOT NULL)')
     env = StreamEnvironment(
@@ -49,12 +78,15 @@ def test_kafka_to_postgres_is_exact_through_a_sigkill_at_a_random_moment(
         checkpoint_dir=str(tmp_path / "ck"),
         restart_strategy=FixedDelay(delay=0),
     )
+    values: dict[str, Any] = {"schema": {"user": "string", "amount": "int64"}}
+    if avro:
+        values = {"value_format": "avro", "schema": AVRO}
     env.read_kafka(
-        "clicks",
+        re.compile("click.") if avro else "clicks",
         bootstrap_servers=kafka_broker.bootstrap_servers,
-        schema={"user": "string", "amount": "int64"},
         bounded=True,
         name="clicks",
+        **values,
     ).key_by("user").sum("amount", name="sums").write_postgres(
         postgres.dsn, table="sums", columns=["user", "amount"], name="table"
     )
