@@ -89,8 +89,7 @@ def _restart_strategy(a: Mapping[str, Any]) -> RestartStrategy:
 def _host_loss(value: Any) -> str:
     if value not in HOST_LOSS_POLICIES:
         raise ValueError(
-            f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, "
-            f"not {value!r}"
+            f"on_host_loss must be one of {', '.join(map(repr, HOST_LOSS_POLICIES))}, not {value!r}"
         )
     return str(value)
 

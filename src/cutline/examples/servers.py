@@ -16,6 +16,7 @@ the standard library only; the clients are imported by the functions that use th
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib.metadata
@@ -27,6 +28,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -153,6 +155,40 @@ def _copied_for_nobody(binaries: Path) -> Path:
             "set cutline.examples.servers.SHARED to another folder"
         )
     return target / package.name / pginstall.name / binaries.name
+
+
+_FOR_NOBODY: dict[Path, Path] = {}
+"""Installed binaries -> those ``nobody`` runs (themselves, or a copy it can read)."""
+_FRESH: dict[tuple[Path, tuple[str, ...]], Path] = {}
+"""A cluster as ``initdb`` makes it, once per process and binaries: every server's is a copy
+(``initdb`` takes most of a server's start: a test suite starts dozens)."""
+_FRESH_LOCK = threading.Lock()
+
+
+def _fresh_cluster(binaries: Path, as_nobody: list[str], log: IO[bytes]) -> Path:
+    """The data folder of a fresh cluster of ``binaries`` (user ``postgres``, no password,
+    UTF-8, locale C), made by ``initdb`` the first time (as ``nobody`` when root) and removed
+    when the process ends; :class:`ServerUnavailable` if initdb fails."""
+    key = (binaries, tuple(as_nobody))
+    with _FRESH_LOCK:
+        if key in _FRESH:
+            return _FRESH[key]
+        home = Path(tempfile.mkdtemp(prefix="cutline-postgres-fresh-", dir=_shared_folder()))
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+        if as_nobody:
+            os.chown(home, NOBODY, NOBODY)
+        data = home / "data"
+        initdb = [*as_nobody, str(binaries / "initdb"), "-D", str(data)]
+        initdb += ["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"]
+        try:
+            failed = subprocess.run(initdb, stdout=log, stderr=log, timeout=120).returncode
+        except subprocess.TimeoutExpired:
+            failed = -1
+        if failed:
+            shutil.rmtree(home, ignore_errors=True)
+            raise ServerUnavailable("initdb failed")
+        _FRESH[key] = data
+        return data
 
 
 def _link_tree(source: Path, destination: Path) -> None:
@@ -483,7 +519,14 @@ class PostgresServer(_Server):
             self.binaries = self._binaries_for_nobody()
 
     def _binaries_for_nobody(self) -> Path:
-        """The installed binaries if ``nobody`` can run them, else a copy it can run."""
+        """The installed binaries if ``nobody`` can run them, else a copy it can run (found
+        once per process)."""
+        found = _FOR_NOBODY.get(self.binaries)
+        if found is None:
+            found = _FOR_NOBODY[self.binaries] = self._find_binaries_for_nobody()
+        return found
+
+    def _find_binaries_for_nobody(self) -> Path:
         if _runs_as_nobody(self._as_nobody, self.binaries) is None:
             return self.binaries
         closed = _closed_to_nobody(self.binaries / "postgres")
@@ -532,16 +575,20 @@ class PostgresServer(_Server):
             )
             os.chown(cluster, NOBODY, NOBODY)
         cluster.mkdir(exist_ok=True)
-        initdb = [*self._as_nobody, str(self.binaries / "initdb"), "-D", str(cluster / "data")]
-        initdb += ["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"]
         try:
-            failed = subprocess.run(initdb, stdout=log, stderr=log, timeout=120).returncode
-        except subprocess.TimeoutExpired:
-            failed = -1
-        if failed:  # (leaving no half-made cluster behind)
+            fresh = _fresh_cluster(self.binaries, self._as_nobody, log)
+        except ServerUnavailable:
             shutil.rmtree(cluster if self._as_nobody else cluster / "data", ignore_errors=True)
             log.flush()
-            raise ServerUnavailable(f"initdb failed; the tail of {self.log}:\n{self.tail()}")
+            raise ServerUnavailable(
+                f"initdb failed; the tail of {self.log}:\n{self.tail()}"
+            ) from None
+        shutil.copytree(fresh, cluster / "data", symlinks=True)
+        if self._as_nobody:
+            for folder, _, files in os.walk(cluster / "data"):
+                os.chown(folder, NOBODY, NOBODY)
+                for name in files:
+                    os.chown(os.path.join(folder, name), NOBODY, NOBODY)
         self._cluster = cluster
 
     def _command(self, port: int) -> list[str]:
