@@ -386,7 +386,12 @@ def test_a_record_the_server_refuses_fails_the_job_naming_the_table_the_column_t
     execute(postgres.dsn, READINGS)
     level = BAD[kind]
     env = readings_job(
-        tmp_path, postgres.dsn, 10, {7: level}, upsert=upsert, restart_strategy=FixedDelay(1)
+        tmp_path,
+        postgres.dsn,
+        10,
+        {7: level},
+        upsert=upsert,
+        restart_strategy=FixedDelay(1, delay=0),
     )
     causes = Causes()
     with pytest.raises(JobFailedError) as failed:
