@@ -28,13 +28,8 @@ finding those refused), :mod:`~cutline.connectors.postgres.writer` (a subtask's
 transactions).
 """
 
-from cutline.connectors.postgres.sink import (
-    BATCH_ROWS,
-    CONNECT_TIMEOUT,
-    PostgresSink,
-    transaction_id,
-    transaction_prefix,
-)
+from cutline.connectors.postgres.server import CONNECT_TIMEOUT, transaction_id, transaction_prefix
+from cutline.connectors.postgres.sink import BATCH_ROWS, PostgresSink
 from cutline.connectors.postgres.writer import PostgresWriter
 
 __all__ = [

@@ -25,7 +25,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -34,11 +34,9 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from cutline.connectors.postgres.server import Target
 from cutline.connectors.postgres.table import Table
 from cutline.connectors.sink import RecordError
-
-if TYPE_CHECKING:
-    from cutline.connectors.postgres.sink import PostgresSink
 
 _CSV_TYPES = (
     pa.types.is_integer,
@@ -71,7 +69,7 @@ def refused_by_row(exc: psycopg.Error) -> bool:
 class Rows:
     """The rows of one sink's writer: checked by type, sent, and those refused named."""
 
-    def __init__(self, sink: PostgresSink, table: Table) -> None:
+    def __init__(self, sink: Target, table: Table) -> None:
         self.sink, self.table = sink, table
         self._fits: dict[pa.Schema, dict[str, str]] = {}
         self._constraints: dict[str, list[str]] = {}

@@ -5,23 +5,19 @@ the connections, and the names of the transactions."""
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 from psycopg.conninfo import conninfo_to_dict
 
+from cutline.connectors.postgres.server import check_prepared_transactions, connect
 from cutline.connectors.postgres.table import Table
+from cutline.connectors.postgres.writer import PostgresWriter
 from cutline.connectors.sink import Sink, SinkContext, SinkError
 
-if TYPE_CHECKING:
-    from cutline.connectors.postgres.writer import PostgresWriter
-
-CONNECT_TIMEOUT = 10
-"""Seconds a connection to the server may take."""
 BATCH_ROWS = 20_000
 """Rows buffered before they are sent into the checkpoint's open transaction."""
 
@@ -115,56 +111,4 @@ class PostgresSink(Sink):
             table.check_types(self, schema, fields)
 
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> PostgresWriter:
-        from cutline.connectors.postgres.writer import PostgresWriter
-
         return PostgresWriter(self, context, restored)
-
-
-def connect(sink: PostgresSink) -> psycopg.Connection[Any]:
-    """A connection of ``sink``'s (autocommit: transactions are begun by hand)."""
-    try:
-        return psycopg.connect(
-            sink.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **dict(sink.connect)
-        )
-    except psycopg.OperationalError as exc:
-        raise SinkError(f"{sink.describe()}: cannot connect: {first_line(exc)}") from None
-
-
-def check_prepared_transactions(sink: PostgresSink, conn: psycopg.Connection[Any]) -> None:
-    row = conn.execute("SHOW max_prepared_transactions").fetchone()
-    if row is None or int(row[0]) == 0:
-        raise SinkError(
-            f"{sink.describe()}: the server has max_prepared_transactions = 0, and the "
-            "exactly-once sink prepares a transaction per subtask and checkpoint. Set it to at "
-            "least twice the sink's parallelism (e.g. ALTER SYSTEM SET "
-            "max_prepared_transactions = 64, or max_prepared_transactions = 64 in "
-            "postgresql.conf; -c max_prepared_transactions=64 for a server started by hand) and "
-            "restart the server"
-        )
-
-
-def transaction_prefix(job: str, sink_uid: str) -> str:
-    """Every transaction id of one job's sink begins with this."""
-    return f"cutline:{job}:{zlib.crc32(sink_uid.encode()):08x}:"
-
-
-def transaction_id(job: str, sink_uid: str, subtask: int, checkpoint_id: int) -> str:
-    return f"{transaction_prefix(job, sink_uid)}{subtask}:{checkpoint_id}"
-
-
-def first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
-def described(exc: psycopg.Error) -> str:
-    """What the server said: its message, detail, where (its context's first line) and the
-    column it names."""
-    diag = exc.diag
-    parts = [diag.message_primary or first_line(exc)]
-    if diag.message_detail:
-        parts.append(diag.message_detail)
-    if diag.context:
-        parts.append(diag.context.strip().splitlines()[0])
-    if diag.column_name:
-        parts.append(f"column {diag.column_name}")
-    return "; ".join(parts)

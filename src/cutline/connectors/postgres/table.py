@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from cutline.connectors.postgres.server import Target
 from cutline.connectors.sink import SinkError
-
-if TYPE_CHECKING:
-    from cutline.connectors.postgres.sink import PostgresSink
 
 INTEGERS = frozenset({"int2", "int4", "int8"})
 
@@ -58,7 +56,7 @@ class Table:
     columns: dict[str, Column]
 
     @classmethod
-    def read(cls, sink: PostgresSink, conn: psycopg.Connection[Any]) -> Table:
+    def read(cls, sink: Target, conn: psycopg.Connection[Any]) -> Table:
         schema, _, name = sink.table.rpartition(".")
         qualified = sql.Identifier(schema, name) if schema else sql.Identifier(name)
         generated = "a.attgenerated <> ''" if conn.info.server_version >= 120000 else "false"
@@ -87,7 +85,7 @@ class Table:
             table._check_key(sink, conn)
         return table
 
-    def _check_key(self, sink: PostgresSink, conn: psycopg.Connection[Any]) -> None:
+    def _check_key(self, sink: Target, conn: psycopg.Connection[Any]) -> None:
         assert sink.key is not None
         missing = [k for k in sink.key if k not in self.columns]
         if missing:
@@ -112,7 +110,7 @@ class Table:
                 f"PRIMARY KEY ({', '.join(sink.key)}))"
             )
 
-    def check_fields(self, sink: PostgresSink, names: Sequence[str]) -> None:
+    def check_fields(self, sink: Target, names: Sequence[str]) -> None:
         """The fields written fit the table: each is a column that can be written, and every
         column that must have a value gets one."""
         unknown = [n for n in names if n not in self.columns]
@@ -141,7 +139,7 @@ class Table:
                     f"{sink.describe()}: the records have no key field(s) {absent} to upsert on"
                 )
 
-    def check_types(self, sink: PostgresSink, schema: pa.Schema, names: Sequence[str]) -> None:
+    def check_types(self, sink: Target, schema: pa.Schema, names: Sequence[str]) -> None:
         """When the job is built: every field written goes into its column, by its type."""
         for name in names:
             column = self.columns[name]

@@ -15,8 +15,8 @@ import pyarrow as pa
 from psycopg import sql
 
 from cutline.connectors.postgres.rows import Rows
-from cutline.connectors.postgres.sink import (
-    PostgresSink,
+from cutline.connectors.postgres.server import (
+    Destination,
     check_prepared_transactions,
     connect,
     described,
@@ -39,7 +39,7 @@ class PostgresWriter(SinkWriter):
     the next until none is left, then prepares."""
 
     def __init__(
-        self, sink: PostgresSink, context: SinkContext, restored: Mapping[int, Any]
+        self, sink: Destination, context: SinkContext, restored: Mapping[int, Any]
     ) -> None:
         self.sink, self.context = sink, context
         self.prefix = transaction_prefix(context.job, context.uid)
