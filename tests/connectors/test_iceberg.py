@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import psycopg
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import load_catalog
@@ -27,6 +28,7 @@ from test_savepoints import SavepointOnHold, endpoints_of
 from cutline import CheckpointWarning, FixedDelay, JobClient, SourceHold, StreamEnvironment
 from cutline.connectors import SinkContext, tables
 from cutline.connectors.iceberg import IcebergCommittable, IcebergCommitter, IcebergSink
+from cutline.examples.servers import PostgresServer
 from cutline.runtime.task.local import ThreadLauncher
 
 from ledger import Ledger
@@ -159,6 +161,27 @@ def test_the_running_sums_are_in_the_table_once_a_snapshot_per_checkpoint(
     assert len(found.snapshots()) >= 2  # (held part-way until two checkpoints completed)
     assert str(found.schema()) == str(table(catalog).schema())
     assert [f.name for f in found.schema().fields] == ["account", "entry", "amount", "ts"]
+
+
+def test_a_sql_catalog_on_postgresql_takes_the_sums_once(
+    tmp_path: Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catalog in PostgreSQL (SQLAlchemy on psycopg 3: ``postgresql+psycopg://``), the
+    warehouse a folder: as exact as on SQLite, the snapshots committed there."""
+    catalog = {
+        **sqlite_catalog(tmp_path, monkeypatch),
+        "uri": postgres.dsn.replace("postgresql://", "postgresql+psycopg://"),
+    }
+    ledger = Ledger(accounts=3, per_account=200)
+    result = sums_job(tmp_path, catalog, ledger).execute(
+        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
+    assert_exact(ledger, rows(catalog), [], with_windows=False)
+    completed = {c.checkpoint_id for c in result.checkpoints}
+    assert_one_snapshot_per_checkpoint(tmp_path, table(catalog), completed)
+    with psycopg.connect(postgres.dsn) as connection:  # (the catalog's own table)
+        names = connection.execute("SELECT table_name FROM iceberg_tables").fetchall()
+    assert names == [("sums",)]
 
 
 @pytest.mark.parametrize(("seed", "ahead"), [(1, None), (2, None), (3, 7), (4, 40)])
