@@ -57,9 +57,9 @@ def test_exponential_delay_grows_to_its_maximum_resets_and_gives_up(
     strategy = ExponentialDelay(initial, 60.0, multiplier, jitter, 600.0, attempts)
     restarts = Restarts(strategy, seed=1)
     now, streak = 0.0, 0
-    for gap in gaps:
-        if now and gap >= 600:
-            streak = 0  # (a stable period: counted from zero again)
+    for n, gap in enumerate(gaps):
+        if n and gap >= 600:
+            streak = 0  # (a stable period since the last failure: counted from zero again)
         now += gap
         decision = restarts.after(failure(), now)
         if attempts is not None and streak >= attempts:
