@@ -91,20 +91,36 @@ class IcebergCommitter(GlobalCommitter):
     def _append(self, table: Table, files: list[DataFile], summary: dict[str, str]) -> bool:
         """One snapshot adding ``files``, its summary holding ``summary``; ``False``: another
         commit came first (the table is read again and the checkpoint looked for)."""
+        doing = f"the commit of checkpoint {summary[CHECKPOINT]} failed"
+        return self._snapshot(table, summary, files, [], doing)
+
+    def _snapshot(
+        self,
+        table: Table,
+        summary: dict[str, str],
+        added: list[DataFile],
+        removed: list[DataFile],
+        failed: str,
+    ) -> bool:
+        """One snapshot adding ``added`` (a fast append) or removing ``removed`` (an
+        overwrite), its summary holding ``summary``; ``False``: another commit came first. What
+        else goes wrong is a :class:`SinkError` saying ``failed``."""
         try:
             with table.transaction() as transaction:
                 update = transaction.update_snapshot(snapshot_properties=summary)
-                with update.fast_append() as append:
-                    for data_file in files:
-                        append.append_data_file(data_file)
+                if added:
+                    with update.fast_append() as append:
+                        for data_file in added:
+                            append.append_data_file(data_file)
+                else:
+                    with update.overwrite() as overwrite:
+                        for data_file in removed:
+                            overwrite.delete_data_file(data_file)
             return True
         except CommitFailedException:
             return False
         except Exception as exc:
-            raise SinkError(
-                f"{self.target.where}: the commit of checkpoint {summary[CHECKPOINT]} failed: "
-                f"{line(exc)}"
-            ) from None
+            raise SinkError(f"{self.target.where}: {failed}: {line(exc)}") from None
 
     def _withdraw(self, table: Table, job: str, sink: str, checkpoint_id: int, done: int) -> bool:
         """The job restored checkpoint ``checkpoint_id``, older than the newest it committed,
@@ -124,20 +140,8 @@ class IcebergCommitter(GlobalCommitter):
         if not newer:
             return True
         summary = {JOB: job, SINK: sink, CHECKPOINT: str(done), RESTORED: str(checkpoint_id)}
-        try:
-            with table.transaction() as transaction:
-                update = transaction.update_snapshot(snapshot_properties=summary)
-                with update.overwrite() as overwrite:
-                    for data_file in newer:
-                        overwrite.delete_data_file(data_file)
-            return True
-        except CommitFailedException:
-            return False
-        except Exception as exc:
-            raise SinkError(
-                f"{self.target.where}: cannot withdraw the files of the checkpoints after "
-                f"{checkpoint_id}: {line(exc)}"
-            ) from None
+        doing = f"cannot withdraw the files of the checkpoints after {checkpoint_id}"
+        return self._snapshot(table, summary, [], newer, doing)
 
     def _table(self) -> Table | None:
         """The table, read anew (its newest snapshot); the catalog loaded once."""
