@@ -30,6 +30,7 @@ from cutline.runtime.driver.restart import ExponentialDelay, FailureRate, FixedD
 from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
 from cutline.runtime.eventtime.aggregations import AggregateFunction
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
+from cutline.runtime.eventtime.timers import TimeDomain
 from cutline.runtime.eventtime.timestamps import EventTimeError
 from cutline.runtime.eventtime.watermarks import (
     BoundedOutOfOrderness,
@@ -38,7 +39,7 @@ from cutline.runtime.eventtime.watermarks import (
 )
 from cutline.runtime.io.formats import InputWarning, SourceError
 from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessContext
-from cutline.runtime.operators import Logic, OperatorContext, RunningOperator
+from cutline.runtime.operators import Logic, OnError, OperatorContext, RunningOperator
 from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import SparkSetupError
 
@@ -69,6 +70,7 @@ __all__ = [
     "Logic",
     "Monotonous",
     "NoRestart",
+    "OnError",
     "OperatorContext",
     "ProcessContext",
     "RecordsSkipped",
@@ -83,6 +85,7 @@ __all__ = [
     "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",
+    "TimeDomain",
     "Tumbling",
     "WaitingForSlots",
     "WatermarkGenerator",

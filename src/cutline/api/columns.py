@@ -53,6 +53,13 @@ def with_count(schema: pa.Schema | None) -> pa.Schema | None:
     return schema.append(pa.field("count", pa.int64()))
 
 
+def with_float(schema: pa.Schema | None, column: str) -> pa.Schema | None:
+    """The columns of a rolling ``mean`` of ``column``: the records', that one a float."""
+    if schema is None or schema.get_field_index(column) < 0:
+        return schema
+    return schema.set(schema.get_field_index(column), pa.field(column, pa.float64()))
+
+
 def window_result_schema(
     schema: pa.Schema | None, key: object, kind: str, field: str | None, time: EventTime
 ) -> pa.Schema | None:

@@ -11,7 +11,7 @@ import fsspec
 from cutline.api.identity import lambda_text, operator_id
 from cutline.api.settings import Settings
 from cutline.runtime.graph import Edge, JobGraph, Operator
-from cutline.runtime.operators import ON_ERROR
+from cutline.runtime.operators import ON_ERROR, OnError
 
 
 class Dataflow:
@@ -22,7 +22,7 @@ class Dataflow:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.graph = JobGraph()
-        self._on_error: dict[str, str] = {}
+        self._on_error: dict[str, OnError] = {}
         self._rate_limits: dict[str, float] = {}
         self._outputs: dict[str, str] = {}
         """File sink uid -> its directory."""
@@ -42,7 +42,7 @@ class Dataflow:
         call it) or, unnamed, called ``label`` with the id :func:`operator_id` gives it (from
         ``reads`` for a source, and the lambda of a logic whose function, ``fn``, is one)."""
         shown = label if name is None else name
-        self._check_on_error(shown, on_error)
+        checked = self._check_on_error(shown, on_error)
         detail = reads or lambda_text(getattr(logic, "fn", None))
         uid = operator_id(label, inputs, detail) if name is None else name
         taken = self.graph.operators.get(uid)
@@ -58,17 +58,20 @@ class Dataflow:
                 "them name=... (each its own: the operator's stable id in checkpoints)"
             )
         operator = self.graph.add(Operator(uid, shown, logic, inputs))
-        self._on_error[uid] = on_error
+        self._on_error[uid] = checked
         return operator
 
-    def _check_on_error(self, name: str, on_error: str) -> None:
-        if on_error not in ON_ERROR:
-            raise ValueError(f"{name}: on_error must be 'fail' or 'dead_letter', not {on_error!r}")
-        if on_error == "dead_letter" and self.settings.dead_letter_dir is None:
-            raise ValueError(
-                f"{name}: on_error='dead_letter' needs a dead-letter directory: "
-                "StreamEnvironment(dead_letter_dir=...)"
-            )
+    def _check_on_error(self, name: str, on_error: str) -> OnError:
+        """``on_error`` of the operator ``name``, checked."""
+        for known in ON_ERROR:
+            if on_error == known:
+                if known == "dead_letter" and self.settings.dead_letter_dir is None:
+                    raise ValueError(
+                        f"{name}: on_error='dead_letter' needs a dead-letter directory: "
+                        "StreamEnvironment(dead_letter_dir=...)"
+                    )
+                return known
+        raise ValueError(f"{name}: on_error must be 'fail' or 'dead_letter', not {on_error!r}")
 
     def _location(self, directory: str) -> tuple[str, str]:
         """(protocol, path) of ``directory``: equal for two spellings of one place."""

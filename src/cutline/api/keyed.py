@@ -3,19 +3,27 @@ state and rolling aggregations, and its windows (:mod:`cutline.api.windowed`).""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from cutline.api.columns import numeric_column, with_count
+from cutline.api.columns import numeric_column, with_count, with_float
 from cutline.api.streams import DataStream, _callable, _Operators
 from cutline.api.windowed import WindowedStream, _early
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
+from cutline.runtime.eventtime.timers import TimeDomain
 from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
 from cutline.runtime.graph import Edge
-from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessLogic, RollingLogic
-from cutline.runtime.operators import Logic, function_name
+from cutline.runtime.keyed_operators import (
+    KeyedProcessFunction,
+    ProcessLogic,
+    Rolling,
+    RollingLogic,
+)
+from cutline.runtime.operators import Logic, OnError, function_name
 
 
 class KeyedStream(_Operators):
@@ -26,7 +34,7 @@ class KeyedStream(_Operators):
         self.key = key
 
     def transform(
-        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
+        self, label: str, logic: Logic, *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
         edge = Edge(self.stream.operator.uid, "hash", self.key)
         return self.stream._through(edge, label, logic, name, on_error)
@@ -35,7 +43,7 @@ class KeyedStream(_Operators):
         return self.stream.schema
 
     def process(
-        self, function: KeyedProcessFunction, *, name: str | None = None, on_error: str = "fail"
+        self, function: KeyedProcessFunction, *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
         """Run ``function.process(record, ctx)`` for every record, with keyed state in ``ctx``."""
         if not isinstance(function, KeyedProcessFunction):
@@ -48,38 +56,112 @@ class KeyedStream(_Operators):
         return self.transform(label, logic, name=name, on_error=on_error)
 
     def reduce(
-        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: str = "fail"
+        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
-        """For every record, emit ``fn(previous result of its key, record)`` (the first record of
-        a key is emitted as it is)."""
+        """For every record, as it comes, emit ``fn(previous result of its key, record)``, which
+        becomes the key's result (the first record of a key is emitted as it is). The results
+        are keyed state: checkpointed, and restored after a failure or at another
+        parallelism."""
         _callable(fn, "reduce")
-        logic = RollingLogic("reduce", self.key, fn=fn)
+        logic = RollingLogic(Rolling.REDUCE, self.key, fn=fn)
         return self.transform(f"reduce({function_name(fn)})", logic, name=name, on_error=on_error)
 
-    def sum(self, field: str | int, *, name: str | None = None) -> DataStream:
-        """For every record, the record with ``field`` replaced by its key's running sum."""
-        return self._rolling("sum", field, name)
+    # The rolling aggregations (Flink's names, ``sum`` ..., are aliases). An operator's label
+    # is Flink's name, ``sum(value)``, whichever is called: an unnamed operator keeps its id
+    # (the state in checkpoints made before the ``running_`` names).
 
-    def min(self, field: str | int, *, name: str | None = None) -> DataStream:
-        """For every record, the record with ``field`` replaced by its key's running minimum."""
-        return self._rolling("min", field, name)
+    def running_sum(
+        self, field: str, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> DataStream:
+        """For every record, as it comes: the record with ``field`` replaced by the sum of
+        ``field`` over its key's records so far (this one included). One record out for every
+        record in; the running sums are keyed state, checkpointed, and restored after a
+        failure or at another parallelism.
 
-    def max(self, field: str | int, *, name: str | None = None) -> DataStream:
-        """For every record, the record with ``field`` replaced by its key's running maximum."""
-        return self._rolling("max", field, name)
+        :param field: a column of numbers (refused now if the stream's columns are known and
+            it is not one of them, or holds no numbers).
+        :param name: the operator's stable id in checkpoints, and its name in messages.
+        :param on_error: what a record whose ``field`` is missing or no number (a bool is
+            none) does: ``"fail"`` the job, or go to the ``"dead_letter"`` output (nothing is
+            emitted for it, and its key's sum stays as it was)."""
+        return self._rolling(Rolling.SUM, field, name, on_error)
 
-    def count(self, *, name: str | None = None) -> DataStream:
-        """For every record, the record with a ``count`` field: its key's running count."""
-        stream = self.transform("count", RollingLogic("count", self.key), name=name)
+    def running_min(
+        self, field: str, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> DataStream:
+        """For every record, as it comes: the record with ``field`` replaced by the smallest
+        ``field`` of its key's records so far (this one included). Otherwise as
+        :meth:`running_sum`."""
+        return self._rolling(Rolling.MIN, field, name, on_error)
+
+    def running_max(
+        self, field: str, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> DataStream:
+        """For every record, as it comes: the record with ``field`` replaced by the largest
+        ``field`` of its key's records so far (this one included). Otherwise as
+        :meth:`running_sum`."""
+        return self._rolling(Rolling.MAX, field, name, on_error)
+
+    def running_mean(
+        self, field: str, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> DataStream:
+        """For every record, as it comes: the record with ``field`` replaced by the mean of
+        ``field`` over its key's records so far (this one included), a float. The state of a
+        key is its sum and its count (checkpointed and restored as :meth:`running_sum`'s).
+        Otherwise as :meth:`running_sum`."""
+        return self._rolling(Rolling.MEAN, field, name, on_error)
+
+    def running_count(self, *, name: str | None = None, on_error: OnError = "fail") -> DataStream:
+        """For every record, as it comes: the record with a ``count`` field (replacing one it
+        has) holding the number of its key's records so far, this one included (1 for the
+        first). ``on_error``: what a record whose key cannot be read does. Otherwise as
+        :meth:`running_sum`."""
+        stream = self.transform(
+            "count", RollingLogic(Rolling.COUNT, self.key), name=name, on_error=on_error
+        )
         stream.schema = with_count(self.stream.schema)
         return stream
 
-    def _rolling(self, kind: str, field: str | int, name: str | None) -> DataStream:
-        if isinstance(field, str):
-            numeric_column(self.stream.schema, field, f"{kind}({field!r})", kind)
-        logic = RollingLogic(kind, self.key, field)
-        stream = self.transform(f"{kind}({field})", logic, name=name)
-        stream.schema = self.stream.schema  # (the record, its field replaced)
+    def sum(
+        self, field: str | int, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> DataStream:
+        """Flink's name of :meth:`running_sum` (the same operator). A field given by its
+        position in tuple or list records (an ``int``) is deprecated."""
+        return self._rolling(Rolling.SUM, _column(field, "sum"), name, on_error)
+
+    def min(
+        self, field: str | int, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> DataStream:
+        """Flink's name of :meth:`running_min` (the same operator). A field given by its
+        position in tuple or list records (an ``int``) is deprecated."""
+        return self._rolling(Rolling.MIN, _column(field, "min"), name, on_error)
+
+    def max(
+        self, field: str | int, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> DataStream:
+        """Flink's name of :meth:`running_max` (the same operator). A field given by its
+        position in tuple or list records (an ``int``) is deprecated."""
+        return self._rolling(Rolling.MAX, _column(field, "max"), name, on_error)
+
+    def count(self, *, name: str | None = None, on_error: OnError = "fail") -> DataStream:
+        """Flink's name of :meth:`running_count` (the same operator)."""
+        return self.running_count(name=name, on_error=on_error)
+
+    def _rolling(
+        self, how: Rolling, field: str | _Position, name: str | None, on_error: OnError
+    ) -> DataStream:
+        if isinstance(field, _Position):
+            column: str | int = field.index
+        elif isinstance(field, str) and field:
+            column = field
+            numeric_column(self.stream.schema, field, f"{how}({field!r})", how)
+        else:
+            raise TypeError(f"running_{how} takes a column name, not {field!r}")
+        logic = RollingLogic(how, self.key, column)
+        stream = self.transform(f"{how}({column})", logic, name=name, on_error=on_error)
+        stream.schema = self.stream.schema  # (the record, its field replaced: a mean's by a float)
+        if how is Rolling.MEAN and isinstance(column, str):
+            stream.schema = with_float(stream.schema, column)
         return stream
 
     def window(
@@ -87,7 +169,7 @@ class KeyedStream(_Operators):
         assigner: Tumbling | Sliding | Session,
         *,
         allowed_lateness: Any = 0,
-        time: str = "event",
+        time: TimeDomain = "event",
         early: Any = None,
         early_records: int | None = None,
     ) -> WindowedStream:
@@ -146,3 +228,26 @@ class KeyedStream(_Operators):
                     "window_start and window_end could not say it"
                 )
         return _early(WindowedStream(self, assigner, event_time, lateness), early, early_records)
+
+
+@dataclass(frozen=True)
+class _Position:
+    """A field given by its position in tuple or list records (deprecated)."""
+
+    index: int
+
+
+def _column(field: str | int, how: str) -> str | _Position:
+    """The field of Flink's ``sum``, ``min``, ``max``: a column name, or a position (which
+    warns: deprecated)."""
+    if isinstance(field, int) and not isinstance(field, bool):
+        warnings.warn(
+            f"{how}({field}): a field given by its position is deprecated: make the records "
+            f"dicts (.map(...)) and name the column: running_{how}('column')",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return _Position(field)
+    if isinstance(field, str):
+        return field
+    raise TypeError(f"{how} takes a column name, not {field!r}")

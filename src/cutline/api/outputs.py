@@ -12,18 +12,20 @@ from typing import Any
 import pyarrow as pa
 
 from cutline.api.columns import has_column
+from cutline.connectors.kafka.values import ValueFormatName
 from cutline.connectors.sink import Sink
+from cutline.connectors.tables.parts import Compression
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.graph import Edge, KeySelector, Operator
-from cutline.runtime.keyed_operators import RollingLogic
-from cutline.runtime.operators import Logic, SinkLogic
+from cutline.runtime.keyed_operators import Rolling, RollingLogic
+from cutline.runtime.operators import Logic, OnError, SinkLogic
 
 
 class Outputs:
     """The writers of :class:`~cutline.api.DataStream` to external systems."""
 
     def transform(
-        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
+        self, label: str, logic: Logic, *, name: str | None = None, on_error: OnError = "fail"
     ) -> Any:
         raise NotImplementedError  # (DataStream's)
 
@@ -34,7 +36,7 @@ class Outputs:
         raise NotImplementedError  # (DataStream's)
 
     def _through(
-        self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: str
+        self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: OnError
     ) -> Any:
         raise NotImplementedError  # (DataStream's)
 
@@ -44,7 +46,7 @@ class Outputs:
         sink: Sink,
         name: str | None,
         key: tuple[str, ...] | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
     ) -> None:
         """The sink operator ``label`` (its id, unless named, comes from it: two sinks of
         one stream into two tables have two). With ``key``, its subtasks get the records
@@ -61,7 +63,7 @@ class Outputs:
         *,
         bootstrap_servers: str,
         key: str | None = None,
-        value_format: str = "json",
+        value_format: ValueFormatName = "json",
         headers: str | Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
         timestamp: str | None = None,
         delete: str | None = None,
@@ -119,7 +121,7 @@ class Outputs:
         columns: Sequence[str] | None = None,
         batch_rows: int = 20_000,
         name: str | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
     ) -> None:
         """Write the records into PostgreSQL ``table``, **exactly once**: a transaction per
         subtask and checkpoint, prepared at the barrier and committed when the checkpoint
@@ -153,7 +155,7 @@ class Outputs:
         *,
         partition_by: Sequence[str] | None = None,
         storage_options: Mapping[str, str] | None = None,
-        compression: str = "zstd",
+        compression: Compression = "zstd",
         name: str | None = None,
     ) -> None:
         """Append the records to the Delta Lake table at ``path`` (made if missing),
@@ -179,7 +181,7 @@ class Outputs:
         *,
         catalog: Mapping[str, Any] | str,
         partition_by: Sequence[str] | None = None,
-        compression: str = "zstd",
+        compression: Compression = "zstd",
         name: str | None = None,
     ) -> None:
         """Append the records to the Apache Iceberg table ``table`` (``"namespace.table"``)
@@ -226,6 +228,6 @@ def _keyed_by(operator: Operator, key: tuple[str, ...]) -> bool:
         return False
     edge, logic = operator.inputs[0], operator.logic
     keeps = isinstance(logic, WindowLogic) or (
-        isinstance(logic, RollingLogic) and logic.how != "reduce"
+        isinstance(logic, RollingLogic) and logic.how is not Rolling.REDUCE
     )
     return keeps and edge.partitioning == "hash" and edge.key == _selector(key)

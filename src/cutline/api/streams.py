@@ -54,6 +54,7 @@ from cutline.runtime.operators import (
     Logic,
     MapBatchesLogic,
     MapLogic,
+    OnError,
     PassLogic,
     SinkLogic,
     function_name,
@@ -62,6 +63,7 @@ from cutline.runtime.operators import (
 if TYPE_CHECKING:
     from cutline.api.keyed import KeyedStream
     from cutline.api.windowed import WindowedStream
+    from cutline.runtime.eventtime.timers import TimeDomain
 
 
 class _Operators:
@@ -70,7 +72,7 @@ class _Operators:
     keys of one subtask)."""
 
     def transform(
-        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
+        self, label: str, logic: Logic, *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
         """Add an operator: ``logic`` (a :class:`~cutline.runtime.operators.Logic`) run on
         every subtask's records, returning the stream of what it emits.
@@ -91,19 +93,23 @@ class _Operators:
         raise NotImplementedError
 
     def map(
-        self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
+        self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
         """One record out for every record in: ``fn(record)``."""
         return self.transform(*_per_record("map", fn), name=name, on_error=on_error)
 
     def flat_map(
-        self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, on_error: str = "fail"
+        self,
+        fn: Callable[[Any], Iterable[Any]],
+        *,
+        name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """Any number of records out for every record in: ``fn(record)`` returns an iterable."""
         return self.transform(*_per_record("flat_map", fn), name=name, on_error=on_error)
 
     def filter(
-        self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
+        self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
         """The records for which ``fn(record)`` is true."""
         stream = self.transform(*_per_record("filter", fn), name=name, on_error=on_error)
@@ -119,7 +125,7 @@ class _Operators:
         fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table],
         *,
         name: str | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
     ) -> DataStream:
         """The vectorized path: ``fn`` gets a ``pyarrow.RecordBatch`` and returns a batch or
         table. (Records that are dicts are turned into a batch first.)"""
@@ -149,7 +155,7 @@ class DataStream(_Operators, Outputs):
         """Its records with the key column of ``window_all``, once a built-in needs it."""
 
     def transform(
-        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
+        self, label: str, logic: Logic, *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
         return self._through(Edge(self.operator.uid), label, logic, name, on_error)
 
@@ -157,7 +163,7 @@ class DataStream(_Operators, Outputs):
         return self.schema
 
     def _through(
-        self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: str
+        self, edge: Edge, label: str, logic: Logic, name: str | None, on_error: OnError
     ) -> DataStream:
         """The operator ``label`` reading this stream over ``edge``."""
         if not isinstance(label, str) or not label.strip():
@@ -244,7 +250,7 @@ class DataStream(_Operators, Outputs):
         assigner: Tumbling | Sliding | Session,
         *,
         allowed_lateness: Any = 0,
-        time: str = "event",
+        time: TimeDomain = "event",
         early: Any = None,
         early_records: int | None = None,
     ) -> WindowedStream:
@@ -335,7 +341,11 @@ class DataStream(_Operators, Outputs):
         self.env._outputs[operator.uid] = path
 
     def sink_to(
-        self, sink: Sink | Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
+        self,
+        sink: Sink | Callable[[Any], Any],
+        *,
+        name: str | None = None,
+        on_error: OnError = "fail",
     ) -> None:
         """Write the records to ``sink``: a connector of the API (exactly once when its
         writer commits as the API says), or a function ``fn(batch)`` called for every batch

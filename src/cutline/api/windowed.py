@@ -15,9 +15,10 @@ from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregatio
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.output import LATE
+from cutline.runtime.eventtime.timers import TimeDomain
 from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
 from cutline.runtime.graph import Edge
-from cutline.runtime.operators import MapBatchesLogic, PassLogic, function_name
+from cutline.runtime.operators import MapBatchesLogic, OnError, PassLogic, function_name
 
 if TYPE_CHECKING:
     from cutline.api.keyed import KeyedStream
@@ -35,7 +36,7 @@ class WindowedStream:
         assigner: Tumbling | Sliding | Session,
         event_time: EventTime,
         lateness: int,
-        time: str = "event",
+        time: TimeDomain = "event",
     ) -> None:
         self.keyed = keyed
         self.assigner = assigner
@@ -43,32 +44,38 @@ class WindowedStream:
         self.lateness = lateness
         self.time = time
 
-    def count(self, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
+    def count(self, *, name: str | None = None, on_error: OnError = "fail") -> WindowedResult:
         """The number of records of each window, in a ``count`` column. ``on_error``: what
         a record without event time (or key) does: ``"fail"`` or ``"dead_letter"``."""
         return self._apply(Aggregation(Kind.COUNT), "count", name, on_error)
 
-    def sum(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
+    def sum(
+        self, field: str, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> WindowedResult:
         """The sum of ``field`` over each window, in a column of that name (a record whose
         ``field`` is no number fails, or goes to the dead letters)."""
         return self._builtin("sum", field, name, on_error)
 
-    def min(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
+    def min(
+        self, field: str, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> WindowedResult:
         """The smallest ``field`` of each window."""
         return self._builtin("min", field, name, on_error)
 
-    def max(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
+    def max(
+        self, field: str, *, name: str | None = None, on_error: OnError = "fail"
+    ) -> WindowedResult:
         """The largest ``field`` of each window."""
         return self._builtin("max", field, name, on_error)
 
     def mean(
-        self, field: str, *, name: str | None = None, on_error: str = "fail"
+        self, field: str, *, name: str | None = None, on_error: OnError = "fail"
     ) -> WindowedResult:
         """The mean of ``field`` over each window (a float)."""
         return self._builtin("mean", field, name, on_error)
 
     def aggregate(
-        self, fn: AggregateFunction, *, name: str | None = None, on_error: str = "fail"
+        self, fn: AggregateFunction, *, name: str | None = None, on_error: OnError = "fail"
     ) -> WindowedResult:
         """An incremental aggregation (an :class:`AggregateFunction`: ``create_accumulator``,
         ``add``, ``merge``, ``get_result``); a dict result's fields go into the output
@@ -82,7 +89,7 @@ class WindowedStream:
         return self._apply(Aggregation(Kind.AGGREGATE, fn=fn), label, name, on_error)
 
     def reduce(
-        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: str = "fail"
+        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: OnError = "fail"
     ) -> WindowedResult:
         """``fn(a, b)`` folds each window's records into one (a dict: the output record,
         with the key, ``window_start`` and ``window_end``)."""
@@ -95,7 +102,7 @@ class WindowedStream:
         fn: Callable[[Any, Window, list[Any]], Iterable[Any] | None],
         *,
         name: str | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
     ) -> WindowedResult:
         """``fn(key, window, records)`` with all of a window's records once it fires
         (``window.start``, ``window.end``); it returns (or yields) the records to emit."""
@@ -108,7 +115,7 @@ class WindowedStream:
         fn: Callable[[Any, Window, pa.Table], Any],
         *,
         name: str | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
     ) -> WindowedResult:
         """The vectorized ``process``: ``fn(key, window, table)`` gets all of a window's
         records as one ``pyarrow.Table`` once it fires, and returns a table, a batch or records
@@ -118,7 +125,9 @@ class WindowedStream:
         label = f"process_batches({function_name(fn)})"
         return self._apply(Aggregation(Kind.PROCESS_BATCHES, fn=fn), label, name, on_error)
 
-    def _builtin(self, kind: str, field: str, name: str | None, on_error: str) -> WindowedResult:
+    def _builtin(
+        self, kind: str, field: str, name: str | None, on_error: OnError
+    ) -> WindowedResult:
         if not isinstance(field, str) or not field:
             raise TypeError(f"{kind} of a window takes a column name, not {field!r}")
         what = f"window({self.assigner}).{kind}({field!r})"
@@ -133,7 +142,7 @@ class WindowedStream:
     """Every this many records of a window (per key), its result so far."""
 
     def _apply(
-        self, aggregation: Aggregation, what: str, name: str | None, on_error: str = "fail"
+        self, aggregation: Aggregation, what: str, name: str | None, on_error: OnError = "fail"
     ) -> WindowedResult:
         from cutline.api.keyed import KeyedStream  # (it builds on this module)
 

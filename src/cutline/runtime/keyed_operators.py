@@ -1,21 +1,22 @@
 """Keyed operators: each subtask's state in a backend of its key groups (:class:`_Keyed`),
 the user's :class:`KeyedProcessFunction` with its state and timers, and the rolling
-aggregations of ``keyed.sum(...)`` and the like."""
+aggregations of ``keyed.running_sum(...)`` and the like (:class:`RollingLogic`)."""
 
 from __future__ import annotations
 
 import copy
+import enum
 import numbers
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, assert_never
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.eventtime.timers import EVENT, PROCESSING, TimerService
+from cutline.runtime.eventtime.timers import EVENT, PROCESSING, TimeDomain, TimerService
 from cutline.runtime.operators import (
     Batch,
     Logic,
@@ -117,7 +118,7 @@ class ProcessContext:
         ``register_processing_time_timer(t)``, ``delete_event_time_timer(t)``,
         ``delete_processing_time_timer(t)``, ``current_watermark()``,
         ``current_processing_time()`` (epoch milliseconds)."""
-        self.time_domain: str | None = None
+        self.time_domain: TimeDomain | None = None
         """In ``on_timer``: ``"event"`` or ``"processing"``; ``None`` in ``process``."""
 
     @property
@@ -177,7 +178,7 @@ class _Process(_Keyed):
             return None
         return self._fire(PROCESSING, now_ms)
 
-    def _fire(self, domain: str, upto: int) -> Batch | None:
+    def _fire(self, domain: TimeDomain, upto: int) -> Batch | None:
         """Call ``on_timer`` for every timer of ``domain`` due by ``upto``."""
         out: list[Any] = []
         pctx, on_timer = self.pctx, self.function.on_timer
@@ -216,16 +217,39 @@ class _Process(_Keyed):
         return out
 
 
+class Rolling(enum.StrEnum):
+    """What a rolling aggregation keeps per key, and emits for every record (equal to its
+    name as a string). The name is also that of its state in checkpoints: it never changes."""
+
+    SUM = "sum"
+    """The record, its field replaced by the key's running sum."""
+    MIN = "min"
+    """The record, its field replaced by the key's smallest value so far."""
+    MAX = "max"
+    """The record, its field replaced by the key's largest value so far."""
+    MEAN = "mean"
+    """The record, its field replaced by the key's running mean (a float); the state is
+    ``(sum, count)``."""
+    COUNT = "count"
+    """The record with a ``count`` field: the key's records so far, this one included."""
+    REDUCE = "reduce"
+    """``fn(previous result, record)``; the first record of a key as it is."""
+
+
 @dataclass(frozen=True)
 class RollingLogic(Logic):
     """Flink's rolling aggregations per key: for every record, emit it with ``field`` replaced by
-    its key's running ``sum``/``min``/``max``, or with a ``count`` field added; or ``reduce``."""
+    its key's running sum, minimum, maximum or mean, or with a ``count`` field added; or the
+    running ``reduce`` of a function (see :class:`Rolling`)."""
 
-    how: str  # sum, min, max, count, reduce
+    how: Rolling
     key: str | Callable[[Any], Hashable]
     field: str | int | None = None
     fn: Callable[[Any, Any], Any] | None = None
     keyed = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "how", Rolling(self.how))  # (a name given as a string)
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return _Rolling(self, ctx, state)
@@ -236,11 +260,12 @@ _EXACT_INTEGERS = frozenset(
 )
 _INT64_SAFE = 2**62
 
-_COMBINE: dict[str, Callable[[Any, Any], Any]] = {
-    "sum": lambda a, b: a + b,
-    "min": lambda a, b: b if b < a else a,
-    "max": lambda a, b: b if b > a else a,
-}
+_MISSING: Any = object()
+"""A key's state before its first record."""
+
+Step: TypeAlias = Callable[[Any, Any], tuple[Any, Any]]
+"""One record of a rolling aggregation: ``step(record, state)`` -> ``(state, emitted)``, the
+key's new state and the record to emit (``state`` :data:`_MISSING` for a key's first)."""
 
 
 def _replace(record: Any, field: str | int, value: Any) -> Any:
@@ -253,22 +278,98 @@ def _replace(record: Any, field: str | int, value: Any) -> Any:
     raise RecordError(f"cannot set field {field!r} of record {_repr.repr(record)}")
 
 
+def _number(record: Any, field: str | int, how: Rolling) -> Any:
+    """The value of ``field`` in ``record``: a number (a bool is none), or a record error."""
+    try:
+        value = record[field]
+    except (KeyError, IndexError, TypeError):
+        raise RecordError(f"the record has no field {field!r}: {_repr.repr(record)}") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        raise RecordError(  # (text would concatenate, or compare, silently)
+            f"{field!r} is {type(value).__name__} {_repr.repr(value)}, not a number "
+            f"({how} needs numbers)"
+        )
+    return value
+
+
+def _step(logic: RollingLogic) -> Step:
+    """The step of ``logic``'s aggregation, chosen once (not per record)."""
+    how, field, fn = logic.how, logic.field, logic.fn
+    match how:
+        case Rolling.COUNT:
+
+            def count(record: Any, previous: Any) -> tuple[Any, Any]:
+                value = 1 if previous is _MISSING else previous + 1
+                return value, _replace(record, "count", value)
+
+            return count
+        case Rolling.REDUCE:
+            assert fn is not None
+
+            def reduce(record: Any, previous: Any) -> tuple[Any, Any]:
+                # a copy: a function that changes its accumulator in place must not change
+                # records already emitted, nor the state a pending snapshot holds
+                value = record if previous is _MISSING else fn(copy.copy(previous), record)
+                return value, value
+
+            return reduce
+        case Rolling.MEAN:
+            assert field is not None
+
+            def mean(record: Any, previous: Any) -> tuple[Any, Any]:
+                current = _number(record, field, how)
+                total, count = (
+                    (current, 1)
+                    if previous is _MISSING
+                    else (
+                        previous[0] + current,
+                        previous[1] + 1,
+                    )
+                )
+                return (total, count), _replace(record, field, total / count)
+
+            return mean
+        case Rolling.SUM | Rolling.MIN | Rolling.MAX:
+            assert field is not None
+            combine = _COMBINE[how]
+
+            def fold(record: Any, previous: Any) -> tuple[Any, Any]:
+                current = _number(record, field, how)
+                value = current if previous is _MISSING else combine(previous, current)
+                return value, _replace(record, field, value)
+
+            return fold
+        case _:
+            assert_never(how)
+
+
+def _sum(a: Any, b: Any) -> Any:
+    return a + b
+
+
+def _min(a: Any, b: Any) -> Any:
+    return b if b < a else a
+
+
+def _max(a: Any, b: Any) -> Any:
+    return b if b > a else a
+
+
+_COMBINE = {Rolling.SUM: _sum, Rolling.MIN: _min, Rolling.MAX: _max}
+
+
 class _Rolling(_Keyed):
     def __init__(self, logic: RollingLogic, ctx: OperatorContext, state: Any) -> None:
         super().__init__(ctx, state, logic.key)
         self.how = logic.how
-        self.field = "count" if logic.how == "count" else logic.field
-        self.fn = logic.fn
-        self.table = self.backend.value_table(logic.how)
+        self.field = "count" if logic.how is Rolling.COUNT else logic.field
+        self.step = _step(logic)
+        self.table = self.backend.value_table(logic.how.value)
         self.targets: dict[Hashable, int] = {}
+        self.vectorizes = logic.how in (Rolling.SUM, Rolling.COUNT) and isinstance(logic.key, str)
 
     def process(self, batch: Batch) -> Batch | None:
-        if (
-            self.how in ("sum", "count")
-            and isinstance(batch, pa.RecordBatch)
-            and isinstance(self.key, str)
-            and batch.num_rows
-        ):
+        if self.vectorizes and isinstance(batch, pa.RecordBatch) and batch.num_rows:
             vectorized = self._vectorized(batch)
             if vectorized is not None:
                 return vectorized
@@ -276,41 +377,14 @@ class _Rolling(_Keyed):
 
     def _per_record(self, records: list[Any]) -> list[Any]:
         out = []
-        table, get_key, field, how = self.table, self.get_key, self.field, self.how
-        missing = object()
+        table, get_key, step, check_key = self.table, self.get_key, self.step, self._check_key
         for record in records:
             try:
                 key = get_key(record)
-                self._check_key(key)
-                previous = table.get(key, missing)
-                if how == "count":
-                    value = 1 if previous is missing else previous + 1
-                    table[key] = value
-                    out.append(_replace(record, "count", value))
-                    continue
-                if how == "reduce":
-                    assert self.fn is not None
-                    # a copy: a function that changes its accumulator in place must not change
-                    # records already emitted, nor the state a pending snapshot holds
-                    value = record if previous is missing else self.fn(copy.copy(previous), record)
-                    table[key] = value
-                    out.append(value)
-                    continue
-                assert field is not None
-                try:
-                    current = record[field]
-                except (KeyError, IndexError, TypeError):
-                    raise RecordError(
-                        f"the record has no field {field!r}: {_repr.repr(record)}"
-                    ) from None
-                if how == "sum" and not isinstance(current, numbers.Number):
-                    raise RecordError(  # (text would concatenate, silently)
-                        f"{field!r} is {type(current).__name__} {_repr.repr(current)}, not a "
-                        "number (sum needs numbers)"
-                    )
-                value = current if previous is missing else _COMBINE[how](previous, current)
-                table[key] = value
-                out.append(_replace(record, field, value))
+                check_key(key)
+                state, emitted = step(record, table.get(key, _MISSING))
+                table[key] = state
+                out.append(emitted)
             except Exception as exc:
                 self.ctx.fail(record, exc)
         return out
@@ -333,7 +407,7 @@ class _Rolling(_Keyed):
         if self.key not in names:
             return None
         keys = batch.column(self.key)
-        if self.how == "sum":
+        if self.how is Rolling.SUM:
             if self.field not in names:
                 return None
             column = batch.column(self.field)
@@ -374,7 +448,7 @@ class _Rolling(_Keyed):
         running = np.empty_like(running_sorted)
         running[order] = running_sorted
         result = pa.array(running)
-        target = "count" if self.how == "count" else self.field
+        target = "count" if self.how is Rolling.COUNT else self.field
         assert isinstance(target, str)
         if target in names:
             return batch.set_column(names.index(target), target, result)

@@ -26,7 +26,7 @@ import reprlib
 import traceback
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -48,7 +48,11 @@ from cutline.runtime.state.segments import SegmentSource
 
 Batch: TypeAlias = Any
 """A ``pyarrow.RecordBatch`` or a ``list`` of records (pyarrow has no type hints)."""
-ON_ERROR = ("fail", "dead_letter")
+OnError: TypeAlias = Literal["fail", "dead_letter"]
+"""What an operator does with a record it cannot process (a user function raised, a field is
+missing): ``"fail"`` the job (it restarts as its restart strategy says, and fails if it keeps
+failing) or send the record and its error to the ``"dead_letter"`` output and go on."""
+ON_ERROR: tuple[OnError, ...] = get_args(OnError)
 _repr = reprlib.Repr()  # records in messages: long ones shortened
 _repr.maxstring = _repr.maxother = 200
 _repr.maxlist = _repr.maxdict = 20
@@ -126,7 +130,7 @@ class OperatorContext:
     parallelism: int
     max_parallelism: int
     generation: int
-    on_error: str = "fail"
+    on_error: OnError = "fail"
     dead_letters: DeadLetterOutput | None = None
     run: str = "r0"
     """The id of this run of the job (one ``execute()``): sinks name their files with it."""

@@ -25,11 +25,13 @@ made before (``on_offset_out_of_range=``), never a silent jump:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, TypeAlias, get_args
 
 from cutline.connectors.source import SourceError
 
-OFFSET_POLICIES = ("fail", "earliest", "latest")
+OffsetPolicy: TypeAlias = Literal["fail", "earliest", "latest"]
 """What ``on_offset_out_of_range=`` may say (see the module's docstring)."""
+OFFSET_POLICIES: tuple[OffsetPolicy, ...] = get_args(OffsetPolicy)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from cutline.connectors.kafka.avro import (
     register,
 )
 from cutline.connectors.kafka.metadata import LOG, reason
+from cutline.connectors.kafka.values import VALUE_FORMATS, ValueFormatName
 from cutline.connectors.sink import Sink, SinkContext, SinkError, SinkWriter
 from cutline.connectors.source import Batch
 
@@ -63,7 +64,7 @@ class KafkaSink(Sink):
     key: str | None = None
     """The column whose value keys each record (text, bytes, or anything made text);
     ``None``: records without a key (spread over the partitions by the client)."""
-    value_format: str = "json"
+    value_format: ValueFormatName = "json"
     """``"json"``: the record (every column but ``headers`` and ``delete``'s) as a JSON
     object; ``"avro"``: the fields of ``avro``'s schema; ``"raw"``/``"string"``: the
     ``value`` column's bytes or text."""
@@ -86,7 +87,7 @@ class KafkaSink(Sink):
                 "write_kafka: bootstrap_servers must say where the brokers are, e.g. "
                 f"'127.0.0.1:9092', not {self.bootstrap_servers!r}"
             )
-        if self.value_format not in ("json", "avro", "raw", "string"):
+        if self.value_format not in VALUE_FORMATS:
             raise ValueError(
                 "write_kafka: value_format must be 'json', 'avro', 'raw' or 'string', not "
                 f"{self.value_format!r}"
@@ -141,7 +142,7 @@ def kafka_sink(
     bootstrap_servers: str,
     *,
     key: str | None = None,
-    value_format: str = "json",
+    value_format: ValueFormatName = "json",
     config: Mapping[str, Any] | None = None,
     headers: str | Mapping[str, Any] | Sequence[Header] | None = None,
     timestamp: str | None = None,

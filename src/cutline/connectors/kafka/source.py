@@ -63,13 +63,15 @@ from cutline.connectors.kafka.metadata import (
     split_id,
     topic_partitions,
 )
-from cutline.connectors.kafka.ranges import OFFSET_POLICIES
+from cutline.connectors.kafka.ranges import OFFSET_POLICIES, OffsetPolicy
 from cutline.connectors.kafka.reader import KafkaReader
 from cutline.connectors.kafka.values import (
     KAFKA_FIELDS,
     VALUE_FORMATS,
     Deserializer,
+    KeyFormat,
     ValueFormat,
+    ValueFormatName,
     infer_schema,
 )
 from cutline.connectors.source import Source, SourceContext, SourceError
@@ -100,7 +102,7 @@ class KafkaSource(Source):
     types: pa.Schema | None = None
     """JSON values: the types of the fields it names (``schema=`` as a dict); the others are
     inferred from the first records by :meth:`prepare`, as without it."""
-    on_offset_out_of_range: str = "fail"
+    on_offset_out_of_range: OffsetPolicy = "fail"
     """What a reader does with a position its partition no longer holds (one of
     :data:`~cutline.connectors.kafka.ranges.OFFSET_POLICIES`: see that module)."""
     pattern: re.Pattern[str] | None = None
@@ -281,18 +283,18 @@ def kafka_source(
     topics: str | tuple[str, ...] | list[str] | re.Pattern[str],
     bootstrap_servers: str,
     *,
-    value_format: str | Deserializer = "json",
+    value_format: ValueFormatName | Deserializer = "json",
     schema: pa.Schema | None = None,
     types: pa.Schema | None = None,
     avro_schema: Any = None,
     schema_registry: str | Mapping[str, Any] | None = None,
-    key_format: str = "string",
+    key_format: KeyFormat = "string",
     start: Any = "earliest",
     bounded: bool = False,
     group_id: str | None = None,
     config: Mapping[str, Any] | None = None,
     discovery_interval: float | None = 5.0,
-    on_offset_out_of_range: str = "fail",
+    on_offset_out_of_range: OffsetPolicy = "fail",
 ) -> KafkaSource:
     """A :class:`KafkaSource` from ``env.read_kafka``'s arguments (``schema``: the whole
     value's; ``types``: those of some of a JSON value's fields, the others inferred;

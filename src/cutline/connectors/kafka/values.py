@@ -20,7 +20,7 @@ import datetime as dt
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +49,12 @@ KAFKA_SCHEMA = pa.schema(
 )
 """Their Arrow types with ``key_format="string"`` (``"raw"``: ``_key`` is binary)."""
 
-VALUE_FORMATS = ("json", "avro", "raw", "string")
+ValueFormatName: TypeAlias = Literal["json", "avro", "raw", "string"]
+"""How a record's value is encoded: a JSON object, an Avro record, its bytes, or UTF-8 text."""
+VALUE_FORMATS: tuple[ValueFormatName, ...] = get_args(ValueFormatName)
+KeyFormat: TypeAlias = Literal["string", "raw"]
+"""How a record's key is read: as UTF-8 text, or as its bytes."""
+KEY_FORMATS: tuple[KeyFormat, ...] = get_args(KeyFormat)
 
 Header = tuple[str, bytes | None]
 
@@ -106,9 +111,9 @@ class ValueFormat:
     deserializer, or JSON on an empty topic: records are Python dicts.
     """
 
-    value_format: str | Deserializer = "json"
+    value_format: ValueFormatName | Deserializer = "json"
     schema: pa.Schema | None = None
-    key_format: str = "string"
+    key_format: KeyFormat = "string"
     avro: AvroFormat | None = None
     """Avro values: the reader's schema and the Schema Registry, if any."""
 

@@ -12,7 +12,7 @@ import re
 import time
 import uuid
 from abc import ABC, abstractmethod
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,7 +27,9 @@ MAX_OPEN_FILES = 64
 """Part files a writer keeps open at once (one per partition): past it, the one written least
 recently is closed (a table partitioned by a column of many values gets more files, not more
 memory or descriptors)."""
-CODECS = ("zstd", "snappy", "lz4", "gzip", "brotli", "none")
+Compression: TypeAlias = Literal["zstd", "snappy", "lz4", "gzip", "brotli", "none"]
+"""The Parquet codec of a table's data files (a name in any case is taken: ``"ZSTD"``)."""
+CODECS: tuple[Compression, ...] = get_args(Compression)
 
 File = TypeVar("File")
 """What a table format's commit needs of a closed file."""

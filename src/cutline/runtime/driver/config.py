@@ -19,6 +19,7 @@ from cutline.protocol.coordinator import CheckpointSettings
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.stats import STATS_HISTORY
 from cutline.runtime.driver.restart import HOST_LOSS_POLICIES, ExponentialDelay, RestartStrategy
+from cutline.runtime.operators import OnError
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.task.launch import BarrierHandling, PhaseHook, SourceHold
 
@@ -75,7 +76,7 @@ class JobConfig:
     batch_size: int = 65536
     buffer_capacity: int = 4
     dead_letter_dir: str | None = None
-    on_error: dict[str, str] = field(default_factory=dict)
+    on_error: dict[str, OnError] = field(default_factory=dict)
     collect: dict[str, str] = field(default_factory=dict)
     """Collect sink name -> its directory (read back when the job ends)."""
     rate_limits: dict[str, float] = field(default_factory=dict)

@@ -10,13 +10,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any
+from typing import Any, Final, Literal, TypeAlias
 
 from cutline.runtime.state.keygroups import StateError
 from cutline.runtime.state.timers import TimerIndex
 
-EVENT = "event"
-PROCESSING = "processing"
+TimeDomain: TypeAlias = Literal["event", "processing"]
+"""A kind of time: ``"event"`` time (the records' own, that watermarks tell) or
+``"processing"`` time (the wall clock where the operator runs)."""
+EVENT: Final = "event"
+PROCESSING: Final = "processing"
 TIMERS = "_timers"
 """The keyed state of a process function's timers: per key, a tuple of ``(domain, due)``."""
 

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from cutline.runtime.checkpoint.restore import RestoreSpec
 from cutline.runtime.graph import ExecutionPlan
+from cutline.runtime.operators import OnError
 from cutline.runtime.state.config import StateConfig
 
 CHECKPOINTING_MODES = ("aligned", "unaligned", "at_least_once")
@@ -81,7 +82,7 @@ class SlotSetup:
     batch_size: int = 65536
     buffer_capacity: int = 4
     dead_letter_dir: str | None = None
-    on_error: dict[str, str] = field(default_factory=dict)
+    on_error: dict[str, OnError] = field(default_factory=dict)
     """Operator uid -> ``fail`` or ``dead_letter``."""
     heartbeat_interval: float = 0.25
     run: str = "r0"
