@@ -51,6 +51,7 @@ from cutline.connectors.kafka.avro import (
     latest_schema,
 )
 from cutline.connectors.kafka.metadata import (
+    Start,
     check_start,
     client,
     listed_partitions,
@@ -86,7 +87,7 @@ class KafkaSource(Source):
     topics: tuple[str, ...]
     bootstrap_servers: str
     value: ValueFormat = field(default_factory=ValueFormat)
-    start: Any = "earliest"
+    start: Start = "earliest"
     bounded: bool = False
     group_id: str | None = None
     """Consumer group whose offsets are committed, once each checkpoint completes, for
@@ -289,7 +290,7 @@ def kafka_source(
     avro_schema: Any = None,
     schema_registry: str | Mapping[str, Any] | None = None,
     key_format: KeyFormat = "string",
-    start: Any = "earliest",
+    start: Start = "earliest",
     bounded: bool = False,
     group_id: str | None = None,
     config: Mapping[str, Any] | None = None,
