@@ -41,6 +41,11 @@ for name in names:
     importlib.import_module(name)
 print(f"  {len(names)} modules")
 EOF
+echo "bare install: the package says it is typed (py.typed, PEP 561)"
+"$work/venv/bin/python" -c "
+import pathlib, cutline
+assert (pathlib.Path(cutline.__file__).parent / 'py.typed').is_file(), 'py.typed is not installed'
+"
 echo "bare install: the CLI runs"
 "$work/venv/bin/cutline" --help > /dev/null
 "$work/venv/bin/cutline" checkpoints --help > /dev/null
