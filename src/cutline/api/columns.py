@@ -44,6 +44,18 @@ def numeric_column(schema: pa.Schema | None, column: str, what: str, kind: str) 
         )
 
 
+def check_flat(schema: pa.Schema | None, what: str) -> None:
+    """Refuse records known to hold nested values (lists, dicts), which CSV cannot write."""
+    if schema is None:
+        return
+    nested = [f.name for f in schema if pa.types.is_nested(f.type)]
+    if nested:
+        raise ValueError(
+            f"{what}: CSV holds no nested values, and column {nested[0]!r} is "
+            f"{schema.field(nested[0]).type} (write_parquet or write_jsonl keep them)"
+        )
+
+
 def with_count(schema: pa.Schema | None) -> pa.Schema | None:
     """The columns of a rolling ``count``: the records' and ``count``."""
     if schema is None:

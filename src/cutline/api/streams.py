@@ -32,12 +32,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from cutline.api.columns import has_column
+from cutline.api.columns import check_flat, has_column
 from cutline.api.dataflow import Dataflow
 from cutline.api.event_time import common_time, watermark_generator
 from cutline.api.outputs import Outputs
@@ -49,7 +49,9 @@ from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.graph import Edge, GraphError, Operator
-from cutline.runtime.io.sinks import CollectSink, FileSink
+from cutline.runtime.io.formats import CsvOptions
+from cutline.runtime.io.partitions import check_columns, check_schema
+from cutline.runtime.io.sinks import CollectSink, FileSink, ParquetCompression
 from cutline.runtime.operators import (
     Logic,
     MapBatchesLogic,
@@ -324,21 +326,93 @@ class DataStream(_Operators, Outputs):
             raise ValueError(f"iterate: {exc}") from None
         return output
 
-    def write_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
-        """Exactly-once Parquet output: part files appear in ``path`` when the checkpoint that
-        covers them completes (pending ones wait in ``path/_pending``, which readers skip)."""
-        self._file_sink(location(path), "parquet", name)
+    def write_parquet(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        compression: ParquetCompression = "snappy",
+        partition_by: Sequence[str] | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Write the records to Parquet files in the directory ``path`` (a local path or any
+        fsspec URL), **exactly once**: each subtask writes its records since the last
+        checkpoint into a part file under ``path/_pending`` (which readers skip: its name
+        starts with ``_``) and moves it into ``path`` when the checkpoint that covers them
+        completes; after a failure, the parts of the restored checkpoint are published (once)
+        and the later ones deleted. A part file is named ``part-<subtask>-<checkpoint>-...``;
+        a checkpoint without records of a subtask makes none.
+
+        :param compression: the files' codec: ``"snappy"`` (the default), ``"zstd"``,
+            ``"gzip"``, ``"brotli"``, ``"lz4"`` or ``"none"``.
+        :param partition_by: columns whose values sort the records into Hive-style folders,
+            ``path/<column>=<value>/`` (nested in the order given), the files there without
+            those columns, as :meth:`write_delta` does: ``pyarrow.dataset`` (with
+            ``partitioning="hive"``), Spark and DuckDB read them back as columns. A column of
+            text, integers, bools or dates (``YYYY-MM-DD``); a value is percent-encoded in
+            the folder's name (``a%2Fb``), a null is ``__HIVE_DEFAULT_PARTITION__``. A column
+            the records are known not to have, or of another type, is refused here; one found
+            missing while the job runs fails it.
+        :param name: the sink's stable id in checkpoints (and its name in messages)."""
+        what = f"write_parquet({location(path)})"
+        columns = check_columns(partition_by or (), what)
+        check_schema(self.schema, columns, what)
+        self._file_sink(path, "parquet", name, partition_by=columns, compression=compression)
+
+    def write_csv(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        delimiter: str = ",",
+        header: bool = True,
+        null_value: str = "",
+        name: str | None = None,
+    ) -> None:
+        """Write the records to CSV files in the directory ``path``, **exactly once**, as
+        :meth:`write_parquet` (part files published when the checkpoint that covers them
+        completes). Each part file starts with a line of the column names (``header``), then
+        a line per record; a value that holds the delimiter, a quote or a line break is
+        quoted with ``"`` (a quote in it doubled); times as ISO 8601. What it writes,
+        :meth:`~cutline.api.StreamEnvironment.read_csv` reads back with the same
+        ``delimiter``, ``header`` and ``null_values=[null_value]``. Records of nested values
+        (lists, dicts) cannot be written: refused here when the stream's columns are known,
+        else they fail the job.
+
+        :param delimiter: the field separator (one character, not a quote or a line break).
+        :param header: whether each file's first line names the columns.
+        :param null_value: what a null is written as (the empty field by default; it must not
+            hold the delimiter, a quote or a line break).
+        :param name: the sink's stable id in checkpoints (and its name in messages)."""
+        what = f"write_csv({location(path)})"
+        try:
+            options = CsvOptions(delimiter=delimiter, header=header, null_values=(null_value,))
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
+        if not isinstance(null_value, str) or any(c in null_value for c in f'"\r\n{delimiter}'):
+            raise ValueError(
+                f"{what}: null_value must be text without the delimiter, a quote or a line "
+                f"break, not {null_value!r}"
+            )
+        check_flat(self.schema, what)
+        self._file_sink(path, "csv", name, csv=options)
 
     def write_jsonl(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
-        """Exactly-once JSON-lines output (as :meth:`write_parquet`)."""
-        self._file_sink(location(path), "jsonl", name)
+        """Write the records to JSON-lines files in the directory ``path`` (a JSON object per
+        line, values JSON cannot hold as their text), **exactly once**, as
+        :meth:`write_parquet`."""
+        self._file_sink(path, "jsonl", name)
 
-    def _file_sink(self, path: str, fmt: str, name: str | None) -> None:
-        what = f"write_{fmt}({path})"
-        self.env._check_output(path, what)
-        sink = FileSink(path, fmt, self.env.settings.storage_options)
+    def _file_sink(
+        self, path: str | os.PathLike[str], fmt: str, name: str | None, **options: Any
+    ) -> None:
+        where = location(path)
+        what = f"write_{fmt}({where})"
+        self.env._check_output(where, what)
+        try:
+            sink = FileSink(where, fmt, self.env.settings.storage_options, **options)
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
         operator = self.transform(what, SinkLogic(sink), name=name).operator
-        self.env._outputs[operator.uid] = path
+        self.env._outputs[operator.uid] = where
 
     def sink_to(
         self,

@@ -41,20 +41,27 @@ import pickle
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias, get_args
 
 import fsspec
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from cutline.connectors.sink import PendingCommit, Sink, SinkContext, SinkWriter
 from cutline.connectors.sink import SinkError as SinkError  # (its home: connectors)
+from cutline.runtime.io.formats import CsvOptions
+from cutline.runtime.io.partitions import is_partition_folder, split
 
 PENDING = "_pending"
 _PART = re.compile(r"part-(\d{5})-(\d{10})-g(\d+)-([a-z0-9]+)-\d+\.[a-z]+")
-_SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "pickle": ".pickle"}
+_SUFFIX = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl", "pickle": ".pickle"}
 """``pickle`` parts hold lists of Python records: the collect sink's output."""
+
+ParquetCompression: TypeAlias = Literal["snappy", "zstd", "gzip", "brotli", "lz4", "none"]
+"""The codecs pyarrow writes Parquet files with (``"none"``: uncompressed)."""
+PARQUET_CODECS: tuple[ParquetCompression, ...] = get_args(ParquetCompression)
 
 
 COLLECT_FOLDER = "_collect"
@@ -81,11 +88,18 @@ class CollectSink(Sink):
 
 @dataclass(frozen=True)
 class FileSink(Sink):
-    """Part files in ``directory`` (a local path or any fsspec URL), as ``parquet`` or ``jsonl``."""
+    """Part files in ``directory`` (a local path or any fsspec URL), as ``parquet``, ``csv``
+    or ``jsonl``; with ``partition_by``, in Hive-style folders of those columns' values
+    (:mod:`~cutline.runtime.io.partitions`)."""
 
     directory: str
     format: str = "parquet"
     storage_options: Mapping[str, Any] | None = None
+    partition_by: tuple[str, ...] = ()
+    compression: ParquetCompression = "snappy"
+    """Parquet's codec."""
+    csv: CsvOptions = field(default_factory=CsvOptions)
+    """How CSV is written: its ``delimiter``, ``header`` and ``null_values[0]`` (for nulls)."""
 
     @property
     def columnar(self) -> bool:  # type: ignore[override]
@@ -96,6 +110,15 @@ class FileSink(Sink):
             raise ValueError(
                 f"unknown output format {self.format!r}: use one of {', '.join(_SUFFIX)}"
             )
+        if self.partition_by and not self.columnar:
+            raise ValueError(f"{self.format} output cannot be partitioned")
+        codec = self.compression.lower() if isinstance(self.compression, str) else None
+        if codec not in PARQUET_CODECS:
+            raise ValueError(
+                f"compression must be one of {', '.join(PARQUET_CODECS)}, not {self.compression!r}"
+            )
+        object.__setattr__(self, "compression", codec)
+        object.__setattr__(self, "partition_by", tuple(self.partition_by))
 
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> FileSinkWriter:
         """A writer for subtask ``context.subtask`` in attempt ``context.generation`` of the
@@ -110,7 +133,9 @@ class FileSink(Sink):
         if not re.fullmatch(r"[a-z0-9]{1,16}", run):
             raise ValueError(f"run id {run!r}: use 1 to 16 lowercase letters and digits")
         fs, root = fsspec.core.url_to_fs(self.directory, **dict(self.storage_options or {}))
-        writer = FileSinkWriter(fs, root.rstrip("/"), self.format, subtask, context.generation, run)
+        writer = FileSinkWriter(
+            fs, root.rstrip("/"), self.format, subtask, context.generation, run, sink=self
+        )
         states = {index: state or {} for index, state in restored.items()}
         states.setdefault(subtask, {})
         for index, old in sorted(states.items()):
@@ -120,7 +145,15 @@ class FileSink(Sink):
 
 class FileSinkWriter(SinkWriter):
     def __init__(
-        self, fs: Any, root: str, fmt: str, subtask: int, generation: int, run: str = "r0"
+        self,
+        fs: Any,
+        root: str,
+        fmt: str,
+        subtask: int,
+        generation: int,
+        run: str = "r0",
+        *,
+        sink: FileSink | None = None,
     ) -> None:
         self._run = run
         self._fs = fs
@@ -128,10 +161,18 @@ class FileSinkWriter(SinkWriter):
         self._format = fmt
         self._subtask = subtask
         self._generation = generation
-        self._batches: list[Any] = []
+        self._sink = sink or FileSink(root, fmt)
+        """Its options: partitions, Parquet's codec, how CSV is written."""
+        self._batches: dict[str, list[Any]] = {}
+        """The records since the last checkpoint, by partition folder (``""``: the output's
+        own, unpartitioned)."""
         self._part = 0
         self._pending: list[dict[str, Any]] = []
-        """Parts pre-committed and not yet published: {"checkpoint": n, "name": file name}."""
+        """Parts pre-committed and not yet published: {"checkpoint": n, "name": file name},
+        and "folder": its partition's (``a=1/b=x/``) when partitioned. The file waits as
+        ``_pending/<name>`` and is published as ``<folder><name>``."""
+        self._folders: set[tuple[str, str]] = set()
+        """Partition folders known to exist: (output, folder)."""
         self._unwritten: dict[str, tuple[int, list[Any]]] = {}
         """Parts pre-committed whose files are not written yet (name -> (checkpoint, records)),
         in order."""
@@ -152,10 +193,16 @@ class FileSinkWriter(SinkWriter):
         for the ``pickle`` format, records as they are)."""
         if self._failed is not None:
             raise self._failed
-        if len(batch):
-            if self._format == "pickle" and not isinstance(batch, list):
-                batch = batch.to_pylist()
-            self._batches.append(batch)
+        if not len(batch):
+            return
+        if self._format == "pickle" and not isinstance(batch, list):
+            batch = batch.to_pylist()
+        columns = self._sink.partition_by
+        if not columns:
+            self._batches.setdefault("", []).append(batch)
+            return
+        for folder, rows in split(batch, columns):
+            self._batches.setdefault(folder, []).append(rows)
 
     def prepare_commit(self, checkpoint_id: int) -> PreCommit:
         """The synchronous part of the pre-commit: the records since the last checkpoint
@@ -163,16 +210,17 @@ class FileSinkWriter(SinkWriter):
         snapshot thread); the returned object holds the sink's state for ``checkpoint_id``."""
         if self._failed is not None:
             raise self._failed
-        if self._batches:
+        for folder, batches in self._batches.items():
             name = (
                 f"part-{self._subtask:05d}-{checkpoint_id:010d}-g{self._generation}-"
                 f"{self._run}-{self._part}{_SUFFIX[self._format]}"
             )
             self._part += 1
             with self._unwritten_lock:
-                self._unwritten[name] = (checkpoint_id, self._batches)
-            self._batches = []
-            self._pending.append({"checkpoint": checkpoint_id, "name": name})
+                self._unwritten[name] = (checkpoint_id, batches)
+            part = {"checkpoint": checkpoint_id, "name": name}
+            self._pending.append(part | {"folder": folder} if folder else part)
+        self._batches = {}
         return PreCommit(
             self,
             {"checkpoint": checkpoint_id, "pending": list(self._pending), "directory": self._root},
@@ -223,7 +271,7 @@ class FileSinkWriter(SinkWriter):
         self.flush(up_to=checkpoint_id)
         ready = [p for p in self._pending if p["checkpoint"] <= checkpoint_id]
         for part in ready:
-            self._publish(part["name"])
+            self._publish(part["name"], folder=part.get("folder", ""))
         self._pending = [p for p in self._pending if p["checkpoint"] > checkpoint_id]
         return [p["name"] for p in ready]
 
@@ -243,7 +291,7 @@ class FileSinkWriter(SinkWriter):
             # is no longer there was published by that run when the checkpoint completed (and
             # its output cleaned or moved since): nothing to do. Our own run's parts must be.
             theirs = root != self._root or (match is not None and match.group(4) != self._run)
-            self._publish(name, root, missing_ok=theirs)
+            self._publish(name, root, folder=str(part.get("folder", "")), missing_ok=theirs)
         if root != self._root:
             return  # another job's directory: what else is pending there is not ours to touch
         keep = {str(p["name"]) for p in committed}
@@ -264,11 +312,7 @@ class FileSinkWriter(SinkWriter):
         attempts of this run (``restored`` ``None``: any) or by earlier runs: the job restores
         an older checkpoint than the newest that published, so their records come again."""
         prefix = f"part-{subtask:05d}-"
-        try:
-            published = self._fs.ls(self._root, detail=False)
-        except FileNotFoundError:
-            return
-        for path in published:
+        for path in self._published():
             match = _PART.fullmatch(str(path).rstrip("/").rsplit("/", 1)[-1])
             if match is None or not match.group(0).startswith(prefix):
                 continue
@@ -290,12 +334,37 @@ class FileSinkWriter(SinkWriter):
                 except OSError as exc:
                     raise SinkError(f"cannot withdraw {path}: {exc.strerror or exc}") from exc
 
-    def _publish(self, name: str, root: str | None = None, *, missing_ok: bool = False) -> None:
+    def _published(self) -> list[str]:
+        """The files of the output: in its directory and its partition folders."""
+        files: list[str] = []
+        folders = [self._root]
+        while folders:
+            try:
+                entries = self._fs.ls(folders.pop(), detail=True)
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                path = str(entry["name"]).rstrip("/")
+                if entry["type"] != "directory":
+                    files.append(path)
+                elif is_partition_folder(path.rsplit("/", 1)[-1]):
+                    folders.append(path)
+        return files
+
+    def _publish(
+        self, name: str, root: str | None = None, *, folder: str = "", missing_ok: bool = False
+    ) -> None:
+        """Move the part ``name`` from ``_pending/`` to where readers see it: ``folder`` (its
+        partition's, ``a=1/b=x/``) of the output ``root`` (this sink's directory, unless the
+        part was another's)."""
         root = root or self._root
         source = f"{root}/{PENDING}/{name}"
-        target = f"{root}/{name}"
+        target = f"{root}/{folder}{name}"
         try:
             if self._fs.exists(source):
+                if folder and (root, folder) not in self._folders:
+                    self._fs.makedirs(f"{root}/{folder}".rstrip("/"), exist_ok=True)
+                    self._folders.add((root, folder))
                 self._fs.mv(source, target)
             elif not missing_ok and not self._fs.exists(target):
                 raise SinkError(
@@ -310,8 +379,9 @@ class FileSinkWriter(SinkWriter):
         if self._format == "pickle":
             pickle.dump([r for batch in batches for r in batch], buffer, pickle.HIGHEST_PROTOCOL)
         elif self._format == "parquet":
-            table = _table(batches)
-            pq.write_table(table, buffer)
+            pq.write_table(_table(batches), buffer, compression=self._sink.compression)
+        elif self._format == "csv":
+            _write_csv(_table(batches), buffer, self._sink.csv)
         else:
             for row in _table(batches).to_pylist():
                 buffer.write(json.dumps(row, default=str).encode() + b"\n")
@@ -346,3 +416,16 @@ def _table(batches: list[pa.RecordBatch]) -> pa.Table:
             return pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise SinkError(f"the records do not share one schema: {exc}") from None
+
+
+def _write_csv(table: pa.Table, out: io.BytesIO, options: CsvOptions) -> None:
+    """``table`` as CSV, as ``options`` say (a header line of the column names first, when
+    ``header``; a null as ``null_values[0]``; a value that holds the delimiter, a quote or a
+    line break in double quotes, a quote in it doubled)."""
+    write = pa_csv.WriteOptions(
+        include_header=options.header,
+        delimiter=options.delimiter,
+        null_string=options.null_values[0],
+        quoting_style="needed",
+    )
+    pa_csv.write_csv(table, out, write)
