@@ -9,7 +9,7 @@ and the tools that look into checkpoints: ``cutline.read_state``, ``cutline.read
 (Spark DataFrames), ``cutline.open_checkpoint``, ``cutline.verify_checkpoint``.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -72,6 +72,55 @@ _ELSEWHERE = {
 }
 """Names of other modules, imported on first use (``read_state`` imports PySpark)."""
 __all__ = [*_API, *_ELSEWHERE, "__version__"]
+
+
+if TYPE_CHECKING:  # (what a type checker sees: the API's own types, not __getattr__'s Any)
+    from cutline.api import AggregateFunction as AggregateFunction
+    from cutline.api import BoundedOutOfOrderness as BoundedOutOfOrderness
+    from cutline.api import CheckpointAborted as CheckpointAborted
+    from cutline.api import CheckpointCompleted as CheckpointCompleted
+    from cutline.api import CheckpointSlow as CheckpointSlow
+    from cutline.api import CheckpointWarning as CheckpointWarning
+    from cutline.api import DataStream as DataStream
+    from cutline.api import EventTimeError as EventTimeError
+    from cutline.api import ExponentialDelay as ExponentialDelay
+    from cutline.api import FailureRate as FailureRate
+    from cutline.api import FixedDelay as FixedDelay
+    from cutline.api import GenerationRunning as GenerationRunning
+    from cutline.api import InputWarning as InputWarning
+    from cutline.api import JobClient as JobClient
+    from cutline.api import JobClientError as JobClientError
+    from cutline.api import JobEvent as JobEvent
+    from cutline.api import JobFailedError as JobFailedError
+    from cutline.api import JobFailure as JobFailure
+    from cutline.api import JobListener as JobListener
+    from cutline.api import JobResult as JobResult
+    from cutline.api import JobWarning as JobWarning
+    from cutline.api import KeyedProcessFunction as KeyedProcessFunction
+    from cutline.api import KeyedStream as KeyedStream
+    from cutline.api import Logic as Logic
+    from cutline.api import Monotonous as Monotonous
+    from cutline.api import NoRestart as NoRestart
+    from cutline.api import OperatorContext as OperatorContext
+    from cutline.api import ProcessContext as ProcessContext
+    from cutline.api import RecordsSkipped as RecordsSkipped
+    from cutline.api import Restarting as Restarting
+    from cutline.api import RestoreError as RestoreError
+    from cutline.api import ResumableCheckpointError as ResumableCheckpointError
+    from cutline.api import RunningOperator as RunningOperator
+    from cutline.api import SavepointCompleted as SavepointCompleted
+    from cutline.api import Session as Session
+    from cutline.api import Sliding as Sliding
+    from cutline.api import SourceError as SourceError
+    from cutline.api import SourceHold as SourceHold
+    from cutline.api import SparkSetupError as SparkSetupError
+    from cutline.api import StreamEnvironment as StreamEnvironment
+    from cutline.api import Tumbling as Tumbling
+    from cutline.api import WaitingForSlots as WaitingForSlots
+    from cutline.api import WatermarkGenerator as WatermarkGenerator
+    from cutline.api import Window as Window
+    from cutline.api import WindowedResult as WindowedResult
+    from cutline.api import WindowedStream as WindowedStream
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@ import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
@@ -24,6 +24,10 @@ from cutline.runtime.durations import seconds
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator
 from cutline.runtime.io.formats import InputWarning, as_schema
 
+if TYPE_CHECKING:  # (the client library is imported when read_kafka is called)
+    from cutline.connectors.kafka.ranges import OffsetPolicy
+    from cutline.connectors.kafka.values import KeyFormat, ValueFormatName
+
 
 class ConnectorSources(Sources):
     """The sources of :class:`~cutline.api.StreamEnvironment` that read other systems."""
@@ -33,16 +37,16 @@ class ConnectorSources(Sources):
         topics: str | Sequence[str] | re.Pattern[str],
         *,
         bootstrap_servers: str,
-        value_format: str | Callable[[bytes], dict[str, Any]] = "json",
+        value_format: ValueFormatName | Callable[[bytes], dict[str, Any]] = "json",
         schema: pa.Schema | dict[str, Any] | str | None = None,
         schema_registry: str | Mapping[str, Any] | None = None,
-        key_format: str = "string",
+        key_format: KeyFormat = "string",
         start: Any = "earliest",
         bounded: bool = False,
         group_id: str | None = None,
         config: Mapping[str, Any] | None = None,
         discovery_interval: Any = "5s",
-        on_offset_out_of_range: str = "fail",
+        on_offset_out_of_range: OffsetPolicy = "fail",
         event_time: str | None = None,
         max_out_of_orderness: Any = 0,
         idle_timeout: Any = "10s",

@@ -7,18 +7,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from cutline.api.columns import has_column
-from cutline.connectors.kafka.values import ValueFormatName
 from cutline.connectors.sink import Sink
-from cutline.connectors.tables.parts import Compression
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.graph import Edge, KeySelector, Operator
 from cutline.runtime.keyed_operators import Rolling, RollingLogic
 from cutline.runtime.operators import Logic, OnError, SinkLogic
+
+if TYPE_CHECKING:  # (a connector's client library is imported when its method is called)
+    from cutline.connectors.kafka.values import ValueFormatName
+    from cutline.connectors.tables.parts import Compression
 
 
 class Outputs:
