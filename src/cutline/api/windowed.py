@@ -59,19 +59,22 @@ class WindowedStream:
     def min(
         self, field: str, *, name: str | None = None, on_error: OnError = "fail"
     ) -> WindowedResult:
-        """The smallest ``field`` of each window."""
+        """The smallest ``field`` of each window, in a column of that name (a record whose
+        ``field`` is no number fails, or goes to the dead letters)."""
         return self._builtin("min", field, name, on_error)
 
     def max(
         self, field: str, *, name: str | None = None, on_error: OnError = "fail"
     ) -> WindowedResult:
-        """The largest ``field`` of each window."""
+        """The largest ``field`` of each window, in a column of that name (a record whose
+        ``field`` is no number fails, or goes to the dead letters)."""
         return self._builtin("max", field, name, on_error)
 
     def mean(
         self, field: str, *, name: str | None = None, on_error: OnError = "fail"
     ) -> WindowedResult:
-        """The mean of ``field`` over each window (a float)."""
+        """The mean of ``field`` over each window, a float in a column of that name (a record
+        whose ``field`` is no number fails, or goes to the dead letters)."""
         return self._builtin("mean", field, name, on_error)
 
     def aggregate(
