@@ -45,7 +45,7 @@ from cutline.runtime.durations import Duration, said, seconds
 
 HOST_LOSS_POLICIES = ("restart", "wait")
 """After a generation failed: ``restart`` at once on the slots there are (the hosts that remain,
-when they have enough), or ``wait`` (up to ``slot_timeout``) for every host it ran on to be
+when they have enough), or ``wait`` (up to ``Timeouts.slots``) for every host it ran on to be
 back."""
 
 
