@@ -19,6 +19,7 @@ import pytest
 from cutline import (
     Checkpoints,
     ExponentialDelay,
+    FailureRate,
     FixedDelay,
     SourceHold,
     State,
@@ -82,7 +83,7 @@ def test_a_field_that_cannot_work_is_refused_naming_it_and_its_value(
 
 
 def test_each_group_documents_every_field_and_its_literals_are_the_runtime_s() -> None:
-    for group in (Checkpoints, State, Timeouts):
+    for group in (Checkpoints, State, Timeouts, ExponentialDelay, FixedDelay, FailureRate):
         documented = re.findall(r":param (\w+):", group.__doc__ or "")
         assert documented == [f.name for f in dataclasses.fields(group)], group
     assert get_args(CheckpointingMode) == CHECKPOINTING_MODES
