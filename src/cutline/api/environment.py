@@ -28,9 +28,10 @@ from typing import Any, Unpack
 
 from cutline.api.connector_sources import ConnectorSources
 from cutline.api.execution import SeamKeywords, Seams, run_job
+from cutline.api.keyed import KeyedStream
 from cutline.api.setting_groups import Checkpoints, HostLossPolicy, Place, State, Timeouts
 from cutline.api.settings import DeprecatedSettings, Settings
-from cutline.api.streams import DataStream, KeyedStream
+from cutline.api.streams import DataStream
 from cutline.runtime.driver.events import Listener
 from cutline.runtime.driver.restart import RestartStrategy
 from cutline.runtime.driver.result import JobResult
