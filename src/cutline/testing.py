@@ -11,15 +11,14 @@
 :func:`execute` takes every keyword of :meth:`StreamEnvironment.execute
 <cutline.StreamEnvironment.execute>` and the four seams:
 
-* ``hold_sources=``\\ :class:`SourceHold`: the sources stop part-way in the first attempt
-  until a checkpoint taken since is complete and the listener was told of it, so that a
-  listener that kills a worker on that checkpoint always kills a running job with input left,
-  on a machine of any speed;
-* ``launcher=``: where the slots run instead of Spark: :class:`ThreadLauncher` runs each as a
-  thread of this process (fast, no Spark session; a launcher is a
-  :class:`~cutline.runtime.task.launch.Launcher`);
+* ``hold_sources=``\\ :class:`~cutline.SourceHold`: the sources stop part-way in the first
+  attempt until a checkpoint taken since is complete and the listener was told of it, so
+  that a listener that kills a worker on that checkpoint always kills a running job with
+  input left, on a machine of any speed;
+* ``launcher=``: where the slots run instead of Spark: ``ThreadLauncher()`` runs each as a
+  thread of this process (fast, no Spark session; a launcher is a ``Launcher``);
 * ``phase_hook=``: ``hook(phase, slot, generation)`` called in each slot's process as it
-  enters each of :data:`SLOT_PHASES`, to freeze or stall a worker in a phase;
+  enters each of ``SLOT_PHASES``, to freeze or stall a worker in a phase;
 * ``on_ready=``: ``on_ready(generation, {slot: process id})`` called once every slot of an
   attempt is ready, to know which processes to kill.
 """
@@ -68,13 +67,13 @@ def execute(
     :param env: the job.
     :param hold_sources: hold every source subtask part-way in the first attempt until a
         checkpoint taken since is complete and the listener was told of it
-        (:class:`SourceHold`): a listener that fails the job on that checkpoint (kills a
+        (:class:`~cutline.SourceHold`): a listener that fails the job on that checkpoint (kills a
         worker) then always fails a running job with input left, however fast the machine.
         Needs a periodic checkpoint (``checkpoint_interval``).
-    :param launcher: starts the job's slots instead of Spark: :class:`ThreadLauncher` runs
+    :param launcher: starts the job's slots instead of Spark: ``ThreadLauncher()`` runs
         each as a thread of this process. Default: Spark (``spark``, or a local session).
     :param phase_hook: ``hook(phase, slot, generation)``, called in each slot's process as
-        it enters each phase of an attempt (:data:`SLOT_PHASES`: ``start``, ``rendezvous``,
+        it enters each phase of an attempt (``SLOT_PHASES``: ``start``, ``rendezvous``,
         ``restore``, ``running``, ``final_checkpoint``, ``commit``): for tests that freeze or
         stall a worker in a given phase. On Spark it must be picklable.
     :param on_ready: ``on_ready(generation, {slot: process id})``, called in this process

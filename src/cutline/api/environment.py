@@ -56,9 +56,10 @@ class StreamEnvironment(ConnectorSources):
 
     A flat keyword fills in its group's field (``checkpoint_dir="ck/"`` with
     ``checkpoints=Checkpoints(retained=3)`` is ``Checkpoints(dir="ck/", retained=3)``); the
-    two saying different things is a ``ValueError``. Durations are seconds, text with a unit
-    (``"500ms"``, ``"2min"``) or a ``timedelta``. Every setting is checked here, when the
-    environment is made: one that cannot work is a ``ValueError`` naming it and its value.
+    two saying different things is a ``ValueError`` (a flat keyword left at its default says
+    nothing). Durations are seconds, text with a unit (``"500ms"``, ``"2min"``) or a
+    ``timedelta``. Every setting is checked here, when the environment is made: one that
+    cannot work is a ``ValueError`` naming it and its value.
 
     :param parallelism: subtasks per operator, one Spark task slot each. Default 2.
     :param checkpoints: when checkpoints are taken, where they go, how barriers are handled
@@ -95,7 +96,7 @@ class StreamEnvironment(ConnectorSources):
         ``state=State(backend="disk")``; ``retained_checkpoints=3``:
         ``checkpoints=Checkpoints(retained=3)``; ``restart_attempts``, ``restart_delay``:
         ``restart_strategy=FixedDelay(attempts, delay)``; the full list:
-        :data:`cutline.api.settings.DEPRECATED`) still work, with a ``DeprecationWarning``
+        ``cutline.api.settings.DEPRECATED``) still work, with a ``DeprecationWarning``
         saying what to write instead.
     """
 

@@ -34,9 +34,9 @@ from typing import Any, ClassVar, Literal, TypeAlias, get_args
 from cutline.runtime.durations import Duration, seconds
 
 CheckpointingMode: TypeAlias = Literal["aligned", "unaligned", "at_least_once"]
-"""How barriers are handled: see :attr:`Checkpoints.mode`."""
+"""How barriers are handled: see ``Checkpoints.mode``."""
 StateBackend: TypeAlias = Literal["memory", "disk"]
-"""Where keyed state lives: see :attr:`State.backend`."""
+"""Where keyed state lives: see ``State.backend``."""
 HostLossPolicy: TypeAlias = Literal["restart", "wait"]
 """What a job does after a failure that lost a host: ``StreamEnvironment(on_host_loss=...)``."""
 Place: TypeAlias = str | os.PathLike[str]

@@ -52,7 +52,7 @@ __all__ = ["DeprecatedSettings", "Settings", "location"]
 
 class DeprecatedSettings(TypedDict, total=False):
     """The keywords ``StreamEnvironment`` took before the groups: each still works, with a
-    ``DeprecationWarning`` naming what to write instead (:data:`DEPRECATED`)."""
+    ``DeprecationWarning`` naming what to write instead (``DEPRECATED``)."""
 
     checkpoint_timeout: Duration
     min_pause: Duration
