@@ -5,8 +5,10 @@ The API lives in :mod:`cutline.api`; its names are also here (imported on first 
 
     from cutline import StreamEnvironment, KeyedProcessFunction
 
-and the tools that look into checkpoints: ``cutline.read_state``, ``cutline.read_channel_state``
-(Spark DataFrames), ``cutline.open_checkpoint``, ``cutline.verify_checkpoint``.
+its settings groups (``cutline.Checkpoints``, ``cutline.State``, ``cutline.Timeouts``); the
+tools that look into checkpoints: ``cutline.read_state``, ``cutline.read_channel_state``
+(Spark DataFrames), ``cutline.open_checkpoint``, ``cutline.verify_checkpoint``; and the test
+seams, in :mod:`cutline.testing`.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ _API = (
     "CheckpointCompleted",
     "CheckpointSlow",
     "CheckpointWarning",
+    "Checkpoints",
     "DataStream",
     "GenerationRunning",
     "InputWarning",
@@ -59,6 +62,8 @@ _API = (
     "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",
+    "State",
+    "Timeouts",
     "WaitingForSlots",
 )
 _ELSEWHERE = {
@@ -79,6 +84,7 @@ if TYPE_CHECKING:  # (what a type checker sees: the API's own types, not __getat
     from cutline.api import BoundedOutOfOrderness as BoundedOutOfOrderness
     from cutline.api import CheckpointAborted as CheckpointAborted
     from cutline.api import CheckpointCompleted as CheckpointCompleted
+    from cutline.api import Checkpoints as Checkpoints
     from cutline.api import CheckpointSlow as CheckpointSlow
     from cutline.api import CheckpointWarning as CheckpointWarning
     from cutline.api import DataStream as DataStream
@@ -114,7 +120,9 @@ if TYPE_CHECKING:  # (what a type checker sees: the API's own types, not __getat
     from cutline.api import SourceError as SourceError
     from cutline.api import SourceHold as SourceHold
     from cutline.api import SparkSetupError as SparkSetupError
+    from cutline.api import State as State
     from cutline.api import StreamEnvironment as StreamEnvironment
+    from cutline.api import Timeouts as Timeouts
     from cutline.api import Tumbling as Tumbling
     from cutline.api import WaitingForSlots as WaitingForSlots
     from cutline.api import WatermarkGenerator as WatermarkGenerator

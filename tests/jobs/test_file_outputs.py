@@ -21,7 +21,7 @@ from test_runtime_jobs import (
     run,
 )
 
-from cutline import SourceHold
+from cutline import SourceHold, testing
 from cutline.runtime.io.sinks import PENDING
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -58,7 +58,7 @@ def test_partitioned_compressed_parquet_is_exact_across_a_restart(
     n, out = 600, tmp_path / "out"
     env, stream, options = failing_job(tmp_path, parallelism, n)
     stream.write_parquet(out, partition_by=["region", "year"], compression="zstd")
-    result = env.execute(**options)
+    result = testing.execute(env, **options)
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None, "the restart restored a checkpoint"
     schema = pa.schema([("region", pa.string()), ("year", pa.int64())])
@@ -89,7 +89,7 @@ def test_csv_output_is_exact_across_a_restart_and_read_csv_reads_it_back(
     n, out = 600, tmp_path / "out"
     env, stream, options = failing_job(tmp_path, parallelism, n)
     stream.write_csv(out, delimiter=";", null_value="-")
-    result = env.execute(**options)
+    result = testing.execute(env, **options)
     assert len(result.restarts) == 1 and result.restarts[0].restored_from is not None
     assert no_pending_output(out)
     assert all(p.read_text().startswith('"region";"year";"amount";"index"\n') for p in parts(out))

@@ -24,7 +24,7 @@ from test_runtime_jobs import (
 )
 from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
-from cutline import FixedDelay, JobClient, SourceHold, StreamEnvironment
+from cutline import FixedDelay, JobClient, SourceHold, StreamEnvironment, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 N = 1024
@@ -192,7 +192,8 @@ def test_a_running_mean_is_exact_across_a_restart_from_a_checkpoint(
         .map(FailAfterCheckpoint(str(marker), str(flag)))
         .collect()
     )
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=mark_checkpoints(marker),
         hold_sources=SourceHold(records=n // (2 * parallelism)),
@@ -232,14 +233,15 @@ def test_a_running_mean_restored_from_a_savepoint_at_another_parallelism_is_exac
         endpoints_of(monkeypatch),
         lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(stop=True),
     )
-    env.execute(launcher=ThreadLauncher(), listener=ask, hold_sources=half_of_each_subtask(N, 2))
+    testing.execute(
+        env, launcher=ThreadLauncher(), listener=ask, hold_sources=half_of_each_subtask(N, 2)
+    )
     path = ask.answer()
     assert isinstance(path, str), path
     before = ds.dataset(str(first), format="parquet").to_table().to_pylist()
     assert 0 < len(before) < N, "the job stopped in the middle"
-    result = means_job(tmp_path, after, second, "checkpoints2").execute(
-        launcher=ThreadLauncher(), restore_from=path
-    )
+    again = means_job(tmp_path, after, second, "checkpoints2")
+    result = testing.execute(again, launcher=ThreadLauncher(), restore_from=path)
     assert result.restarts == [] and result.restored_from == path
     rest = ds.dataset(str(second), format="parquet").to_table().to_pylist()
     assert len(before) + len(rest) == N

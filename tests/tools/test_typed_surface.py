@@ -4,6 +4,7 @@ library."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -21,6 +22,24 @@ def test_the_package_ships_py_typed() -> None:
     assert (Path(cutline.__file__).parent / "py.typed").is_file()
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "py.typed" in settings["tool"]["setuptools"]["package-data"]["cutline"]
+
+
+def test_a_type_checker_sees_every_name_of_the_api_as_its_own_type() -> None:
+    """``cutline``'s names are imported on first use (``__getattr__``, typed ``Any``); a block
+    for type checkers imports each of them from ``cutline.api``, so none is ``Any`` to them."""
+    tree = ast.parse((Path(cutline.__file__)).read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    seen = {
+        alias.asname
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module == "cutline.api"
+        for alias in node.names
+    }
+    assert seen == set(cutline._API)
 
 
 JOB = """
