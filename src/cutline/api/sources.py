@@ -27,7 +27,7 @@ from cutline.runtime.durations import seconds
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.io.formats import CsvOptions, InputWarning
 from cutline.runtime.io.sources import FileSource, SequenceSource
-from cutline.runtime.operators import SourceLogic
+from cutline.runtime.source_operator import SourceLogic
 
 
 class Sources(Dataflow):

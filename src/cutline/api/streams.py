@@ -60,6 +60,8 @@ from cutline.runtime.graph import Edge, GraphError, Operator
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessLogic, RollingLogic
 from cutline.runtime.operators import (
+    FilterLogic,
+    FlatMapLogic,
     Logic,
     MapBatchesLogic,
     MapLogic,
@@ -99,19 +101,23 @@ class _Operators:
         self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """One record out for every record in: ``fn(record)``."""
-        return self.transform(*_per_record("map", fn), name=name, on_error=on_error)
+        return self.transform(*_per_record("map", MapLogic, fn), name=name, on_error=on_error)
 
     def flat_map(
         self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """Any number of records out for every record in: ``fn(record)`` returns an iterable."""
-        return self.transform(*_per_record("flat_map", fn), name=name, on_error=on_error)
+        return self.transform(
+            *_per_record("flat_map", FlatMapLogic, fn), name=name, on_error=on_error
+        )
 
     def filter(
         self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """The records for which ``fn(record)`` is true."""
-        stream = self.transform(*_per_record("filter", fn), name=name, on_error=on_error)
+        stream = self.transform(
+            *_per_record("filter", FilterLogic, fn), name=name, on_error=on_error
+        )
         stream.schema = self._schema()
         return stream
 
@@ -128,7 +134,9 @@ class _Operators:
     ) -> DataStream:
         """The vectorized path: ``fn`` gets a ``pyarrow.RecordBatch`` and returns a batch or
         table. (Records that are dicts are turned into a batch first.)"""
-        return self.transform(*_per_record("map_batches", fn), name=name, on_error=on_error)
+        return self.transform(
+            *_per_record("map_batches", MapBatchesLogic, fn), name=name, on_error=on_error
+        )
 
 
 class DataStream(_Operators, Outputs):
@@ -659,11 +667,11 @@ class WindowedResult(DataStream):
     :meth:`late` takes off again."""
 
 
-def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:
-    """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``."""
-    _callable(fn, kind)
-    logic = MapBatchesLogic(fn) if kind == "map_batches" else MapLogic(fn, kind)
-    return f"{kind}({function_name(fn)})", logic
+def _per_record(what: str, logic: Callable[[Any], Logic], fn: Any) -> tuple[str, Logic]:
+    """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``
+    (``what``) of ``fn``."""
+    _callable(fn, what)
+    return f"{what}({function_name(fn)})", logic(fn)
 
 
 def _callable(fn: Any, what: str) -> None:

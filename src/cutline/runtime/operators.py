@@ -34,10 +34,7 @@ import pyarrow.compute as pc
 
 from cutline.connectors.sink import RecordError as RecordError  # (the runtime's, too)
 from cutline.connectors.sink import Sink, SinkContext, SinkWriter
-from cutline.connectors.source import Source, SourceContext
-from cutline.runtime.eventtime.clock import EventClock
-from cutline.runtime.eventtime.watermarks import WatermarkStrategy
-from cutline.runtime.source_operator import SourceOperator
+from cutline.protocol.watermarks import EventClock
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import (
     key_group,
@@ -297,35 +294,6 @@ class Logic:
         raise NotImplementedError
 
 
-# --------------------------------------------------------------------------- sources
-
-
-@dataclass(frozen=True)
-class SourceLogic:
-    """A source operator: any connector's :class:`~cutline.connectors.Source`, run by a
-    :class:`~cutline.runtime.source_operator.SourceOperator` on each subtask. The records its
-    reader rejects (a malformed row, one not of the job's schema) fail the job naming their
-    split (a file source: file and line), or, with ``on_error="dead_letter"``, go to the
-    dead-letter output."""
-
-    source: Source
-    watermarks: WatermarkStrategy | None = None
-    """How its subtasks make watermarks (``event_time=``); ``None``: they make none."""
-
-    def open(self, ctx: OperatorContext, state: Any) -> SourceOperator:
-        rejected = None
-        dead = ctx.dead_letters
-        if ctx.on_error == "dead_letter" and dead is not None:
-
-            def rejected(record: Any, error: str) -> None:
-                dead.add(ctx.name, ctx.subtask, record, error, "")
-
-        context = SourceContext(
-            ctx.name, ctx.subtask, ctx.parallelism, rejected, ctx.warn, ctx.skipped
-        )
-        return SourceOperator(self.source, context, state, self.watermarks)
-
-
 # ------------------------------------------------------------------ stateless per record
 
 
@@ -344,35 +312,69 @@ class _Pass(RunningOperator):
 
 @dataclass(frozen=True)
 class MapLogic(Logic):
+    """``map``: each record becomes what ``fn`` returns for it."""
+
     fn: Callable[[Any], Any]
-    kind: str = "map"  # map, flat_map or filter
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
-        return _PerRecord(self.fn, self.kind, ctx)
+        return _Map(self.fn, ctx)
 
 
-class _PerRecord(RunningOperator):
-    def __init__(self, fn: Callable[[Any], Any], kind: str, ctx: OperatorContext) -> None:
-        self.fn, self.kind, self.ctx = fn, kind, ctx
+class _Map(RunningOperator):
+    def __init__(self, fn: Callable[[Any], Any], ctx: OperatorContext) -> None:
+        self.fn, self.ctx = fn, ctx
 
     def process(self, batch: Batch) -> Batch | None:
         fn, out = self.fn, []
-        if self.kind == "map":
-            for record in rows(batch):
-                try:
-                    out.append(fn(record))
-                except Exception as exc:
-                    self.ctx.fail(record, exc)
-            return out
-        if self.kind == "filter":
-            for record in rows(batch):
-                try:
-                    if fn(record):
-                        out.append(record)
-                except Exception as exc:
-                    self.ctx.fail(record, exc)
-            return out
-        return _flat_map(batch, fn, self.ctx)
+        for record in rows(batch):
+            try:
+                out.append(fn(record))
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        return out
+
+
+@dataclass(frozen=True)
+class FilterLogic(Logic):
+    """``filter``: the records for which ``fn`` is true, in order."""
+
+    fn: Callable[[Any], Any]
+
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
+        return _Filter(self.fn, ctx)
+
+
+class _Filter(RunningOperator):
+    def __init__(self, fn: Callable[[Any], Any], ctx: OperatorContext) -> None:
+        self.fn, self.ctx = fn, ctx
+
+    def process(self, batch: Batch) -> Batch | None:
+        fn, out = self.fn, []
+        for record in rows(batch):
+            try:
+                if fn(record):
+                    out.append(record)
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        return out
+
+
+@dataclass(frozen=True)
+class FlatMapLogic(Logic):
+    """``flat_map``: each record becomes the records ``fn`` yields for it (``None``: none)."""
+
+    fn: Callable[[Any], Iterable[Any] | None]
+
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
+        return _FlatMap(self.fn, ctx)
+
+
+class _FlatMap(RunningOperator):
+    def __init__(self, fn: Callable[[Any], Iterable[Any] | None], ctx: OperatorContext) -> None:
+        self.fn, self.ctx = fn, ctx
+
+    def process(self, batch: Batch) -> Batch | None:
+        return _flat_map(batch, self.fn, self.ctx)
 
 
 def _flat_map(
@@ -426,6 +428,16 @@ class _MapBatches(RunningOperator):
             for record in columns.to_pylist():  # the whole batch failed: each record goes
                 self.ctx.fail(record, exc)
             return None
+
+
+STATELESS: tuple[type[Logic], ...] = (
+    PassLogic,
+    MapLogic,
+    FilterLogic,
+    FlatMapLogic,
+    MapBatchesLogic,
+)
+"""The logics that keep no state (a checkpoint holds nothing of them)."""
 
 
 # ----------------------------------------------------------------------------- keys

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from cutline.connectors.sink import SinkContext
+from cutline.protocol.watermarks import EventClock
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.restore import Gathered, gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS
-from cutline.runtime.eventtime.clock import EventClock
 from cutline.runtime.graph import Chain, ExecutionPlan
 from cutline.runtime.io.sinks import FileSink
 from cutline.runtime.operators import (
