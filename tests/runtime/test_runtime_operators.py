@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from cutline import FixedDelay, InputWarning, JobFailedError, StreamEnvironment
 from cutline.connectors import SinkContext
+from cutline.runtime.io.file_formats import JSONL
 from cutline.runtime.io.sinks import PENDING, FileSink
 from cutline.runtime.keyed_operators import (
     KeyedProcessFunction,
@@ -652,7 +653,7 @@ def published_rows(directory: Path) -> list[dict[str, Any]]:
 
 
 def dead_letter_context(directory: Path, name: str, subtask: int = 0) -> OperatorContext:
-    sink = FileSink(str(directory), "jsonl")
+    sink = FileSink(str(directory), JSONL)
     writer = sink.writer(SinkContext("dead letters", subtask, subtask + 1, 1, "r0"), {})
     return context(
         name,

@@ -57,6 +57,7 @@ from cutline.runtime.eventtime.output import LATE
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.graph import Edge, GraphError, Operator
+from cutline.runtime.io.file_formats import JSONL, PARQUET, OutputFormat
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessLogic, RollingLogic
 from cutline.runtime.operators import (
@@ -330,13 +331,13 @@ class DataStream(_Operators, Outputs):
     def write_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         """Exactly-once Parquet output: part files appear in ``path`` when the checkpoint that
         covers them completes (pending ones wait in ``path/_pending``, which readers skip)."""
-        self._file_sink(location(path), "parquet", name)
+        self._file_sink(location(path), PARQUET, name)
 
     def write_jsonl(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         """Exactly-once JSON-lines output (as :meth:`write_parquet`)."""
-        self._file_sink(location(path), "jsonl", name)
+        self._file_sink(location(path), JSONL, name)
 
-    def _file_sink(self, path: str, fmt: str, name: str | None) -> None:
+    def _file_sink(self, path: str, fmt: OutputFormat, name: str | None) -> None:
         what = f"write_{fmt}({path})"
         self.env._check_output(path, what)
         sink = FileSink(path, fmt, self.env.settings.storage_options)

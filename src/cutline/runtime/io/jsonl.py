@@ -11,7 +11,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from cutline.runtime.io.formats import FileInput
 from cutline.runtime.io.rows import (
     Block,
     Refused,
@@ -175,10 +174,9 @@ def kind_of(value: Any) -> str:
     return "object" if isinstance(value, dict) else "array"
 
 
-def jsonl_blocks(stream: Any, path: str, source: FileInput) -> Iterator[Block]:
-    assert source.schema is not None
+def jsonl_blocks(stream: Any, path: str, schema: pa.Schema, block_size: int) -> Iterator[Block]:
     try:
-        blocks = cut_blocks(stream, source.block_size, None)
-        yield from text_blocks(blocks, JsonParser(source.schema), source.schema, path)
+        blocks = cut_blocks(stream, block_size, None)
+        yield from text_blocks(blocks, JsonParser(schema), schema, path)
     finally:
         stream.close()

@@ -25,6 +25,7 @@ from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.restore import Gathered, gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS
 from cutline.runtime.graph import Chain, ExecutionPlan
+from cutline.runtime.io.file_formats import JSONL
 from cutline.runtime.io.sinks import FileSink
 from cutline.runtime.operators import (
     DeadLetterOutput,
@@ -78,7 +79,7 @@ def dead_letter_output(
         return None
     sink = FileSink(
         f"{setup.dead_letter_dir.rstrip('/')}/{chain.uid}",
-        "jsonl",
+        JSONL,
         setup.storage_options,
     )
     adopted = RescaledStates.of(restored.get(DEAD_LETTERS), index)
