@@ -56,7 +56,7 @@ from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.output import LATE
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
-from cutline.runtime.graph import Edge, GraphError, Operator
+from cutline.runtime.graph import Edge, GraphError, Operator, Partitioning
 from cutline.runtime.io.file_formats import JSONL, PARQUET, OutputFormat
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessLogic, RollingLogic
@@ -379,7 +379,7 @@ class KeyedStream(_Operators):
     def transform(
         self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
-        edge = Edge(self.stream.operator.uid, "hash", self.key)
+        edge = Edge(self.stream.operator.uid, Partitioning.HASH, self.key)
         return self.stream._through(edge, label, logic, name, on_error)
 
     def _schema(self) -> pa.Schema | None:
