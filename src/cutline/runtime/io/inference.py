@@ -31,7 +31,7 @@ from cutline.runtime.io.formats import (
     CsvOptions,
     SourceError,
 )
-from cutline.runtime.io.jsonl import KINDS, JsonParser, kind_of
+from cutline.runtime.io.jsonl import KINDS, JsonKind, JsonParser, kind_of
 from cutline.runtime.io.parquet import check_castable
 from cutline.runtime.io.rows import Refused, cut_blocks, cut_records, json_blank, settle, show_value
 from cutline.runtime.io.times import DIGITS, time_unit
@@ -356,7 +356,7 @@ def _kinds_notes(
 ) -> list[str]:
     """For each column read as text because its values do not fit one type: a note when they
     are of different kinds (numbers and text, ...), with an example."""
-    seen: dict[str, dict[str, tuple[Any, str, int]]] = {name: {} for name in conflicts}
+    seen: dict[str, dict[JsonKind, tuple[Any, str, int]]] = {name: {} for name in conflicts}
     numbers: dict[str, bool] = dict.fromkeys(conflicts, True)  # all whole numbers
     for path, records in samples:
         for line, raw in records:
@@ -369,20 +369,20 @@ def _kinds_notes(
             for name in conflicts:
                 found = value.get(name)
                 kind = kind_of(found)
-                if kind == "null":
+                if kind is JsonKind.NULL:
                     continue
                 seen[name].setdefault(kind, (found, path, line))
-                if kind == "number" and not isinstance(found, int):
+                if kind is JsonKind.NUMBER and not isinstance(found, int):
                     numbers[name] = False
     notes = []
     for name in conflicts:
         kinds = seen[name]
         if len(kinds) < 2:
             continue  # text of several looks (timestamps and other text): text it is
-        if "number" in kinds and "text" in kinds:
-            value, path, line = kinds["text"]
-            kind = "int64" if numbers[name] else "double"
-            notes.append(_mixed_note(schema, name, kind, value, path, line))
+        if JsonKind.NUMBER in kinds and JsonKind.TEXT in kinds:
+            value, path, line = kinds[JsonKind.TEXT]
+            numeric = "int64" if numbers[name] else "double"
+            notes.append(_mixed_note(schema, name, numeric, value, path, line))
             continue
         second = list(kinds)[1]
         value, path, line = kinds[second]
