@@ -12,7 +12,8 @@ drive the very same objects.
 * :mod:`cutline.protocol.cut` — is a checkpoint a consistent cut?;
 * :mod:`cutline.protocol.termination` — the end of a loop (termination detection in waves);
 * :mod:`cutline.protocol.watermarks` — event time's progress: watermarks per source split and
-  per subtask, idleness, and the event time each operator of a subtask reached (`EventClock`);
+  per subtask, idleness, and the event time each operator of a subtask reached
+  (:class:`~cutline.protocol.watermarks.EventClock`);
 * :mod:`cutline.protocol.splits` — which subtask reads each split of a source, and where each
   split stands in a checkpoint.
 """
