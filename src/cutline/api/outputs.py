@@ -16,7 +16,8 @@ from cutline.connectors.sink import Sink
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.graph import Edge, KeySelector, Operator, Partitioning
 from cutline.runtime.keyed_operators import RollingLogic
-from cutline.runtime.operators import Logic, SinkLogic
+from cutline.runtime.operators import Logic
+from cutline.runtime.sink_operator import SinkLogic
 
 
 class Outputs:

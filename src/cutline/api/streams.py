@@ -58,9 +58,9 @@ from cutline.runtime.operators import (
     MapBatchesLogic,
     MapLogic,
     PassLogic,
-    SinkLogic,
     function_name,
 )
+from cutline.runtime.sink_operator import SinkLogic
 
 if TYPE_CHECKING:
     from cutline.api.keyed import KeyedStream

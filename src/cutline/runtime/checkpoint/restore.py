@@ -33,12 +33,8 @@ from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.stats import RecordCounts
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.io.formats import SourceError
-from cutline.runtime.operators import (
-    STATELESS,
-    RecordError,
-    RescaledStates,
-    SinkLogic,
-)
+from cutline.runtime.operators import STATELESS, RecordError
+from cutline.runtime.sink_operator import RescaledStates, SinkLogic
 from cutline.runtime.source_operator import merge_source_states
 from cutline.runtime.state.keygroups import key_group_range
 

@@ -12,7 +12,7 @@ from cutline.protocol.cut import channel_cuts, check_cut
 from cutline.runtime.checkpoint.layout import CheckpointMetadata, StateHandle
 from cutline.runtime.driver.stats_tracker import CheckpointStatsTracker
 from cutline.runtime.graph import Operator
-from cutline.runtime.operators import SinkLogic
+from cutline.runtime.sink_operator import SinkLogic
 from cutline.runtime.task.launch import Checkpointing
 
 if TYPE_CHECKING:

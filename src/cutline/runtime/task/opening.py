@@ -27,12 +27,8 @@ from cutline.runtime.checkpoint.state_file import DEAD_LETTERS
 from cutline.runtime.graph import Chain, ExecutionPlan
 from cutline.runtime.io.file_formats import JSONL
 from cutline.runtime.io.sinks import FileSink
-from cutline.runtime.operators import (
-    DeadLetterOutput,
-    OperatorContext,
-    RecordError,
-    RescaledStates,
-)
+from cutline.runtime.operators import DeadLetterOutput, OperatorContext, RecordError
+from cutline.runtime.sink_operator import RescaledStates
 from cutline.runtime.task.launch import SlotSetup
 
 
