@@ -17,9 +17,16 @@ import pyarrow.parquet as pq
 import pytest
 from test_runtime_sinks import open_sink
 
+from cutline.runtime.io.file_formats import (
+    PARQUET,
+    PARQUET_CODECS,
+    PICKLE,
+    CsvFormat,
+    ParquetFormat,
+)
 from cutline.runtime.io.formats import CsvOptions
 from cutline.runtime.io.partitions import folder_name, split
-from cutline.runtime.io.sinks import PARQUET_CODECS, PENDING, FileSink, SinkError
+from cutline.runtime.io.sinks import PENDING, FileSink, SinkError
 
 
 def sales(rows: list[tuple[str | None, int, int]]) -> pa.RecordBatch:
@@ -173,7 +180,7 @@ def test_records_that_cannot_be_partitioned_fail_the_writer(
 @pytest.mark.parametrize("codec", PARQUET_CODECS)
 def test_parquet_parts_are_written_with_the_codec_asked_for(tmp_path: Path, codec: str) -> None:
     out = tmp_path / "out"
-    writer = open_sink(FileSink(str(out), compression=codec.upper()), 0, 0)  # (any case)
+    writer = open_sink(FileSink(str(out), ParquetFormat(codec.upper())), 0, 0)  # type: ignore[arg-type]
     writer.write(sales(ROWS))
     writer.pre_commit(1)
     writer.commit(1)
@@ -184,15 +191,15 @@ def test_parquet_parts_are_written_with_the_codec_asked_for(tmp_path: Path, code
     assert pq.read_table(part).to_batches()[0].equals(sales(ROWS))
 
 
-def test_the_default_codec_is_snappy(tmp_path: Path) -> None:
-    assert FileSink(str(tmp_path)).compression == "snappy"
+def test_the_default_codec_is_snappy_as_before(tmp_path: Path) -> None:
+    assert FileSink(str(tmp_path)).format == PARQUET == ParquetFormat("snappy")
 
 
 def test_an_unknown_codec_or_a_partitioned_pickle_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="compression must be one of snappy, zstd, gzip, brotli"):
-        FileSink(str(tmp_path), compression="lzo")  # type: ignore[arg-type]
+        ParquetFormat("lzo")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pickle output cannot be partitioned"):
-        FileSink(str(tmp_path), "pickle", partition_by=("k",))
+        FileSink(str(tmp_path), PICKLE, partition_by=("k",))
 
 
 def csv_part(out: Path) -> str:
@@ -204,7 +211,7 @@ def test_csv_parts_have_a_header_quote_what_needs_it_and_write_nulls_as_asked(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    sink = FileSink(str(out), "csv", csv=CsvOptions(delimiter=";", null_values=("NA",)))
+    sink = FileSink(str(out), CsvFormat(CsvOptions(delimiter=";", null_values=("NA",))))
     writer = open_sink(sink, 0, 0)
     when = dt.datetime(2024, 5, 1, 12, 0, 30, 250000)
     writer.write(
@@ -229,7 +236,7 @@ def test_csv_parts_have_a_header_quote_what_needs_it_and_write_nulls_as_asked(
 
 def test_csv_without_a_header(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    writer = open_sink(FileSink(str(out), "csv", csv=CsvOptions(header=False)), 0, 0)
+    writer = open_sink(FileSink(str(out), CsvFormat(CsvOptions(header=False))), 0, 0)
     writer.write(pa.record_batch({"a": [1, 2], "b": ["x", None]}))
     writer.pre_commit(1)
     writer.commit(1)
@@ -237,7 +244,7 @@ def test_csv_without_a_header(tmp_path: Path) -> None:
 
 
 def test_a_record_csv_cannot_hold_fails_the_writer_naming_the_file(tmp_path: Path) -> None:
-    writer = open_sink(FileSink(str(tmp_path / "out"), "csv"), 0, 0)
+    writer = open_sink(FileSink(str(tmp_path / "out"), CsvFormat()), 0, 0)
     writer.write(pa.record_batch({"a": pa.array([[1, 2]], pa.list_(pa.int64()))}))
     with pytest.raises(SinkError, match=r"cannot write .*_pending/part-00000-0000000001.*\.csv"):
         writer.pre_commit(1)
@@ -245,7 +252,7 @@ def test_a_record_csv_cannot_hold_fails_the_writer_naming_the_file(tmp_path: Pat
 
 def test_what_csv_parts_hold_reads_back_as_it_was(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    writer = open_sink(FileSink(str(out), "csv"), 0, 0)
+    writer = open_sink(FileSink(str(out), CsvFormat()), 0, 0)
     batch = pa.record_batch({"n": [1, None, 3], "s": ["x,y", "", None], "f": [1.25, 2.0, None]})
     writer.write(batch)
     writer.pre_commit(1)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import get_args
 
 from mypy import api as mypy
 
@@ -82,6 +83,14 @@ def test_mypy_finds_each_string_out_of_its_closed_set_and_passes_the_right_ones(
     for number, pattern in enumerate(MISTAKES.values(), first):
         assert re.search(pattern, errors[number]), errors[number]
     assert status == 1
+
+
+def test_each_literal_of_names_holds_the_names_its_enum_takes() -> None:
+    """The API takes names (a ``Literal``); inside, they are made enums: the same names."""
+    from cutline.connectors.kafka.values import KeyFormat, Keys, ValueFormatName, Values
+
+    assert set(get_args(ValueFormatName)) == {str(v) for v in Values}
+    assert set(get_args(KeyFormat)) == {str(k) for k in Keys}
 
 
 def test_importing_the_api_imports_no_connector_client() -> None:

@@ -16,7 +16,7 @@ from cutline.api.windowed import WindowedStream, _early
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.timers import TimeDomain
 from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
-from cutline.runtime.graph import Edge
+from cutline.runtime.graph import Edge, Partitioning
 from cutline.runtime.keyed_operators import (
     KeyedProcessFunction,
     ProcessLogic,
@@ -36,7 +36,7 @@ class KeyedStream(_Operators):
     def transform(
         self, label: str, logic: Logic, *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
-        edge = Edge(self.stream.operator.uid, "hash", self.key)
+        edge = Edge(self.stream.operator.uid, Partitioning.HASH, self.key)
         return self.stream._through(edge, label, logic, name, on_error)
 
     def _schema(self) -> pa.Schema | None:

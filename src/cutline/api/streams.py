@@ -49,18 +49,27 @@ from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.graph import Edge, GraphError, Operator
+from cutline.runtime.io.file_formats import (
+    JSONL,
+    CsvFormat,
+    OutputFormat,
+    ParquetCompression,
+    ParquetFormat,
+)
 from cutline.runtime.io.formats import CsvOptions
 from cutline.runtime.io.partitions import check_columns, check_schema
-from cutline.runtime.io.sinks import CollectSink, FileSink, ParquetCompression
+from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.operators import (
+    FilterLogic,
+    FlatMapLogic,
     Logic,
     MapBatchesLogic,
     MapLogic,
     OnError,
     PassLogic,
-    SinkLogic,
     function_name,
 )
+from cutline.runtime.sink_operator import SinkLogic
 
 if TYPE_CHECKING:
     from cutline.api.keyed import KeyedStream
@@ -98,7 +107,7 @@ class _Operators:
         self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
         """One record out for every record in: ``fn(record)``."""
-        return self.transform(*_per_record("map", fn), name=name, on_error=on_error)
+        return self.transform(*_per_record("map", MapLogic, fn), name=name, on_error=on_error)
 
     def flat_map(
         self,
@@ -108,13 +117,17 @@ class _Operators:
         on_error: OnError = "fail",
     ) -> DataStream:
         """Any number of records out for every record in: ``fn(record)`` returns an iterable."""
-        return self.transform(*_per_record("flat_map", fn), name=name, on_error=on_error)
+        return self.transform(
+            *_per_record("flat_map", FlatMapLogic, fn), name=name, on_error=on_error
+        )
 
     def filter(
         self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: OnError = "fail"
     ) -> DataStream:
         """The records for which ``fn(record)`` is true."""
-        stream = self.transform(*_per_record("filter", fn), name=name, on_error=on_error)
+        stream = self.transform(
+            *_per_record("filter", FilterLogic, fn), name=name, on_error=on_error
+        )
         stream.schema = self._schema()
         return stream
 
@@ -131,7 +144,9 @@ class _Operators:
     ) -> DataStream:
         """The vectorized path: ``fn`` gets a ``pyarrow.RecordBatch`` and returns a batch or
         table. (Records that are dicts are turned into a batch first.)"""
-        return self.transform(*_per_record("map_batches", fn), name=name, on_error=on_error)
+        return self.transform(
+            *_per_record("map_batches", MapBatchesLogic, fn), name=name, on_error=on_error
+        )
 
 
 class DataStream(_Operators, Outputs):
@@ -356,7 +371,11 @@ class DataStream(_Operators, Outputs):
         what = f"write_parquet({location(path)})"
         columns = check_columns(partition_by or (), what)
         check_schema(self.schema, columns, what)
-        self._file_sink(path, "parquet", name, partition_by=columns, compression=compression)
+        try:
+            fmt = ParquetFormat(compression)
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
+        self._file_sink(path, fmt, name, columns)
 
     def write_csv(
         self,
@@ -393,24 +412,25 @@ class DataStream(_Operators, Outputs):
                 f"break, not {null_value!r}"
             )
         check_flat(self.schema, what)
-        self._file_sink(path, "csv", name, csv=options)
+        self._file_sink(path, CsvFormat(options), name)
 
     def write_jsonl(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         """Write the records to JSON-lines files in the directory ``path`` (a JSON object per
         line, values JSON cannot hold as their text), **exactly once**, as
         :meth:`write_parquet`."""
-        self._file_sink(path, "jsonl", name)
+        self._file_sink(path, JSONL, name)
 
     def _file_sink(
-        self, path: str | os.PathLike[str], fmt: str, name: str | None, **options: Any
+        self,
+        path: str | os.PathLike[str],
+        fmt: OutputFormat,
+        name: str | None,
+        partition_by: tuple[str, ...] = (),
     ) -> None:
         where = location(path)
         what = f"write_{fmt}({where})"
         self.env._check_output(where, what)
-        try:
-            sink = FileSink(where, fmt, self.env.settings.storage_options, **options)
-        except ValueError as exc:
-            raise ValueError(f"{what}: {exc}") from None
+        sink = FileSink(where, fmt, self.env.settings.storage_options, partition_by)
         operator = self.transform(what, SinkLogic(sink), name=name).operator
         self.env._outputs[operator.uid] = where
 
@@ -443,11 +463,11 @@ class DataStream(_Operators, Outputs):
         self.env._collect[name] = operator.uid
 
 
-def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:
-    """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``."""
-    _callable(fn, kind)
-    logic = MapBatchesLogic(fn) if kind == "map_batches" else MapLogic(fn, kind)
-    return f"{kind}({function_name(fn)})", logic
+def _per_record(what: str, logic: Callable[[Any], Logic], fn: Any) -> tuple[str, Logic]:
+    """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``
+    (``what``) of ``fn``."""
+    _callable(fn, what)
+    return f"{what}({function_name(fn)})", logic(fn)
 
 
 def _callable(fn: Any, what: str) -> None:

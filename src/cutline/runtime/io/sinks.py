@@ -36,32 +36,22 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import pickle
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias, get_args
+from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
 
 from cutline.connectors.sink import PendingCommit, Sink, SinkContext, SinkWriter
 from cutline.connectors.sink import SinkError as SinkError  # (its home: connectors)
-from cutline.runtime.io.formats import CsvOptions
+from cutline.runtime.io.file_formats import PARQUET, PICKLE, OutputFormat
 from cutline.runtime.io.partitions import is_partition_folder, split
 
 PENDING = "_pending"
 _PART = re.compile(r"part-(\d{5})-(\d{10})-g(\d+)-([a-z0-9]+)-\d+\.[a-z]+")
-_SUFFIX = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl", "pickle": ".pickle"}
-"""``pickle`` parts hold lists of Python records: the collect sink's output."""
-
-ParquetCompression: TypeAlias = Literal["snappy", "zstd", "gzip", "brotli", "lz4", "none"]
-"""The codecs pyarrow writes Parquet files with (``"none"``: uncompressed)."""
-PARQUET_CODECS: tuple[ParquetCompression, ...] = get_args(ParquetCompression)
 
 
 COLLECT_FOLDER = "_collect"
@@ -83,42 +73,34 @@ class CollectSink(Sink):
 
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> FileSinkWriter:
         directory = collect_directory(context.checkpoint_dir, self.name)
-        return FileSink(directory, "pickle", context.storage_options).writer(context, restored)
+        return FileSink(directory, PICKLE, context.storage_options).writer(context, restored)
 
 
 @dataclass(frozen=True)
 class FileSink(Sink):
-    """Part files in ``directory`` (a local path or any fsspec URL), as ``parquet``, ``csv``
-    or ``jsonl``; with ``partition_by``, in Hive-style folders of those columns' values
-    (:mod:`~cutline.runtime.io.partitions`)."""
+    """Part files in ``directory`` (a local path or any fsspec URL), in ``format``
+    (:data:`~cutline.runtime.io.file_formats.PARQUET`,
+    :data:`~cutline.runtime.io.file_formats.JSONL`, ...); with ``partition_by``, in
+    Hive-style folders of those columns' values (:mod:`~cutline.runtime.io.partitions`)."""
 
     directory: str
-    format: str = "parquet"
+    format: OutputFormat = PARQUET
     storage_options: Mapping[str, Any] | None = None
     partition_by: tuple[str, ...] = ()
-    compression: ParquetCompression = "snappy"
-    """Parquet's codec."""
-    csv: CsvOptions = field(default_factory=CsvOptions)
-    """How CSV is written: its ``delimiter``, ``header`` and ``null_values[0]`` (for nulls)."""
 
     @property
     def columnar(self) -> bool:  # type: ignore[override]
-        return self.format != "pickle"
+        return self.format.columnar
 
     def __post_init__(self) -> None:
-        if self.format not in _SUFFIX:
-            raise ValueError(
-                f"unknown output format {self.format!r}: use one of {', '.join(_SUFFIX)}"
+        if not isinstance(self.format, OutputFormat):
+            raise TypeError(
+                f"format must be an OutputFormat (cutline.runtime.io.file_formats), not "
+                f"{self.format!r}"
             )
+        object.__setattr__(self, "partition_by", tuple(self.partition_by))
         if self.partition_by and not self.columnar:
             raise ValueError(f"{self.format} output cannot be partitioned")
-        codec = self.compression.lower() if isinstance(self.compression, str) else None
-        if codec not in PARQUET_CODECS:
-            raise ValueError(
-                f"compression must be one of {', '.join(PARQUET_CODECS)}, not {self.compression!r}"
-            )
-        object.__setattr__(self, "compression", codec)
-        object.__setattr__(self, "partition_by", tuple(self.partition_by))
 
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> FileSinkWriter:
         """A writer for subtask ``context.subtask`` in attempt ``context.generation`` of the
@@ -134,7 +116,13 @@ class FileSink(Sink):
             raise ValueError(f"run id {run!r}: use 1 to 16 lowercase letters and digits")
         fs, root = fsspec.core.url_to_fs(self.directory, **dict(self.storage_options or {}))
         writer = FileSinkWriter(
-            fs, root.rstrip("/"), self.format, subtask, context.generation, run, sink=self
+            fs,
+            root.rstrip("/"),
+            self.format,
+            subtask,
+            context.generation,
+            run,
+            partition_by=self.partition_by,
         )
         states = {index: state or {} for index, state in restored.items()}
         states.setdefault(subtask, {})
@@ -148,12 +136,12 @@ class FileSinkWriter(SinkWriter):
         self,
         fs: Any,
         root: str,
-        fmt: str,
+        fmt: OutputFormat,
         subtask: int,
         generation: int,
         run: str = "r0",
         *,
-        sink: FileSink | None = None,
+        partition_by: tuple[str, ...] = (),
     ) -> None:
         self._run = run
         self._fs = fs
@@ -161,8 +149,7 @@ class FileSinkWriter(SinkWriter):
         self._format = fmt
         self._subtask = subtask
         self._generation = generation
-        self._sink = sink or FileSink(root, fmt)
-        """Its options: partitions, Parquet's codec, how CSV is written."""
+        self._partition_by = partition_by
         self._batches: dict[str, list[Any]] = {}
         """The records since the last checkpoint, by partition folder (``""``: the output's
         own, unpartitioned)."""
@@ -190,18 +177,17 @@ class FileSinkWriter(SinkWriter):
 
     def write(self, batch: pa.RecordBatch | list[Any]) -> None:
         """Buffer records for the part file of the current checkpoint (Arrow record batches;
-        for the ``pickle`` format, records as they are)."""
+        for a format not columnar, records as they are)."""
         if self._failed is not None:
             raise self._failed
         if not len(batch):
             return
-        if self._format == "pickle" and not isinstance(batch, list):
+        if not self._format.columnar and not isinstance(batch, list):
             batch = batch.to_pylist()
-        columns = self._sink.partition_by
-        if not columns:
+        if not self._partition_by:
             self._batches.setdefault("", []).append(batch)
             return
-        for folder, rows in split(batch, columns):
+        for folder, rows in split(batch, self._partition_by):
             self._batches.setdefault(folder, []).append(rows)
 
     def prepare_commit(self, checkpoint_id: int) -> PreCommit:
@@ -213,7 +199,7 @@ class FileSinkWriter(SinkWriter):
         for folder, batches in self._batches.items():
             name = (
                 f"part-{self._subtask:05d}-{checkpoint_id:010d}-g{self._generation}-"
-                f"{self._run}-{self._part}{_SUFFIX[self._format]}"
+                f"{self._run}-{self._part}{self._format.suffix}"
             )
             self._part += 1
             with self._unwritten_lock:
@@ -376,15 +362,7 @@ class FileSinkWriter(SinkWriter):
 
     def _write_file(self, path: str, batches: list[Any]) -> None:
         buffer = io.BytesIO()
-        if self._format == "pickle":
-            pickle.dump([r for batch in batches for r in batch], buffer, pickle.HIGHEST_PROTOCOL)
-        elif self._format == "parquet":
-            pq.write_table(_table(batches), buffer, compression=self._sink.compression)
-        elif self._format == "csv":
-            _write_csv(_table(batches), buffer, self._sink.csv)
-        else:
-            for row in _table(batches).to_pylist():
-                buffer.write(json.dumps(row, default=str).encode() + b"\n")
+        self._format.write(buffer, batches)
         try:
             with self._fs.open(path, "wb") as out:
                 out.write(buffer.getvalue())
@@ -403,29 +381,3 @@ class PreCommit(PendingCommit):
         """Write the part files pre-committed so far; the sink's state for the checkpoint."""
         self.writer.flush()
         return self.state
-
-
-def _table(batches: list[pa.RecordBatch]) -> pa.Table:
-    """One table of ``batches``, unifying schemas that differ only where a column was all null
-    in some batch."""
-    try:
-        return pa.Table.from_batches(batches)
-    except pa.ArrowInvalid:
-        tables = [pa.Table.from_batches([b]) for b in batches]
-        try:
-            return pa.concat_tables(tables, promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise SinkError(f"the records do not share one schema: {exc}") from None
-
-
-def _write_csv(table: pa.Table, out: io.BytesIO, options: CsvOptions) -> None:
-    """``table`` as CSV, as ``options`` say (a header line of the column names first, when
-    ``header``; a null as ``null_values[0]``; a value that holds the delimiter, a quote or a
-    line break in double quotes, a quote in it doubled)."""
-    write = pa_csv.WriteOptions(
-        include_header=options.header,
-        delimiter=options.delimiter,
-        null_string=options.null_values[0],
-        quoting_style="needed",
-    )
-    pa_csv.write_csv(table, out, write)
