@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _API = (
+    "OnError",
+    "TimeDomain",
     "WindowedStream",
     "WindowedResult",
     "Window",
@@ -107,6 +109,7 @@ if TYPE_CHECKING:  # (what a type checker sees: the API's own types, not __getat
     from cutline.api import Logic as Logic
     from cutline.api import Monotonous as Monotonous
     from cutline.api import NoRestart as NoRestart
+    from cutline.api import OnError as OnError
     from cutline.api import OperatorContext as OperatorContext
     from cutline.api import ProcessContext as ProcessContext
     from cutline.api import RecordsSkipped as RecordsSkipped
@@ -122,6 +125,7 @@ if TYPE_CHECKING:  # (what a type checker sees: the API's own types, not __getat
     from cutline.api import SparkSetupError as SparkSetupError
     from cutline.api import State as State
     from cutline.api import StreamEnvironment as StreamEnvironment
+    from cutline.api import TimeDomain as TimeDomain
     from cutline.api import Timeouts as Timeouts
     from cutline.api import Tumbling as Tumbling
     from cutline.api import WaitingForSlots as WaitingForSlots

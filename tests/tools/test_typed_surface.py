@@ -87,14 +87,18 @@ def test_mypy_finds_each_string_out_of_its_closed_set_and_passes_the_right_ones(
 
 def test_each_literal_of_names_holds_the_names_its_enum_takes() -> None:
     """The API takes names (a ``Literal``); inside, they are made enums: the same names."""
-    from cutline.connectors.kafka.values import KeyFormat, Keys, ValueFormatName, Values
+    from cutline.connectors.kafka.names import KeyFormat, OffsetPolicy, ValueFormatName
+    from cutline.connectors.kafka.ranges import OFFSET_POLICIES
+    from cutline.connectors.kafka.values import Keys, Values
 
     assert set(get_args(ValueFormatName)) == {str(v) for v in Values}
     assert set(get_args(KeyFormat)) == {str(k) for k in Keys}
+    assert get_args(OffsetPolicy) == OFFSET_POLICIES
 
 
 def test_importing_the_api_imports_no_connector_client() -> None:
     clients = ("confluent_kafka", "fastavro", "deltalake", "pyiceberg", "psycopg")
-    code = f"import sys, cutline.api\nprint([m for m in {clients!r} if m in sys.modules])\n"
+    imports = "import sys, cutline.api, cutline.connectors.kafka.names"
+    code = f"{imports}\nprint([m for m in {clients!r} if m in sys.modules])\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -12,21 +12,18 @@ import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 
 from cutline.api.event_time import source_strategy
 from cutline.api.sources import Sources, _column_names
 from cutline.api.streams import DataStream
+from cutline.connectors.kafka.names import KeyFormat, OffsetPolicy, ValueFormatName
 from cutline.connectors.source import SourceError
 from cutline.runtime.durations import seconds
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator
 from cutline.runtime.io.formats import InputWarning, as_schema
-
-if TYPE_CHECKING:  # (the client library is imported when read_kafka is called)
-    from cutline.connectors.kafka.ranges import OffsetPolicy
-    from cutline.connectors.kafka.values import KeyFormat, ValueFormatName
 
 
 class ConnectorSources(Sources):

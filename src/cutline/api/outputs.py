@@ -7,21 +7,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from cutline.api.columns import has_column
+from cutline.connectors.kafka.names import ValueFormatName
 from cutline.connectors.sink import Sink
+from cutline.connectors.tables.parts import Compression
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.graph import Edge, KeySelector, Operator, Partitioning
 from cutline.runtime.keyed_operators import Rolling, RollingLogic
 from cutline.runtime.operators import Logic, OnError
 from cutline.runtime.sink_operator import SinkLogic
-
-if TYPE_CHECKING:  # (a connector's client library is imported when its method is called)
-    from cutline.connectors.kafka.values import ValueFormatName
-    from cutline.connectors.tables.parts import Compression
 
 
 class Outputs:

@@ -46,6 +46,7 @@ from cutline.api.window_all import ALL
 from cutline.connectors.sink import FunctionSink, Sink
 from cutline.runtime.eventtime.assign import AssignTimestampsLogic
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
+from cutline.runtime.eventtime.timers import TimeDomain
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.graph import Edge, GraphError, Operator
@@ -74,7 +75,6 @@ from cutline.runtime.sink_operator import SinkLogic
 if TYPE_CHECKING:
     from cutline.api.keyed import KeyedStream
     from cutline.api.windowed import WindowedStream
-    from cutline.runtime.eventtime.timers import TimeDomain
 
 
 class _Operators:
@@ -391,7 +391,7 @@ class DataStream(_Operators, Outputs):
         completes). Each part file starts with a line of the column names (``header``), then
         a line per record; a value that holds the delimiter, a quote or a line break is
         quoted with ``"`` (a quote in it doubled); times as ISO 8601. What it writes,
-        :meth:`~cutline.api.StreamEnvironment.read_csv` reads back with the same
+        :meth:`~cutline.StreamEnvironment.read_csv` reads back with the same
         ``delimiter``, ``header`` and ``null_values=[null_value]``. Records of nested values
         (lists, dicts) cannot be written: refused here when the stream's columns are known,
         else they fail the job.

@@ -12,7 +12,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Protocol
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -374,11 +374,6 @@ def listed_partitions(source: Brokers) -> list[tuple[str, int]]:
     with _LISTINGS_LOCK:
         listing = _LISTINGS.setdefault(key, _Listing())
     return listing.get(source)
-
-
-Start: TypeAlias = Literal["earliest", "latest"] | int | dt.datetime | Mapping[int | str, int]
-"""Where a Kafka source starts: ``"earliest"``, ``"latest"``, a time (a ``datetime`` or epoch
-milliseconds) or offsets (``{partition: offset}``, ``{"topic/partition": offset}``)."""
 
 
 def check_start(start: Any) -> None:

@@ -25,12 +25,11 @@ made before (``on_offset_out_of_range=``), never a silent jump:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypeAlias, get_args
+from typing import get_args
 
+from cutline.connectors.kafka.names import OffsetPolicy
 from cutline.connectors.source import SourceError
 
-OffsetPolicy: TypeAlias = Literal["fail", "earliest", "latest"]
-"""What ``on_offset_out_of_range=`` may say (see the module's docstring)."""
 OFFSET_POLICIES: tuple[OffsetPolicy, ...] = get_args(OffsetPolicy)
 
 

@@ -42,7 +42,8 @@ from cutline.connectors.kafka.avro import (
     register,
 )
 from cutline.connectors.kafka.metadata import LOG, reason
-from cutline.connectors.kafka.values import VALUE_FORMATS, ValueFormatName, Values
+from cutline.connectors.kafka.names import ValueFormatName
+from cutline.connectors.kafka.values import VALUE_FORMATS, Values
 from cutline.connectors.sink import Sink, SinkContext, SinkError, SinkWriter
 from cutline.connectors.source import Batch
 

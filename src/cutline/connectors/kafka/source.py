@@ -51,7 +51,6 @@ from cutline.connectors.kafka.avro import (
     latest_schema,
 )
 from cutline.connectors.kafka.metadata import (
-    Start,
     check_start,
     client,
     listed_partitions,
@@ -64,14 +63,13 @@ from cutline.connectors.kafka.metadata import (
     split_id,
     topic_partitions,
 )
-from cutline.connectors.kafka.ranges import OFFSET_POLICIES, OffsetPolicy
+from cutline.connectors.kafka.names import KeyFormat, OffsetPolicy, Start, ValueFormatName
+from cutline.connectors.kafka.ranges import OFFSET_POLICIES
 from cutline.connectors.kafka.reader import KafkaReader
 from cutline.connectors.kafka.values import (
     KAFKA_FIELDS,
     Deserializer,
-    KeyFormat,
     ValueFormat,
-    ValueFormatName,
     Values,
     infer_schema,
     keys_named,

@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, TypeAlias, assert_never
+from typing import Any, assert_never
 
 import numpy as np
 import pyarrow as pa
@@ -74,11 +74,6 @@ class Keys(StrEnum):
 
 
 VALUE_FORMATS = tuple(str(v) for v in Values)
-
-ValueFormatName: TypeAlias = Literal["json", "avro", "raw", "string"]
-"""``value_format=`` as the API takes it: the name of one of :class:`Values`."""
-KeyFormat: TypeAlias = Literal["string", "raw"]
-"""``key_format=`` as the API takes it: the name of one of :class:`Keys`."""
 
 
 def values_named(given: Any) -> Values | Deserializer:
