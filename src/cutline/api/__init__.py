@@ -8,7 +8,7 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 """
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
-from cutline.api.streams import WindowedResult, WindowedStream
+from cutline.api.windowed import WindowedResult, WindowedStream
 from cutline.runtime.checkpoint.lineage import ResumableCheckpointError
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.driver.client import JobClient, JobClientError

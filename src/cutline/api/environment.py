@@ -33,9 +33,10 @@ from typing import Any
 import fsspec
 
 from cutline.api.connector_sources import ConnectorSources
+from cutline.api.keyed import KeyedStream
 from cutline.api.progress import LiveProgress, ProgressLines, wanted
 from cutline.api.settings import Settings, location
-from cutline.api.streams import DataStream, KeyedStream
+from cutline.api.streams import DataStream
 from cutline.runtime.checkpoint.lineage import (
     ResumableCheckpointError,
     refuse_fresh_start,
