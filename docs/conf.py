@@ -128,6 +128,11 @@ def candidates(node: Any) -> list[str]:
     bases of that class (a member it inherits is documented on the base)."""
     target = node["reftarget"].lstrip("~.")
     module, cls = node.get("py:module"), node.get("py:class")
+    signature = node.parent
+    while signature is not None and "fullname" not in signature.attributes:
+        signature = signature.parent  # (a type in a signature: the object it describes)
+    if signature is not None and not cls:
+        cls = signature["fullname"].split(".")[0] or None
     found = [target]
     if module:
         context = find(f"{module}.{cls}") if cls else None
@@ -164,8 +169,10 @@ def resolve_public_name(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     # A type in a signature that is the runtime's own, not documented one by one (the state
     # backend an operator is opened with, the event clock): shown, not linked. Every
     # reference a docstring makes (``refexplicit`` is set on those) must resolve.
-    if "refexplicit" not in node and node["reftarget"].startswith("cutline."):
-        return contnode
+    if "refexplicit" not in node:
+        found = (find(candidate) for candidate in tried)
+        if any(getattr(obj, "__module__", "").startswith("cutline.") for obj in found):
+            return contnode
     return None
 
 
