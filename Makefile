@@ -23,8 +23,8 @@ demo: $(STAMP)
 test: lint typecheck docs pytest bare-install
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench docs
+	$(BIN)/ruff format --check src tests bench docs
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from docutils import nodes
 from docutils.parsers.rst import directives
@@ -49,8 +49,8 @@ nitpicky = True
 # No network here, so no intersphinx: the types of the standard library and of the libraries
 # cutline works with (pyarrow, PySpark, ...) that appear in signatures cannot be linked.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(collections\.abc|os|datetime|pathlib|re|typing|types|enum)\..+"),
-    (r"py:.*", r"(pyarrow|pyspark|numpy|fsspec|confluent_kafka|psycopg|deltalake|pyiceberg)(\..+)?"),
+    (r"py:class", r"(collections\.abc|datetime|os|pathlib|re)\.\w+"),  # the standard library's
+    (r"py:class", r"(numpy|pyarrow|pyspark)(\.\w+)*\.\w+"),  # ndarray, Schema, SparkSession, ...
 ]
 
 # ----------------------------------------------------------------- public names
@@ -198,7 +198,9 @@ class CliHelp(SphinxDirective):
 
         from cutline.cli import main
 
-        out = CliRunner().invoke(main, [*self.arguments, "--help"], terminal_width=92)
+        out = CliRunner().invoke(
+            main, [*self.arguments, "--help"], prog_name="cutline", terminal_width=92
+        )
         if out.exit_code != 0:
             raise self.error(f"cutline {' '.join(self.arguments)} --help: {out.output}")
         text = out.output.rstrip("\n")
@@ -211,7 +213,7 @@ class PackageModules(SphinxDirective):
     no edit here); ``:recursive:`` takes the modules of its subpackages too."""
 
     required_arguments = 1
-    option_spec = {"recursive": directives.flag}
+    option_spec: ClassVar[dict[str, Any]] = {"recursive": directives.flag}
 
     def run(self) -> list[nodes.Node]:
         package = importlib.import_module(self.arguments[0])

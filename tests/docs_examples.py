@@ -59,7 +59,7 @@ def page_examples(page: Path) -> list[Example]:
     """The Python blocks of ``page``, in order; a mark that is not one of :data:`MODES`, or a
     mode that needs an argument without one, is an error naming the page and the line."""
     text = page.read_text()
-    name = str(page.relative_to(ROOT))
+    name = str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else page.name
     found = []
     for fence in _FENCE.finditer(text):
         line = text.count("\n", 0, fence.start()) + 1

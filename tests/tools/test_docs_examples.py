@@ -111,13 +111,12 @@ def test_every_block_is_run_here_or_elsewhere_or_skipped_with_its_reason() -> No
 
 
 def test_a_mark_that_is_not_one_is_an_error_naming_the_line(tmp_path: Path) -> None:
-    page = ROOT / "docs" / "_test_page.md"
-    try:
-        page.write_text("# a page\n\n<!-- test: sometimes -->\n```python\npass\n```\n")
-        with pytest.raises(ValueError, match=r"docs/_test_page.md:3: a block's mark must be"):
-            page_examples(page)
-        page.write_text("<!-- test: skip -->\n```python\npass\n```\n")
-        with pytest.raises(ValueError, match="with its argument"):
-            page_examples(page)
-    finally:
-        page.unlink()
+    page = tmp_path / "page.md"
+    page.write_text("# a page\n\n<!-- test: sometimes -->\n```python\npass\n```\n")
+    with pytest.raises(ValueError, match=r"page.md:3: a block's mark must be"):
+        page_examples(page)
+    page.write_text("<!-- test: skip -->\n```python\npass\n```\n")
+    with pytest.raises(ValueError, match="with its argument"):
+        page_examples(page)
+    page.write_text("<!-- test: with clicks -->\n```python\npass\n```\n")
+    assert page_examples(page)[0].inputs == ["clicks"]
