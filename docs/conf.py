@@ -151,7 +151,7 @@ def resolve_public_name(app: Any, env: Any, node: Any, contnode: Any) -> Any:
         return None
     domain = env.get_domain("py")
     names = app.config._public_names
-    documented = {name for name, entry in domain.objects.items() if not entry.aliased}
+    documented = domain.objects
     tried = candidates(node)
     for candidate in tried:
         for name in names_for(candidate, names):
@@ -161,7 +161,11 @@ def resolve_public_name(app: Any, env: Any, node: Any, contnode: Any) -> Any:
                 )
     # (an unqualified name in a docstring: the one documented object of that name)
     if "." not in tried[0]:
-        matches = [name for name in documented if name.rpartition(".")[2] == tried[0]]
+        matches = [
+            name
+            for name, entry in documented.items()
+            if name.rpartition(".")[2] == tried[0] and not entry.aliased
+        ]
         if len(matches) == 1:
             return domain.resolve_xref(
                 env, node["refdoc"], app.builder, node["reftype"], matches[0], node, contnode

@@ -119,14 +119,11 @@ def run_example(
     for name, value in lines.items():
         code, found = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", code, flags=re.M)
         assert found == 1, f"{where}: the example has no line '{name} = ...'"
-    from cutline import StreamEnvironment
-    from cutline.runtime.task.local import ThreadLauncher
-
-    original = StreamEnvironment.execute
+    from cutline import StreamEnvironment, testing
 
     def on_threads(self: StreamEnvironment, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("progress", False)
-        return original(self, *args, launcher=ThreadLauncher(), **kwargs)
+        return testing.execute(self, *args, launcher=testing.ThreadLauncher(), **kwargs)
 
     monkeypatch.setattr(StreamEnvironment, "execute", on_threads)
     monkeypatch.chdir(folder)
