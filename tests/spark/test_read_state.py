@@ -632,7 +632,7 @@ def test_the_observability_page_reads_state_as_it_says(
     env = StreamEnvironment(2, checkpoint_interval=None, checkpoint_dir=tmp_path / "ck")
     stream = env.from_sequence(0, N).map(key_value)
     stream.key_by("key").sum("value", name="sum").collect()
-    env.execute(launcher=ThreadLauncher(), progress=False)
+    testing.execute(env, launcher=ThreadLauncher(), progress=False)
     (checkpoint,) = sorted((tmp_path / "ck").glob("chk-*"))
     namespace = run_example(
         docs_example("state-dataframes"),
