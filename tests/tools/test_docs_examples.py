@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -120,3 +121,13 @@ def test_a_mark_that_is_not_one_is_an_error_naming_the_line(tmp_path: Path) -> N
         page_examples(page)
     page.write_text("<!-- test: with clicks -->\n```python\npass\n```\n")
     assert page_examples(page)[0].inputs == ["clicks"]
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    """The README is what cutline is, the two commands, a job, the guarantees, three benchmark
+    headlines and links; the rest is in the documentation, where it is kept once."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert "```sh\nmake demo\nmake test\n```" in readme
+    for link in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert (ROOT / link).is_file(), f"README.md links to {link}, which is not there"
