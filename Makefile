@@ -25,6 +25,7 @@ test: lint typecheck docs pytest bare-install
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench docs/conf.py
 	$(BIN)/ruff format --check src tests bench docs/conf.py
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
