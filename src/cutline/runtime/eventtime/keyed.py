@@ -24,7 +24,6 @@ import pyarrow as pa
 from cutline.runtime.eventtime.aggregations import cut_sessions, group_by_window
 from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of, starts_of
 from cutline.runtime.eventtime.chunks import collect
-from cutline.runtime.eventtime.lateness import cleanup_time, in_time
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
     columns_as_keyed,
@@ -32,7 +31,7 @@ from cutline.runtime.eventtime.layouts import (
     read_windows,
     session_rows_as_windows,
 )
-from cutline.runtime.eventtime.operator import Fired, WindowOperator
+from cutline.runtime.eventtime.store import Fired, StoreContext
 from cutline.runtime.eventtime.timers import Timer
 from cutline.runtime.operators import Batch, rows
 from cutline.runtime.state.backend import KeyedSnapshot
@@ -45,16 +44,19 @@ class KeyedWindows:
     """The keyed layout of a window operator's windows (every window, aggregation and
     backend): per key, in keyed state."""
 
-    def __init__(self, op: WindowOperator) -> None:
-        self.op = op
-        self.assigner = op.assigner
-        self.aggregation = op.aggregation
-        self.lateness = op.lateness
-        self.backend = op.backend
-        self.table = op.backend.value_table(WINDOWS)
-        self.fire_timers = op.timers.to_fire
+    def __init__(self, context: StoreContext) -> None:
+        self.context = context
+        self.assigner = context.assigner
+        self.aggregation = context.aggregation
+        self.lateness = context.lateness
+        self.late = context.late
+        self.output = context.output
+        self.records = context.records
+        self.backend = context.backend
+        self.table = context.backend.value_table(WINDOWS)
+        self.fire_timers = context.timers.to_fire
         """Windows not fired yet, by their last millisecond (namespace: start, end)."""
-        self.cleanup_timers = op.timers.to_drop
+        self.cleanup_timers = context.timers.to_drop
         """Fired windows kept for late records, by when they are dropped."""
         self._session = isinstance(self.assigner, Session)
         self._restore_windows()
@@ -70,8 +72,8 @@ class KeyedWindows:
         of the memory backend keeps a built-in's windows as columns:
         :mod:`~cutline.runtime.eventtime.layouts`), and their timers."""
         mine, maximum = self.backend.key_groups, self.backend.max_parallelism
-        store = self.op.ctx.restore_store
-        for handle in self.op.restored:
+        store = self.context.restored.store
+        for handle in self.context.restored.handles:
             if store is None:
                 break
             start, stop = handle.get("key_groups", (0, 0))
@@ -114,7 +116,7 @@ class KeyedWindows:
 
     def _register(self, key: Hashable, start: int, end: int, fired: bool) -> None:
         if fired:
-            self.cleanup_timers.add(cleanup_time(end, self.lateness), key, (start, end))
+            self.cleanup_timers.add(self.lateness.cleanup_time(end), key, (start, end))
         else:
             self.fire_timers.add(end - 1, key, (start, end))
 
@@ -131,15 +133,15 @@ class KeyedWindows:
     # ------------------------------------------------------------------ records
 
     def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        op = self.op
-        if self.aggregation.collects and not self._session and not op.floors_differ:
-            return collect(self, batch, ts)
+        floors_differ = self.lateness.floors_differ
+        if self.aggregation.collects and not self._session and not floors_differ:
+            return collect(self.context, self.table, batch, ts)
         if (
-            not op.floors_differ  # (else the per-record path: lateness per key)
+            not floors_differ  # (else the per-record path: lateness per key)
             and self.aggregation.builtin
             and isinstance(batch, pa.RecordBatch)
-            and isinstance(op.key, str)
-            and op.vectorizable(batch)
+            and isinstance(self.records.key, str)
+            and self.records.vectorizable(batch)
         ):
             if self._session:
                 return self._sessions_vectorized(batch, ts)
@@ -151,13 +153,13 @@ class KeyedWindows:
         assert not isinstance(assigner, Session)
         index, starts = assign(assigner, ts)
         ends = ends_of(assigner, starts)
-        on_time = in_time(ends, self.lateness, self.op.watermark)
-        self.op.note_late(batch, index, on_time)
+        on_time = self.lateness.on_time(ends)
+        self.late.note(batch, index, on_time)
         if not on_time.all():
             index, starts = index[on_time], starts[on_time]
         if not len(index):
             return None
-        aggregation, key_column = self.aggregation, self.op.key
+        aggregation, key_column = self.aggregation, self.records.key
         assert isinstance(key_column, str)
         taken = pa.array(index)
         values = None
@@ -195,14 +197,14 @@ class KeyedWindows:
                     if fired:  # a late record within the lateness: the window fires again
                         refired.append((key, start, end_of(assigner, start), acc))
             table_state[key] = windows
-        return self.op.results(refired) if refired else None
+        return self.output.results(refired) if refired else None
 
     def _sessions_vectorized(self, batch: pa.RecordBatch, ts: np.ndarray) -> Batch | None:
         assigner = self.assigner
-        key_column = self.op.key
+        key_column = self.records.key
         assert isinstance(assigner, Session) and isinstance(key_column, str)
         gap = assigner.gap
-        kept = self.op.sessions_on_time(batch, ts, gap)
+        kept = self.late.on_time(batch, ts, self.lateness.on_time(ts + gap))
         if kept is None:
             return None
         batch, ts = kept
@@ -222,7 +224,7 @@ class KeyedWindows:
             keys.to_pylist(), firsts.tolist(), ends.tolist(), parts, strict=True
         ):
             refired += self._merge_session(key, first, end, part)
-        return self.op.results(refired) if refired else None
+        return self.output.results(refired) if refired else None
 
     def _merge_session(self, key: Hashable, start: int, end: int, acc: Any) -> list[Fired]:
         """Add the session ``[start, end)`` with ``acc`` to ``key``'s, merging those it
@@ -238,14 +240,14 @@ class KeyedWindows:
                 fired = fired or s_fired
                 if s_fired:
                     self.cleanup_timers.discard(
-                        cleanup_time(s_end, self.lateness), key, (s_start, s_end)
+                        self.lateness.cleanup_time(s_end), key, (s_start, s_end)
                     )
                 else:
                     self.fire_timers.discard(s_end - 1, key, (s_start, s_end))
             else:
                 kept.append((s_start, s_end, s_acc, s_fired))
         # a fired session that grew past the watermark fires again when its new end passes
-        refire_now = fired and self.op.watermark >= end - 1
+        refire_now = fired and self.lateness.watermark >= end - 1
         if fired and not refire_now:
             fired = False
         kept.append((start, end, acc, fired))
@@ -255,8 +257,8 @@ class KeyedWindows:
         return [(key, start, end, acc)] if refire_now else []
 
     def _per_record(self, records: list[Any], ts: np.ndarray) -> Batch | None:
-        op = self.op
-        aggregation, get_key = self.aggregation, op.get_key
+        lateness = self.lateness
+        aggregation, get_key = self.aggregation, self.records.get_key
         refired: dict[tuple[Hashable, int], Fired] = {}
         late: list[Any] = []
         for record, stamp in zip(records, ts.tolist(), strict=True):
@@ -266,7 +268,7 @@ class KeyedWindows:
                 if self._session:
                     assert isinstance(self.assigner, Session)
                     end = stamp + self.assigner.gap
-                    if op.is_past(end, op.floor(key)):
+                    if lateness.is_past(end, lateness.floor(key)):
                         late.append(record)
                         continue
                     acc = aggregation.add(aggregation.create(), record)
@@ -276,10 +278,10 @@ class KeyedWindows:
                 starts = self._starts(stamp)
                 windows = dict(self.table.get(key) or {})
                 on_time = False
-                floor = op.floor(key)
+                floor = lateness.floor(key)
                 for start in starts:
                     end = self._end(start)
-                    if op.is_past(end, floor):
+                    if lateness.is_past(end, floor):
                         continue
                     on_time = True
                     entry = windows.get(start)
@@ -296,10 +298,10 @@ class KeyedWindows:
                     continue
                 self.table[key] = windows
             except Exception as exc:
-                op.ctx.fail(record, exc)
+                self.records.fail(record, exc)
         if late:
-            op.too_late(late)
-        return op.results(list(refired.values())) if refired else None
+            self.late.add(late)
+        return self.output.results(list(refired.values())) if refired else None
 
     def _starts(self, stamp: int) -> list[int]:
         assert not isinstance(self.assigner, Session)
@@ -320,7 +322,7 @@ class KeyedWindows:
                 found += [(key, s, e, acc) for s, e, acc, fired in value if not fired]
             else:
                 found += [(key, s, self._end(s), a) for s, (a, f) in value.items() if not f]
-        return self.op.results(found, final=False) if found else None
+        return self.output.results(found, final=False) if found else None
 
     def fire(self, due: Iterable[Timer]) -> Batch | None:
         results: list[Fired] = []
@@ -328,7 +330,7 @@ class KeyedWindows:
             acc = self._fire(key, start, end)
             if acc is not _GONE:
                 results.append((key, start, end, acc))
-        return self.op.results(results) if results else None
+        return self.output.results(results) if results else None
 
     def drop(self, due: Iterable[Timer]) -> None:
         for _, key, (start, _end) in due:
@@ -338,16 +340,16 @@ class KeyedWindows:
         """Window ``[start, end)`` of ``key`` fires: its accumulator (dropped from state, or
         marked fired and kept for the lateness)."""
         value = self.table.get(key)
-        keep = self.op.keeps_fired
-        if self.op.early_records is not None:
-            self.op.early_records.forget(key, start, end)
+        keep = self.lateness.keeps_fired
+        if self.context.early is not None:
+            self.context.early.forget(key, start, end)
         if self._session:
             sessions = list(value or ())
             for i, (s_start, s_end, acc, _) in enumerate(sessions):
                 if s_start == start and s_end == end:
                     if keep:
                         sessions[i] = (s_start, s_end, acc, True)
-                        self.cleanup_timers.add(cleanup_time(end, self.lateness), key, (start, end))
+                        self.cleanup_timers.add(self.lateness.cleanup_time(end), key, (start, end))
                     else:
                         del sessions[i]
                     self._store(key, tuple(sessions))
@@ -359,7 +361,7 @@ class KeyedWindows:
             return _GONE
         if keep:
             windows[start] = (entry[0], True)
-            self.cleanup_timers.add(cleanup_time(end, self.lateness), key, (start, end))
+            self.cleanup_timers.add(self.lateness.cleanup_time(end), key, (start, end))
         else:
             del windows[start]
         self._store(key, windows)

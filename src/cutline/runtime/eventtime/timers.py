@@ -133,6 +133,12 @@ class WindowTimers:
             self._parts = self._backend.timer_index("window-slices")
         return self._parts
 
+    def parts_due(self, upto: int) -> Iterator[Timer]:
+        """The ``parts`` timers due by ``upto`` (none if no part was ever registered)."""
+        if self._parts is None:
+            return iter(())
+        return self._parts.pop_due(upto)
+
     @property
     def pending(self) -> bool:
         """Whether any timer waits (of windows, or of parts)."""
