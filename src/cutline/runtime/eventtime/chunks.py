@@ -21,11 +21,14 @@ from cutline.runtime.eventtime.store import StoreContext
 from cutline.runtime.operators import Batch, rows, to_arrow
 
 
-def collect(context: StoreContext, table: Any, batch: Batch, ts: np.ndarray) -> Batch | None:
+def collect(
+    context: StoreContext, table: Any, batch: Batch, ts: np.ndarray
+) -> list[tuple[Hashable, int, int, Any]]:
     """``process`` and ``process_batches`` on tumbling and sliding windows: the records of
     the batch grouped by key and window, each group added to its window (in ``table``, the
     keyed layout's) as one chunk (a tuple of records, or an Arrow batch): one state update per
-    key and window, not per record."""
+    key and window, not per record. Returns the fired windows (kept for the lateness) that
+    took records: they fire again."""
     assigner = context.assigner
     assert not isinstance(assigner, Session)
     arrow = context.aggregation.kind is Kind.PROCESS_BATCHES
@@ -37,11 +40,11 @@ def collect(context: StoreContext, table: Any, batch: Batch, ts: np.ndarray) -> 
     if not on_time.all():
         index, starts = index[on_time], starts[on_time]
     if not len(index):
-        return None
+        return []
     records = None if arrow else rows(batch)
     keys, codes = key_codes(context.records, batch, records)
     if keys is None:
-        return None
+        return []
     pair_codes = codes[index]
     keep = pair_codes >= 0  # (a record whose key failed is in no window)
     index, starts, pair_codes = index[keep], starts[keep], pair_codes[keep]
@@ -75,7 +78,7 @@ def collect(context: StoreContext, table: Any, batch: Batch, ts: np.ndarray) -> 
                 refired.append((key, start, end, acc))
     for key, windows in changed.items():
         table[key] = windows
-    return context.output.results(refired) if refired else None
+    return refired
 
 
 def key_codes(

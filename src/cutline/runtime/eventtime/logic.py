@@ -87,4 +87,3 @@ class WindowLogic(WindowSpec, Logic):
                         assert_never(assigner)
             case _:
                 assert_never(storage)
-
