@@ -109,8 +109,9 @@ class Storage(Protocol[P]):
         """A piece dropped: what it held given back."""
         ...
 
-    def settle(self, pieces: list[P]) -> None:
-        """After records came (or a restore): the pieces held may be moved (spilled)."""
+    def settle(self, pieces: Callable[[], list[P]]) -> None:
+        """After records came (or a restore): the pieces held (``pieces()``, every one) may be
+        moved (spilled)."""
         ...
 
     def encoder(
@@ -146,7 +147,7 @@ class WindowsByStart(Generic[P]):
         some of their keys only (restored so)."""
         for start, parts in restored_parts(context, storage.chain, bucketing.adopts).items():
             self._add_window(storage.restored(start, parts))
-        storage.settle(self._holders())
+        storage.settle(self._holders)
 
     def _holders(self) -> list[P]:
         """Every piece held (the windows', the slices')."""
@@ -247,7 +248,7 @@ class WindowsByStart(Generic[P]):
                 own = self.windows.get(window)
                 if own is not None and own.fired:
                     again.setdefault(window, []).append((keys, None if shared else positions))
-        self.storage.settle(self._holders())
+        self.storage.settle(self._holders)
         fired: list[tuple[int, pa.Array, np.ndarray]] = []
         for window, came in sorted(again.items()):
             result = self._again(window, came)

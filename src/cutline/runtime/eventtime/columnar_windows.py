@@ -122,7 +122,7 @@ class Columns:
     def release(self, piece: WindowColumns | None) -> None:
         """(Nothing to give back but the memory.)"""
 
-    def settle(self, pieces: list[WindowColumns]) -> None:
+    def settle(self, pieces: Callable[[], list[WindowColumns]]) -> None:
         """(Columns stay in memory.)"""
 
     # ---------------------------------------------------------------- results

@@ -212,7 +212,7 @@ class Runs:
 
     # -------------------------------------------------------- compaction, spills
 
-    def settle(self, pieces: list[WindowRuns]) -> None:
+    def settle(self, pieces: Callable[[], list[WindowRuns]]) -> None:
         """Beyond the budget, the runs held in memory are spilled (:meth:`_spill_if_full`)."""
         self._spill_if_full(pieces)
 
@@ -259,13 +259,14 @@ class Runs:
         self._forget(runs)
         return merged
 
-    def _spill_if_full(self, holders: list[WindowRuns]) -> None:
+    def _spill_if_full(self, pieces: Callable[[], list[WindowRuns]]) -> None:
         """Beyond the budget (over what could not be spilled before), every run held in
         memory is written to the local folder and mapped back: one file per spill (and per
         shape of run), whatever the number of runs, so that a subtask holds few files and
         mappings. Runs of Python ints (sums beyond int64) stay in memory."""
         if self.held <= self.budget + self._stuck or self.folder is None:
             return
+        holders = pieces()
         shapes: dict[pa.Schema, list[tuple[WindowRuns, int]]] = {}
         for holder in holders:
             for at, run in enumerate(holder.runs):
