@@ -26,7 +26,15 @@ from confluent_kafka import Consumer, TopicPartition
 from test_runtime_jobs import dead_letters
 from test_savepoints import StopWithSavepoint, endpoints_of
 
-from cutline import FixedDelay, JobClient, JobFailedError, SourceError, StreamEnvironment, Tumbling
+from cutline import (
+    FixedDelay,
+    JobClient,
+    JobFailedError,
+    SourceError,
+    StreamEnvironment,
+    Tumbling,
+    testing,
+)
 from cutline.connectors.kafka import KafkaSource, ValueFormat
 from cutline.connectors.kafka import metadata as kafka_metadata
 from cutline.connectors.kafka.metadata import resolve_start
@@ -70,7 +78,7 @@ def environment(tmp_path: Path, parallelism: int = 2, **options: Any) -> StreamE
 
 
 def run(env: StreamEnvironment, **options: Any) -> Any:
-    return env.execute(launcher=ThreadLauncher(), progress=False, **options)
+    return testing.execute(env, launcher=ThreadLauncher(), progress=False, **options)
 
 
 def test_a_bounded_topic_is_read_once_with_kafkas_fields(

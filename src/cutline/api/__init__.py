@@ -8,7 +8,8 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 """
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
-from cutline.api.streams import WindowedResult, WindowedStream
+from cutline.api.setting_groups import Checkpoints, State, Timeouts
+from cutline.api.windowed import WindowedResult, WindowedStream
 from cutline.runtime.checkpoint.lineage import ResumableCheckpointError
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.driver.client import JobClient, JobClientError
@@ -49,6 +50,7 @@ __all__ = [
     "CheckpointCompleted",
     "CheckpointSlow",
     "CheckpointWarning",
+    "Checkpoints",
     "DataStream",
     "EventTimeError",
     "ExponentialDelay",
@@ -82,7 +84,9 @@ __all__ = [
     "SourceError",
     "SourceHold",
     "SparkSetupError",
+    "State",
     "StreamEnvironment",
+    "Timeouts",
     "Tumbling",
     "WaitingForSlots",
     "WatermarkGenerator",

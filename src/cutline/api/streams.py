@@ -33,32 +33,23 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from cutline.api.columns import has_column, numeric_column, window_result_schema, with_count
+from cutline.api.columns import has_column
 from cutline.api.dataflow import Dataflow
 from cutline.api.event_time import common_time, watermark_generator
 from cutline.api.outputs import Outputs
 from cutline.api.settings import location
-from cutline.api.window_all import (
-    ALL,
-    ALL_COLUMN,
-    with_window_all_key,
-    without_window_all_key,
-)
+from cutline.api.window_all import ALL
 from cutline.connectors.sink import FunctionSink, Sink
-from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregation, Kind
 from cutline.runtime.eventtime.assign import AssignTimestampsLogic
-from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
-from cutline.runtime.eventtime.logic import WindowLogic
-from cutline.runtime.eventtime.output import LATE
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
 from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from cutline.runtime.graph import Edge, GraphError, Operator
 from cutline.runtime.io.sinks import CollectSink, FileSink
-from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessLogic, RollingLogic
 from cutline.runtime.operators import (
     Logic,
     MapBatchesLogic,
@@ -67,6 +58,10 @@ from cutline.runtime.operators import (
     SinkLogic,
     function_name,
 )
+
+if TYPE_CHECKING:
+    from cutline.api.keyed import KeyedStream
+    from cutline.api.windowed import WindowedStream
 
 
 class _Operators:
@@ -238,6 +233,8 @@ class DataStream(_Operators, Outputs):
         """Partition by key: a column name (records are dicts or columns) or a function."""
         if not (isinstance(key, str) or callable(key)):
             raise TypeError(f"key_by takes a column name or a function, not {key!r}")
+        from cutline.api.keyed import KeyedStream  # (it builds on this module)
+
         if isinstance(key, str):
             has_column(self.schema, key, f"key_by({key!r})")
         return KeyedStream(self, key)
@@ -256,6 +253,8 @@ class DataStream(_Operators, Outputs):
         function is given ``None`` as the key). Every record goes to one subtask of the
         window operator, as in Flink: windows of a key are the way to scale. Otherwise as
         :meth:`KeyedStream.window`."""
+        from cutline.api.keyed import KeyedStream  # (it builds on this module)
+
         windowed = KeyedStream(self, ALL).window(
             assigner,
             allowed_lateness=allowed_lateness,
@@ -360,305 +359,6 @@ class DataStream(_Operators, Outputs):
         self.env._collect[name] = operator.uid
 
 
-class KeyedStream(_Operators):
-    """A stream partitioned by key: keyed state and rolling aggregations per key."""
-
-    def __init__(self, stream: DataStream, key: str | Callable[[Any], Hashable]) -> None:
-        self.stream = stream
-        self.key = key
-
-    def transform(
-        self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
-    ) -> DataStream:
-        edge = Edge(self.stream.operator.uid, "hash", self.key)
-        return self.stream._through(edge, label, logic, name, on_error)
-
-    def _schema(self) -> pa.Schema | None:
-        return self.stream.schema
-
-    def process(
-        self, function: KeyedProcessFunction, *, name: str | None = None, on_error: str = "fail"
-    ) -> DataStream:
-        """Run ``function.process(record, ctx)`` for every record, with keyed state in ``ctx``."""
-        if not isinstance(function, KeyedProcessFunction):
-            raise TypeError(
-                "process takes an instance of a KeyedProcessFunction subclass, not "
-                f"{type(function).__name__}"
-            )
-        label = f"process({type(function).__name__})"
-        logic = ProcessLogic(function, self.key)
-        return self.transform(label, logic, name=name, on_error=on_error)
-
-    def reduce(
-        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: str = "fail"
-    ) -> DataStream:
-        """For every record, emit ``fn(previous result of its key, record)`` (the first record of
-        a key is emitted as it is)."""
-        _callable(fn, "reduce")
-        logic = RollingLogic("reduce", self.key, fn=fn)
-        return self.transform(f"reduce({function_name(fn)})", logic, name=name, on_error=on_error)
-
-    def sum(self, field: str | int, *, name: str | None = None) -> DataStream:
-        """For every record, the record with ``field`` replaced by its key's running sum."""
-        return self._rolling("sum", field, name)
-
-    def min(self, field: str | int, *, name: str | None = None) -> DataStream:
-        """For every record, the record with ``field`` replaced by its key's running minimum."""
-        return self._rolling("min", field, name)
-
-    def max(self, field: str | int, *, name: str | None = None) -> DataStream:
-        """For every record, the record with ``field`` replaced by its key's running maximum."""
-        return self._rolling("max", field, name)
-
-    def count(self, *, name: str | None = None) -> DataStream:
-        """For every record, the record with a ``count`` field: its key's running count."""
-        stream = self.transform("count", RollingLogic("count", self.key), name=name)
-        stream.schema = with_count(self.stream.schema)
-        return stream
-
-    def _rolling(self, kind: str, field: str | int, name: str | None) -> DataStream:
-        if isinstance(field, str):
-            numeric_column(self.stream.schema, field, f"{kind}({field!r})", kind)
-        logic = RollingLogic(kind, self.key, field)
-        stream = self.transform(f"{kind}({field})", logic, name=name)
-        stream.schema = self.stream.schema  # (the record, its field replaced)
-        return stream
-
-    def window(
-        self,
-        assigner: Tumbling | Sliding | Session,
-        *,
-        allowed_lateness: Any = 0,
-        time: str = "event",
-        early: Any = None,
-        early_records: int | None = None,
-    ) -> WindowedStream:
-        """Windows of event time per key: ``Tumbling("1 min")``, ``Sliding("10 min",
-        every="1 min")`` or ``Session(gap="30 min")``; then say what each computes
-        (``.count()``, ``.sum("amount")``, ``.aggregate(fn)``, ...).
-
-        A window fires once the watermark passes its end; its result carries ``window_start``
-        and ``window_end``. ``allowed_lateness`` (a duration): a record that comes that long
-        after its window fired still updates it, and the window fires again; a later one goes
-        to ``.late()`` of the result, and is counted.
-
-        ``time="processing"``: windows of the wall-clock time each record reaches the window
-        operator, fired by the clock (no watermarks needed, no record ever late; the end of
-        the input fires what is left). Results are then not repeatable run to run.
-
-        ``early`` (a duration of processing time, ``"10s"``): every that long, each open
-        window's result so far, before its final one; results then have a ``final`` column
-        (false for those, true for the last), as Flink's early-firing triggers give.
-        ``early_records`` (a count): each time a window of a key has taken that many more
-        records, its result so far (at most one per window per batch, after the batch), as
-        Flink's ``CountTrigger``; with ``early``, both."""
-        if time not in ("event", "processing"):
-            raise ValueError(f"window(time={time!r}): use 'event' or 'processing'")
-        if not isinstance(assigner, Tumbling | Sliding | Session):
-            raise TypeError(
-                "window takes Tumbling(size), Sliding(size, every=...) or Session(gap=...), "
-                f"not {assigner!r}"
-            )
-        event_time = self.stream.event_time
-        lateness = duration_ms(allowed_lateness or 0, "allowed_lateness", zero=True)
-        if time == "processing":
-            if lateness:
-                raise ValueError("allowed_lateness is for event time: no record is late here")
-            clock = EventTime("processing_time")
-            windowed = WindowedStream(self, assigner, clock, 0, "processing")
-            return _early(windowed, early, early_records)
-        if event_time is None:
-            raise ValueError(
-                f"window({assigner}): the stream has no event time: give the source "
-                "event_time='column' (and max_out_of_orderness=...), or call "
-                "assign_timestamps(...) on the stream before key_by"
-            )
-        if event_time.unit == "s":
-            lengths = {"size": getattr(assigner, "size", 0), "every": getattr(assigner, "every", 0)}
-            lengths |= {
-                "offset": getattr(assigner, "offset", 0),
-                "gap": getattr(assigner, "gap", 0),
-            }
-            uneven = {k: v for k, v in lengths.items() if v % 1000}
-            if uneven:
-                name, value = next(iter(uneven.items()))
-                raise ValueError(
-                    f"window({assigner}): its {name} ({value} ms) is no whole number of seconds, "
-                    f"the unit of the times of {event_time.column!r} (event_time_unit='s'): "
-                    "window_start and window_end could not say it"
-                )
-        return _early(WindowedStream(self, assigner, event_time, lateness), early, early_records)
-
-
-class WindowedStream:
-    """A keyed stream cut into windows (``keyed.window(...)``): say what each window
-    computes. Every method returns a :class:`WindowedResult`: one record per key and window
-    (``key, window_start, window_end``, then the result), whose ``.late()`` is the stream of
-    the records too late for their windows."""
-
-    def __init__(
-        self,
-        keyed: KeyedStream,
-        assigner: Tumbling | Sliding | Session,
-        event_time: EventTime,
-        lateness: int,
-        time: str = "event",
-    ) -> None:
-        self.keyed = keyed
-        self.assigner = assigner
-        self.event_time = event_time
-        self.lateness = lateness
-        self.time = time
-
-    def count(self, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
-        """The number of records of each window, in a ``count`` column. ``on_error``: what
-        a record without event time (or key) does: ``"fail"`` or ``"dead_letter"``."""
-        return self._apply(Aggregation(Kind.COUNT), "count", name, on_error)
-
-    def sum(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
-        """The sum of ``field`` over each window, in a column of that name (a record whose
-        ``field`` is no number fails, or goes to the dead letters)."""
-        return self._builtin("sum", field, name, on_error)
-
-    def min(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
-        """The smallest ``field`` of each window."""
-        return self._builtin("min", field, name, on_error)
-
-    def max(self, field: str, *, name: str | None = None, on_error: str = "fail") -> WindowedResult:
-        """The largest ``field`` of each window."""
-        return self._builtin("max", field, name, on_error)
-
-    def mean(
-        self, field: str, *, name: str | None = None, on_error: str = "fail"
-    ) -> WindowedResult:
-        """The mean of ``field`` over each window (a float)."""
-        return self._builtin("mean", field, name, on_error)
-
-    def aggregate(
-        self, fn: AggregateFunction, *, name: str | None = None, on_error: str = "fail"
-    ) -> WindowedResult:
-        """An incremental aggregation (an :class:`AggregateFunction`: ``create_accumulator``,
-        ``add``, ``merge``, ``get_result``); a dict result's fields go into the output
-        record, another value into a ``result`` field."""
-        if not isinstance(fn, AggregateFunction):
-            raise TypeError(
-                "aggregate takes an instance of an AggregateFunction subclass, not "
-                f"{type(fn).__name__}"
-            )
-        label = f"aggregate({type(fn).__name__})"
-        return self._apply(Aggregation(Kind.AGGREGATE, fn=fn), label, name, on_error)
-
-    def reduce(
-        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: str = "fail"
-    ) -> WindowedResult:
-        """``fn(a, b)`` folds each window's records into one (a dict: the output record,
-        with the key, ``window_start`` and ``window_end``)."""
-        _callable(fn, "reduce")
-        label = f"reduce({function_name(fn)})"
-        return self._apply(Aggregation(Kind.REDUCE, fn=fn), label, name, on_error)
-
-    def process(
-        self,
-        fn: Callable[[Any, Window, list[Any]], Iterable[Any] | None],
-        *,
-        name: str | None = None,
-        on_error: str = "fail",
-    ) -> WindowedResult:
-        """``fn(key, window, records)`` with all of a window's records once it fires
-        (``window.start``, ``window.end``); it returns (or yields) the records to emit."""
-        _callable(fn, "process")
-        label = f"process({function_name(fn)})"
-        return self._apply(Aggregation(Kind.PROCESS, fn=fn), label, name, on_error)
-
-    def process_batches(
-        self,
-        fn: Callable[[Any, Window, pa.Table], Any],
-        *,
-        name: str | None = None,
-        on_error: str = "fail",
-    ) -> WindowedResult:
-        """The vectorized ``process``: ``fn(key, window, table)`` gets all of a window's
-        records as one ``pyarrow.Table`` once it fires, and returns a table, a batch or records
-        (or ``None``). The window keeps its records as Arrow batches (records that are dicts
-        are turned into batches first)."""
-        _callable(fn, "process_batches")
-        label = f"process_batches({function_name(fn)})"
-        return self._apply(Aggregation(Kind.PROCESS_BATCHES, fn=fn), label, name, on_error)
-
-    def _builtin(self, kind: str, field: str, name: str | None, on_error: str) -> WindowedResult:
-        if not isinstance(field, str) or not field:
-            raise TypeError(f"{kind} of a window takes a column name, not {field!r}")
-        what = f"window({self.assigner}).{kind}({field!r})"
-        numeric_column(self.keyed.stream.schema, field, what, kind)
-        return self._apply(Aggregation(Kind(kind), field), f"{kind}({field})", name, on_error)
-
-    whole = False
-    """Windows of the whole stream (``window_all``)."""
-    early: int | None = None
-    """Every this many ms of processing time, the open windows' results so far."""
-    early_records: int | None = None
-    """Every this many records of a window (per key), its result so far."""
-
-    def _apply(
-        self, aggregation: Aggregation, what: str, name: str | None, on_error: str = "fail"
-    ) -> WindowedResult:
-        keyed = self.keyed
-        if self.whole and aggregation.builtin:  # (a key column: the vectorized path)
-            source = keyed.stream
-            if source.window_all_keyed is None:  # (one for every window_all of the stream)
-                source.window_all_keyed = source.map_batches(with_window_all_key)
-            keyed = KeyedStream(source.window_all_keyed, ALL_COLUMN)
-        logic = WindowLogic(
-            self.assigner,
-            aggregation,
-            keyed.key,
-            self.event_time,
-            self.lateness,
-            self.time,
-            early=self.early,
-            early_records=self.early_records,
-            keyless=self.whole,
-        )
-        clock = "" if self.time == "event" else ", processing time"
-        kind = "window_all" if self.whole else "window"
-        label = f"{kind}({self.assigner}{clock}).{what}"
-        stream = keyed.transform(label, logic, name=name, on_error=on_error)
-        # results carry event time window_end - 1 (Flink's): a second window regroups them
-        result_time = EventTime("window_end", -1, self.event_time.type, self.event_time.unit)
-        schema = None
-        if aggregation.builtin and not self.whole:
-            schema = window_result_schema(
-                keyed.stream.schema, keyed.key, aggregation.kind, aggregation.field, result_time
-            )
-        result = WindowedResult(stream.env, stream.operator, result_time, schema)
-        result.input_schema = self.keyed.stream.schema
-        result.marked = keyed.key == ALL_COLUMN
-        return result
-
-
-class WindowedResult(DataStream):
-    """The results of a window operator; :meth:`late` is the side output of its late
-    records."""
-
-    def late(self, *, name: str | None = None) -> DataStream:
-        """The records that came too late for their windows (after the allowed lateness), as
-        they came in: write them anywhere. They are counted in the job's statistics either
-        way."""
-        edge = Edge(self.operator.uid, side=LATE)
-        source_time = self.operator.logic.event_time
-        logic = MapBatchesLogic(without_window_all_key) if self.marked else PassLogic()
-        stream = self._through(edge, "late", logic, name, "fail")
-        stream.event_time = source_time
-        stream.schema = self.input_schema
-        return stream
-
-    input_schema: pa.Schema | None = None
-    """The columns of the records it windows (those of :meth:`late`)."""
-    marked = False
-    """Its records carry :data:`ALL_COLUMN` (``window_all`` of a built-in), which
-    :meth:`late` takes off again."""
-
-
 def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:
     """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``."""
     _callable(fn, kind)
@@ -669,18 +369,3 @@ def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:
 def _callable(fn: Any, what: str) -> None:
     if not callable(fn):
         raise TypeError(f"{what} takes a function, not {type(fn).__name__}")
-
-
-def _early(windowed: WindowedStream, early: Any, early_records: Any = None) -> WindowedStream:
-    """``windowed`` firing early every ``early`` (a duration) and every ``early_records``
-    records of a window, when given."""
-    if early is not None:
-        windowed.early = duration_ms(early, f"window({windowed.assigner}): early")
-    if early_records is not None:
-        if type(early_records) is not int or early_records < 1:
-            raise ValueError(
-                f"window({windowed.assigner}): early_records={early_records!r} must be a "
-                "positive integer (a window's result so far every that many of its records)"
-            )
-        windowed.early_records = early_records
-    return windowed
