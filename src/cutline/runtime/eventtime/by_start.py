@@ -189,6 +189,7 @@ class WindowsByStart(Generic[P]):
         self.timers.to_drop.add(past, None, window)
 
     def holds_windows(self) -> bool:
+        """Whether a window waits to fire, or a fired window or a slice to be dropped."""
         return bool(self.windows or self.slices or self._scheduled)
 
     # ---------------------------------------------------------------- results

@@ -104,7 +104,9 @@ class WindowStore(Protocol):
         ...
 
     def holds_windows(self) -> bool:
-        """Whether it holds anything its timers fire or drop."""
+        """Whether any window waits to fire (the operator asks before it moves processing-time
+        windows on; a store of windows by their start says so too while it keeps fired
+        windows or slices to drop)."""
         ...
 
     @property
