@@ -6,8 +6,6 @@ keeps.
   milliseconds, read as int64 ms), ``duration_ms``, :class:`EventTimeError`;
 * ``watermarks.py``: :class:`WatermarkStrategy` (what a source or ``assign_timestamps``
   makes watermarks from);
-* ``clock.py``: :class:`EventClock`, the watermark a subtask's operators and outputs reached,
-  kept in one place;
 * ``assign.py``: ``assign_timestamps``;
 * ``assigners.py``: :class:`Tumbling`, :class:`Sliding`, :class:`Session` (Flink's window
   assigners, with ``zones.py`` for windows of a time zone), and the :class:`Window` a
