@@ -3,7 +3,7 @@
 The API lives in :mod:`cutline.api`; its names are also here (imported on first use, so that
 ``import cutline.protocol`` stays light)::
 
-    from cutline import StreamEnvironment, KeyedProcessFunction
+    from cutline import StreamEnvironment, EventTime, KeyedProcessFunction
 
 and the tools that look into checkpoints: ``cutline.read_state``, ``cutline.read_channel_state``
 (Spark DataFrames), ``cutline.open_checkpoint``, ``cutline.verify_checkpoint``.
@@ -20,7 +20,9 @@ _API = (
     "Tumbling",
     "Sliding",
     "Session",
+    "EventTime",
     "EventTimeError",
+    "DurationWarning",
     "ExponentialDelay",
     "FailureRate",
     "FixedDelay",

@@ -30,7 +30,7 @@ from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.run_windows import RunWindows
 from cutline.runtime.eventtime.sliced_runs import SlicedRuns
-from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError
+from cutline.runtime.eventtime.timestamps import TimeColumn, EventTimeError
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import key_group_range
@@ -214,7 +214,7 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
         "session": Session(gap=60),
     }[windows]
     aggregation = Aggregation(kind) if kind == "count" else Aggregation(kind, "n")
-    logic = WindowLogic(assigner, aggregation, "user", EventTime("ts", 0, pa.int64()), lateness)
+    logic = WindowLogic(assigner, aggregation, "user", TimeColumn("ts", 0, pa.int64()), lateness)
     records = []
     t = 0
     for _ in range(rng.randint(1, 300)):
@@ -460,7 +460,7 @@ def counting(windows: str) -> WindowLogic:
         "sliding": Sliding(2000, every=1000),
         "session": Session(gap=100),
     }[windows]
-    return WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    return WindowLogic(assigner, Aggregation("count"), "user", TimeColumn("ts", 0, pa.int64()))
 
 
 @pytest.mark.parametrize("backend", ["memory", "disk"])
@@ -572,7 +572,7 @@ def counted(
 ) -> list[dict[str, Any]]:
     """A count per user of ``assigner``'s windows over ``records``, two subtasks of
     ``backend``, every window fired: what they output."""
-    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    logic = WindowLogic(assigner, Aggregation("count"), "user", TimeColumn("ts", 0, pa.int64()))
     job = Job(logic, backend, 2)
     job.process(records, arrow=True)
     job.watermark(10**15)
@@ -592,7 +592,7 @@ def test_a_session_past_its_lateness_when_it_fires_is_dropped_as_it_fires(
     session it alone opens, touching the dropped session, starts a session of its own: it does
     not merge into the dropped one and publish it again."""
     logic = WindowLogic(
-        Session(gap=500), Aggregation(Kind.MAX, "n"), "user", EventTime("ts", 0, pa.int64()), 1000
+        Session(gap=500), Aggregation(Kind.MAX, "n"), "user", TimeColumn("ts", 0, pa.int64()), 1000
     )
     # the session [100, 800) fires at 799 and is past at 799 + 1000 = 1799
     for steps in ((2000,), (900, 2000)):

@@ -8,6 +8,7 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 """
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
+from cutline.api.event_time import EventTime
 from cutline.api.windowed import WindowedResult, WindowedStream
 from cutline.runtime.checkpoint.lineage import ResumableCheckpointError
 from cutline.runtime.checkpoint.restore import RestoreError
@@ -28,6 +29,7 @@ from cutline.runtime.driver.events import (
 )
 from cutline.runtime.driver.restart import ExponentialDelay, FailureRate, FixedDelay, NoRestart
 from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
+from cutline.runtime.durations import DurationWarning
 from cutline.runtime.eventtime.aggregations import AggregateFunction
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
 from cutline.runtime.eventtime.timestamps import EventTimeError
@@ -50,6 +52,8 @@ __all__ = [
     "CheckpointSlow",
     "CheckpointWarning",
     "DataStream",
+    "DurationWarning",
+    "EventTime",
     "EventTimeError",
     "ExponentialDelay",
     "FailureRate",

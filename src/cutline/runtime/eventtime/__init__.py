@@ -2,7 +2,7 @@
 record belongs to, what a window computes, when it fires and when it is past, and what it
 keeps.
 
-* ``timestamps.py``: :class:`EventTime` (a column of Arrow timestamps or epoch
+* ``timestamps.py``: :class:`TimeColumn` (a column of Arrow timestamps or epoch
   milliseconds, read as int64 ms), ``duration_ms``, :class:`EventTimeError`;
 * ``watermarks.py``: :class:`WatermarkStrategy` (what a source or ``assign_timestamps``
   makes watermarks from);
