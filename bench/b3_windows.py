@@ -80,7 +80,9 @@ NEW_KEYS = 0.01
 VALUES = (-1_000_000, 1_000_000)
 """Each record's value: a seeded random int in this range (end excluded)."""
 UID, SUBTASK = "window", "window-0"
-LOGIC = WindowLogic(Tumbling("1 h"), Aggregation("sum", "v"), "key", TimeColumn("ts", 0, pa.int64()))
+LOGIC = WindowLogic(
+    Tumbling("1 h"), Aggregation("sum", "v"), "key", TimeColumn("ts", 0, pa.int64())
+)
 
 DEFINITIONS = {
     "sync_ms": "wall time of operator.snapshot(id, base=..., savepoint=False) alone: the "

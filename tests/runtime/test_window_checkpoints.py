@@ -32,9 +32,9 @@ from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.state.columns import COLUMNS
 
 ASSIGNERS: dict[str, Tumbling | Sliding | Session] = {
-    "tumbling": Tumbling(300),
-    "sliding": Sliding(400, every=100),
-    "session": Session(gap=60),
+    "tumbling": Tumbling("300ms"),
+    "sliding": Sliding("400ms", every="100ms"),
+    "session": Session(gap="60ms"),
 }
 
 
@@ -336,7 +336,7 @@ def test_sliding_windows_give_early_results_of_every_open_window(backend: str) -
     """``early=`` on sliding windows (slices on the memory backend): every open window of each
     key, its count so far, then each final one once."""
     logic = WindowLogic(
-        Sliding(2000, every=1000),
+        Sliding("2s", every="1s"),
         Aggregation("count"),
         "user",
         TimeColumn("ts", 0, pa.int64()),

@@ -241,7 +241,7 @@ def event_time_of(
     if event_time is not None and not (shorthand or isinstance(event_time, EventTime)):
         takes = "a column's name or a function" if functions else "a column's name"
         raise TypeError(
-            f"{what}: {written.format('...')} takes EventTime(...) or {takes}, not "
+            f"{what}: {written.format('')} takes EventTime(...) or {takes}, not "
             f"{type(event_time).__name__} {event_time!r:.100}"
         )
     if isinstance(event_time, str) and not event_time:
