@@ -599,7 +599,7 @@ def cutline_bids(env: Any, parquet: Path, query: str) -> Any:
     return env.read_parquet(
         str(parquet),
         columns=QUERY_COLUMNS[query],
-        event_time=EventTime("date_time", max_out_of_orderness=f"{f'{WATERMARK_S}s'}ms"),
+        event_time=EventTime("date_time", max_out_of_orderness=f"{WATERMARK_S}s"),
     )
 
 

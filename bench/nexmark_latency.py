@@ -141,7 +141,7 @@ def run(spark: Any, inp: Any, query: str, rate: float, work: Path, expected: Any
     )
     bids = env.read_parquet(
         str(inp.parquet),
-        event_time=EventTime("date_time", max_out_of_orderness=f"{f'{nexmark.WATERMARK_S}s'}ms"),
+        event_time=EventTime("date_time", max_out_of_orderness=f"{nexmark.WATERMARK_S}s"),
         rate_limit=rate,
         name="bids",
     )

@@ -417,7 +417,7 @@ def test_a_text_file_not_started_holds_the_watermark_where_its_first_records_all
         else:
             path.write_text("ts,n\n" + "".join(f"{r['ts']},{r['n']}\n" for r in rows))
     source, _ = FileSource(str(tmp_path), fmt).prepare()
-    strategy = WatermarkStrategy(TimeColumn("ts"), bound=100)
+    strategy = WatermarkStrategy(TimeColumn("ts"), bound_ms=100)
     running = open_source(source, strategy=strategy)
     assert running.generator is not None
     # a's first records: 1,000 (lowest) and 1,999 - 100; b's: 4,950 and 9,000 - 100; c's:

@@ -95,9 +95,8 @@ class ConnectorSources(Sources):
         :param on_error: ``"dead_letter"``: a record that does not decode is kept aside with
             its topic, partition and offset; ``"fail"``: the job fails naming it.
         :param config: more librdkafka settings (``security.protocol``, ``sasl.*``).
-        :param deprecated: ``max_out_of_orderness=``, ``idle_timeout=``,
-            ``event_time_unit=``, ``max_watermark_jump=``, ``watermarks=``: deprecated,
-            give them in :class:`~cutline.EventTime`.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
         """
         from cutline.connectors.kafka.source import kafka_source
 
@@ -195,9 +194,8 @@ class ConnectorSources(Sources):
             here (a slice that has read every version there is then stops holding them back).
         :param on_error: ``"dead_letter"``: a record whose event time jumps past
             ``EventTime(max_jump=)`` goes to the dead letters.
-        :param deprecated: ``max_out_of_orderness=``, ``idle_timeout=``,
-            ``event_time_unit=``, ``max_watermark_jump=``, ``watermarks=``: deprecated,
-            give them in :class:`~cutline.EventTime`.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
         """
         from cutline.connectors.delta.source import DeltaSource
 

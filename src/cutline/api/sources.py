@@ -53,9 +53,8 @@ class Sources(Dataflow):
             the job takes them.
         :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
             ``EventTime(column)``): watermarks per split.
-        :param deprecated: ``max_out_of_orderness=``, ``idle_timeout=``,
-            ``event_time_unit=``, ``max_watermark_jump=``, ``watermarks=``: deprecated,
-            give them in :class:`~cutline.EventTime`.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
         """
         if type(start) is not int or (end is not None and type(end) is not int):
             raise ValueError(f"from_sequence needs integers, got start={start!r}, end={end!r}")
@@ -86,9 +85,8 @@ class Sources(Dataflow):
         :param on_error: ``"dead_letter"`` gives the reader a place for the records it cannot
             read (``SourceContext.rejected``), and a record whose time jumps past
             ``EventTime(max_jump=)`` goes there; ``"fail"``: the job fails naming it.
-        :param deprecated: ``max_out_of_orderness=``, ``idle_timeout=``,
-            ``event_time_unit=``, ``max_watermark_jump=``, ``watermarks=``: deprecated,
-            give them in :class:`~cutline.EventTime`."""
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``."""
         if not isinstance(source, Source):
             raise TypeError(
                 f"from_source takes a cutline.connectors.Source, not {type(source).__name__} "
@@ -164,9 +162,8 @@ class Sources(Dataflow):
             rename it into place, as Spark and Flink expect. A file already read is never read
             again, even if it changes. ``schema=`` is needed while the directory is empty.
             A number is seconds, as for ``checkpoint_interval``.
-        :param deprecated: ``max_out_of_orderness=``, ``idle_timeout=``,
-            ``event_time_unit=``, ``max_watermark_jump=``, ``watermarks=``: deprecated,
-            give them in :class:`~cutline.EventTime`.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore passes over exactly those.
@@ -269,9 +266,8 @@ class Sources(Dataflow):
         :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
             ``EventTime(column)``): watermarks per split (a file).
         :param monitor: a watched directory, as for :meth:`read_parquet`.
-        :param deprecated: ``max_out_of_orderness=``, ``idle_timeout=``,
-            ``event_time_unit=``, ``max_watermark_jump=``, ``watermarks=``: deprecated,
-            give them in :class:`~cutline.EventTime`.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore parses the file again and passes over exactly those (a
@@ -354,9 +350,8 @@ class Sources(Dataflow):
         :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
             ``EventTime(column)``): watermarks per split (a file).
         :param monitor: a watched directory, as for :meth:`read_parquet`.
-        :param deprecated: ``max_out_of_orderness=``, ``idle_timeout=``,
-            ``event_time_unit=``, ``max_watermark_jump=``, ``watermarks=``: deprecated,
-            give them in :class:`~cutline.EventTime`.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
 
         Replayable: the offset in each checkpoint is, per file, the lines consumed (handed
         out or rejected); a restore passes over exactly those.

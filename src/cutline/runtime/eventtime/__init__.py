@@ -3,7 +3,8 @@ record belongs to, what a window computes, when it fires and when it is past, an
 keeps.
 
 * ``timestamps.py``: :class:`TimeColumn` (a column of Arrow timestamps or epoch
-  milliseconds, read as int64 ms), ``duration_ms``, :class:`EventTimeError`;
+  milliseconds, read as int64 ms), :class:`EventTimeError` (durations are read by
+  :mod:`cutline.runtime.durations`, in whole milliseconds here);
 * ``watermarks.py``: :class:`WatermarkStrategy` (what a source or ``assign_timestamps``
   makes watermarks from);
 * ``clock.py``: :class:`EventClock`, the watermark a subtask's operators and outputs reached,

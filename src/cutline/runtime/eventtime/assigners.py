@@ -1,7 +1,8 @@
 """Window assigners: which windows a record belongs to (what ``keyed.window(...)`` takes).
 
 Sizes are durations (``"10s"``, ``"1 min"``, a ``timedelta``, or a number of seconds; see
-:mod:`cutline.runtime.durations`), kept as whole milliseconds once made; windows are aligned to the epoch, as in Flink, or to local midnight in a time zone:
+:mod:`cutline.runtime.durations`), kept as whole milliseconds once made; windows are aligned
+to the epoch, as in Flink, or to local midnight in a time zone:
 
 * :class:`Tumbling` ``(size)``: ``[start, start + size)``, every record in exactly one;
   ``Tumbling(size, time_zone=...)``: the windows of a zone's local clock, whose lengths
