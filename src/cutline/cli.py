@@ -32,34 +32,21 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-class DurationParam(click.ParamType):
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     """An option's duration, in seconds: text with a unit (``30s``, ``500ms``, ``2min``), or a
     number of seconds (:mod:`cutline.runtime.durations`); positive and finite."""
-
-    name = "duration"
-
-    def convert(
-        self, value: object, param: click.Parameter | None, ctx: click.Context | None
-    ) -> float:
-        if isinstance(value, float):
-            return value
-        option = (
-            f"--{param.name.replace('_', '-')}" if param is not None and param.name else "duration"
-        )
-        text = str(value).strip()
+    option = f"--{(param.name or 'duration').replace('_', '-')}"
+    text = str(value).strip()
+    try:
+        found = float(text)  # (a number on the command line: seconds)
+    except ValueError:
         try:
-            found = float(text)  # (a number on the command line: seconds)
-        except ValueError:
-            try:
-                found = seconds(text, option) or 0.0
-            except ValueError as exc:
-                self.fail(str(exc), param, ctx)
-        if not 0 < found < math.inf:
-            self.fail(f"{option}={value!r} must be a positive duration", param, ctx)
-        return found
-
-
-DURATION = DurationParam()
+            found = seconds(text, option) or 0.0
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    if not 0 < found < math.inf:
+        raise click.BadParameter(f"{option}={value!r} must be a positive duration", ctx, param)
+    return found
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -205,8 +192,9 @@ def sim(
 )
 @click.option(
     "--heartbeat-timeout",
-    type=DURATION,
+    metavar="DURATION",
     default="30s",
+    callback=_duration,
     show_default=True,
     help="How long without a heartbeat before a slot is declared lost (a host cut off): "
     "a duration (30s, 2min) or seconds.",
@@ -296,8 +284,9 @@ def demo(
 )
 @click.option(
     "--timeout",
-    type=DURATION,
+    metavar="DURATION",
     default="10min",
+    callback=_duration,
     show_default=True,
     help="How long to wait for the savepoint: a duration (30s, 10min) or seconds.",
 )

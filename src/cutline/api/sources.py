@@ -95,6 +95,7 @@ class Sources(Dataflow):
         label = type(source).__name__
         what = name or label
         self._check_on_error(what, on_error)
+        time = event_time_of(what, event_time, deprecated)
         try:
             prepared, notes = source.prepare()  # on the driver, now
         except SourceError as exc:
@@ -103,9 +104,9 @@ class Sources(Dataflow):
             raise TypeError(f"{what}: prepare() returned {prepared!r:.100}, not a Source")
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
-        time = strategy(what, event_time_of(what, event_time, deprecated), prepared.record_schema())
+        made = strategy(what, time, prepared.record_schema())
         reads = f"{type(source).__module__}.{type(source).__qualname__} {source!r}"
-        return self._source(prepared, label, reads, name, rate_limit, on_error, time=time)
+        return self._source(prepared, label, reads, name, rate_limit, on_error, time=made)
 
     def read_parquet(
         self,
