@@ -48,7 +48,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from cutline import FixedDelay, KeyedProcessFunction, StreamEnvironment
+from cutline import FixedDelay, KeyedProcessFunction, StreamEnvironment, testing
 from cutline.demo import WorkerKiller, check_b1_output, write_b1_input
 from cutline.runtime.task.launch import SourceHold
 from cutline.spark.launcher import local_session
@@ -170,7 +170,8 @@ def _recovery(spark: Any, input_dir: Path, work: Path, events: int, interval: fl
     )
     env.read_parquet(str(input_dir)).key_by("key").sum("value").write_parquet(str(out))
     killer = WorkerKiller()  # kills on the first checkpoint completed, the sources held
-    result = env.execute(
+    result = testing.execute(
+        env,
         spark,
         on_ready=killer.on_ready,
         listener=killer,

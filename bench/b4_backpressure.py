@@ -31,14 +31,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline import StreamEnvironment
+from cutline import Checkpoints, StreamEnvironment
 from cutline.spark.launcher import local_session
 
 BATCH = 200
@@ -82,18 +82,17 @@ def stamp(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def run(spark: Any, mode: str, capacity: int, records: int, rate: float, slow: float) -> dict:
-    options: dict[str, Any] = {"checkpointing": mode}
-    if mode == "aligned-timeout":
-        options = {"checkpointing": "aligned", "alignment_timeout": 0.1}
+    checkpoints = (
+        Checkpoints(mode="aligned", alignment_timeout=0.1)
+        if mode == "aligned-timeout"
+        else Checkpoints(mode=mode)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         env = StreamEnvironment(
             2,
-            checkpoint_interval=1.0,
-            checkpoint_dir=f"{tmp}/ck",
-            checkpoint_timeout=120,
+            checkpoints=replace(checkpoints, interval=1.0, dir=f"{tmp}/ck", timeout=120),
             batch_size=BATCH,
             buffer_capacity=capacity,
-            **options,
         )
         (
             env.from_sequence(0, records)

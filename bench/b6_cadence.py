@@ -42,7 +42,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 
-from cutline import StreamEnvironment
+from cutline import Checkpoints, StreamEnvironment
 from cutline.spark.launcher import local_session
 
 WORDS = [f"w{i}" for i in range(5000)]
@@ -87,7 +87,7 @@ def _cadence(completions: list[float]) -> float | None:
 def run_cutline(spark: Any, input_dir: Path, mode: str, expected: Counter[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = StreamEnvironment(
-            2, checkpoint_interval="1s", checkpoint_dir=f"{tmp}/ck", checkpointing=mode
+            2, checkpoints=Checkpoints(interval="1s", dir=f"{tmp}/ck", mode=mode)
         )
         env.read_jsonl(input_dir).flat_map(words).key_by("word").count().write_parquet(f"{tmp}/out")
         running: list[float] = []

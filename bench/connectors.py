@@ -104,6 +104,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from cutline import testing
 from figures import summary  # (bench/figures.py, beside this file)
 
 TOPIC = "clicks"
@@ -218,7 +219,7 @@ def timed_job(env: Any, **execute: Any) -> tuple[Any, float, float, float | None
         before.append(cpu_seconds(pids))
 
     start = time.perf_counter()
-    result = env.execute(on_ready=on_ready, progress=False, **execute)
+    result = testing.execute(env, on_ready=on_ready, progress=False, **execute)
     end = time.perf_counter()
     after = cpu_seconds(pids)
     cpu = after - before[0] if after is not None and before and before[0] is not None else None

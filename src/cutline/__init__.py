@@ -5,8 +5,10 @@ The API lives in :mod:`cutline.api`; its names are also here (imported on first 
 
     from cutline import StreamEnvironment, EventTime, KeyedProcessFunction
 
-and the tools that look into checkpoints: ``cutline.read_state``, ``cutline.read_channel_state``
-(Spark DataFrames), ``cutline.open_checkpoint``, ``cutline.verify_checkpoint``.
+its settings groups (``cutline.Checkpoints``, ``cutline.State``, ``cutline.Timeouts``); the
+tools that look into checkpoints: ``cutline.read_state``, ``cutline.read_channel_state``
+(Spark DataFrames), ``cutline.open_checkpoint``, ``cutline.verify_checkpoint``; and the test
+seams, in :mod:`cutline.testing`.
 """
 
 from typing import Any
@@ -35,6 +37,7 @@ _API = (
     "CheckpointCompleted",
     "CheckpointSlow",
     "CheckpointWarning",
+    "Checkpoints",
     "DataStream",
     "GenerationRunning",
     "InputWarning",
@@ -61,6 +64,8 @@ _API = (
     "SourceHold",
     "SparkSetupError",
     "StreamEnvironment",
+    "State",
+    "Timeouts",
     "WaitingForSlots",
 )
 _ELSEWHERE = {

@@ -13,6 +13,7 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,6 +24,9 @@ from cutline.sim.checker import simulate_and_check
 from cutline.sim.output import format_snapshots, run_to_dict
 from cutline.sim.scenario import Scenario, ScenarioError, load_scenario
 from cutline.sim.simulator import SimConfig
+
+if TYPE_CHECKING:
+    from cutline.api.setting_groups import HostLossPolicy
 
 EXIT_OK, EXIT_UNVERIFIED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -218,7 +222,7 @@ def demo(
     confs: tuple[str, ...],
     parallelism: int,
     kill_command: str | None,
-    on_host_loss: str,
+    on_host_loss: HostLossPolicy,
     heartbeat_timeout: float,
     rate: float | None,
     resume: bool,

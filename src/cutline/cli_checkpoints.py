@@ -139,7 +139,7 @@ class Directory:
         if location is None:
             _fail(
                 f"checkpoint {checkpoint_id} is not on disk any more (only the newest "
-                f"retained_checkpoints stay; complete ones now: "
+                f"Checkpoints.retained stay; complete ones now: "
                 f"{id_ranges(self.completed())}); its statistics remain: "
                 f"`cutline checkpoints show {self.url} {checkpoint_id}`"
             )
@@ -233,7 +233,7 @@ def show(directory: str, checkpoint_id: str) -> None:
     if location is None:
         console.print(
             "its state is not on disk any more (discarded: only the newest "
-            "retained_checkpoints stay)"
+            "Checkpoints.retained stay)"
         )
         return
     print_contents(console, folder.reader(n), location)

@@ -26,8 +26,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from cutline import testing
 from cutline.api.environment import StreamEnvironment
 from cutline.api.progress import wanted
+from cutline.api.setting_groups import Checkpoints, HostLossPolicy, Timeouts
 from cutline.runtime.driver.events import (
     CheckpointCompleted,
     GenerationRunning,
@@ -142,8 +144,8 @@ class WorkerKiller(JobListener):
     def on_event(self, event: JobEvent) -> None:
         """As a job's listener: kill on the first checkpoint completed (not the final one, not
         a savepoint), unless :meth:`after`'s timer killed already. With the sources held
-        part-way (``execute(hold_sources=...)``) the job is then still running, however fast
-        the machine."""
+        part-way (``cutline.testing.execute(env, hold_sources=...)``) the job is then still
+        running, however fast the machine."""
         match event:
             case SavepointCompleted():
                 pass
@@ -195,7 +197,7 @@ def run_demo(
     parallelism: int = 2,
     kill_command: str | None = None,
     resume: bool = False,
-    on_host_loss: str = "restart",
+    on_host_loss: HostLossPolicy = "restart",
     heartbeat_timeout: float = 30.0,
     rate: float | None = None,
 ) -> tuple[JobResult, Verdict]:
@@ -222,12 +224,14 @@ def run_demo(
         write_b1_input(input_dir, events, keys)
     env = StreamEnvironment(
         parallelism=parallelism,
-        checkpoint_interval="1s",
-        checkpoint_dir=str(checkpoints),
+        checkpoints=Checkpoints(
+            interval="1s",
+            dir=checkpoints,
+            retained=3,  # for `cutline checkpoints show / diff` afterwards
+        ),
+        timeouts=Timeouts(heartbeat=heartbeat_timeout),
         restart_strategy=FixedDelay(delay=0.5),
-        retained_checkpoints=3,  # for `cutline checkpoints show / diff` afterwards
         on_host_loss=on_host_loss,
-        heartbeat_timeout=heartbeat_timeout,
     )
     b1_job(env, input_dir, output_dir, rate)
     launcher = SparkLauncher.for_session(spark, parallelism)
@@ -271,7 +275,8 @@ def run_demo(
             f"each source subtask pauses after {hold.records:,} events until a checkpoint is "
             "complete; then a worker is killed"
         )
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=launcher,
         listener=listener,
         on_ready=killer.on_ready,

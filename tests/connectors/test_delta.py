@@ -27,12 +27,14 @@ from test_connector_api import FailAt, assert_exact
 from test_savepoints import SavepointOnHold, endpoints_of
 
 from cutline import (
+    Checkpoints,
     CheckpointWarning,
     FixedDelay,
     JobClient,
     JobFailedError,
     SourceHold,
     StreamEnvironment,
+    testing,
 )
 from cutline.connectors import SinkContext, SinkError, tables
 from cutline.connectors.delta import DeltaCommittable, DeltaSink, app_id
@@ -48,13 +50,13 @@ def sums_job(
     ledger: Ledger,
     *,
     fail: FailAt | None = None,
-    checkpoints: str = "ck",
+    ck: str = "ck",
     **options: Any,
 ) -> StreamEnvironment:
     """The ledger's running balance per account, into the Delta table ``tmp_path/table``."""
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
-        "checkpoint_dir": tmp_path / checkpoints,
+        "checkpoint_dir": tmp_path / ck,
         "restart_strategy": FixedDelay(delay=0),
         "batch_size": 40,
     }
@@ -117,8 +119,10 @@ def assert_one_commit_per_checkpoint(table: Path, completed: set[int]) -> str:
 
 def test_the_running_sums_are_in_the_table_once_a_commit_per_checkpoint(tmp_path: Path) -> None:
     ledger = Ledger(accounts=5, per_account=300)
-    result = sums_job(tmp_path, ledger).execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        sums_job(tmp_path, ledger),
+        launcher=ThreadLauncher(),
+        hold_sources=SourceHold(records=100, checkpoints=2),
     )
     table = tmp_path / "table"
     assert_exact(ledger, rows(table), [], with_windows=False)
@@ -139,8 +143,10 @@ def test_the_running_sums_are_in_the_table_once_through_a_failure_at_a_random_en
     rng = random.Random(f"delta-{seed}")
     ledger = Ledger(accounts=5, per_account=300, numbered=seed != 2)
     fail = FailAt(f"acct-{rng.randrange(5):02d}", rng.randrange(100, 300), str(tmp_path / "f"))
-    result = sums_job(tmp_path, ledger, fail=fail).execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        sums_job(tmp_path, ledger, fail=fail),
+        launcher=ThreadLauncher(),
+        hold_sources=SourceHold(records=100, checkpoints=2),
     )
     assert len(result.restarts) == 1 and "injected failure" in result.restarts[0].cause
     table = tmp_path / "table"
@@ -268,7 +274,8 @@ def test_a_resumed_job_goes_on_with_its_app_id_and_a_fresh_start_has_a_new_one(
     asking = SavepointOnHold(
         endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint(stop=True)
     )
-    first = sums_job(tmp_path, ledger).execute(
+    first = testing.execute(
+        sums_job(tmp_path, ledger),
         launcher=ThreadLauncher(),
         listener=asking,
         hold_sources=SourceHold(records=150, checkpoints=1000),  # (until the job stops)
@@ -277,13 +284,15 @@ def test_a_resumed_job_goes_on_with_its_app_id_and_a_fresh_start_has_a_new_one(
     table = tmp_path / "table"
     stopped = len(rows(table))
     assert 0 < stopped < 4 * 300, "stopped half-way"
-    second = sums_job(tmp_path, ledger).execute(launcher=ThreadLauncher(), restore_from="latest")
+    second = testing.execute(
+        sums_job(tmp_path, ledger), launcher=ThreadLauncher(), restore_from="latest"
+    )
     assert second.restored_from is not None
     assert_exact(ledger, rows(table), [], with_windows=False)
     completed = {c.checkpoint_id for c in first.checkpoints + second.checkpoints}
     app = assert_one_commit_per_checkpoint(table, completed)
 
-    sums_job(tmp_path, ledger, checkpoints="ck2").execute(launcher=ThreadLauncher(), fresh=True)
+    testing.execute(sums_job(tmp_path, ledger, ck="ck2"), launcher=ThreadLauncher(), fresh=True)
     apps = [txn["appId"] for txns, _, _ in commits(table) for txn in txns]
     assert apps[0] == app and len(set(apps)) == 2  # (a new job: its rows once more)
     assert len(rows(table)) == 2 * 4 * 300
@@ -296,8 +305,10 @@ def test_a_job_restored_from_an_older_checkpoint_than_it_committed_withdraws_the
     table holds of the ones after it, which the job writes again, must go (here the newest
     commit and any after the restored checkpoint: one commit of remove actions)."""
     ledger = Ledger(accounts=4, per_account=300)
-    env = sums_job(tmp_path, ledger, retained_checkpoints=100)
-    env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2))
+    env = sums_job(tmp_path, ledger, checkpoints=Checkpoints(retained=100))
+    testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
     table = tmp_path / "table"
     newest = commits(table)[-1][0][0]["version"]  # (the first commit's checkpoint is older)
     for folder in (tmp_path / "ck").glob("chk-*"):
@@ -305,8 +316,10 @@ def test_a_job_restored_from_an_older_checkpoint_than_it_committed_withdraws_the
             for state in folder.glob("*.state"):
                 state.write_bytes(b"damaged")
     with pytest.warns(CheckpointWarning, match="is damaged"):
-        result = sums_job(tmp_path, ledger, retained_checkpoints=100).execute(
-            launcher=ThreadLauncher(), restore_from="latest"
+        result = testing.execute(
+            sums_job(tmp_path, ledger, checkpoints=Checkpoints(retained=100)),
+            launcher=ThreadLauncher(),
+            restore_from="latest",
         )
     restored = int(str(result.restored_from).rsplit("-", 1)[1])
     assert restored < newest
@@ -325,7 +338,7 @@ def test_a_table_of_another_schema_fails_the_job_at_its_first_batch(tmp_path: Pa
     )
     message = rf"Delta table {path}: column 'amount' is string in the table, int64 in the records"
     with pytest.raises(JobFailedError, match=message):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
     assert DeltaTable(str(path)).version() == 0 and len(rows(path)) == 1
     assert len(list(path.glob("*.parquet"))) == 1  # (no file written either)
 

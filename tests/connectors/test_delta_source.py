@@ -25,7 +25,15 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from test_savepoints import StopWithSavepoint, endpoints_of
 
-from cutline import EventTime, FixedDelay, JobFailedError, SourceError, StreamEnvironment, Tumbling
+from cutline import (
+    EventTime,
+    FixedDelay,
+    JobFailedError,
+    SourceError,
+    StreamEnvironment,
+    Tumbling,
+    testing,
+)
 from cutline.connectors import SourceContext, Split
 from cutline.connectors.delta import DeltaSource
 from cutline.runtime.checkpoint.reader import open_checkpoint
@@ -152,7 +160,7 @@ def test_the_snapshot_then_every_version_appended_is_read_exactly_once(
             DeltaTable(str(table)).optimize.compact()  # (a version of its own)
         original(kind, message)
 
-    result = env.execute(launcher=ThreadLauncher(), listener=with_a_compaction)
+    result = testing.execute(env, launcher=ThreadLauncher(), listener=with_a_compaction)
     assert result.savepoints == [feeder.savepoint()]
     operations = [h["operation"] for h in DeltaTable(str(table)).history()]
     assert "OPTIMIZE" in operations
@@ -183,7 +191,7 @@ def test_a_failure_mid_stream_reads_each_row_once(
     rows = env.read_delta(table, monitor="20ms", name="orders").map(fail_once, name="fail")
     rows.key_by("user").count(name="per_user").write_parquet(tmp_path / "out", name="out")
     feeder = Appender(table, tmp_path / "ck", list(range(1, 6)), endpoints_of(monkeypatch), 2)
-    result = env.execute(launcher=ThreadLauncher(), listener=feeder)
+    result = testing.execute(env, launcher=ThreadLauncher(), listener=feeder)
     feeder.savepoint()
     assert len(result.restarts) == 1 and "injected failure" in result.restarts[0].cause
     counted(published(tmp_path / "out"), range(6))
@@ -198,13 +206,16 @@ def test_a_watched_table_stopped_with_a_savepoint_resumes_at_another_parallelism
     append(table, 0, files=3)
     endpoints = endpoints_of(monkeypatch)
     first = Appender(table, tmp_path / "ck", [1, 2, 3], endpoints, files=2)
-    counting_job(tmp_path, 2, "out1").execute(launcher=ThreadLauncher(), listener=first)
+    testing.execute(counting_job(tmp_path, 2, "out1"), launcher=ThreadLauncher(), listener=first)
     path = first.savepoint()
     for number in (4, 5):  # while no job runs
         append(table, number, files=2)
     second = Appender(table, tmp_path / "ck2", [6, 7], endpoints, files=3)
-    result = counting_job(tmp_path, 3, "out2", "ck2").execute(
-        launcher=ThreadLauncher(), listener=second, restore_from=path
+    result = testing.execute(
+        counting_job(tmp_path, 3, "out2", "ck2"),
+        launcher=ThreadLauncher(),
+        listener=second,
+        restore_from=path,
     )
     assert result.restored_from == path
     assert published(tmp_path / "out1") and published(tmp_path / "out2")
@@ -214,7 +225,7 @@ def test_a_watched_table_stopped_with_a_savepoint_resumes_at_another_parallelism
 def bounded_rows(table: Path, **options: Any) -> list[Row]:
     env = StreamEnvironment(2, checkpoint_interval=0.05)
     env.read_delta(table, **options).collect("rows")
-    return list(env.execute(launcher=ThreadLauncher()).output)
+    return list(testing.execute(env, launcher=ThreadLauncher()).output)
 
 
 def batches_of(rows: list[Row]) -> Counter[tuple[int, int]]:
@@ -236,7 +247,7 @@ def test_without_monitor_the_snapshot_of_the_version_when_built_is_read_and_the_
     env = StreamEnvironment(3, checkpoint_interval=0.05)
     env.read_delta(table, slices=4).collect("rows")
     append(table, 3)
-    rows = list(env.execute(launcher=ThreadLauncher()).output)
+    rows = list(testing.execute(env, launcher=ThreadLauncher()).output)
     assert batches_of(rows) == every(0, 1, 2)
     assert set(rows[0]) == {"batch", "row", "user", "part"}
 
@@ -294,7 +305,7 @@ def test_a_version_that_removes_data_fails_the_job_naming_it_and_its_operation(
         r"version adds.*skip_change_commits=True"
     )
     with pytest.raises(JobFailedError, match=message):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
     # from version 3 on: the overwrite fails it
     env = StreamEnvironment(2, checkpoint_interval=0.05, restart_strategy=FixedDelay(0))
     env.read_delta(table, starting_version=3).collect("rows")
@@ -303,7 +314,7 @@ def test_a_version_that_removes_data_fails_the_job_naming_it_and_its_operation(
         r".*; it adds 1 file\(s\)\)"
     )
     with pytest.raises(JobFailedError, match=message):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
 
 
 def test_skip_change_commits_skips_such_versions_whole_and_says_so(tmp_path: Path) -> None:
@@ -314,7 +325,8 @@ def test_skip_change_commits_skips_such_versions_whole_and_says_so(tmp_path: Pat
     heard: list[str] = []
     env = StreamEnvironment(2, checkpoint_interval=0.05)
     env.read_delta(table, starting_version=0, skip_change_commits=True).collect("rows")
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=lambda kind, message: heard.append(message) if kind == "warning" else None,
     )
@@ -372,7 +384,7 @@ def test_what_cutlines_own_write_delta_wrote_is_read_back(tmp_path: Path) -> Non
     env.from_sequence(0, 3000).map(
         lambda r: {"user": f"u{r['value'] % 10}", "amount": r["value"]}
     ).key_by("user").sum("amount").write_delta(table, partition_by=["user"])
-    env.execute(launcher=ThreadLauncher())
+    testing.execute(env, launcher=ThreadLauncher())
     written = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
     read = bounded_rows(table)
     key = lambda r: (r["user"], r["amount"])  # noqa: E731
@@ -431,7 +443,7 @@ def test_a_column_added_while_the_job_runs_is_not_read_and_the_listener_is_told(
     table = tmp_path / "table"
     append(table, 0)
     feeder = Appender(table, tmp_path / "ck", [1, 2], endpoints_of(monkeypatch), write=with_extra)
-    counting_job(tmp_path, 2, "out").execute(launcher=ThreadLauncher(), listener=feeder)
+    testing.execute(counting_job(tmp_path, 2, "out"), launcher=ThreadLauncher(), listener=feeder)
     feeder.savepoint()
     rows = published(tmp_path / "out")
     counted(rows, range(3))
@@ -451,7 +463,7 @@ def test_event_time_windows_over_a_table(tmp_path: Path) -> None:
     env = StreamEnvironment(2, checkpoint_interval=0.05)
     stream = env.read_delta(table, event_time=EventTime("ts", max_out_of_orderness="1s"), slices=4)
     stream.key_by("user").window(Tumbling("2s")).count().collect("windows")
-    windows = list(env.execute(launcher=ThreadLauncher()).output)
+    windows = list(testing.execute(env, launcher=ThreadLauncher()).output)
     wanted: Counter[tuple[str, int]] = Counter()
     for number in range(3):
         for i in range(ROWS):
@@ -488,11 +500,11 @@ def test_a_watched_run_refuses_a_checkpoint_whose_slices_a_bounded_run_ended(
         env.read_delta(table, name="orders", slices=4, **options).collect("rows")
         return env
 
-    assert batches_of(list(job().execute(launcher=ThreadLauncher()).output)) == every(0)
+    assert batches_of(list(testing.execute(job(), launcher=ThreadLauncher()).output)) == every(0)
     append(table, 1)
     message = r"slice\(s\) (0/4, 2/4|1/4, 3/4) read to the end of a bounded run .*\(fresh=True\)"
     with pytest.raises(JobFailedError, match=message):
-        job(monitor="20ms").execute(launcher=ThreadLauncher(), restore_from="latest")
+        testing.execute(job(monitor="20ms"), launcher=ThreadLauncher(), restore_from="latest")
 
 
 def test_a_commit_cleaned_from_the_log_before_it_was_read_fails_naming_it(tmp_path: Path) -> None:

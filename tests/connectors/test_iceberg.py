@@ -25,7 +25,15 @@ from pyiceberg.table import Table
 from test_connector_api import FailAt, assert_exact
 from test_savepoints import SavepointOnHold, endpoints_of
 
-from cutline import CheckpointWarning, FixedDelay, JobClient, SourceHold, StreamEnvironment
+from cutline import (
+    Checkpoints,
+    CheckpointWarning,
+    FixedDelay,
+    JobClient,
+    SourceHold,
+    StreamEnvironment,
+    testing,
+)
 from cutline.connectors import SinkContext, tables
 from cutline.connectors.iceberg import IcebergCommittable, IcebergCommitter, IcebergSink
 from cutline.examples.servers import PostgresServer
@@ -59,13 +67,13 @@ def sums_job(
     ledger: Ledger,
     *,
     fail: FailAt | None = None,
-    checkpoints: str = "ck",
+    ck: str = "ck",
     **options: Any,
 ) -> StreamEnvironment:
     """The ledger's running balance per account, into the Iceberg table ``db.sums``."""
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
-        "checkpoint_dir": tmp_path / checkpoints,
+        "checkpoint_dir": tmp_path / ck,
         "restart_strategy": FixedDelay(delay=0),
         "batch_size": 40,
     }
@@ -151,8 +159,10 @@ def test_the_running_sums_are_in_the_table_once_a_snapshot_per_checkpoint(
     tmp_path: Path, catalog: dict[str, str]
 ) -> None:
     ledger = Ledger(accounts=5, per_account=300)
-    result = sums_job(tmp_path, catalog, ledger).execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        sums_job(tmp_path, catalog, ledger),
+        launcher=ThreadLauncher(),
+        hold_sources=SourceHold(records=100, checkpoints=2),
     )
     assert_exact(ledger, rows(catalog), [], with_windows=False)
     found = table(catalog)
@@ -173,8 +183,10 @@ def test_a_sql_catalog_on_postgresql_takes_the_sums_once(
         "uri": postgres.dsn.replace("postgresql://", "postgresql+psycopg://"),
     }
     ledger = Ledger(accounts=3, per_account=200)
-    result = sums_job(tmp_path, catalog, ledger).execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        sums_job(tmp_path, catalog, ledger),
+        launcher=ThreadLauncher(),
+        hold_sources=SourceHold(records=100, checkpoints=2),
     )
     assert_exact(ledger, rows(catalog), [], with_windows=False)
     completed = {c.checkpoint_id for c in result.checkpoints}
@@ -208,8 +220,10 @@ def test_the_running_sums_are_in_the_table_once_through_a_failure_at_a_random_en
         commit(self, checkpoint_id, committables)
 
     monkeypatch.setattr(IcebergCommitter, "commit", noted)
-    result = sums_job(tmp_path, catalog, ledger, fail=fail).execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        sums_job(tmp_path, catalog, ledger, fail=fail),
+        launcher=ThreadLauncher(),
+        hold_sources=SourceHold(records=100, checkpoints=2),
     )
     assert len(result.restarts) == 1 and "injected failure" in result.restarts[0].cause
     assert_exact(ledger, rows(catalog), [], with_windows=False)
@@ -338,7 +352,8 @@ def test_a_resumed_job_does_not_commit_its_restored_checkpoint_again_and_a_fresh
     asking = SavepointOnHold(
         endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint(stop=True)
     )
-    first = sums_job(tmp_path, catalog, ledger).execute(
+    first = testing.execute(
+        sums_job(tmp_path, catalog, ledger),
         launcher=ThreadLauncher(),
         listener=asking,
         hold_sources=SourceHold(records=150, checkpoints=1000),  # (until the job stops)
@@ -347,8 +362,8 @@ def test_a_resumed_job_does_not_commit_its_restored_checkpoint_again_and_a_fresh
     stopped = len(rows(catalog))
     assert 0 < stopped < 4 * 300, "stopped half-way"
     before = len(table(catalog).snapshots())
-    second = sums_job(tmp_path, catalog, ledger).execute(
-        launcher=ThreadLauncher(), restore_from="latest"
+    second = testing.execute(
+        sums_job(tmp_path, catalog, ledger), launcher=ThreadLauncher(), restore_from="latest"
     )
     assert second.restored_from is not None
     assert_exact(ledger, rows(catalog), [], with_windows=False)
@@ -360,8 +375,8 @@ def test_a_resumed_job_does_not_commit_its_restored_checkpoint_again_and_a_fresh
     completed = {c.checkpoint_id for c in first.checkpoints + second.checkpoints}
     job = assert_one_snapshot_per_checkpoint(tmp_path, found, completed)
 
-    sums_job(tmp_path, catalog, ledger, checkpoints="ck2").execute(
-        launcher=ThreadLauncher(), fresh=True
+    testing.execute(
+        sums_job(tmp_path, catalog, ledger, ck="ck2"), launcher=ThreadLauncher(), fresh=True
     )
     jobs = [s.summary["cutline.job"] for s in table(catalog).snapshots()]
     assert jobs[0] == job and len(set(jobs)) == 2  # (a new job: its rows once more)
@@ -375,16 +390,20 @@ def test_a_job_restored_from_an_older_checkpoint_than_it_committed_withdraws_the
     table holds of the ones after it, which the job writes again, must go (one snapshot
     removing their files)."""
     ledger = Ledger(accounts=4, per_account=300)
-    env = sums_job(tmp_path, catalog, ledger, retained_checkpoints=100)
-    env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2))
+    env = sums_job(tmp_path, catalog, ledger, checkpoints=Checkpoints(retained=100))
+    testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    )
     newest = int(table(catalog).snapshots()[-1].summary["cutline.checkpoint"])
     for folder in (tmp_path / "ck").glob("chk-*"):
         if int(folder.name.split("-")[1]) >= newest:
             for state in folder.glob("*.state"):
                 state.write_bytes(b"damaged")
     with pytest.warns(CheckpointWarning, match="is damaged"):
-        result = sums_job(tmp_path, catalog, ledger, retained_checkpoints=100).execute(
-            launcher=ThreadLauncher(), restore_from="latest"
+        result = testing.execute(
+            sums_job(tmp_path, catalog, ledger, checkpoints=Checkpoints(retained=100)),
+            launcher=ThreadLauncher(),
+            restore_from="latest",
         )
     restored = int(str(result.restored_from).rsplit("-", 1)[1])
     assert restored < newest

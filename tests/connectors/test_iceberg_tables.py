@@ -17,7 +17,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 from test_iceberg import TABLE, rows, sqlite_catalog, staged, sums_job, table
 
-from cutline import FixedDelay, JobFailedError, StreamEnvironment
+from cutline import FixedDelay, JobFailedError, StreamEnvironment, testing
 from cutline.connectors import SinkContext, SinkError, tables
 from cutline.connectors.iceberg import IcebergCommittable, IcebergSink
 from cutline.runtime.task.local import ThreadLauncher
@@ -58,7 +58,7 @@ def test_a_table_of_other_columns_fails_the_job_at_its_first_batch_when_they_are
     env.from_source(ledger).map(lambda r: r).write_iceberg(TABLE, catalog=catalog)  # (unknown)
     message = rf"Iceberg table {TABLE}: column 'amount' is string in the table, int64 in the rec"
     with pytest.raises(JobFailedError, match=message):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
     assert table(catalog).snapshots() == []
     assert not list((tmp_path / "warehouse").rglob("*.parquet"))  # (no file written either)
 
@@ -109,7 +109,7 @@ def test_a_catalog_named_in_the_configuration_is_resolved_on_the_driver(
     env = StreamEnvironment(2, checkpoint_dir=tmp_path / "ck")
     env.from_sequence(0, 100).write_iceberg(TABLE, catalog="lake")
     (config / ".pyiceberg.yaml").unlink()
-    env.execute(launcher=ThreadLauncher())
+    testing.execute(env, launcher=ThreadLauncher())
     made = load_catalog("lake", **catalog).load_table(TABLE)
     assert sorted(r["value"] for r in made.scan().to_arrow().to_pylist()) == list(range(100))
 
@@ -123,7 +123,7 @@ def test_a_column_of_only_nulls_cannot_make_a_table(
     )
     message = r"column 'x' holds only nulls so far, so its type is not known: make the table"
     with pytest.raises(JobFailedError, match=message):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
 
 
 def test_records_are_made_to_fit_and_a_value_that_does_not_names_the_table_and_the_column(

@@ -34,6 +34,7 @@ from cutline import (
     SourceError,
     StreamEnvironment,
     Tumbling,
+    testing,
 )
 from cutline.connectors.kafka import KafkaSource, ValueFormat
 from cutline.connectors.kafka import metadata as kafka_metadata
@@ -78,7 +79,7 @@ def environment(tmp_path: Path, parallelism: int = 2, **options: Any) -> StreamE
 
 
 def run(env: StreamEnvironment, **options: Any) -> Any:
-    return env.execute(launcher=ThreadLauncher(), progress=False, **options)
+    return testing.execute(env, launcher=ThreadLauncher(), progress=False, **options)
 
 
 def test_a_bounded_topic_is_read_once_with_kafkas_fields(

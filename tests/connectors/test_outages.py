@@ -37,6 +37,7 @@ from cutline import (
     JobListener,
     Restarting,
     StreamEnvironment,
+    testing,
 )
 from cutline.examples.servers import KafkaBroker, PostgresServer, produce
 from cutline.runtime.task.local import ThreadLauncher
@@ -82,8 +83,8 @@ def test_a_database_down_for_three_restarts_is_ridden_out_ever_later(
     outage = LongOutage(postgres, back_after=3)
     strategy = ExponentialDelay(initial=0.05, multiplier=2, jitter=0)
     env = sums_job(tmp_path, 2, postgres.dsn, restart_strategy=strategy)
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2), progress=False
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2), progress=False
     )
     assert outage.stopped_at is not None
     assert [e.delay for e in outage.restarts] == pytest.approx([0.05, 0.1, 0.2])
@@ -103,8 +104,8 @@ def test_with_the_default_strategy_a_database_down_for_a_minute_is_ridden_out(
     execute(postgres.dsn, SUMS)
     outage = LongOutage(postgres, back_after=None, down_for=60.0)
     env = sums_job(tmp_path, 2, postgres.dsn, restart_strategy=ExponentialDelay())
-    env.execute(
-        launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2), progress=False
+    testing.execute(
+        env, launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2), progress=False
     )
     assert sum(e.delay for e in outage.restarts) >= 60
     assert_inserted(postgres.dsn, N)
@@ -117,8 +118,12 @@ def test_with_too_few_restarts_the_job_fails_saying_which_strategy_gave_up(
     outage = LongOutage(postgres, back_after=None)
     env = sums_job(tmp_path, 2, postgres.dsn, restart_strategy=FixedDelay(2, 0))
     with pytest.raises(JobFailedError) as failed:
-        env.execute(
-            launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2), progress=False
+        testing.execute(
+            env,
+            launcher=ThreadLauncher(),
+            listener=outage,
+            hold_sources=half_way(N, 2),
+            progress=False,
         )
     message = str(failed.value)
     assert message.startswith(
@@ -144,7 +149,7 @@ def test_a_record_the_database_refuses_fails_the_job_at_once_whatever_restarts_a
         tmp_path, postgres.dsn, 10, {7: 40_000}, upsert=False, restart_strategy=strategy
     )
     with pytest.raises(JobFailedError) as failed:
-        env.execute(launcher=ThreadLauncher(), progress=False)
+        testing.execute(env, launcher=ThreadLauncher(), progress=False)
     message = str(failed.value)
     assert message.startswith("the job failed after 2 attempt(s), not restarted: it failed at ")
     assert "a restart cannot help" in message and failed.value.deterministic
@@ -172,7 +177,7 @@ def test_a_kafka_value_that_is_not_json_fails_the_job_at_once_whatever_restarts_
         bounded=True,
     ).collect()
     with pytest.raises(JobFailedError) as failed:
-        env.execute(launcher=ThreadLauncher(), progress=False)
+        testing.execute(env, launcher=ThreadLauncher(), progress=False)
     message = str(failed.value)
     assert message.startswith("the job failed after 2 attempt(s), not restarted: it failed at ")
     assert "topic 'clicks' partition 0 offset 12: its value is not JSON" in message

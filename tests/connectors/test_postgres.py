@@ -39,7 +39,7 @@ from postgres_jobs import (
 )
 from test_savepoints import SavepointOnHold, endpoints_of
 
-from cutline import JobClient, SourceHold
+from cutline import JobClient, SourceHold, testing
 from cutline.connectors import PendingCommit, SinkContext
 from cutline.connectors.postgres import PostgresSink, PostgresWriter, transaction_id
 from cutline.examples.servers import PostgresServer
@@ -57,7 +57,7 @@ def test_every_running_sum_is_inserted_once(
 ) -> None:
     execute(postgres.dsn, SUMS)
     env = sums_job(tmp_path, parallelism, postgres.dsn)
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=half_way(N, parallelism))
+    result = testing.execute(env, launcher=ThreadLauncher(), hold_sources=half_way(N, parallelism))
     assert not result.restarts
     assert len(result.checkpoints) >= 3  # (two at the hold, and the final one)
     assert_inserted(postgres.dsn, N)
@@ -71,7 +71,7 @@ def test_each_users_total_is_upserted(
     transaction, holding the same users' rows, may still be prepared."""
     execute(postgres.dsn, TOTALS)
     env = sums_job(tmp_path, 2, postgres.dsn, upsert=True, batch_rows=batch_rows)
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=half_way(N, 2))
+    result = testing.execute(env, launcher=ThreadLauncher(), hold_sources=half_way(N, 2))
     assert not result.restarts
     assert_upserted(postgres.dsn, N)
 
@@ -89,7 +89,7 @@ def test_a_failure_at_a_random_purchase_restarts_exactly(
     at = random.Random(seed).randrange(3 * N // 4, N)
     fail = FailAt(at, str(tmp_path / "failed"))
     env = sums_job(tmp_path, parallelism, postgres.dsn, upsert=upsert, fail=fail)
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=half_way(N, parallelism))
+    result = testing.execute(env, launcher=ThreadLauncher(), hold_sources=half_way(N, parallelism))
     assert len(result.restarts) == 1
     assert f"injected failure at purchase {at}" in result.restarts[0].cause
     assert result.restarts[0].restored_from is not None
@@ -128,7 +128,7 @@ def test_upserts_of_one_key_from_every_subtask_go_through_one_and_never_wait_for
     )
     sink = env.graph.operators["totals"]
     assert [(e.partitioning, e.key) for e in sink.inputs] == [("hash", "user")]
-    env.execute(launcher=ThreadLauncher(), hold_sources=half_way(4000, 2))
+    testing.execute(env, launcher=ThreadLauncher(), hold_sources=half_way(4000, 2))
     assert dict(query(postgres.dsn, 'SELECT "user", amount FROM totals')) == {
         f"item-{i}": 100 + i for i in range(7)
     }
@@ -403,7 +403,8 @@ def test_a_resumed_job_keeps_its_job_id_and_a_fresh_start_begins_another(
     asking = SavepointOnHold(
         endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint(stop=True)
     )
-    first = sums_job(tmp_path, 2, dsn).execute(
+    first = testing.execute(
+        sums_job(tmp_path, 2, dsn),
         launcher=ThreadLauncher(),
         listener=asking,
         hold_sources=SourceHold(records=N // 4, checkpoints=1000),  # (until the job stops)
@@ -413,7 +414,9 @@ def test_a_resumed_job_keeps_its_job_id_and_a_fresh_start_begins_another(
     assert 0 < sum(rows_of(dsn, "sums").values()) < N, "stopped half-way"
     before = prepared_in_log(postgres)
 
-    second = sums_job(tmp_path, 3, dsn).execute(launcher=ThreadLauncher(), restore_from="latest")
+    second = testing.execute(
+        sums_job(tmp_path, 3, dsn), launcher=ThreadLauncher(), restore_from="latest"
+    )
     assert second.restored_from is not None
     resumed = prepared_in_log(postgres)[len(before) :]
     (job,) = {j for j, *_ in before}
@@ -422,8 +425,8 @@ def test_a_resumed_job_keeps_its_job_id_and_a_fresh_start_begins_another(
     assert min(c for *_, c in resumed) > max(c for *_, c in before)
     assert_inserted(dsn, N)
 
-    third = sums_job(tmp_path, 2, dsn, checkpoints="ck-fresh").execute(
-        launcher=ThreadLauncher(), fresh=True
+    third = testing.execute(
+        sums_job(tmp_path, 2, dsn, checkpoints="ck-fresh"), launcher=ThreadLauncher(), fresh=True
     )
     assert third.restored_from is None
     fresh = prepared_in_log(postgres)[len(before) + len(resumed) :]
@@ -447,7 +450,8 @@ def test_a_savepoint_restored_into_another_directory_is_exact(
     asking = SavepointOnHold(
         endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint(stop=True)
     )
-    sums_job(tmp_path, before, dsn).execute(
+    testing.execute(
+        sums_job(tmp_path, before, dsn),
         launcher=ThreadLauncher(),
         listener=asking,
         hold_sources=SourceHold(records=N // (2 * before), checkpoints=1000),
@@ -455,5 +459,5 @@ def test_a_savepoint_restored_into_another_directory_is_exact(
     path = asking.answer()
     assert isinstance(path, str)
     env = sums_job(tmp_path, after, dsn, checkpoints="ck2")
-    assert env.execute(launcher=ThreadLauncher(), restore_from=path).restored_from == path
+    assert testing.execute(env, launcher=ThreadLauncher(), restore_from=path).restored_from == path
     assert_inserted(dsn, N)

@@ -56,6 +56,7 @@ from cutline import (
     Restarting,
     SavepointCompleted,
     StreamEnvironment,
+    testing,
 )
 from cutline.connectors import PendingCommit, RecordError, SinkContext, SinkError
 from cutline.connectors.postgres import PostgresSink
@@ -109,7 +110,9 @@ def test_the_database_lost_while_the_job_runs(
     execute(dsn, TOTALS if upsert else SUMS)
     outage = Outage(postgres, "totals" if upsert else "sums")
     env = sums_job(tmp_path, 2, dsn, upsert=upsert)
-    result = env.execute(launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2))
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=outage, hold_sources=half_way(N, 2)
+    )
     assert outage.stopped_at is not None and outage.restarted
     assert len(result.restarts) == 1
     assert f"write_postgres({outage.table} at 127.0.0.1:{postgres.port}/postgres)" in (
@@ -136,7 +139,7 @@ def run(tmp_path: Path, dsn: str, fn: Any, **options: Any) -> None:
     """A job of ten records ``fn`` makes into ``dsn`` (no restarts)."""
     env = environment(tmp_path, 1, "ck", restart_strategy=FixedDelay(0))
     env.from_sequence(0, 10).map(fn).write_postgres(dsn, **options)
-    env.execute(launcher=ThreadLauncher())
+    testing.execute(env, launcher=ThreadLauncher())
 
 
 def where(postgres: PostgresServer, table: str) -> str:
@@ -297,7 +300,7 @@ def test_a_field_whose_type_its_column_takes_is_written(
     execute(postgres.dsn, f"CREATE TABLE t (v {column})")
     env = environment(tmp_path, 1, "ck")
     from_file(tmp_path, env, pa.table({"v": values})).write_postgres(postgres.dsn, table="t")
-    env.execute(launcher=ThreadLauncher())
+    testing.execute(env, launcher=ThreadLauncher())
     got = query(postgres.dsn, "SELECT v::text FROM t")
     assert got == [(stored if stored is not None else values[0].as_py(),)]
 
@@ -395,7 +398,7 @@ def test_a_record_the_server_refuses_fails_the_job_naming_the_table_the_column_t
     )
     causes = Causes()
     with pytest.raises(JobFailedError) as failed:
-        env.execute(launcher=ThreadLauncher(), listener=causes)
+        testing.execute(env, launcher=ThreadLauncher(), listener=causes)
     failure = failed.value.failure
     assert failure is not None and failure.operator == "readings"
     assert failure.message == refusal(postgres, level, upsert, 7)
@@ -480,7 +483,7 @@ def test_refused_records_go_to_the_dead_letters_once_and_the_rest_is_written_onc
         fail=fail,
         on_error="dead_letter",
     )
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=half_way(n, parallelism))
+    result = testing.execute(env, launcher=ThreadLauncher(), hold_sources=half_way(n, parallelism))
     assert len(result.restarts) == 1 and result.restarts[0].restored_from is not None
     assert rows_of(postgres.dsn, "readings") == Counter(
         {(i, i % 1000 + 100): 1 for i in range(n) if i not in bad}

@@ -19,7 +19,7 @@ from schema_registry import SchemaRegistry
 from test_kafka import read_topic
 from test_kafka_avro import avro
 
-from cutline import StreamEnvironment
+from cutline import StreamEnvironment, testing
 from cutline.examples.servers import KafkaBroker, PostgresServer, produce
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -43,10 +43,9 @@ def run_example(code: str, folder: Path, monkeypatch: pytest.MonkeyPatch, **line
     for name, value in lines.items():
         code, found = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", code, flags=re.M)
         assert found == 1, f"the example has no line '{name} = ...'"
-    original = StreamEnvironment.execute
 
     def on_threads(self: StreamEnvironment, *args: Any, **kwargs: Any) -> Any:
-        return original(self, *args, launcher=ThreadLauncher(), progress=False, **kwargs)
+        return testing.execute(self, *args, launcher=ThreadLauncher(), progress=False, **kwargs)
 
     monkeypatch.setattr(StreamEnvironment, "execute", on_threads)
     monkeypatch.chdir(folder)

@@ -20,6 +20,7 @@ from cutline import (
     RunningOperator,
     SourceHold,
     StreamEnvironment,
+    testing,
 )
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -93,7 +94,7 @@ class _Tagging(RunningOperator):
 def test_a_users_operator_runs_end_to_end(tmp_path: Path) -> None:
     env = environment(tmp_path, 2)
     env.from_sequence(0, N).transform("scale(3)", Scale(3)).map(lambda r: r["value"]).collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.restarts == [] and result.checkpoints[-1].final
     assert sorted(result.output) == [3 * v for v in range(N)]
     (chain,) = env.plan().chains
@@ -109,7 +110,7 @@ def test_a_users_operator_on_a_keyed_stream_sees_each_key_in_one_subtask(tmp_pat
         .transform("where", WhereAmI(), name="where")
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     subtasks: defaultdict[int, set[int]] = defaultdict(set)
     for row in result.output:
         subtasks[row["key"]].add(row["subtask"])
@@ -129,7 +130,8 @@ def test_a_users_operator_state_is_restored_after_a_failure(tmp_path: Path) -> N
         .map(FailAfterCheckpoint(str(marker), str(flag)))
         .collect()
     )
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=mark_checkpoints(marker),
         hold_sources=SourceHold(records=N // 4),
@@ -220,11 +222,13 @@ def test_a_checkpoint_of_other_ids_names_its_operators_and_the_jobs_without_stat
         return env
 
     first = build("first", "3-sum_value_")  # as the positional ids of earlier versions
-    first.execute(launcher=ThreadLauncher())
+    testing.execute(first, launcher=ThreadLauncher())
     second = build("second", None)
     summed = next(op for op in second.graph.operators.values() if op.name == "sum(value)")
     with pytest.raises(RestoreError) as info:
-        second.execute(launcher=ThreadLauncher(), restore_from=tmp_path / "first" / "checkpoints")
+        testing.execute(
+            second, launcher=ThreadLauncher(), restore_from=tmp_path / "first" / "checkpoints"
+        )
     message = str(info.value)
     assert "holds state of operator(s) '3-sum_value_', which this job does not have" in message
     assert f"without state in it are '{summed.uid}' (sum(value))" in message

@@ -16,7 +16,7 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline import StreamEnvironment
+from cutline import StreamEnvironment, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 ROWS = 1_000_000
@@ -66,7 +66,7 @@ def test_a_slow_operator_slows_the_sources_and_memory_stays_bounded(tmp_path):
         .count()
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     # exact output: every key's running counts 1..n, once each
     per_key = Counter(r["key"] for r in result.output)
     assert sum(per_key.values()) == ROWS

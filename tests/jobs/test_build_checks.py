@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cutline import StreamEnvironment, Tumbling
+from cutline import StreamEnvironment, Tumbling, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 
@@ -89,4 +89,4 @@ def test_after_an_operator_that_may_change_the_records_nothing_is_assumed(tmp_pa
     unioned = stream.union(env.read_parquet(tmp_path / "in", event_time="ts", name="again"))
     assert unioned.schema is not None and unioned.schema.equals(stream.schema)
     assert stream.union(mapped).schema is None
-    env.execute(launcher=ThreadLauncher())
+    testing.execute(env, launcher=ThreadLauncher())

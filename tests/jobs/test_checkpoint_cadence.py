@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from cutline import StreamEnvironment
+from cutline import StreamEnvironment, testing
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -36,7 +36,8 @@ def test_a_checkpoint_behind_queued_records_says_where_and_behind_how_many(tmp_p
         .collect()
     )
     said: list[tuple[str, str]] = []
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=lambda kind, message: said.append((kind, message)),
         progress=False,

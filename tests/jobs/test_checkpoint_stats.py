@@ -27,7 +27,16 @@ from test_loops import touch_on_checkpoint
 from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 import checkpoint_verification
-from cutline import FixedDelay, JobClient, JobResult, SourceHold, StreamEnvironment
+from cutline import (
+    Checkpoints,
+    FixedDelay,
+    JobClient,
+    JobResult,
+    SourceHold,
+    State,
+    StreamEnvironment,
+    testing,
+)
 from cutline.runtime.checkpoint.layout import METADATA, SHARED
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.reader import CheckpointReader
@@ -75,24 +84,29 @@ class Slow:
         return batch
 
 
-def environment(directory: Path, mode: str, **options: Any) -> StreamEnvironment:
+def environment(
+    directory: Path, mode: str, retained: int = 1000, **options: Any
+) -> StreamEnvironment:
     """Two subtasks per operator, checkpoints every 0.1 s, all of them retained; ``mode`` is
     one of :data:`MODES`."""
+    concurrent = mode == "aligned-concurrent"
+    checkpoints = Checkpoints(
+        interval=0.02 if concurrent else 0.1,
+        dir=directory / "checkpoints",
+        retained=retained,
+        mode=mode if mode in ("unaligned", "at_least_once") else "aligned",
+        # every alignment that has to wait switches
+        alignment_timeout=0.0 if mode == "aligned-timeout" else None,
+        max_concurrent=3 if concurrent else 1,
+    )
     settings: dict[str, Any] = {
-        "checkpoint_interval": 0.1,
-        "checkpoint_dir": directory / "checkpoints",
+        "checkpoints": checkpoints,
         "restart_strategy": FixedDelay(delay=0),
         "batch_size": 20,
         "buffer_capacity": 2,
-        "retained_checkpoints": 1000,
-        "checkpointing": mode if mode in ("unaligned", "at_least_once") else "aligned",
     }
-    if mode == "aligned-timeout":
-        settings["alignment_timeout"] = 0.0  # every alignment that has to wait switches
-    if mode == "aligned-concurrent":
-        settings.update(
-            max_concurrent_checkpoints=3, checkpoint_interval=0.02, full_checkpoint_every=3
-        )
+    if concurrent:
+        settings["state"] = State(full_every=3)
     settings.update(options)
     return StreamEnvironment(2, **settings)
 
@@ -146,7 +160,8 @@ def run_job(directory: Path, mode: str, spark: Any = None) -> Run:
     if spark is not None:
         result = env.execute(spark, listener=listener)
     else:
-        result = env.execute(
+        result = testing.execute(
+            env,
             launcher=ThreadLauncher(),
             listener=listener,
             hold_sources=SourceHold(records=N // 4),  # half of each source subtask's
@@ -458,14 +473,14 @@ def test_the_critical_path_of_each_checkpoint_ends_at_a_source(run: Run) -> None
 def test_a_savepoint_s_statistics_name_it_and_count_its_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = environment(tmp_path, "aligned", retained_checkpoints=1, batch_size=10)
+    env = environment(tmp_path, "aligned", retained=1, batch_size=10)
     keyed_job(env, 0.0, None)  # (no need to be slow: the savepoint comes while it holds)
     asking = SavepointOnHold(
         endpoints_of(monkeypatch),
         lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "sp"),
     )
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(N, 2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(N, 2)
     )
     path = asking.answer()
     assert isinstance(path, str), path

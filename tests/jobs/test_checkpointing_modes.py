@@ -10,33 +10,41 @@ with killed workers are in ``test_spark_jobs.py``.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from cutline import FixedDelay, JobResult, SourceHold, StreamEnvironment
+from cutline import Checkpoints, FixedDelay, JobResult, SourceHold, StreamEnvironment, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 N = 2_000
 EXACTLY_ONCE = ["aligned", "unaligned", "aligned-timeout"]
 
 
-def environment(tmp_path: Path, mode: str, **options: Any) -> StreamEnvironment:
+def environment(
+    tmp_path: Path, mode: str, checkpoints: Checkpoints | None = None, **options: Any
+) -> StreamEnvironment:
+    """Checkpoints every 0.1 s in ``mode`` (or ``"aligned-timeout"``: aligned, and every
+    alignment that has to wait switches to unaligned), with the fields of ``checkpoints``."""
+    checkpoints = checkpoints or Checkpoints()
+    if mode == "aligned-timeout":
+        checkpoints = replace(checkpoints, alignment_timeout=0.0)
+    else:
+        checkpoints = replace(checkpoints, mode=mode)
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.1,
         "checkpoint_dir": tmp_path / "checkpoints",
+        "checkpoints": checkpoints,
         "restart_strategy": FixedDelay(delay=0),
         "batch_size": 20,
-        "checkpointing": "aligned" if mode == "aligned-timeout" else mode,
     }
-    if mode == "aligned-timeout":
-        settings["alignment_timeout"] = 0.0  # every alignment that has to wait switches
     settings.update(options)
     return StreamEnvironment(2, **settings)
 
@@ -128,7 +136,7 @@ def test_exactly_once_modes_give_the_exact_output_under_backpressure(
 ) -> None:
     env = environment(tmp_path, mode)
     keyed_job(env, tmp_path, pause=0.02)
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.restarts == []
     assert counts(result) == expected_counts()
     assert result.checkpoints[-1].final
@@ -144,8 +152,8 @@ def test_exactly_once_modes_restore_from_a_checkpoint_taken_under_backpressure(
     env = environment(tmp_path, mode)
     fail = FailOnceAfter(str(marker), str(tmp_path / "failed"))
     keyed_job(env, tmp_path, 0.01, fast_flag="never", then=fail)
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"), hold_sources=HALF
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"), hold_sources=HALF
     )
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None
@@ -172,7 +180,7 @@ def test_unaligned_checkpoints_record_the_records_in_flight_and_restore_them(
             while not failed.exists() and time.monotonic() < deadline:
                 time.sleep(0.002)
 
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
+    result = testing.execute(env, launcher=ThreadLauncher(), listener=listener)
     assert counts(result) == expected_counts()
     first = result.checkpoints[0]
     assert first.unaligned
@@ -193,12 +201,13 @@ def test_unaligned_checkpoints_complete_while_aligned_ones_wait_behind_full_buff
         tmp_path,
         mode,
         checkpoint_interval=0.5,
-        checkpoint_timeout=6,
-        tolerable_failed_checkpoints=5,
+        checkpoints=Checkpoints(timeout=6, tolerable_failures=5),
         batch_size=100,
     )
     keyed_job(env, tmp_path, pause=1.0)
-    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(fast, "checkpoint", "abort"))
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=touch_on(fast, "checkpoint", "abort")
+    )
     assert counts(result) == expected_counts()
     if mode == "unaligned":
         assert result.aborted == []
@@ -210,9 +219,13 @@ def test_unaligned_checkpoints_complete_while_aligned_ones_wait_behind_full_buff
 
 
 def test_an_alignment_timeout_switches_a_slow_alignment_to_unaligned(tmp_path: Path) -> None:
-    env = environment(tmp_path, "aligned", alignment_timeout=0.2, batch_size=100)
+    env = environment(
+        tmp_path, "aligned", checkpoints=Checkpoints(alignment_timeout=0.2), batch_size=100
+    )
     keyed_job(env, tmp_path, pause=0.3)
-    result = env.execute(launcher=ThreadLauncher(), listener=touch_on(tmp_path / "fast", "abort"))
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=touch_on(tmp_path / "fast", "abort")
+    )
     assert counts(result) == expected_counts()
     assert any(c.unaligned for c in result.checkpoints)
 
@@ -232,8 +245,8 @@ def test_at_least_once_loses_nothing_across_a_restart_and_counts_its_duplicates(
         .map(lambda r: r["value"])
         .collect()
     )
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"), hold_sources=HALF
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=touch_on(marker, "checkpoint"), hold_sources=HALF
     )
     assert len(result.restarts) == 1
     published = Counter(result.output)
@@ -265,10 +278,13 @@ def test_concurrent_checkpoints_honour_the_maximum_and_the_output_is_exact(
     # Checkpoints every 20 ms that take longer than that (a slow operator behind full
     # buffers): with room for three, several are in flight at once, never more than three.
     env = environment(
-        tmp_path, "aligned", max_concurrent_checkpoints=concurrent, checkpoint_interval=0.02
+        tmp_path,
+        "aligned",
+        checkpoints=Checkpoints(max_concurrent=concurrent),
+        checkpoint_interval=0.02,
     )
     keyed_job(env, tmp_path, pause=0.02)
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert counts(result) == expected_counts()
     ids = [c.checkpoint_id for c in result.checkpoints]
     assert ids == sorted(ids)
@@ -278,27 +294,38 @@ def test_concurrent_checkpoints_honour_the_maximum_and_the_output_is_exact(
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("fields", "message"),
     [
-        ({"checkpointing": "exactly_once"}, "checkpointing must be one of"),
-        ({"checkpointing": "unaligned", "alignment_timeout": "1s"}, "aligned checkpoints only"),
-        ({"alignment_timeout": -1}, "0 or more"),
         (
-            {"checkpointing": "unaligned", "max_concurrent_checkpoints": 2},
-            "one at a time",
+            {"mode": "exactly_once"},
+            "Checkpoints.mode must be one of 'aligned', 'unaligned', 'at_least_once', not "
+            "'exactly_once'",
         ),
         (
-            {"alignment_timeout": "10ms", "max_concurrent_checkpoints": 3},
+            {"mode": "unaligned", "alignment_timeout": "1s"},
+            "Checkpoints.alignment_timeout applies to mode='aligned' only, not mode='unaligned'",
+        ),
+        (
+            {"alignment_timeout": -1},
+            "Checkpoints.alignment_timeout must be a finite duration of 0 s or more, not -1",
+        ),
+        (
+            {"mode": "unaligned", "max_concurrent": 2},
+            "unaligned checkpoints are taken one at a time: Checkpoints.max_concurrent must be 1 "
+            "with mode='unaligned', not 2",
+        ),
+        (
+            {"alignment_timeout": "10ms", "max_concurrent": 3},
             "with an alignment_timeout checkpoints may go unaligned, and those are taken one at "
-            "a time: max_concurrent_checkpoints must be 1, not 3",
+            "a time: Checkpoints.max_concurrent must be 1, not 3",
         ),
-        ({"max_concurrent_checkpoints": 0}, "max_concurrent_checkpoints must be"),
-        ({"max_concurrent_checkpoints": True}, "max_concurrent_checkpoints must be"),
+        ({"max_concurrent": 0}, "Checkpoints.max_concurrent must be an integer of 1 or more"),
+        ({"max_concurrent": True}, "Checkpoints.max_concurrent must be an integer of 1 or more"),
         ({"alignment_timeout": float("nan")}, "finite"),
     ],
 )
 def test_bad_checkpointing_settings_are_refused_with_a_clear_message(
-    options: dict[str, Any], message: str
+    fields: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ValueError, match=message):
-        StreamEnvironment(2, **options)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Checkpoints(**fields)

@@ -32,6 +32,7 @@ from cutline import (
     SourceHold,
     StreamEnvironment,
     Tumbling,
+    testing,
 )
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -139,8 +140,8 @@ def test_a_connector_is_read_exactly_once_through_a_failure_at_a_random_entry(
     env = ledger_job(tmp_path, parallelism, ledger, tmp_path / "out", fail=fail)
     # held part-way until two checkpoints completed: the failure comes after one, whatever
     # the speed (each subtask reads at least 100 entries of every account it has before)
-    result = env.execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )
     assert len(result.restarts) == 1 and "injected failure" in result.restarts[0].cause
     out = tmp_path / "out"
@@ -156,7 +157,8 @@ def test_a_connector_stopped_with_a_savepoint_resumes_at_another_parallelism(
     asking = SavepointOnHold(
         endpoints_of(monkeypatch), lambda _: JobClient(str(tmp_path / "ck")).savepoint(stop=True)
     )
-    first = env.execute(
+    first = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=asking,
         hold_sources=SourceHold(records=150, checkpoints=1000),  # until the job stops
@@ -164,7 +166,7 @@ def test_a_connector_stopped_with_a_savepoint_resumes_at_another_parallelism(
     path = asking.answer()
     assert isinstance(path, str) and first.savepoints == [path]
     env = ledger_job(tmp_path, after, ledger, tmp_path / "out2", checkpoints="ck2")
-    second = env.execute(launcher=ThreadLauncher(), restore_from=path)
+    second = testing.execute(env, launcher=ThreadLauncher(), restore_from=path)
     assert second.restored_from == path
     one, two = tmp_path / "out1", tmp_path / "out2"
     assert published(one / "balances") and published(two / "balances"), "stopped half-way"
@@ -196,7 +198,7 @@ def test_a_connector_that_breaks_the_contract_is_named(
     )
     env.from_source(Broken(how), name="broken").collect()
     with pytest.raises(JobFailedError, match=message):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
 
 
 def test_from_source_takes_a_source(tmp_path: Path) -> None:
@@ -219,7 +221,7 @@ def test_the_source_of_the_write_your_own_page_runs_as_it_says(
     monkeypatch.setitem(sys.modules, "countdown_page", page_module)
     exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
     assert len(code.splitlines()) < 80
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     last: dict[str, int] = {}
     for row in result.output:
         last[row["split"]] = max(last.get(row["split"], 0), row["n"])
@@ -250,8 +252,8 @@ def test_a_two_phase_commit_sink_of_the_api_is_exact_through_a_failure(tmp_path:
     ledger = Ledger(accounts=5, per_account=300)
     fail = FailAt("acct-03", 250, str(tmp_path / "failed"))
     env = balances_to(tmp_path, 2, ledger, Journal(str(tmp_path / "journal")), fail=fail)
-    result = env.execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )
     assert len(result.restarts) == 1
     rows = journal(tmp_path / "journal")
@@ -265,8 +267,10 @@ def test_a_sink_whose_commit_fails_is_committed_by_the_restored_job_once(
     what the restored checkpoint prepared; nothing lost, nothing twice."""
     ledger = Ledger(accounts=4, per_account=300)
     sink = Journal(str(tmp_path / "journal"), fail_commit=str(tmp_path / "failed"))
-    result = balances_to(tmp_path, 2, ledger, sink).execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        balances_to(tmp_path, 2, ledger, sink),
+        launcher=ThreadLauncher(),
+        hold_sources=SourceHold(records=100, checkpoints=2),
     )
     assert len(result.restarts) == 1
     assert "the journal's disk went away" in result.restarts[0].cause
@@ -284,8 +288,10 @@ def test_a_sink_with_a_global_committer_commits_every_checkpoint_once(
     flag = str(tmp_path / "failed")
     sink = Ledgerbook(str(tmp_path / "book"), fail_commit=flag if where != "a task" else None)
     fail = FailAt("acct-01", 250, flag) if where == "a task" else None
-    result = balances_to(tmp_path, 2, ledger, sink, fail=fail).execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        balances_to(tmp_path, 2, ledger, sink, fail=fail),
+        launcher=ThreadLauncher(),
+        hold_sources=SourceHold(records=100, checkpoints=2),
     )
     assert len(result.restarts) == 1
     if where != "a task":
@@ -301,8 +307,8 @@ def test_sink_to_a_function_is_at_least_once(tmp_path: Path) -> None:
     ledger = Ledger(accounts=4, per_account=200)
     fail = FailAt("acct-01", 150, str(tmp_path / "failed"))
     env = balances_to(tmp_path, 2, ledger, AppendTo(str(tmp_path / "seen.jsonl")), fail=fail)
-    result = env.execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )
     assert len(result.restarts) == 1
     seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
@@ -346,8 +352,8 @@ def test_the_sink_of_the_write_your_own_page_is_exact_through_a_failure(
     monkeypatch.setitem(sys.modules, "journal_page", page_module)
     monkeypatch.chdir(tmp_path)  # ("out/")
     exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
-    result = env.execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )
     assert len(result.restarts) == 1
     assert_exact(ledger, journal(tmp_path / "out"), [], with_windows=False)
@@ -364,7 +370,7 @@ def test_a_sink_of_the_api_counts_as_a_sink(tmp_path: Path) -> None:
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        result = env.execute(launcher=ThreadLauncher())
+        result = testing.execute(env, launcher=ThreadLauncher())
     assert len((tmp_path / "seen.jsonl").read_text().splitlines()) == 10
     from cutline.runtime.checkpoint.reader import open_checkpoint
 
@@ -386,8 +392,8 @@ def test_readers_are_told_of_completed_checkpoints_and_closed_when_their_subtask
         restart_strategy=FixedDelay(delay=0),
     )
     env.from_source(ledger, name="ledger").map(fail, name="fail").collect()
-    result = env.execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )
     assert len(result.restarts) == 1
     for subtask in range(2):

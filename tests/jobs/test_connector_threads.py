@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from test_connector_api import assert_exact
 
-from cutline import EventTime, FixedDelay, JobFailedError, SourceHold, StreamEnvironment
+from cutline import EventTime, FixedDelay, JobFailedError, SourceHold, StreamEnvironment, testing
 from cutline.connectors import (
     Batch,
     PendingCommit,
@@ -194,8 +194,8 @@ def test_every_method_of_a_writer_and_of_a_reader_runs_on_its_subtasks_thread(
     accounts = env.from_source(WatchedLedger(accounts=3, per_account=200, notes=notes), name="more")
     balances = accounts.key_by("account").sum("amount", name="balance")
     balances.sink_to(WatchedJournal(str(tmp_path / "after"), notes=notes), name="after")
-    result = env.execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )
     assert len(result.restarts) == 1
     assert len(journal(tmp_path / "chained")) == 4 * 300
@@ -310,7 +310,9 @@ def test_a_connector_chained_after_a_source_that_fails_is_named(
     source = env.from_source(ledger, name="ledger")
     source.sink_to(FailingSink(where), name="journal")
     with pytest.raises(JobFailedError) as failed:
-        env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2))
+        testing.execute(
+            env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+        )
     assert failed.value.operator == operator
     assert failed.value.subtask == "ledger-0"
     assert f"{operator} (subtask ledger-0): " in str(failed.value)
@@ -350,8 +352,8 @@ def test_the_sqlite_sink_of_the_write_your_own_page_is_exact_through_a_failure(
     monkeypatch.setitem(sys.modules, "sqlite_page", page_module)
     monkeypatch.chdir(tmp_path)  # ("out.db")
     exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
-    result = env.execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )
     assert len(result.restarts) == 1 and result.restarts[0].restored_from is not None
     with contextlib.closing(sqlite3.connect(database)) as db:

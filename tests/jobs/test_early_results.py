@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cutline import EventTime, FixedDelay, StreamEnvironment, Tumbling
+from cutline import EventTime, FixedDelay, StreamEnvironment, Tumbling, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 START = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
@@ -33,7 +33,7 @@ def test_each_window_ends_with_its_final_exact_result(tmp_path: Path) -> None:
         rate_limit=20_000,
     )
     clicks.key_by("user").window(Tumbling("1 min"), early="20ms").count().collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     wanted = Counter((r["user"], r["ts"].replace(second=0)) for r in rows)
     last: dict[tuple[str, dt.datetime], dict] = {}
     for record in result.output:
@@ -78,7 +78,7 @@ def test_every_n_records_a_window_gives_its_count_so_far_even_across_a_failure(
 
     counts = clicks.key_by("user").window(Tumbling("1 min"), early_records=25).count()
     counts.map(fail_once).collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert len(result.restarts) == 1
     wanted = Counter((r["user"], r["ts"].replace(second=0)) for r in rows)
     early = Counter(

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from cutline import (
     AggregateFunction,
+    Checkpoints,
     DataStream,
     EventTime,
     EventTimeError,
@@ -35,10 +36,12 @@ from cutline import (
     Session,
     Sliding,
     SourceHold,
+    State,
     StreamEnvironment,
     Tumbling,
     Window,
     open_checkpoint,
+    testing,
 )
 from cutline.api.progress import render
 from cutline.protocol.watermarks import MAX_WATERMARK
@@ -89,7 +92,7 @@ def environment(tmp_path: Path, parallelism: int, **options: Any) -> StreamEnvir
 
 
 def run(env: StreamEnvironment) -> JobResult:
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.restarts == []
     return result
 
@@ -563,7 +566,7 @@ def test_watermarks_late_records_and_windows_are_in_the_metrics_statistics_and_r
     counts.collect("counts")
     counts.late().collect("late")
     events: list[str] = []
-    result = env.execute(launcher=ThreadLauncher(), listener=lambda k, m: events.append(m))
+    result = testing.execute(env, launcher=ThreadLauncher(), listener=lambda k, m: events.append(m))
     assert result.metrics is not None
     window = result.metrics.operator("per_second")
     assert window.late == 1 and result.metrics.late == {"per_second": 1}
@@ -621,7 +624,7 @@ def test_a_record_late_before_a_failure_is_late_after_the_restore_too(tmp_path: 
     counts.collect("counts")
     counts.late().collect("late")
     # hold after the record at 2500: a checkpoint completes with the window [0, 1000) fired
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=101))
+    result = testing.execute(env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=101))
     assert len(result.restarts) == 1 and result.restarts[0].restored_from is not None
     got = sorted((r["window_start"], r["count"]) for r in result.collected["counts"])
     assert got == [(0, 100), (2000, 2)]
@@ -667,8 +670,8 @@ def _clicks_beside_a_trickle(
     counts = bounded.union(trickle(env)).key_by("user").window(Tumbling("1s")).count()
     flag = tmp_path / "last-window-fired"
     counts.map_batches(FlagOnWindow(last - last % 1000, flag)).collect()
-    result = env.execute(
-        launcher=ThreadLauncher(), stop_after=0.05, listener=once_something_was_read(flag)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), stop_after=0.05, listener=once_something_was_read(flag)
     )
     assert flag.exists(), "the clicks' last window never fired: the idle input held it back"
     published = by_window([r for r in result.output if r["user"] != "quiet"], "count")
@@ -716,8 +719,8 @@ def test_timers_survive_a_failure_and_a_restore_at_another_parallelism(
             tmp_path,
             parallelism,
             checkpoint_dir=tmp_path / checkpoints,
-            state_backend=backend,
-            retained_checkpoints=100,
+            state=State(backend=backend),
+            checkpoints=Checkpoints(retained=100),
             restart_strategy=FixedDelay(0, delay=0),
         )
         stream = env.read_parquet(
@@ -731,8 +734,10 @@ def test_timers_survive_a_failure_and_a_restore_at_another_parallelism(
         return env
 
     with pytest.raises(JobFailedError, match="injected failure"):
-        job(before, "ck1", fail=True).execute(
-            launcher=ThreadLauncher(), hold_sources=SourceHold(records=hold)
+        testing.execute(
+            job(before, "ck1", fail=True),
+            launcher=ThreadLauncher(),
+            hold_sources=SourceHold(records=hold),
         )
     retained = sorted((tmp_path / "ck1").glob("chk-*"), key=lambda p: int(p.name[4:]))[-1]
     timers = sum(
@@ -741,7 +746,9 @@ def test_timers_survive_a_failure_and_a_restore_at_another_parallelism(
         if entry.state == "_timers"
     )
     assert timers > 0, "the checkpoint restored holds timers not fired yet"
-    result = job(after, "ck2", fail=False).execute(launcher=ThreadLauncher(), restore_from=retained)
+    result = testing.execute(
+        job(after, "ck2", fail=False), launcher=ThreadLauncher(), restore_from=retained
+    )
     assert result.restarts == []
     placed = {e["order"]: e["ts"] for e in events if e["kind"] == "order"}
     paid = {e["order"]: e["ts"] for e in events if e["kind"] == "pay"}
@@ -795,7 +802,7 @@ def test_sessions_that_touch_merge_as_in_flink(tmp_path: Path, backend: str) -> 
     (tmp_path / "in").mkdir()
     rows = [{"user": "a", "ts": t} for t in (0, 200, 400, 601, 1000)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in" / "s.parquet")
-    env = environment(tmp_path, 1, state_backend=backend)
+    env = environment(tmp_path, 1, state=State(backend=backend))
     stream = env.read_parquet(tmp_path / "in", event_time="ts")
     stream.key_by("user").window(Session(gap="200ms")).count().collect("columns")
     stream.map(dict).key_by("user").window(Session(gap="200ms")).count().collect("records")

@@ -41,6 +41,7 @@ import pytest
 
 from cutline import (
     AggregateFunction,
+    Checkpoints,
     DataStream,
     EventTime,
     FixedDelay,
@@ -53,9 +54,11 @@ from cutline import (
     Session,
     Sliding,
     SourceHold,
+    State,
     StreamEnvironment,
     Tumbling,
     Window,
+    testing,
 )
 from cutline.runtime.checkpoint.reader import CheckpointReader, open_checkpoint
 from cutline.runtime.driver.client import JobEndpoint
@@ -596,11 +599,11 @@ listener may act on any of them (a held source keeps the job from ending meanwhi
 
 
 def environment(
-    tmp_path: Path, parallelism: int, checkpoints: str = "checkpoints", **options: Any
+    tmp_path: Path, parallelism: int, ck: str = "checkpoints", **options: Any
 ) -> StreamEnvironment:
     settings: dict[str, Any] = {
         "checkpoint_interval": 0.05,
-        "checkpoint_dir": tmp_path / checkpoints,
+        "checkpoint_dir": tmp_path / ck,
         "restart_strategy": FixedDelay(delay=0),
         "batch_size": 50,
         "max_parallelism": 16,
@@ -632,7 +635,8 @@ def test_stop_with_a_savepoint_and_restore_at_another_parallelism_publishes_each
         hold=hold,
         releases=1000,
     )
-    first = env.execute(
+    first = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=listener,
         hold_sources=SourceHold(records=hold, checkpoints=1000),
@@ -641,9 +645,9 @@ def test_stop_with_a_savepoint_and_restore_at_another_parallelism_publishes_each
     assert isinstance(path, str), path
     assert first.savepoints == [path] and first.restarts == []
 
-    env = environment(tmp_path, after, checkpoints="checkpoints2")
+    env = environment(tmp_path, after, ck="checkpoints2")
     window_job(env, clicks, tmp_path / "out2", kinds)
-    second = env.execute(launcher=ThreadLauncher(), restore_from=path)
+    second = testing.execute(env, launcher=ThreadLauncher(), restore_from=path)
     assert second.restarts == [] and second.restored_from == path
 
     watermark = clicks.watermark_at(before, hold)
@@ -689,12 +693,11 @@ def test_a_failure_at_a_random_record_restores_windows_from_a_checkpoint_exactly
     env = environment(
         tmp_path,
         parallelism,
-        state_backend=backend,
-        state_dir=tmp_path / "state",
-        retained_checkpoints=2,
+        state=State(backend=backend, dir=tmp_path / "state"),
+        checkpoints=Checkpoints(retained=2),
     )
     window_job(env, clicks, tmp_path / "out", kinds, through=through)
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=hold))
+    result = testing.execute(env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=hold))
     assert len(result.restarts) == 1
     assert f"injected failure at record {bad}" in result.restarts[0].cause
     assert result.restarts[0].restored_from is not None, "restored from a checkpoint"
@@ -717,11 +720,10 @@ def test_an_unaligned_checkpoint_with_watermarks_in_its_channel_state_restores_e
     env = environment(
         tmp_path,
         2,
-        checkpointing="unaligned",
+        checkpoints=Checkpoints(mode="unaligned", retained=100),
         checkpoint_interval=0.1,
         buffer_capacity=1,
         batch_size=20,
-        retained_checkpoints=100,
     )
 
     def through(stream: DataStream) -> DataStream:
@@ -739,7 +741,8 @@ def test_an_unaligned_checkpoint_with_watermarks_in_its_channel_state_restores_e
         hold=hold,
         releases=RELEASES,
     )
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=listener,
         hold_sources=SourceHold(records=hold, checkpoints=RELEASES),
@@ -770,16 +773,15 @@ def test_a_job_that_failed_for_good_resumes_from_its_retained_unaligned_checkpoi
     hold = clicks.hold_in_last_file(2)
     kinds = ("tumbling", "sliding")
 
-    def job(parallelism: int, out: str, checkpoints: str) -> StreamEnvironment:
+    def job(parallelism: int, out: str, ck: str) -> StreamEnvironment:
         env = environment(
             tmp_path,
             parallelism,
-            checkpoints,
-            checkpointing="unaligned",
+            ck,
+            checkpoints=Checkpoints(mode="unaligned", retained=100),
             checkpoint_interval=0.1,
             buffer_capacity=1,
             batch_size=20,
-            retained_checkpoints=100,
             restart_strategy=FixedDelay(0, delay=0),
         )
 
@@ -801,7 +803,8 @@ def test_a_job_that_failed_for_good_resumes_from_its_retained_unaligned_checkpoi
         releases=RELEASES,
     )
     with pytest.raises(JobFailedError, match="injected failure in the snapshot"):
-        job(2, "out1", "ck1").execute(
+        testing.execute(
+            job(2, "out1", "ck1"),
             launcher=ThreadLauncher(),
             listener=listener,
             hold_sources=SourceHold(records=hold, checkpoints=RELEASES),
@@ -809,8 +812,10 @@ def test_a_job_that_failed_for_good_resumes_from_its_retained_unaligned_checkpoi
     assert listener.acted_on is not None, "no checkpoint recorded records and watermarks"
     retained = tmp_path / "ck1" / f"chk-{listener.acted_on}"
     with pytest.raises(RestoreError, match="restore only at its parallelism 2, not 3"):
-        job(3, "out-3", "ck3").execute(launcher=ThreadLauncher(), restore_from=retained)
-    result = job(2, "out2", "ck2").execute(launcher=ThreadLauncher(), restore_from=retained)
+        testing.execute(job(3, "out-3", "ck3"), launcher=ThreadLauncher(), restore_from=retained)
+    result = testing.execute(
+        job(2, "out2", "ck2"), launcher=ThreadLauncher(), restore_from=retained
+    )
     assert result.restarts == [] and result.restored_from == str(retained)
     for kind in kinds:
         both = published(tmp_path / "out1" / kind) + published(tmp_path / "out2" / kind)
@@ -829,7 +834,7 @@ def test_windows_kept_for_allowed_lateness_are_not_published_again_after_a_resto
     marker, flag = tmp_path / "checkpointed", tmp_path / "failed"
     hold = clicks.hold_in_last_file(2)
     kinds = VECTORIZED
-    env = environment(tmp_path, 2, retained_checkpoints=100)
+    env = environment(tmp_path, 2, checkpoints=Checkpoints(retained=100))
 
     def through(stream: DataStream) -> DataStream:
         return stream.transform("fail", FailAtNextCheckpoint(str(marker), str(flag)), name="fail")
@@ -842,7 +847,8 @@ def test_windows_kept_for_allowed_lateness_are_not_published_again_after_a_resto
         hold=hold,
         releases=RELEASES,
     )
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=listener,
         hold_sources=SourceHold(records=hold, checkpoints=RELEASES),
@@ -870,7 +876,7 @@ def test_without_a_fault_every_kind_of_window_is_exact(tmp_path: Path, records: 
     env = environment(tmp_path, 2)
     through = (lambda s: s.map(as_dicts)) if records == "dicts" else None
     window_job(env, clicks, tmp_path / "out", KINDS, through=through)
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.restarts == []
     for kind in KINDS:
         assert_exact(kind, published(tmp_path / "out" / kind), expected(kind, clicks.records))

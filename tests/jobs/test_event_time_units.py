@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cutline import EventTime, EventTimeError, StreamEnvironment, Tumbling
+from cutline import EventTime, EventTimeError, StreamEnvironment, Tumbling, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 START = 1_714_564_800  # 2024-05-01 12:00:00 UTC, in seconds
@@ -57,7 +57,7 @@ def test_integer_times_of_any_unit_give_the_windows_and_come_back_in_it(
         .count()
     )
     counts.collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     found = Counter({(r["user"], r["window_start"]): r["count"] for r in result.output})
     assert found == per_minute(rows, unit)
     minute = int(60_000 * PER_MS[unit])
@@ -71,7 +71,7 @@ def test_assign_timestamps_takes_the_unit_too(tmp_path: Path) -> None:
         EventTime("at", unit="ns", max_out_of_orderness="10 min")
     )
     stream.key_by("user").window(Tumbling("1 min")).count().collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     found = Counter({(r["user"], r["window_start"]): r["count"] for r in result.output})
     assert found == per_minute(rows, "ns")
 
@@ -85,7 +85,9 @@ def test_seconds_read_as_milliseconds_are_warned_about_naming_the_unit_to_give(
         Tumbling("1 min")
     ).count().collect()
     events: list[str] = []
-    env.execute(launcher=ThreadLauncher(), listener=lambda kind, message: events.append(message))
+    testing.execute(
+        env, launcher=ThreadLauncher(), listener=lambda kind, message: events.append(message)
+    )
     said = [m for m in events if "give EventTime('at', unit='s')" in m]
     assert said, events
     assert (
@@ -96,7 +98,9 @@ def test_seconds_read_as_milliseconds_are_warned_about_naming_the_unit_to_give(
     env.read_parquet(tmp_path / "in", event_time=EventTime("at", unit="s")).key_by("user").window(
         Tumbling("1 min")
     ).count().collect()
-    env.execute(launcher=ThreadLauncher(), listener=lambda kind, message: events.append(message))
+    testing.execute(
+        env, launcher=ThreadLauncher(), listener=lambda kind, message: events.append(message)
+    )
     assert not [m for m in events if "unit='s'" in m]
 
 

@@ -24,6 +24,7 @@ from cutline import (
     Monotonous,
     StreamEnvironment,
     Tumbling,
+    testing,
 )
 from cutline.api.event_time import strategy
 from cutline.runtime.operators import SourceLogic
@@ -152,7 +153,7 @@ def test_the_old_keywords_still_work_say_what_to_write_and_give_the_same_windows
             time = EventTime("ts", max_out_of_orderness="300ms", idle_timeout="5s", max_jump="1d")
             stream = env.read_parquet(tmp_path / "in", event_time=time)
         stream.key_by("user").window(Tumbling("1s")).count().collect()
-        outputs.append(env.execute(launcher=ThreadLauncher(), progress=False).output)
+        outputs.append(testing.execute(env, launcher=ThreadLauncher(), progress=False).output)
     assert per_second(outputs[0]) == per_second(outputs[1]) == expected(rows)
     env = env_of(tmp_path, "both")
     with pytest.raises(ValueError, match=r"max_out_of_orderness= and EventTime\(...\) both say"):
@@ -183,7 +184,7 @@ def test_assign_timestamps_takes_the_value_its_shorthands_and_its_old_keywords(
             with pytest.warns(DeprecationWarning, match=r"write assign_timestamps\(EventTime\("):
                 timed = stream.assign_timestamps("ts", max_out_of_orderness="300ms")
         timed.key_by("user").window(Tumbling("1s")).count().collect()
-        outputs.append(env.execute(launcher=ThreadLauncher(), progress=False).output)
+        outputs.append(testing.execute(env, launcher=ThreadLauncher(), progress=False).output)
     assert all(per_second(output) == expected(rows) for output in outputs)
     stream = env_of(tmp_path, "named").read_parquet(tmp_path / "in")
     with pytest.warns(DeprecationWarning, match=r"column_or_fn=.* is deprecated"):
@@ -211,7 +212,7 @@ def test_assign_timestamps_sends_a_record_that_jumps_past_max_jump_to_the_dead_l
         .count()
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert per_second(result.output) == expected(rows)
     dead = [
         json.loads(line)

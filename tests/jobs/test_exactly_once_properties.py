@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutline import FixedDelay, SourceHold, StreamEnvironment
+from cutline import Checkpoints, FixedDelay, SourceHold, StreamEnvironment, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 KEYS = 5
@@ -62,10 +62,12 @@ def _run_and_check(tmp_path_factory, parallelism, records, batch_size, interval,
     failures = {f for f in failures if f < records}
     keyed_op = data.draw(st.sampled_from(["count", "sum"]))
     mode = data.draw(st.sampled_from(["aligned", "unaligned", "aligned-timeout"]))
-    modes: dict[str, dict] = {
-        "aligned": {"max_concurrent_checkpoints": data.draw(st.sampled_from([1, 3]))},
-        "unaligned": {"checkpointing": "unaligned"},
-        "aligned-timeout": {"alignment_timeout": data.draw(st.sampled_from([0, 0.002, 0.01]))},
+    modes: dict[str, Checkpoints] = {
+        "aligned": Checkpoints(max_concurrent=data.draw(st.sampled_from([1, 3]))),
+        "unaligned": Checkpoints(mode="unaligned"),
+        "aligned-timeout": Checkpoints(
+            alignment_timeout=data.draw(st.sampled_from([0, 0.002, 0.01]))
+        ),
     }
     env = StreamEnvironment(
         parallelism,
@@ -74,7 +76,7 @@ def _run_and_check(tmp_path_factory, parallelism, records, batch_size, interval,
         restart_strategy=FixedDelay(len(failures), delay=0),
         batch_size=batch_size,
         buffer_capacity=2,
-        **modes[mode],
+        checkpoints=modes[mode],
     )
     keyed = env.from_sequence(0, records).map(FailOnce(failures)).key_by("key")
     if keyed_op == "count":
@@ -89,7 +91,7 @@ def _run_and_check(tmp_path_factory, parallelism, records, batch_size, interval,
     hold = None
     if failures and interval is not None:
         hold = SourceHold(records=min(position(f, parallelism) for f in failures))
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=hold)
+    result = testing.execute(env, launcher=ThreadLauncher(), hold_sources=hold)
 
     # failures in two subtasks at once end one attempt together
     assert (len(result.restarts) > 0) == bool(failures)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from test_savepoints import SavepointOnHold, endpoints_of
 
-from cutline import FixedDelay, JobClient, JobFailedError, SourceHold, StreamEnvironment
+from cutline import FixedDelay, JobClient, JobFailedError, SourceHold, StreamEnvironment, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 pytestmark = pytest.mark.jobs
@@ -51,7 +51,8 @@ def stopped_part_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         endpoints_of(monkeypatch),
         lambda _: JobClient(str(tmp_path / "ck1")).savepoint(stop=True),
     )
-    job(tmp_path, "ck1").execute(
+    testing.execute(
+        job(tmp_path, "ck1"),
         launcher=ThreadLauncher(),
         listener=asking,
         hold_sources=SourceHold(records=150, checkpoints=2),
@@ -63,8 +64,8 @@ def stopped_part_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def resume(tmp_path: Path, savepoint: str) -> Any:
-    return job(tmp_path, "ck2").execute(
-        launcher=ThreadLauncher(), restore_from=savepoint, progress=False
+    return testing.execute(
+        job(tmp_path, "ck2"), launcher=ThreadLauncher(), restore_from=savepoint, progress=False
     )
 
 

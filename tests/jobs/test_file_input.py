@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_runtime_jobs import FailAfterCheckpoint, dead_letters
 
-from cutline import FixedDelay, JobFailedError, JobResult, SourceHold, StreamEnvironment
+from cutline import FixedDelay, JobFailedError, JobResult, SourceHold, StreamEnvironment, testing
 from cutline.runtime.io.formats import CsvOptions, InputWarning, SourceError, as_schema
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -40,7 +40,7 @@ def environment(tmp_path: Path, parallelism: int = 1, **options: Any) -> StreamE
 
 
 def run(env: StreamEnvironment, **options: Any) -> JobResult:
-    return env.execute(launcher=ThreadLauncher(), progress=False, **options)
+    return testing.execute(env, launcher=ThreadLauncher(), progress=False, **options)
 
 
 def write(path: Path, text: str) -> Path:

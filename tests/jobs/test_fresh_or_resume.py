@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cutline import FixedDelay, ResumableCheckpointError, StreamEnvironment
+from cutline import Checkpoints, FixedDelay, ResumableCheckpointError, StreamEnvironment, testing
 from cutline.cli import main
 from cutline.runtime.checkpoint.lineage import begin_lineage, read_lineage, resumable
 from cutline.runtime.checkpoint.storage import CheckpointStorage
@@ -31,9 +31,9 @@ def job(
 ) -> StreamEnvironment:
     env = StreamEnvironment(
         2,
-        checkpoint_interval=None if n is not None else 0.05,
-        checkpoint_dir=tmp_path / ck,
-        retained_checkpoints=retained,
+        checkpoints=Checkpoints(
+            interval=None if n is not None else 0.05, dir=tmp_path / ck, retained=retained
+        ),
         restart_strategy=FixedDelay(delay=0),
         **options,  # type: ignore[arg-type]
     )
@@ -53,12 +53,12 @@ def test_a_second_run_without_restore_from_is_refused_and_deletes_nothing(
     """The issue's case: a job stopped with ``stop_after`` (an unbounded source) leaves a
     resumable checkpoint; the same job run again without ``restore_from`` is refused, naming
     the checkpoint and both ways on, and the checkpoint is still there, intact."""
-    first = job(tmp_path, n=None).execute(launcher=ThreadLauncher(), stop_after=0.3)
+    first = testing.execute(job(tmp_path, n=None), launcher=ThreadLauncher(), stop_after=0.3)
     last = first.checkpoints[-1].checkpoint_id
     storage = CheckpointStorage(str(tmp_path / "ck"))
     assert storage.completed_ids() == [last]
     with pytest.raises(ResumableCheckpointError) as refused:
-        job(tmp_path, n=None).execute(launcher=ThreadLauncher(), stop_after=0.3)
+        testing.execute(job(tmp_path, n=None), launcher=ThreadLauncher(), stop_after=0.3)
     message = str(refused.value)
     assert f"holds complete checkpoint {last} of an earlier run" in message
     assert "restore_from='latest'" in message and "fresh=True" in message
@@ -68,8 +68,8 @@ def test_a_second_run_without_restore_from_is_refused_and_deletes_nothing(
     began = read_lineage(storage)  # (by the first run: the refused one began nothing)
     assert began is not None and (began.since, began.restored_from) == (1, None)
     # and it resumes, going on from that checkpoint
-    again = job(tmp_path, n=None).execute(
-        launcher=ThreadLauncher(), stop_after=0.3, restore_from="latest"
+    again = testing.execute(
+        job(tmp_path, n=None), launcher=ThreadLauncher(), stop_after=0.3, restore_from="latest"
     )
     assert again.restored_from is not None and again.restored_from.endswith(f"chk-{last}")
 
@@ -77,9 +77,9 @@ def test_a_second_run_without_restore_from_is_refused_and_deletes_nothing(
 def test_fresh_starts_from_the_beginning_and_keeps_the_earlier_run_s_checkpoints(
     tmp_path: Path,
 ) -> None:
-    first = job(tmp_path).execute(launcher=ThreadLauncher())
+    first = testing.execute(job(tmp_path), launcher=ThreadLauncher())
     old = first.checkpoints[-1].checkpoint_id
-    second = job(tmp_path).execute(launcher=ThreadLauncher(), fresh=True)
+    second = testing.execute(job(tmp_path), launcher=ThreadLauncher(), fresh=True)
     new = second.checkpoints[-1].checkpoint_id
     assert second.restored_from is None and counts(second) == N  # every record again
     storage = CheckpointStorage(str(tmp_path / "ck"))
@@ -95,7 +95,7 @@ def test_fresh_starts_from_the_beginning_and_keeps_the_earlier_run_s_checkpoints
     assert f"checkpoints below {lineage.since} are of runs before a fresh start" in listed.output
     found = resumable(storage)
     assert found is not None and found.checkpoint_id == new
-    third = job(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
+    third = testing.execute(job(tmp_path), launcher=ThreadLauncher(), restore_from="latest")
     assert third.restored_from is not None and third.restored_from.endswith(f"chk-{new}")
     assert counts(third) == 0, "a finished job resumed publishes nothing again"
     # resuming continues the lineage: its older checkpoint retires, the earlier run's stays
@@ -109,12 +109,12 @@ def test_a_fresh_run_that_completed_no_checkpoint_is_started_fresh_again_not_res
     resumes: a fresh run whose driver died before its first checkpoint leaves nothing to
     resume (the lineage it began has no checkpoint), so the next run may start without
     ``restore_from``, and ``"latest"`` starts from the beginning, not from the old one."""
-    job(tmp_path).execute(launcher=ThreadLauncher())
+    testing.execute(job(tmp_path), launcher=ThreadLauncher())
     storage = CheckpointStorage(str(tmp_path / "ck"))
     [old] = storage.completed_ids()
     begin_lineage(storage, old + 1, None, "died")  # (what a fresh run writes before it starts)
     assert resumable(storage) is None
-    result = job(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
+    result = testing.execute(job(tmp_path), launcher=ThreadLauncher(), restore_from="latest")
     assert result.restored_from is None and counts(result) == N
     assert old in storage.completed_ids()
 
@@ -124,13 +124,13 @@ def test_latest_resumes_the_savepoint_a_new_lineage_started_from(tmp_path: Path)
     with an earlier run's checkpoints keeps them, and begins a lineage whose start is that
     checkpoint: resumed before the lineage has a checkpoint of its own, the job restores it
     again, not the earlier run's checkpoint."""
-    source = job(tmp_path, ck="elsewhere").execute(launcher=ThreadLauncher())
+    source = testing.execute(job(tmp_path, ck="elsewhere"), launcher=ThreadLauncher())
     elsewhere = CheckpointStorage(str(tmp_path / "elsewhere"))
     start = elsewhere.url_of(elsewhere.checkpoint_path(source.checkpoints[-1].checkpoint_id))
-    job(tmp_path).execute(launcher=ThreadLauncher())
+    testing.execute(job(tmp_path), launcher=ThreadLauncher())
     storage = CheckpointStorage(str(tmp_path / "ck"))
     [old] = storage.completed_ids()
-    restored = job(tmp_path).execute(launcher=ThreadLauncher(), restore_from=start)
+    restored = testing.execute(job(tmp_path), launcher=ThreadLauncher(), restore_from=start)
     assert restored.restored_from == start
     lineage = read_lineage(storage)
     assert lineage is not None and lineage.restored_from == start and lineage.since > old
@@ -140,19 +140,19 @@ def test_latest_resumes_the_savepoint_a_new_lineage_started_from(tmp_path: Path)
     found = resumable(storage)
     assert found is not None and found.url == start and found.checkpoint_id is None
     with pytest.raises(ResumableCheckpointError, match="earlier run restored"):
-        job(tmp_path).execute(launcher=ThreadLauncher())
-    again = job(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
+        testing.execute(job(tmp_path), launcher=ThreadLauncher())
+    again = testing.execute(job(tmp_path), launcher=ThreadLauncher(), restore_from="latest")
     assert again.restored_from == start
 
 
 def test_fresh_does_not_go_with_restore_from(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="fresh=True starts from the beginning"):
-        job(tmp_path).execute(launcher=ThreadLauncher(), fresh=True, restore_from="latest")
+        testing.execute(job(tmp_path), launcher=ThreadLauncher(), fresh=True, restore_from="latest")
 
 
 def test_a_directory_without_a_complete_checkpoint_needs_neither(tmp_path: Path) -> None:
     (tmp_path / "ck").mkdir()
-    result = job(tmp_path).execute(launcher=ThreadLauncher())
+    result = testing.execute(job(tmp_path), launcher=ThreadLauncher())
     assert counts(result) == N
     began = read_lineage(CheckpointStorage(str(tmp_path / "ck")))
     assert began is not None and (began.since, began.restored_from) == (1, None)

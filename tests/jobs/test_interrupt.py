@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cutline import StreamEnvironment
+from cutline import StreamEnvironment, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 N = 20_000
@@ -111,7 +111,9 @@ def test_ctrl_c_says_where_the_job_got_to_and_exits_130_and_the_job_resumes_exac
     try:
         import job  # the same job, built by the same code
 
-        result = job.build(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
+        result = testing.execute(
+            job.build(tmp_path), launcher=ThreadLauncher(), restore_from="latest"
+        )
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("job", None)
@@ -121,15 +123,15 @@ def test_ctrl_c_says_where_the_job_got_to_and_exits_130_and_the_job_resumes_exac
 
 def test_ctrl_c_without_a_checkpoint_dir_says_there_is_nothing_to_resume(monkeypatch):
     """In an interactive session the interrupt is an exception (the session goes on)."""
-    from cutline.api import environment
+    from cutline.api import execution
     from cutline.runtime.driver.result import JobInterrupted
 
     def interrupted(self):  # Ctrl-C while the driver runs the job
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(environment, "_interactive", lambda: True)
-    monkeypatch.setattr(environment.JobDriver, "_run", interrupted)
+    monkeypatch.setattr(execution, "_interactive", lambda: True)
+    monkeypatch.setattr(execution.JobDriver, "_run", interrupted)
     env = StreamEnvironment(2, checkpoint_interval=0.05)
     env.from_sequence(0, 10).collect()
     with pytest.raises(JobInterrupted, match=r"nothing to resume \(the job had no checkpoint_dir"):
-        env.execute(launcher=ThreadLauncher(), progress=False)
+        testing.execute(env, launcher=ThreadLauncher(), progress=False)

@@ -18,6 +18,7 @@ from cutline import (
     JobListener,
     Restarting,
     SavepointCompleted,
+    testing,
 )
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -38,7 +39,7 @@ def test_a_job_listener_gets_typed_events_and_a_plain_one_the_same_words(tmp_pat
     env = environment(tmp_path, "aligned")
     keyed_job(env, tmp_path, 0.0, then=FailOnceAfter(str(marker), str(tmp_path / "failed")))
     recorder = Recorder(marker)
-    result = env.execute(launcher=ThreadLauncher(), listener=recorder, hold_sources=HALF)
+    result = testing.execute(env, launcher=ThreadLauncher(), listener=recorder, hold_sources=HALF)
     events = recorder.events
 
     running = [e for e in events if isinstance(e, GenerationRunning)]
@@ -65,7 +66,7 @@ def test_a_job_listener_gets_typed_events_and_a_plain_one_the_same_words(tmp_pat
     said: list[tuple[str, str]] = []
     again = environment(tmp_path / "again", "aligned")
     keyed_job(again, tmp_path, 0.0)
-    again.execute(launcher=ThreadLauncher(), listener=lambda k, m: said.append((k, m)))
+    testing.execute(again, launcher=ThreadLauncher(), listener=lambda k, m: said.append((k, m)))
     kinds = [k for k, _ in said]
     assert kinds[0] == "running" and "checkpoint" in kinds
     assert said[0][1].startswith("generation 1: slot-0 on ")

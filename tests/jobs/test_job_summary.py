@@ -19,7 +19,15 @@ from test_event_time import write_late_input
 from test_savepoints import build as savepoint_job
 from test_savepoints import endpoints_of, exactly_once, published, run_until_savepoint
 
-from cutline import EventTime, FixedDelay, SourceHold, StreamEnvironment, Tumbling
+from cutline import (
+    Checkpoints,
+    EventTime,
+    FixedDelay,
+    SourceHold,
+    StreamEnvironment,
+    Tumbling,
+    testing,
+)
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.driver.summary import JobSummary
@@ -123,7 +131,9 @@ def counted_since_the_start(result: JobResult) -> JobSummary:
 
 
 def test_a_job_without_faults_says_what_it_read_wrote_and_refused(tmp_path: Path) -> None:
-    result = job(tmp_path, tmp_path / "out").execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(
+        job(tmp_path, tmp_path / "out"), launcher=ThreadLauncher(), progress=False
+    )
     kept = N - len(REJECTED)
     windows = windows_of(v for v in range(N) if v % 97)
     summary = result.summary()
@@ -165,11 +175,14 @@ def test_a_job_that_fails_once_and_restarts_counts_every_record_once(
     those of the same job without the failure; the last generation alone read less.
     Unaligned, records in flight at the checkpoint are in its channel state: processed
     after the snapshots, so counted after the restore, once."""
-    clean = job(tmp_path / "clean", tmp_path / "clean" / "out").execute(
-        launcher=ThreadLauncher(), progress=False
+    clean = testing.execute(
+        job(tmp_path / "clean", tmp_path / "clean" / "out"),
+        launcher=ThreadLauncher(),
+        progress=False,
     )
     failing = tmp_path / "failing"
-    result = job(failing, failing / "out", fail_at=N - 1, checkpointing=mode).execute(
+    result = testing.execute(
+        job(failing, failing / "out", fail_at=N - 1, checkpoints=Checkpoints(mode=mode)),
         launcher=ThreadLauncher(),
         progress=False,
         hold_sources=SourceHold(records=N // 4, checkpoints=2),
@@ -213,7 +226,7 @@ def test_late_records_per_window_operator_survive_a_restart_once(tmp_path: Path)
         counts.late().collect("late")
         options: dict[str, Any] = {"hold_sources": SourceHold(records=102)} if fail else {}
         # (102 records: the window's 100, the one at 2500 and the late one at 500)
-        return env.execute(launcher=ThreadLauncher(), progress=False, **options)
+        return testing.execute(env, launcher=ThreadLauncher(), progress=False, **options)
 
     clean = late_job(tmp_path / "clean", fail=False)
     failed = late_job(tmp_path / "failed", fail=True)
@@ -245,8 +258,11 @@ def test_a_job_stopped_with_a_savepoint_and_resumed_counts_the_whole_job(
     [savepoint] = [c for c in first.checkpoints if c.savepoint == path]
     assert savepoint.records["numbers"] == [0, before.read["numbers"]]
 
-    second = savepoint_job(tmp_path, after, out, N).execute(
-        launcher=ThreadLauncher(), progress=False, restore_from="latest"
+    second = testing.execute(
+        savepoint_job(tmp_path, after, out, N),
+        launcher=ThreadLauncher(),
+        progress=False,
+        restore_from="latest",
     )
     assert second.restored_from == path
     exactly_once(published(out), N)
@@ -270,8 +286,11 @@ def test_a_checkpoint_that_does_not_know_the_counts_before_it_says_so(
     data = json.loads(metadata.read_text())
     del data["extra"]["records"], data["extra"]["dead_letters"]
     metadata.write_text(json.dumps(data))
-    second = savepoint_job(tmp_path, 2, out, N).execute(
-        launcher=ThreadLauncher(), progress=False, restore_from=path
+    second = testing.execute(
+        savepoint_job(tmp_path, 2, out, N),
+        launcher=ThreadLauncher(),
+        progress=False,
+        restore_from=path,
     )
     summary = second.summary()
     assert summary.since == path

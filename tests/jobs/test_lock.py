@@ -15,7 +15,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from cutline import FixedDelay, SourceHold, StreamEnvironment
+from cutline import FixedDelay, SourceHold, StreamEnvironment, testing
 from cutline.runtime.checkpoint.lock import (
     LOCK_FILE,
     CheckpointDirectoryLock,
@@ -48,15 +48,15 @@ def test_a_second_job_with_the_same_checkpoint_directory_refuses_to_start(tmp_pa
     def listener(kind: str, message: str) -> None:
         if kind == "checkpoint" and not refusals:
             try:
-                _job(tmp_path, "out-b").execute(launcher=ThreadLauncher(), progress=False)
+                testing.execute(_job(tmp_path, "out-b"), launcher=ThreadLauncher(), progress=False)
             except DirectoryLockedError as exc:
                 refusals.append(exc)
             else:
                 refusals.append(AssertionError("the second job ran"))
 
     first = _job(tmp_path, "out-a")
-    result = first.execute(
-        launcher=ThreadLauncher(), listener=listener, hold_sources=SourceHold(records=2_000)
+    result = testing.execute(
+        first, launcher=ThreadLauncher(), listener=listener, hold_sources=SourceHold(records=2_000)
     )
     assert len(refusals) == 1 and isinstance(refusals[0], DirectoryLockedError)
     message = str(refusals[0])
@@ -67,7 +67,9 @@ def test_a_second_job_with_the_same_checkpoint_directory_refuses_to_start(tmp_pa
     assert not (tmp_path / "out-b").exists() or not list((tmp_path / "out-b").glob("part-*"))
     # the first job was not disturbed, and the directory is free again
     assert result.restarts == []
-    again = _job(tmp_path, "out-c").execute(launcher=ThreadLauncher(), progress=False, fresh=True)
+    again = testing.execute(
+        _job(tmp_path, "out-c"), launcher=ThreadLauncher(), progress=False, fresh=True
+    )
     assert again.restarts == []
 
 
@@ -130,7 +132,7 @@ def test_a_restart_never_restores_a_checkpoint_another_run_wrote(tmp_path):
     """Defence in depth behind the lock: among a run's checkpoints, one whose metadata names
     another run (another job wrote into the directory) is skipped, with the reason."""
     env = _job(tmp_path, "out")
-    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(env, launcher=ThreadLauncher(), progress=False)
     storage = CheckpointStorage(str(tmp_path / "ck"))
     [last] = storage.completed_ids()
     run = result.checkpoints[-1].run
@@ -162,7 +164,8 @@ def test_a_job_whose_lease_is_taken_over_stops_without_restarting():
     )
     env.from_sequence(0, None).collect()
     with pytest.raises(JobFailedError, match="taken over by run other001") as info:
-        env.execute(  # unbounded and held: only the lost lease ends it
+        testing.execute(
+            env,  # unbounded and held: only the lost lease ends it
             launcher=ThreadLauncher(),
             listener=listener,
             progress=False,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from test_runtime_jobs import FirstBatch, once_something_was_read
 
-from cutline import FixedDelay, JobResult, SourceHold, StreamEnvironment
+from cutline import Checkpoints, FixedDelay, JobResult, SourceHold, StreamEnvironment, testing
 from cutline.examples.connected_components import (
     Propagate,
     as_output,
@@ -46,7 +46,7 @@ def environment(tmp_path: Path, mode: str, **options: Any) -> StreamEnvironment:
         "checkpoint_dir": tmp_path / "checkpoints",
         "restart_strategy": FixedDelay(delay=0),
         "batch_size": 50,
-        "checkpointing": mode,
+        "checkpoints": Checkpoints(mode=mode),
     }
     settings.update(options)
     return StreamEnvironment(2, **settings)
@@ -68,7 +68,7 @@ def duplicates(result: JobResult) -> int:
 def test_connected_components_in_every_mode(tmp_path: Path, mode: str) -> None:
     env = environment(tmp_path, mode)
     components(edge_stream(env, edges=EDGES, vertices=VERTICES)).collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.restarts == []
     assert final_labels(result) == expected_labels(EDGES, VERTICES)
     assert duplicates(result) == 0
@@ -125,7 +125,8 @@ def test_a_failure_inside_the_loop_restores_the_records_on_the_back_edge(
         .iterate(body)
         .collect()
     )
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=touch_on_checkpoint(marker),
         hold_sources=SourceHold(records=EDGES // 4),  # half of each subtask's edges
@@ -142,7 +143,9 @@ def test_checkpoints_of_a_busy_loop_record_the_back_edge(tmp_path: Path) -> None
     # one, whatever the speed; that the loop is busy when one is taken is not by construction)
     env = environment(tmp_path, "aligned", checkpoint_interval=0.02, batch_size=20)
     components(edge_stream(env, edges=EDGES, vertices=VERTICES)).collect()
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=EDGES // 4))
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=EDGES // 4)
+    )
     assert final_labels(result) == expected_labels(EDGES, VERTICES)
     assert any(c.channel_state_records > 0 for c in result.checkpoints)
     assert all(not c.unaligned for c in result.checkpoints)  # aligned: only the back edge
@@ -166,8 +169,8 @@ def test_an_unbounded_source_with_a_loop_stops_when_the_loop_is_quiet(tmp_path: 
         .collect()
     )
     # the stop comes once a batch was read (the listener keeps the driver until then)
-    result = env.execute(
-        launcher=ThreadLauncher(), stop_after=0.5, listener=once_something_was_read(read)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), stop_after=0.5, listener=once_something_was_read(read)
     )
     published = Counter(result.output)
     assert published, "the job read something before it stopped"
@@ -293,7 +296,7 @@ def test_a_restored_loop_is_not_declared_quiet_while_it_replays_its_back_edge(
         if kind == "restart":
             slow.write_text(str(time.time() + 1.5))
 
-    result = env.execute(launcher=ThreadLauncher(), listener=listener)
+    result = testing.execute(env, launcher=ThreadLauncher(), listener=listener)
     assert len(result.restarts) == 1
     assert result.restarts[0].restored_from is not None
     published = Counter(result.output)

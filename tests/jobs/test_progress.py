@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cutline import StreamEnvironment
+from cutline import StreamEnvironment, testing
 from cutline.api.progress import render, wanted
 from cutline.runtime.checkpoint.stats import CheckpointStats, RestartInfo
 from cutline.runtime.driver.metrics import JobMetrics, MetricsCollector, OperatorMetrics
@@ -39,7 +39,7 @@ def job(tmp_path: Path, records: int = 20_000) -> StreamEnvironment:
 
 
 def test_the_figures_after_a_run_count_every_record_exactly(tmp_path: Path) -> None:
-    result = job(tmp_path).execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(job(tmp_path), launcher=ThreadLauncher(), progress=False)
     metrics = result.metrics
     assert metrics is not None
     even = sum(1 for v in range(20_000) if (v % 7) % 2 == 0)
@@ -62,7 +62,7 @@ def test_the_figures_after_a_run_count_every_record_exactly(tmp_path: Path) -> N
 def test_progress_true_draws_the_operators_on_standard_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job(tmp_path, 5_000).execute(launcher=ThreadLauncher(), progress=True)
+    testing.execute(job(tmp_path, 5_000), launcher=ThreadLauncher(), progress=True)
     err = capsys.readouterr().err
     for text in ("records in", "records out", "sequence", "to_key", "even", "sum", "checkpoint"):
         assert text in err
@@ -74,7 +74,7 @@ def test_no_progress_when_standard_error_is_not_a_terminal(
     assert not wanted(None)  # the test's standard error is captured: not a terminal
     assert wanted(True) and not wanted(False)
     assert wanted(None, Console(force_terminal=True))
-    job(tmp_path, 5_000).execute(launcher=ThreadLauncher())
+    testing.execute(job(tmp_path, 5_000), launcher=ThreadLauncher())
     assert "records in" not in capsys.readouterr().err
 
 
@@ -143,19 +143,21 @@ def test_the_display_shows_operators_checkpoints_and_restarts() -> None:
 def test_without_a_terminal_the_progress_is_a_line_per_event(tmp_path, capfd):
     env = StreamEnvironment(1, checkpoint_interval=None, checkpoint_dir=str(tmp_path / "ck"))
     env.from_sequence(0, 100).collect()
-    env.execute(launcher=ThreadLauncher())  # progress=None, standard error captured: no terminal
+    testing.execute(
+        env, launcher=ThreadLauncher()
+    )  # progress=None, standard error captured: no terminal
     lines = capfd.readouterr().err.splitlines()
     assert any(line.startswith("cutline [") and " running generation 1: " in line for line in lines)
     [final] = [line for line in lines if " checkpoint " in line]
     assert final.endswith(" (final)") and "complete in" in final
-    env.execute(launcher=ThreadLauncher(), progress=False, fresh=True)
+    testing.execute(env, launcher=ThreadLauncher(), progress=False, fresh=True)
     assert capfd.readouterr().err == ""
 
 
 def test_a_result_prints_as_a_short_summary(tmp_path):
     env = StreamEnvironment(2, checkpoint_interval=None, checkpoint_dir=str(tmp_path / "ck"))
     env.from_sequence(0, 50_000).collect("numbers")
-    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(env, launcher=ThreadLauncher(), progress=False)
     text = repr(result)
     assert len(text) < 300, text
     assert text.startswith("JobResult(") and "1 generation(s)" in text

@@ -27,6 +27,7 @@ from cutline import (
     NoRestart,
     Restarting,
     StreamEnvironment,
+    testing,
 )
 from cutline.runtime.driver.restart import GiveUp, Restart, Restarts, signature
 from cutline.runtime.driver.result import Failure
@@ -213,7 +214,7 @@ def test_a_deterministic_error_fails_at_once_though_restarts_are_left(tmp_path: 
     env = environment(tmp_path, ExponentialDelay(initial=0.01, jitter=0))
     env.from_sequence(0, 20).map(seven).collect()
     with pytest.raises(JobFailedError) as failed:
-        env.execute(launcher=ThreadLauncher(), progress=False)
+        testing.execute(env, launcher=ThreadLauncher(), progress=False)
     message = str(failed.value)
     assert message.startswith("the job failed after 2 attempt(s), not restarted: it failed at ")
     assert "the same record in the same operator with the same error in two attempts" in message
@@ -225,7 +226,7 @@ def test_a_deterministic_error_fails_at_once_though_restarts_are_left(tmp_path: 
 def test_with_dead_letters_the_record_is_kept_aside_and_the_job_goes_on(tmp_path: Path) -> None:
     env = environment(tmp_path, ExponentialDelay(initial=0.01, jitter=0))
     env.from_sequence(0, 20).map(seven, on_error="dead_letter").collect()
-    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert sorted(r["value"] for r in result.output) == [v for v in range(20) if v != 7]
     assert [json_value(d) for d in dead_letters(tmp_path / "dead")] == [{"value": 7}]
     assert not result.restarts
@@ -267,7 +268,7 @@ def test_an_error_that_passes_at_the_same_record_is_restarted_until_it_passes(
     env = environment(tmp_path, strategy)
     env.from_sequence(0, 20).map(DownFor(4, str(tmp_path))).collect()
     heard = Heard()
-    result = env.execute(launcher=ThreadLauncher(), progress=False, listener=heard)
+    result = testing.execute(env, launcher=ThreadLauncher(), progress=False, listener=heard)
     assert sorted(r["value"] for r in result.output) == list(range(20))
     delays = [e.delay for e in heard.events if isinstance(e, Restarting)]
     assert delays == pytest.approx([0.01, 0.02, 0.04, 0.08])
@@ -312,11 +313,11 @@ def test_each_strategy_restarts_as_it_says(
     env = environment(tmp_path, strategy)
     env.from_sequence(0, 30).map(EachOnce((5, 15, 25), str(tmp_path))).collect()
     if fails is None:
-        result = env.execute(launcher=ThreadLauncher(), progress=False)
+        result = testing.execute(env, launcher=ThreadLauncher(), progress=False)
         assert sorted(r["value"] for r in result.output) == list(range(30))
         assert len(result.restarts) == 3
         return
     with pytest.raises(JobFailedError) as failed:
-        env.execute(launcher=ThreadLauncher(), progress=False)
+        testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert f"the job failed after {fails} attempt(s), not restarted: " in str(failed.value)
     assert repr(strategy) in str(failed.value) and not failed.value.deterministic

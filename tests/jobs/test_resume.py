@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cutline import CheckpointWarning, FixedDelay, StreamEnvironment
+from cutline import Checkpoints, CheckpointWarning, FixedDelay, StreamEnvironment, testing
 from cutline.runtime.checkpoint.restore import RestoreError
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.task.local import ThreadLauncher
@@ -38,11 +38,9 @@ def build(workdir: Path, retained: int = 1, rate_limit: float | None = None) -> 
 
     env = StreamEnvironment(
         parallelism=2,
-        checkpoint_dir=workdir / "ck",
-        checkpoint_interval=0.2,
+        checkpoints=Checkpoints(interval=0.2, dir=workdir / "ck", retained=retained),
         batch_size=50,
         restart_strategy=FixedDelay(delay=0.1),
-        retained_checkpoints=retained,
     )
     env.from_sequence(0, RECORDS, rate_limit=rate_limit).map(slow, name="slow").write_jsonl(
         workdir / "out"
@@ -138,7 +136,8 @@ def test_a_job_whose_driver_was_killed_resumes_exactly(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path / "ck"))
     latest = max(kill_driver_after(tmp_path, 1))
     messages: list[tuple[str, str]] = []
-    result = build(tmp_path).execute(
+    result = testing.execute(
+        build(tmp_path),
         launcher=ThreadLauncher(),
         restore_from="latest",
         listener=lambda kind, message: messages.append((kind, message)),
@@ -165,17 +164,17 @@ def test_resuming_from_an_older_checkpoint_withdraws_what_the_dead_run_published
         state.write_bytes(b"damaged")
     storage = CheckpointStorage(str(tmp_path / "ck"))
     with pytest.warns(CheckpointWarning, match=f"checkpoint {newest} is damaged: "):
-        result = build(tmp_path, retained=2).execute(
-            launcher=ThreadLauncher(), restore_from="latest"
+        result = testing.execute(
+            build(tmp_path, retained=2), launcher=ThreadLauncher(), restore_from="latest"
         )
     assert result.restored_from == storage.location(older[-1]).url
     assert published(tmp_path / "out") == list(range(RECORDS))
 
 
 def test_resuming_a_finished_job_publishes_nothing_twice(tmp_path: Path) -> None:
-    build(tmp_path).execute(launcher=ThreadLauncher())
+    testing.execute(build(tmp_path), launcher=ThreadLauncher())
     assert published(tmp_path / "out") == list(range(RECORDS))
-    result = build(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
+    result = testing.execute(build(tmp_path), launcher=ThreadLauncher(), restore_from="latest")
     assert published(tmp_path / "out") == list(range(RECORDS))
     assert result.restored_from is not None
     # it read nothing more: the figures are those of the run that finished
@@ -185,7 +184,8 @@ def test_resuming_a_finished_job_publishes_nothing_twice(tmp_path: Path) -> None
 
 def test_latest_without_a_complete_checkpoint_starts_from_the_beginning(tmp_path: Path) -> None:
     messages: list[tuple[str, str]] = []
-    build(tmp_path).execute(
+    testing.execute(
+        build(tmp_path),
         launcher=ThreadLauncher(),
         restore_from="latest",
         listener=lambda kind, message: messages.append((kind, message)),
@@ -207,18 +207,18 @@ def test_latest_with_no_checkpoint_refuses_an_output_directory_that_holds_files(
         ValueError,
         match=r"already holds 1 file\(s\), and .* has no complete checkpoint to resume from: the files are not this job's",
     ):
-        build(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
+        testing.execute(build(tmp_path), launcher=ThreadLauncher(), restore_from="latest")
 
 
 def test_latest_needs_a_checkpoint_dir(tmp_path: Path) -> None:
     env = StreamEnvironment(parallelism=1)
     env.from_sequence(0, 10).collect()
     with pytest.raises(ValueError, match='restore_from="latest" needs the job\'s checkpoint_dir'):
-        env.execute(launcher=ThreadLauncher(), restore_from="latest")
+        testing.execute(env, launcher=ThreadLauncher(), restore_from="latest")
 
 
 def test_a_damaged_only_checkpoint_is_named(tmp_path: Path) -> None:
-    build(tmp_path).execute(launcher=ThreadLauncher())
+    testing.execute(build(tmp_path), launcher=ThreadLauncher())
     storage = CheckpointStorage(str(tmp_path / "ck"))
     [last] = storage.completed_ids()
     for state in (tmp_path / "ck" / f"chk-{last}").glob("*.state"):
@@ -227,7 +227,7 @@ def test_a_damaged_only_checkpoint_is_named(tmp_path: Path) -> None:
         pytest.raises(RestoreError, match=r"every complete checkpoint in .* is damaged") as info,
         pytest.warns(CheckpointWarning, match=f"checkpoint {last} is damaged: .*skipped"),
     ):
-        build(tmp_path).execute(launcher=ThreadLauncher(), restore_from="latest")
+        testing.execute(build(tmp_path), launcher=ThreadLauncher(), restore_from="latest")
     message = str(info.value)
     assert f"checkpoint {last} is damaged: state file" in message  # which, and what is wrong
     assert "cutline checkpoints verify" in message and "restore a savepoint" in message

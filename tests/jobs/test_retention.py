@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cutline import FixedDelay, StreamEnvironment
+from cutline import Checkpoints, FixedDelay, StreamEnvironment, testing
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -17,9 +17,11 @@ from cutline.runtime.task.local import ThreadLauncher
 def _job(tmp_path: Path, out: str, retained: int, n: int = 5_000) -> StreamEnvironment:
     env = StreamEnvironment(
         2,
-        checkpoint_interval=None,  # the final checkpoint only: one per run, whatever the speed
-        checkpoint_dir=str(tmp_path / "ck"),
-        retained_checkpoints=retained,
+        checkpoints=Checkpoints(
+            interval=None,  # the final checkpoint only: one per run, whatever the speed
+            dir=str(tmp_path / "ck"),
+            retained=retained,
+        ),
         restart_strategy=FixedDelay(delay=0),
     )
     env.from_sequence(0, n).key_by(lambda r: r["value"] % 5).sum("value", name="sums").collect()
@@ -40,8 +42,8 @@ def test_runs_that_resume_keep_only_the_retained_checkpoints_in_all(tmp_path, re
     storage = CheckpointStorage(str(tmp_path / "ck"))
     ids: list[int] = []
     for run in range(4):
-        result = _job(tmp_path, f"out{run}", retained).execute(
-            launcher=ThreadLauncher(), restore_from="latest"
+        result = testing.execute(
+            _job(tmp_path, f"out{run}", retained), launcher=ThreadLauncher(), restore_from="latest"
         )
         ids.append(result.checkpoints[-1].checkpoint_id)
         assert storage.completed_ids() == ids[-retained:]
@@ -55,7 +57,9 @@ def test_runs_that_start_fresh_delete_no_earlier_run_s_checkpoint(tmp_path):
     storage = CheckpointStorage(str(tmp_path / "ck"))
     ids: list[int] = []
     for run in range(3):
-        result = _job(tmp_path, f"out{run}", 1).execute(launcher=ThreadLauncher(), fresh=True)
+        result = testing.execute(
+            _job(tmp_path, f"out{run}", 1), launcher=ThreadLauncher(), fresh=True
+        )
         ids.append(result.checkpoints[-1].checkpoint_id)
         assert storage.completed_ids() == ids
         assert set(storage.shared_files()) == _referenced(storage)
@@ -63,7 +67,7 @@ def test_runs_that_start_fresh_delete_no_earlier_run_s_checkpoint(tmp_path):
 
 def test_the_checkpoint_a_run_restored_stays_until_the_run_has_its_own(tmp_path):
     storage = CheckpointStorage(str(tmp_path / "ck"))
-    first = _job(tmp_path, "out", 1).execute(launcher=ThreadLauncher())
+    first = testing.execute(_job(tmp_path, "out", 1), launcher=ThreadLauncher())
     [restored] = storage.completed_ids()
     assert restored == first.checkpoints[-1].checkpoint_id
     seen: list[list[int]] = []
@@ -72,8 +76,11 @@ def test_the_checkpoint_a_run_restored_stays_until_the_run_has_its_own(tmp_path)
         if kind == "running":  # the run restored it and has no checkpoint of its own yet
             seen.append(storage.completed_ids())
 
-    again = _job(tmp_path, "out", 1).execute(
-        launcher=ThreadLauncher(), restore_from="latest", listener=listener
+    again = testing.execute(
+        _job(tmp_path, "out", 1),
+        launcher=ThreadLauncher(),
+        restore_from="latest",
+        listener=listener,
     )
     assert seen == [[restored]]
     assert storage.completed_ids() == [again.checkpoints[-1].checkpoint_id]

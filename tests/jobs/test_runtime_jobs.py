@@ -31,6 +31,7 @@ from cutline import (
     ResumableCheckpointError,
     SourceHold,
     StreamEnvironment,
+    testing,
 )
 from cutline.runtime.io.sinks import PENDING
 from cutline.runtime.keyed_operators import ProcessContext
@@ -56,7 +57,7 @@ def environment(tmp_path: Path, parallelism: int = 2, **options: Any) -> StreamE
 
 
 def run(env: StreamEnvironment) -> JobResult:
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.restarts == []
     assert result.checkpoints, "a bounded job ends with a final checkpoint"
     assert result.checkpoints[-1].final
@@ -395,7 +396,7 @@ def test_an_output_directory_that_already_holds_files_is_refused_when_the_job_ru
         env = environment(tmp_path)
         getattr(env.from_sequence(0, 10), write)(out)
         with pytest.raises(ValueError, match=r"already holds 1 file\(s\).*restore_from"):
-            env.execute(launcher=ThreadLauncher())
+            testing.execute(env, launcher=ThreadLauncher())
     assert sorted(p.name for p in out.iterdir()) == ["part-old.parquet"]
 
 
@@ -457,7 +458,7 @@ def test_an_exception_raised_once_restarts_once_and_the_output_is_exact(
         .map(FailOnce(str(flag), N - 20, field="index"))
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert flag.exists()
     assert len(result.restarts) == 1
     assert result.generations == 2
@@ -511,7 +512,8 @@ def test_a_restart_restores_keyed_state_offsets_and_output_from_a_checkpoint(
     )
     summed.collect()
     summed.write_parquet(out)
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=mark_checkpoints(marker),
         hold_sources=SourceHold(records=n // (2 * parallelism)),
@@ -532,7 +534,7 @@ def test_a_restart_with_file_output_publishes_every_record_once(tmp_path: Path) 
     env = environment(tmp_path, 2, batch_size=4)
     flag = tmp_path / "failed-once"
     env.from_sequence(0, N).map(FailOnce(str(flag), N // 2)).write_parquet(out)
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert len(result.restarts) == 1
     values = ds.dataset(str(out), format="parquet").to_table()["value"].to_pylist()
     assert sorted(values) == list(range(N))
@@ -551,7 +553,7 @@ def test_an_exception_raised_every_time_fails_the_job_naming_operator_subtask_re
     env = environment(tmp_path, 2, restart_strategy=FixedDelay(1, delay=0))
     env.from_sequence(0, 20).map(bad).collect()
     with pytest.raises(JobFailedError) as info:
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
     message = str(info.value)
     # the same record failed twice in a row: not restarted again (a restart cannot help)
     assert "the job failed after 2 attempt(s), not restarted: it failed at the same record" in (
@@ -584,7 +586,7 @@ def test_a_user_error_is_reported_even_if_reporting_it_takes_a_while(
     env = environment(tmp_path, 1, restart_strategy=FixedDelay(0, delay=0))
     env.from_sequence(0, 20).map(bad).collect()
     with pytest.raises(JobFailedError) as info:
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
     assert info.value.operator == "map(bad)", str(info.value)
     assert "record: {'value': 7}" in str(info.value)
 
@@ -596,7 +598,7 @@ def test_no_restart_attempts_fails_on_the_first_error(tmp_path: Path) -> None:
         JobFailedError,
         match=r"after 1 attempt\(s\), not restarted: FixedDelay\(attempts=0, delay=0.0\) used",
     ):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
 
 
 def dead_letters(directory: Path) -> list[dict[str, Any]]:
@@ -648,7 +650,8 @@ def test_dead_letters_are_written_once_across_a_restart(tmp_path: Path, restore:
     env = environment(tmp_path, 2, dead_letter_dir=dead, batch_size=2)
     failing = FailAfterCheckpoint(str(marker), str(flag)) if restore else FailOnce(str(flag), n - 3)
     env.from_sequence(0, n).map(reject_tens, on_error="dead_letter").map(failing).collect()
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=mark_checkpoints(marker),
         hold_sources=SourceHold(records=n // 4) if restore else None,
@@ -702,7 +705,7 @@ def test_a_second_run_in_the_same_checkpoint_directory_starts_from_scratch_when_
         if attempt:
             with pytest.raises(ResumableCheckpointError):
                 run(env)
-        result = env.execute(launcher=ThreadLauncher(), fresh=attempt > 0)
+        result = testing.execute(env, launcher=ThreadLauncher(), fresh=attempt > 0)
         assert running_values(result) == expected_running_counts([v % 7 for v in range(50)])
 
 
@@ -747,8 +750,8 @@ def test_an_unbounded_sequence_stops_gracefully_with_every_record_read_published
     env = environment(tmp_path, parallelism, batch_size=100)
     read = tmp_path / "read"
     env.from_sequence(0, None).map_batches(FirstBatch(read)).collect()
-    result = env.execute(
-        launcher=ThreadLauncher(), stop_after=0.5, listener=once_something_was_read(read)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), stop_after=0.5, listener=once_something_was_read(read)
     )
     assert result.restarts == []
     assert result.checkpoints[-1].final
@@ -790,7 +793,7 @@ def test_a_second_run_never_touches_the_first_runs_dead_letters(tmp_path: Path) 
         if run_number == 2:  # the second run also restarts once, before any checkpoint
             stream = stream.map(FailFirstTime(tmp_path / "flag"))
         stream.collect()
-        env.execute(launcher=ThreadLauncher(), fresh=run_number == 2)
+        testing.execute(env, launcher=ThreadLauncher(), fresh=run_number == 2)
     letters = [
         json.loads(line)
         for part in dead.rglob("part-*.jsonl")
@@ -817,9 +820,9 @@ def test_executing_twice_into_one_output_directory_is_refused_the_second_time(
 ) -> None:
     env = environment(tmp_path, 2)
     env.from_sequence(0, 20).write_jsonl(tmp_path / "out")
-    env.execute(launcher=ThreadLauncher())
+    testing.execute(env, launcher=ThreadLauncher())
     with pytest.raises(ValueError, match=r"already holds .* file"):
-        env.execute(launcher=ThreadLauncher(), fresh=True)
+        testing.execute(env, launcher=ThreadLauncher(), fresh=True)
 
 
 def test_one_directory_spelled_two_ways_is_refused(tmp_path: Path) -> None:
@@ -834,7 +837,7 @@ def test_a_dead_letter_directory_inside_an_output_directory_is_refused(tmp_path:
     env = environment(tmp_path, 2, dead_letter_dir=tmp_path / "out" / "dead")
     env.from_sequence(0, 20).write_parquet(tmp_path / "out")
     with pytest.raises(ValueError, match="overlap"):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
 
 
 def customer_of(record: dict[str, Any]) -> Any:
@@ -845,7 +848,7 @@ def test_a_failing_key_function_names_key_by_the_operator_and_the_record(tmp_pat
     env = environment(tmp_path, 2, restart_strategy=FixedDelay(0, delay=0))
     env.from_sequence(0, 20).key_by(customer_of).count().collect()
     with pytest.raises(JobFailedError) as info:
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
     assert info.value.operator == "key_by(customer_of) of count"
     assert "KeyError: 'customer'" in str(info.value)
     assert "record: {'value': " in str(info.value)
@@ -863,7 +866,7 @@ def test_some_records_without_a_key_fail_the_job_by_default(tmp_path: Path) -> N
     )
     # the key function belongs to the keyed operator: its on_error applies (default: fail)
     with pytest.raises(JobFailedError):
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
 
 
 def huge_error(record: dict[str, int]) -> dict[str, int]:
@@ -876,7 +879,7 @@ def test_an_error_with_a_huge_message_is_still_reported_as_the_users(tmp_path: P
     env = environment(tmp_path, 2, restart_strategy=FixedDelay(0, delay=0))
     env.from_sequence(0, 10).map(huge_error).collect()
     with pytest.raises(JobFailedError) as info:
-        env.execute(launcher=ThreadLauncher())
+        testing.execute(env, launcher=ThreadLauncher())
     assert info.value.operator == "map(huge_error)"
     assert "characters left out" in str(info.value)
 
@@ -926,7 +929,7 @@ def test_a_record_the_sink_cannot_write_fails_the_job_naming_the_sink(tmp_path: 
     env = environment(tmp_path, 1, batch_size=10, restart_strategy=FixedDelay(1, delay=0))
     env.from_sequence(0, 200).map(with_a_lock_at_50, name="bad").collect()
     with pytest.raises(JobFailedError) as failed:
-        env.execute(launcher=ThreadLauncher(), progress=False)
+        testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert failed.value.operator == "collect(collect)"
     assert "SinkError: cannot write " in str(failed.value)
     assert "TypeError: cannot pickle '_thread.lock' object" in str(failed.value)
@@ -987,7 +990,8 @@ def test_a_slow_part_file_write_ends_with_its_generation(
         .map(FailWhileTheSinkWrites(flag), name="m")
         .write_jsonl(str(out))
     )
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         progress=False,
         listener=listener,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ import pytest
 from test_runtime_jobs import FailAfterCheckpoint as FailOnceAfter  # raises once, after marker
 
 from cutline import (
+    Checkpoints,
     FixedDelay,
     JobClient,
     JobClientError,
@@ -27,7 +29,9 @@ from cutline import (
     ProcessContext,
     RestoreError,
     SourceHold,
+    State,
     StreamEnvironment,
+    testing,
 )
 from cutline.runtime.checkpoint.layout import SHARED
 from cutline.runtime.checkpoint.lineage import resumable, summary
@@ -203,7 +207,8 @@ def run_until_savepoint(
     env = build(tmp_path, parallelism, out, n, **options)
     directory = tmp_path / options.get("checkpoint_dir", "checkpoints")
     asking = SavepointOnHold(endpoints, lambda _: JobClient(str(directory)).savepoint(stop=True))
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=asking,
         hold_sources=half_of_each_subtask(n, parallelism),
@@ -233,7 +238,7 @@ def test_stop_with_savepoint_then_restart_at_another_parallelism_is_exact(
     assert not any(h.shared for h in metadata.handles.values()), "a savepoint owns its files"
 
     env = build(tmp_path, after, second, n, checkpoint_dir="checkpoints2")
-    result = env.execute(launcher=ThreadLauncher(), restore_from=path)
+    result = testing.execute(env, launcher=ThreadLauncher(), restore_from=path)
     assert result.restarts == [] and result.restored_from == path
     exactly_once(before + published(second), n)
 
@@ -247,7 +252,7 @@ def test_a_savepoint_can_be_moved_and_restored_from_its_new_place(
     moved.parent.mkdir()
     os.rename(path, moved)
     env = build(tmp_path, 3, tmp_path / "out2", n, checkpoint_dir="checkpoints2")
-    env.execute(launcher=ThreadLauncher(), restore_from=moved)
+    testing.execute(env, launcher=ThreadLauncher(), restore_from=moved)
     exactly_once(published(tmp_path / "out1") + published(tmp_path / "out2"), n)
 
 
@@ -260,10 +265,10 @@ def test_restoring_into_a_job_whose_operators_changed_names_them(
     with pytest.raises(
         RestoreError, match=r"'sums'.*without state in it are 'totals'.*allow_non_restored_state"
     ):
-        env.execute(launcher=ThreadLauncher(), restore_from=path)
+        testing.execute(env, launcher=ThreadLauncher(), restore_from=path)
     # explicitly allowed: the sums start from nothing; every other operator's state is restored
-    result = env.execute(
-        launcher=ThreadLauncher(), restore_from=path, allow_non_restored_state=True
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), restore_from=path, allow_non_restored_state=True
     )
     assert result.restarts == []
     rows = published(tmp_path / "out2")
@@ -278,15 +283,17 @@ def test_restoring_into_a_job_whose_operators_changed_names_them(
 def test_restore_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = build(tmp_path, 2, tmp_path / "out", 100)
     with pytest.raises(RestoreError, match="no complete checkpoint or savepoint"):
-        env.execute(launcher=ThreadLauncher(), restore_from=tmp_path / "nothing-here")
+        testing.execute(env, launcher=ThreadLauncher(), restore_from=tmp_path / "nothing-here")
     _, path = run_until_savepoint(tmp_path, 2, tmp_path / "out1", 2000, endpoints_of(monkeypatch))
     other = build(tmp_path, 2, tmp_path / "out2", 100, checkpoint_dir="c3", max_parallelism=32)
     with pytest.raises(RestoreError, match="max_parallelism 16, this job has 32"):
-        other.execute(launcher=ThreadLauncher(), restore_from=path)
+        testing.execute(other, launcher=ThreadLauncher(), restore_from=path)
     (Path(path) / "_metadata").write_text("{not json")
     with pytest.raises(RestoreError, match="not valid checkpoint metadata"):
-        build(tmp_path, 2, tmp_path / "out3", 100, checkpoint_dir="c4").execute(
-            launcher=ThreadLauncher(), restore_from=path
+        testing.execute(
+            build(tmp_path, 2, tmp_path / "out3", 100, checkpoint_dir="c4"),
+            launcher=ThreadLauncher(),
+            restore_from=path,
         )
 
 
@@ -299,8 +306,8 @@ def test_a_savepoint_while_running_leaves_the_job_running(
         endpoints_of(monkeypatch),
         lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "mine"),
     )
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
     )
     answer = [asking.answer()]
     assert isinstance(answer[0], str) and answer[0].startswith(
@@ -333,8 +340,8 @@ def test_the_cli_cancels_a_job_with_a_savepoint(
         endpoints_of(monkeypatch),
         lambda _: subprocess.run([*cli, "--cancel"], capture_output=True, text=True),
     )
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
     )
     done = asking.answer()
     assert isinstance(done, subprocess.CompletedProcess), done
@@ -343,7 +350,7 @@ def test_the_cli_cancels_a_job_with_a_savepoint(
     assert result.savepoints == [path]
     assert 0 < len(published(tmp_path / "out1")) < n
     env = build(tmp_path, 1, tmp_path / "out2", n, checkpoint_dir="c2")
-    env.execute(launcher=ThreadLauncher(), restore_from=path)
+    testing.execute(env, launcher=ThreadLauncher(), restore_from=path)
     exactly_once(published(tmp_path / "out1") + published(tmp_path / "out2"), n)
 
 
@@ -377,15 +384,11 @@ def test_incremental_checkpoints_restore_exactly_and_keep_only_needed_files(
 
     env = StreamEnvironment(
         2,
-        checkpoint_interval=0.03,
-        checkpoint_dir=tmp_path / "checkpoints",
+        checkpoints=Checkpoints(interval=0.03, dir=tmp_path / "checkpoints", retained=3),
         restart_strategy=FixedDelay(delay=0),
         batch_size=8,
         max_parallelism=16,
-        retained_checkpoints=3,
-        full_checkpoint_every=3,
-        state_backend=backend,
-        state_dir=tmp_path / "state",
+        state=State(full_every=3, backend=backend, dir=tmp_path / "state"),
     )
     (
         env.from_sequence(0, n, name="numbers")
@@ -395,7 +398,8 @@ def test_incremental_checkpoints_restore_exactly_and_keep_only_needed_files(
         .map(FailOnceAfter(str(marker), str(flag)), name="fail")
         .write_parquet(tmp_path / "out", name="out")
     )
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=listener,
         hold_sources=SourceHold(records=n // 4, checkpoints=3),
@@ -422,8 +426,8 @@ def test_incremental_checkpoints_restore_exactly_and_keep_only_needed_files(
 
 
 def test_full_checkpoints_only_when_incremental_is_off(tmp_path: Path) -> None:
-    env = build(tmp_path, 2, tmp_path / "out", 500, incremental_checkpoints=False)
-    env.execute(launcher=ThreadLauncher())
+    env = build(tmp_path, 2, tmp_path / "out", 500, state=State(incremental=False))
+    testing.execute(env, launcher=ThreadLauncher())
     storage = CheckpointStorage(str(tmp_path / "checkpoints"))
     assert not (tmp_path / "checkpoints" / SHARED).exists() or not storage.shared_files()
     exactly_once(published(tmp_path / "out"), 500)
@@ -472,10 +476,7 @@ def test_the_disk_backend_keeps_more_state_than_its_memory_through_a_restart(
         restart_strategy=FixedDelay(delay=0),
         batch_size=500,
         max_parallelism=16,
-        state_backend="disk",
-        state_memory=1 << 20,
-        state_dir=tmp_path / "state",
-        incremental_checkpoints=False,
+        state=State(backend="disk", memory=1 << 20, dir=tmp_path / "state", incremental=False),
     )
     (
         env.from_sequence(0, n, name="numbers")
@@ -485,8 +486,8 @@ def test_the_disk_backend_keeps_more_state_than_its_memory_through_a_restart(
         .map(FailOnceAfter(str(marker), str(flag)), name="fail")
         .write_parquet(tmp_path / "out", name="out")
     )
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=listener, hold_sources=SourceHold(records=n // 4)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=listener, hold_sources=SourceHold(records=n // 4)
     )
     assert len(result.restarts) == 1
     rows = published(tmp_path / "out")
@@ -498,17 +499,18 @@ def test_the_disk_backend_keeps_more_state_than_its_memory_through_a_restart(
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("fields", "message"),
     [
-        ({"state_backend": "ram"}, "state_backend must be one of 'memory', 'disk', not 'ram'"),
-        ({"full_checkpoint_every": 0}, "full_checkpoint_every must be a positive integer"),
-        ({"state_memory": 10}, "state_memory must be at least 1 MiB"),
-        ({"incremental_checkpoints": "yes"}, "incremental_checkpoints must be True or False"),
+        ({"backend": "ram"}, "State.backend must be one of 'memory', 'disk', not 'ram'"),
+        ({"full_every": 0}, "State.full_every must be an integer of 1 or more, not 0"),
+        ({"memory": 10}, "State.memory must be a number of bytes of at least 1048576 (1 MiB)"),
+        ({"incremental": "yes"}, "State.incremental must be True or False, not 'yes'"),
+        ({"dir": 3}, "State.dir must be a path, not 3"),
     ],
 )
-def test_state_settings_are_checked(options: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        StreamEnvironment(**options)
+def test_state_settings_are_checked(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        State(**fields)
 
 
 # -------------------------------------------------- regressions found by a review
@@ -543,7 +545,7 @@ def test_a_job_stopped_with_a_savepoint_that_fails_after_it_publishes_nothing_mo
     first = published(tmp_path / "out1")
     assert len(first) < n
     env = build(tmp_path, 2, tmp_path / "out2", n, checkpoint_dir="c2")
-    env.execute(launcher=ThreadLauncher(), restore_from=path)
+    testing.execute(env, launcher=ThreadLauncher(), restore_from=path)
     exactly_once(first + published(tmp_path / "out2"), n)
 
 
@@ -562,8 +564,8 @@ def test_a_stop_with_a_savepoint_that_fails_leaves_the_job_running(
         return client.savepoint(tmp_path / "sp", stop=True)
 
     asking = SavepointOnHold(endpoints_of(monkeypatch), ask)
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(n, 2)
     )
     answer = [asking.answer()]
     assert isinstance(answer[0], JobClientError), answer
@@ -586,7 +588,7 @@ def test_periodic_checkpoints_go_on_after_a_stop_with_a_savepoint_failed(
         return client.savepoint(tmp_path / "sp", stop=True)
 
     asking = SavepointOnHold(endpoints_of(monkeypatch), ask)
-    result = env.execute(launcher=ThreadLauncher(), listener=asking)
+    result = testing.execute(env, launcher=ThreadLauncher(), listener=asking)
     assert isinstance(asking.answer(), JobClientError)
     assert asking.first is not None
     failed_stop = asking.first + 1
@@ -627,13 +629,16 @@ def test_dead_letters_and_collect_restore_at_another_parallelism(
         endpoints_of(monkeypatch),
         lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(stop=True),
     )
-    first = job(2).execute(
-        launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(2000, 2)
+    first = testing.execute(
+        job(2),
+        launcher=ThreadLauncher(),
+        listener=asking,
+        hold_sources=half_of_each_subtask(2000, 2),
     )
     path = asking.answer()
     assert isinstance(path, str), path
     assert 0 < len(first.output) < 2000 - len(range(0, 2000, 97)), "it stopped part-way"
-    second = job(3).execute(launcher=ThreadLauncher(), restore_from=path)
+    second = testing.execute(job(3), launcher=ThreadLauncher(), restore_from=path)
     values = sorted(r["value"] for r in first.output + second.output)
     assert values == [v for v in range(2000) if v % 97]
     dead = [
@@ -654,12 +659,10 @@ def test_restoring_a_savepoint_after_a_failure_discards_older_checkpoints(
     marker, flag = tmp_path / "m", tmp_path / "f"
     env = StreamEnvironment(
         2,
-        checkpoint_interval=0.05,
-        checkpoint_dir=tmp_path / "ck",
+        checkpoints=Checkpoints(interval=0.05, dir=tmp_path / "ck", retained=1),
         restart_strategy=FixedDelay(delay=0),
         batch_size=8,
         max_parallelism=16,
-        retained_checkpoints=1,
     )
     (
         env.from_sequence(0, n, name="numbers")
@@ -678,8 +681,8 @@ def test_restoring_a_savepoint_after_a_failure_discards_older_checkpoints(
         if kind == "savepoint":
             marker.touch()  # fail right after the savepoint
 
-    result = env.execute(
-        launcher=ThreadLauncher(), listener=listener, hold_sources=half_of_each_subtask(n, 2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), listener=listener, hold_sources=half_of_each_subtask(n, 2)
     )
     assert isinstance(asking.answer(), str)
     assert len(result.restarts) == 1
@@ -707,7 +710,7 @@ def test_a_job_stopped_with_a_savepoint_resumes_latest_from_that_savepoint(
         f"restore_from='latest' restores savepoint {found.savepoint} ({path})"
     )
     env = build(tmp_path, 3, out, n)
-    result = env.execute(launcher=ThreadLauncher(), restore_from="latest")
+    result = testing.execute(env, launcher=ThreadLauncher(), restore_from="latest")
     assert result.restored_from == path
     exactly_once(published(out), n)
     assert len(published(out)) > len(before)

@@ -52,8 +52,10 @@ from cutline import (
     Session,
     Sliding,
     SourceHold,
+    State,
     StreamEnvironment,
     Tumbling,
+    testing,
 )
 from cutline.examples.connected_components import components, edge_stream, expected_labels
 from cutline.runtime.checkpoint.reader import open_checkpoint
@@ -262,8 +264,7 @@ def run_to_savepoint(
         tmp_path,
         parallelism,
         checkpoints,
-        state_backend=backend,
-        state_dir=tmp_path / f"state{name}",
+        state=State(backend=backend, dir=tmp_path / f"state{name}"),
     )
     every_kind_job(env, clicks, tmp_path / f"out{name}")
     stop = StopWithSavepoint(tmp_path / checkpoints, endpoints_of(monkeypatch))
@@ -274,7 +275,8 @@ def run_to_savepoint(
         hold=hold,
         releases=1000,
     )
-    first = env.execute(
+    first = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=listener,
         hold_sources=SourceHold(records=hold, checkpoints=1000),
@@ -319,10 +321,10 @@ def test_a_savepoint_restores_under_the_other_backend_exactly(
     assert columnar == (set(COLUMNAR + SESSION_ROWS) if before == "memory" else set(COLUMNAR))
 
     env = environment(
-        tmp_path, p_after, "checkpoints2", state_backend=after, state_dir=tmp_path / "state2"
+        tmp_path, p_after, "checkpoints2", state=State(backend=after, dir=tmp_path / "state2")
     )
     every_kind_job(env, clicks, tmp_path / "out2")
-    second = env.execute(launcher=ThreadLauncher(), restore_from=path)
+    second = testing.execute(env, launcher=ThreadLauncher(), restore_from=path)
     assert second.restarts == [] and second.restored_from == path
 
     for kind, k in WINDOWS.items():
@@ -400,8 +402,7 @@ def test_a_loop_s_state_restores_under_the_other_backend_exactly(
             checkpoint_dir=tmp_path / f"checkpoints{name}",
             restart_strategy=FixedDelay(delay=0),
             batch_size=50,
-            state_backend=backend,
-            state_dir=tmp_path / f"state{name}",
+            state=State(backend=backend, dir=tmp_path / f"state{name}"),
         )
         components(edge_stream(env, edges=edges, vertices=vertices)).write_parquet(
             tmp_path / f"out{name}", name="labels"
@@ -413,7 +414,8 @@ def test_a_loop_s_state_restores_under_the_other_backend_exactly(
         endpoints_of(monkeypatch),
         lambda _: JobClient(str(tmp_path / "checkpoints1")).savepoint(stop=True),
     )
-    first = env.execute(
+    first = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=asking,
         # held half-way until the job stops (the stop of a loop waits for it to go quiet)
@@ -423,7 +425,7 @@ def test_a_loop_s_state_restores_under_the_other_backend_exactly(
     assert isinstance(path, str), path
     assert first.savepoints == [path]
     env = job(after, p_after, "2")
-    second = env.execute(launcher=ThreadLauncher(), restore_from=path)
+    second = testing.execute(env, launcher=ThreadLauncher(), restore_from=path)
     assert second.restarts == [] and second.restored_from == path
     one, two = published(tmp_path / "out1"), published(tmp_path / "out2")
     assert one and two, "the stop came in the middle"

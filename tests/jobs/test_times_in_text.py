@@ -31,6 +31,7 @@ from cutline import (
     JobResult,
     StreamEnvironment,
     Tumbling,
+    testing,
 )
 from cutline.runtime.io.formats import InputWarning, as_schema
 from cutline.runtime.io.times import to_timestamps
@@ -52,7 +53,7 @@ def environment(tmp_path: Path, parallelism: int = 1) -> StreamEnvironment:
 
 
 def run(env: StreamEnvironment) -> JobResult:
-    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert result.restarts == []
     return result
 

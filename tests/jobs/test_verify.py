@@ -25,7 +25,7 @@ from test_checkpoint_stats import N, environment, keyed_job
 from test_savepoints import SavepointOnHold, endpoints_of, half_of_each_subtask
 
 import checkpoint_verification
-from cutline import JobClient, SourceHold, StreamEnvironment
+from cutline import Checkpoints, JobClient, SourceHold, StreamEnvironment, testing
 from cutline.api.environment import DataStream
 from cutline.examples.connected_components import (
     Propagate,
@@ -93,11 +93,13 @@ def run(directory: Path, job: str) -> Directory:
         hold = SourceHold(records=EDGES // 4)  # half of each source subtask's edges
         env = StreamEnvironment(
             2,
-            checkpoint_interval=0.02,
-            checkpoint_dir=directory / "checkpoints",
+            checkpoints=Checkpoints(
+                interval=0.02,
+                dir=directory / "checkpoints",
+                mode=job.removeprefix("loop-"),
+                retained=1000,
+            ),
             batch_size=20,
-            checkpointing=job.removeprefix("loop-"),
-            retained_checkpoints=1000,
         )
         edge_stream(env, edges=EDGES, vertices=VERTICES).flat_map(both_directions).iterate(
             paced_loop
@@ -107,7 +109,7 @@ def run(directory: Path, job: str) -> Directory:
         env = environment(directory, job)
         keyed_job(env, 0.02, None)
     before = len(checkpoint_verification.FAILURES)
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=hold)
+    result = testing.execute(env, launcher=ThreadLauncher(), hold_sources=hold)
     assert checkpoint_verification.FAILURES[before:] == []  # (the driver verified them too)
     if job.startswith("loop-"):
         labels: dict[int, int] = {}
@@ -187,7 +189,9 @@ def test_a_savepoint_folder_verifies(tmp_path: Path, monkeypatch: pytest.MonkeyP
         endpoints_of(monkeypatch),
         lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(tmp_path / "sp"),
     )
-    env.execute(launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(N, 2))
+    testing.execute(
+        env, launcher=ThreadLauncher(), listener=asking, hold_sources=half_of_each_subtask(N, 2)
+    )
     path = asking.answer()
     assert isinstance(path, str), path
     # moved elsewhere: a savepoint is self-contained

@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import pytest
 from test_savepoints import StopWithSavepoint, endpoints_of
 
-from cutline import FixedDelay, JobFailedError, SourceError, StreamEnvironment
+from cutline import FixedDelay, JobFailedError, SourceError, StreamEnvironment, testing
 from cutline.runtime.checkpoint.reader import open_checkpoint
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -114,7 +114,9 @@ def test_files_put_into_a_watched_directory_are_read_exactly_once(
     feeder = Feeder(
         tmp_path / "landing", tmp_path / "ck", list(range(2, 10)), 10, endpoints_of(monkeypatch)
     )
-    result = watching_job(tmp_path, 2, "out").execute(launcher=ThreadLauncher(), listener=feeder)
+    result = testing.execute(
+        watching_job(tmp_path, 2, "out"), launcher=ThreadLauncher(), listener=feeder
+    )
     assert result.savepoints == [feeder.savepoint()]
     assert_every_row_once(published(tmp_path / "out"), 10)
 
@@ -128,13 +130,16 @@ def test_a_watched_directory_stopped_with_a_savepoint_resumes_at_another_paralle
     put_file(tmp_path / "landing", 0)
     endpoints = endpoints_of(monkeypatch)
     first = Feeder(tmp_path / "landing", tmp_path / "ck", [1, 2, 3], 4, endpoints)
-    watching_job(tmp_path, 2, "out1").execute(launcher=ThreadLauncher(), listener=first)
+    testing.execute(watching_job(tmp_path, 2, "out1"), launcher=ThreadLauncher(), listener=first)
     path = first.savepoint()
     for number in (4, 5):  # while no job runs
         put_file(tmp_path / "landing", number)
     second = Feeder(tmp_path / "landing", tmp_path / "ck2", [6, 7, 8], 9, endpoints)
-    result = watching_job(tmp_path, 3, "out2", "ck2").execute(
-        launcher=ThreadLauncher(), listener=second, restore_from=path
+    result = testing.execute(
+        watching_job(tmp_path, 3, "out2", "ck2"),
+        launcher=ThreadLauncher(),
+        listener=second,
+        restore_from=path,
     )
     assert result.restored_from == path
     rows = published(tmp_path / "out1", tmp_path / "out2")
@@ -175,7 +180,7 @@ def test_a_file_that_changes_after_it_was_read_is_reported_and_not_read_again(
             feeder(kind, message)
 
     env = watching_job(tmp_path, 1, "out")
-    env.execute(launcher=ThreadLauncher(), listener=listener)
+    testing.execute(env, launcher=ThreadLauncher(), listener=listener)
     feeder.savepoint()
     assert_every_row_once(published(tmp_path / "out"), 3)
     changed = [m for m in warned if "changed after it was read" in m]
@@ -203,4 +208,4 @@ def test_a_watched_directory_that_goes_away_fails_the_job_naming_it(tmp_path: Pa
         tmp_path / "out", name="out"
     )
     with pytest.raises(JobFailedError, match=r"landing.*does not exist"):
-        env.execute(launcher=ThreadLauncher(), listener=listener)
+        testing.execute(env, launcher=ThreadLauncher(), listener=listener)

@@ -24,6 +24,7 @@ from cutline import (
     StreamEnvironment,
     Tumbling,
     WatermarkGenerator,
+    testing,
 )
 from cutline.protocol.watermarks import EmitWatermark, SplitWatermarks
 from cutline.runtime.task.local import ThreadLauncher
@@ -80,7 +81,7 @@ def test_a_generator_on_the_source_gives_exact_windows(
     env.read_parquet(tmp_path / "in", event_time=EventTime("ts", watermarks=generator)).key_by(
         "user"
     ).window(Tumbling("1 min")).count().collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     found = Counter({(r["user"], r["window_start"]): r["count"] for r in result.output})
     assert found == counts(rows)
     assert result.metrics is not None and result.metrics.late == {}
@@ -92,7 +93,7 @@ def test_a_generator_on_assign_timestamps_gives_exact_windows(tmp_path: Path) ->
     env.read_parquet(tmp_path / "in").assign_timestamps(
         EventTime("ts", watermarks=EveryOtherRecord(1000))
     ).key_by("user").window(Tumbling("1 min")).count().collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     found = Counter({(r["user"], r["window_start"]): r["count"] for r in result.output})
     assert found == counts(rows)
 

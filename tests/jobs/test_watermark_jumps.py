@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline import EventTime, StreamEnvironment, Tumbling
+from cutline import EventTime, StreamEnvironment, Tumbling, testing
 from cutline.runtime.eventtime.watermarks import jumps
 from cutline.runtime.task.local import ThreadLauncher
 
@@ -68,7 +68,7 @@ def test_a_record_far_ahead_goes_to_the_dead_letters_and_the_windows_are_exact(
 ) -> None:
     rows = write_clicks(tmp_path)
     env, _ = job(tmp_path, "ck", max_jump="1 d", on_error="dead_letter")
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     found = Counter({(r["user"], r["window_start"]): r["count"] for r in result.output})
     assert found == expected(rows)
     assert result.metrics is not None and result.metrics.late == {}
@@ -87,14 +87,14 @@ def test_without_the_dead_letters_a_jump_is_warned_about_and_without_a_bound_not
     write_clicks(tmp_path)
     env, _ = job(tmp_path, "ck", max_jump="1 d")
     events: list[str] = []
-    result = env.execute(launcher=ThreadLauncher(), listener=lambda k, m: events.append(m))
+    result = testing.execute(env, launcher=ThreadLauncher(), listener=lambda k, m: events.append(m))
     said = [m for m in events if "max_jump" in m]
     assert len(said) == 1 and "9999-01-01 00:00:00 UTC" in said[0]
     assert "the watermark follows them and later records may be late" in said[0]
     assert result.metrics is not None and result.metrics.late  # (it did: the warning's point)
     env, _ = job(tmp_path, "ck2")
     events.clear()
-    env.execute(launcher=ThreadLauncher(), listener=lambda k, m: events.append(m))
+    testing.execute(env, launcher=ThreadLauncher(), listener=lambda k, m: events.append(m))
     assert not [m for m in events if "max_jump" in m]
 
 

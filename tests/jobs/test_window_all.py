@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cutline import EventTime, StreamEnvironment, Tumbling, Window
+from cutline import EventTime, StreamEnvironment, Tumbling, Window, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 START = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
@@ -61,7 +61,7 @@ def test_windows_of_the_whole_stream_count_sum_and_process_exactly(tmp_path: Pat
     counts.collect("counts")
     clicks.window_all(Tumbling("1 min")).sum("amount").collect("sums")  # (unnamed: one key)
     clicks.window_all(Tumbling("1 min")).process(biggest, name="most").collect("most")
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     count, total = minutes(rows)
     assert {r["window_start"]: r["count"] for r in result.collected["counts"]} == count
     assert {r["window_start"]: r["amount"] for r in result.collected["sums"]} == total
@@ -81,7 +81,7 @@ def test_late_records_of_a_built_in_come_out_as_they_came(tmp_path: Path) -> Non
     counts = clicks.window_all(Tumbling("1 min")).count()
     counts.collect("counts")
     counts.late().collect("late")
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.collected["late"] == [rows[-1]]  # (no column of window_all's)
     count, _ = minutes(rows)
     assert {r["window_start"]: r["count"] for r in result.collected["counts"]} == count

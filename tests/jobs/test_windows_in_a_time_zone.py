@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cutline import EventTime, StreamEnvironment, Tumbling, Window
+from cutline import EventTime, State, StreamEnvironment, Tumbling, Window, testing
 from cutline.runtime.task.local import ThreadLauncher
 from zone_windows import ms, windows_over
 
@@ -79,7 +79,7 @@ def test_hours_shifts_and_days_of_new_york_over_the_night_clocks_go_back(
         checkpoint_dir=str(tmp_path / "ck"),
         checkpoint_interval=0.05,
         batch_size=40,
-        state_backend=backend,
+        state=State(backend=backend),
     )
     clicks = env.read_parquet(
         tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness="10 min")
@@ -90,7 +90,7 @@ def test_hours_shifts_and_days_of_new_york_over_the_night_clocks_go_back(
     hours = Tumbling("1 h", time_zone="America/New_York")
     keyed.window(hours).process(sizes).collect("process")
     clicks.window_all(hours).count().collect("all")
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.restarts == []
     got = {}
     for name, size in WINDOWS.items():

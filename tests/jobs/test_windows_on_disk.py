@@ -14,7 +14,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from test_event_time import FailOnceOn
 
-from cutline import EventTime, FixedDelay, Sliding, SourceHold, StreamEnvironment, Tumbling
+from cutline import (
+    EventTime,
+    FixedDelay,
+    Sliding,
+    SourceHold,
+    State,
+    StreamEnvironment,
+    Tumbling,
+    testing,
+)
 from cutline.runtime.task.local import ThreadLauncher
 
 USERS = 40_000
@@ -45,9 +54,7 @@ def test_windows_larger_than_the_state_memory_are_exact_through_a_failure(
         checkpoint_dir=tmp_path / "checkpoints",
         restart_strategy=FixedDelay(delay=0),
         batch_size=5_000,
-        state_backend="disk",
-        state_memory=1 << 20,
-        state_dir=tmp_path / "state",
+        state=State(backend="disk", memory=1 << 20, dir=tmp_path / "state"),
     )
     keyed = (
         env.read_parquet(tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=0))
@@ -58,7 +65,9 @@ def test_windows_larger_than_the_state_memory_are_exact_through_a_failure(
     keyed.window(Sliding("2s", every="1s")).sum("amount", name="sliding").collect("sliding")
     # each source subtask reads 2 of the 4 files (30,000 records each), holds after 20,000
     # until a checkpoint completed, then reads on to the record the job fails on
-    result = env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=20_000))
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=20_000)
+    )
     assert len(result.restarts) == 1, "the failure was injected once"
     assert result.restarts[0].restored_from is not None, "restored from a checkpoint"
     for name, size in (("tumbling", 1_000), ("sliding", 2_000)):

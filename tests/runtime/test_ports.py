@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cutline import StreamEnvironment
+from cutline import StreamEnvironment, testing
 from cutline.runtime.network import net
 from cutline.runtime.network.control import ControlServer
 from cutline.runtime.network.net import PortsError, port_range
@@ -82,7 +82,7 @@ def test_a_job_listens_only_inside_the_range(
     monkeypatch.setattr(net, "listen", recording)
     env = StreamEnvironment(parallelism=2, checkpoint_dir=tmp_path / "ck", checkpoint_interval=0.2)
     env.from_sequence(0, 2000).map(lambda r: {"k": r["value"] % 7}).key_by("k").count().collect()
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert len(result.output) == 2000
     # the driver's control server and savepoint endpoint, and one gate per keyed subtask
     assert len(used) >= 4

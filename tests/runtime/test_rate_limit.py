@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutline import StreamEnvironment
+from cutline import StreamEnvironment, testing
 from cutline.runtime.task.local import ThreadLauncher
 from cutline.runtime.task.source_subtask import Pace, ReadSize
 
@@ -54,7 +54,7 @@ def test_reads_halve_while_slow_and_double_while_quick():
 def test_a_rate_limited_job_gives_the_same_output(tmp_path):
     env = StreamEnvironment(2, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
     env.from_sequence(0, 3_000, rate_limit=20_000).collect()
-    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert sorted(r["value"] for r in result.output) == list(range(3_000))
 
 

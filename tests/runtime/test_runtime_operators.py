@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cutline import FixedDelay, InputWarning, JobFailedError, StreamEnvironment
+from cutline import FixedDelay, InputWarning, JobFailedError, StreamEnvironment, testing
 from cutline.connectors import SinkContext
 from cutline.runtime.io.sinks import PENDING, FileSink
 from cutline.runtime.keyed_operators import (
@@ -756,7 +756,7 @@ def test_a_sum_of_text_is_an_error_naming_the_field_not_a_concatenation(tmp_path
         stream.key_by("user").sum("value")
     stream.map(dict).key_by("user").sum("value").collect()
     with pytest.raises(JobFailedError) as info:
-        env.execute(launcher=ThreadLauncher(), progress=False)
+        testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert "sum(value)" in str(info.value)
     assert "'value' is str '3', not a number (sum needs numbers)" in str(info.value)
     assert info.value.user_traceback == ""
@@ -778,7 +778,7 @@ def test_an_operator_s_name_is_what_errors_dead_letters_and_the_figures_call_it(
     env.read_jsonl(tmp_path / "in").map(
         parse_amount, name="parse", on_error="dead_letter"
     ).collect()
-    result = env.execute(launcher=ThreadLauncher(), progress=False)
+    result = testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert result.output == [{"key": "a", "amount": 1}]
     [dead] = [
         json.loads(line)
@@ -791,7 +791,7 @@ def test_an_operator_s_name_is_what_errors_dead_letters_and_the_figures_call_it(
     env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck2"), restart_strategy=FixedDelay(0))
     env.read_jsonl(tmp_path / "in").map(parse_amount, name="parse").collect()
     with pytest.raises(JobFailedError) as info:
-        env.execute(launcher=ThreadLauncher(), progress=False)
+        testing.execute(env, launcher=ThreadLauncher(), progress=False)
     assert info.value.operator == "parse"
     assert "parse (subtask " in str(info.value)
 
@@ -828,6 +828,6 @@ def test_the_first_cause_wins_over_the_failures_it_causes(tmp_path: Path) -> Non
             batch_size=100,
         )
         with pytest.raises(JobFailedError) as info:
-            fragile_job(env).execute(launcher=ThreadLauncher(), progress=False)
+            testing.execute(fragile_job(env), launcher=ThreadLauncher(), progress=False)
         assert info.value.operator == "fragile", (run, str(info.value))
         assert "ValueError: the user's own failure" in str(info.value)

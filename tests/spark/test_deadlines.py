@@ -13,11 +13,12 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.dataset as ds
 
-from cutline import FixedDelay, StreamEnvironment
+from cutline import FixedDelay, StreamEnvironment, Timeouts, testing
 
 N = 20_000
 KEYS = 7
@@ -56,12 +57,12 @@ def key_value(record: dict) -> dict:
     return {"key": record["value"] % KEYS, "value": record["value"] + 1}
 
 
-def _run(spark, tmp_path: Path, hook: Freeze, **settings: object):
+def _run(spark, tmp_path: Path, hook: Freeze, timeouts: Timeouts | None = None, **settings: object):
     options: dict[str, object] = {
         "checkpoint_interval": 0.2,
         "checkpoint_dir": str(tmp_path / "ck"),
         "restart_strategy": FixedDelay(delay=0),
-        "heartbeat_timeout": 2,
+        "timeouts": replace(timeouts or Timeouts(), heartbeat=2),
         "batch_size": 500,
     }
     options.update(settings)
@@ -70,7 +71,7 @@ def _run(spark, tmp_path: Path, hook: Freeze, **settings: object):
         tmp_path / "out"
     )
     try:
-        return env.execute(spark, phase_hook=hook)
+        return testing.execute(env, spark, phase_hook=hook)
     finally:
         pids = Path(hook.pids)
         for pid in pids.read_text().split() if pids.exists() else []:
@@ -119,9 +120,11 @@ def test_a_worker_frozen_in_any_phase_is_noticed_and_the_job_restarts_exactly(sp
 def test_a_worker_frozen_before_it_reached_the_driver_misses_the_start_deadline(spark, tmp_path):
     """(The deadline is what a slot that is not frozen needs to start on a loaded machine, with
     room: slot-0 took over 6 s with three test workers on two cores.)"""
-    result = _run(spark, tmp_path, Freeze(["start"], tmp_path / "pids"), start_timeout=20)
+    result = _run(
+        spark, tmp_path, Freeze(["start"], tmp_path / "pids"), timeouts=Timeouts(start=20)
+    )
     [restart] = result.restarts
-    assert restart.cause.startswith("slot-1 did not start within 20 s (start_timeout)")
+    assert restart.cause.startswith("slot-1 did not start within 20 s (Timeouts.start)")
     _assert_exact(tmp_path / "out")
 
 
@@ -135,13 +138,12 @@ def test_a_worker_that_stalls_in_a_phase_misses_its_deadline_and_the_job_restart
         spark,
         tmp_path,
         hook,
-        restore_timeout=2,
-        commit_timeout=2,
+        timeouts=Timeouts(restore=2, commit=2),
         restart_strategy=FixedDelay(2, delay=0),
     )
     restore, commit = result.restarts
     assert restore.cause.startswith(
-        "slot-1: did not report running within 2 s of starting its restore (restore_timeout)"
+        "slot-1: did not report running within 2 s of starting its restore (Timeouts.restore)"
     )
     # (the other slot waits for the stalled one's end of input: both are named)
     assert "slot-1 did not publish and end within 2 s of the final checkpoint" in commit.cause

@@ -24,7 +24,7 @@ from test_delta_source import Appender, append, counted, published
 from test_event_time_faults import _execute_killing
 from test_savepoints import endpoints_of
 
-from cutline import FixedDelay, JobListener, StreamEnvironment
+from cutline import FixedDelay, JobListener, StreamEnvironment, testing
 from cutline.connectors.delta import DeltaSink
 from cutline.demo import WorkerKiller
 from cutline.runtime.driver.events import CheckpointCompleted, JobEvent, SavepointCompleted
@@ -103,7 +103,8 @@ def test_the_delta_source_is_exact_through_a_sigkill_mid_stream(
     appender = Appender(table, tmp_path / "ck", list(range(1, 7)), endpoints_of(monkeypatch), 2)
     killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}")
     try:
-        result = env.execute(
+        result = testing.execute(
+            env,
             spark,
             on_ready=killer.on_ready,
             listener=KillAndAppend(killer, appender, rng.randrange(1, 4)),

@@ -29,7 +29,15 @@ from test_event_time_restore import (
     write_clicks,
 )
 
-from cutline import DataStream, FixedDelay, SourceHold, StreamEnvironment
+from cutline import (
+    Checkpoints,
+    DataStream,
+    FixedDelay,
+    SourceHold,
+    State,
+    StreamEnvironment,
+    testing,
+)
 from cutline.demo import WorkerKiller
 from cutline.runtime.checkpoint.reader import open_checkpoint
 from cutline.runtime.driver.result import JobResult
@@ -60,7 +68,8 @@ def _execute_killing(
     the sources hold after ``hold`` records each, or ``listener``'s condition): it must have
     killed a worker, and the job restarted once for it."""
     try:
-        result = env.execute(
+        result = testing.execute(
+            env,
             spark,
             on_ready=killer.on_ready,
             listener=listener if listener is not None else killer,
@@ -105,8 +114,8 @@ def _slow_between_key_by_and_windows(stream: DataStream) -> DataStream:
 
 
 MODES = {
-    "unaligned": {"checkpointing": "unaligned"},
-    "aligned-timeout": {"checkpointing": "aligned", "alignment_timeout": 0.05},
+    "unaligned": Checkpoints(mode="unaligned"),
+    "aligned-timeout": Checkpoints(mode="aligned", alignment_timeout=0.05),
 }
 
 
@@ -125,7 +134,7 @@ def test_unaligned_checkpoints_under_backpressure_survive_a_sigkill(
         buffer_capacity=2,
         checkpoint_interval=0.2,
         batch_size=50,
-        **MODES[mode],
+        checkpoints=MODES[mode],
     )
     window_job(env, clicks, tmp_path / "out", kinds, through=_slow_between_key_by_and_windows)
     killer, hold = _random_kill(rng, clicks)
@@ -144,7 +153,7 @@ def test_the_disk_state_backend_restores_windows_after_a_sigkill(spark, tmp_path
     rng = random.Random("disk")
     clicks = _clicks(tmp_path, 9)
     kinds = ("sliding", "session")
-    env = _env(tmp_path, state_backend="disk", state_dir=str(tmp_path / "state"))
+    env = _env(tmp_path, state=State(backend="disk", dir=str(tmp_path / "state")))
     window_job(env, clicks, tmp_path / "out", kinds)
     killer, hold = _random_kill(rng, clicks)
     _execute_killing(env, spark, killer, hold)
@@ -163,7 +172,7 @@ def test_windows_kept_for_allowed_lateness_are_published_once_after_a_sigkill(
     clicks = _clicks(tmp_path, 12)
     kinds = VECTORIZED
     hold = clicks.hold_in_last_file(2, fraction=rng.uniform(0.2, 0.8))
-    env = _env(tmp_path, retained_checkpoints=100)
+    env = _env(tmp_path, checkpoints=Checkpoints(retained=100))
     window_job(env, clicks, tmp_path / "out", kinds, lateness="5s", late=True)
     killer = WorkerKiller(slot=f"slot-{rng.randrange(2)}")
     listener = OnCheckpoint(

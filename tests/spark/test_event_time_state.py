@@ -16,7 +16,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cutline import KeyedProcessFunction, ProcessContext, SourceHold, StreamEnvironment, Tumbling
+from cutline import (
+    Checkpoints,
+    KeyedProcessFunction,
+    ProcessContext,
+    SourceHold,
+    State,
+    StreamEnvironment,
+    Tumbling,
+    testing,
+)
 from cutline.runtime.checkpoint.reader import open_checkpoint
 from cutline.runtime.task.local import ThreadLauncher
 from cutline.spark.datasource import read_state
@@ -46,15 +55,13 @@ def held_job(tmp_path: Path, backend: str) -> Path:
     checkpoints = tmp_path / "ck"
     env = StreamEnvironment(
         1,
-        checkpoint_dir=checkpoints,
-        checkpoint_interval=0.05,
-        state_backend=backend,
-        retained_checkpoints=100,
+        checkpoints=Checkpoints(interval=0.05, dir=checkpoints, retained=100),
+        state=State(backend=backend),
     )
     keyed = env.read_parquet(tmp_path / "in", event_time="ts").key_by("user")
     keyed.window(Tumbling("5s")).sum("amount", name="per_5s").collect("sums")
     keyed.process(Remind(), name="remind").collect("reminders")
-    env.execute(launcher=ThreadLauncher(), hold_sources=SourceHold(records=200))
+    testing.execute(env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=200))
     return checkpoints
 
 

@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from test_event_time_faults import _execute_killing
 
-from cutline import FixedDelay, SourceHold, StreamEnvironment
+from cutline import FixedDelay, SourceHold, StreamEnvironment, testing
 from cutline.connectors import SinkContext
 from cutline.connectors.postgres import PostgresSink, PostgresWriter
 from cutline.demo import WorkerKiller
@@ -140,7 +140,7 @@ def test_a_sigkill_between_a_checkpoints_completion_and_its_commit(
         connection.execute(TABLES[upsert])
     flag = tmp_path / "killed"
     env = running_sums(tmp_path, postgres.dsn, upsert, flag=str(flag))
-    result = env.execute(spark, hold_sources=SourceHold(records=N // 4, checkpoints=2))
+    result = testing.execute(env, spark, hold_sources=SourceHold(records=N // 4, checkpoints=2))
     assert flag.exists()
     assert len(result.restarts) == 1
     cause = result.restarts[0].cause

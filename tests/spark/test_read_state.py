@@ -24,7 +24,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from cutline import FixedDelay, KeyedProcessFunction, SourceHold, StreamEnvironment
+from cutline import (
+    Checkpoints,
+    FixedDelay,
+    KeyedProcessFunction,
+    SourceHold,
+    StreamEnvironment,
+    testing,
+)
 from cutline.runtime.checkpoint.reader import InspectError, open_checkpoint
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM, key_group
@@ -74,15 +81,13 @@ def counts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("counts") / "ck"
     env = StreamEnvironment(
         2,
-        checkpoint_interval=0.05,
-        checkpoint_dir=directory,
-        retained_checkpoints=100,
+        checkpoints=Checkpoints(interval=0.05, dir=directory, retained=100),
         restart_strategy=FixedDelay(delay=0),
         batch_size=20,
     )
     env.from_sequence(0, N).map(key_value).key_by("key").count(name="counts").collect()
-    result = env.execute(
-        launcher=ThreadLauncher(), hold_sources=SourceHold(records=N // 4, checkpoints=2)
+    result = testing.execute(
+        env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=N // 4, checkpoints=2)
     )
     assert result.restarts == []
     assert sorted(Counter(r["key"] for r in result.output).values()) == sorted(
@@ -157,7 +162,7 @@ def kinds(tmp_path_factory: pytest.TempPathFactory) -> Path:
         .collect("kinds")
     )
     env.from_sequence(0, 50).map(quarter).key_by("key").sum("x", name="float_sum").collect("sums")
-    assert env.execute(launcher=ThreadLauncher()).restarts == []
+    assert testing.execute(env, launcher=ThreadLauncher()).restarts == []
     return directory
 
 
@@ -196,13 +201,10 @@ def unaligned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("unaligned") / "ck"
     env = StreamEnvironment(
         2,
-        checkpoint_interval=0.1,
-        checkpoint_dir=directory,
-        retained_checkpoints=100,
+        checkpoints=Checkpoints(interval=0.1, dir=directory, retained=100, mode="unaligned"),
         restart_strategy=FixedDelay(delay=0),
         batch_size=20,
         buffer_capacity=2,
-        checkpointing="unaligned",
     )
     (
         env.from_sequence(0, 1_500)
@@ -213,7 +215,7 @@ def unaligned(tmp_path_factory: pytest.TempPathFactory) -> Path:
         .count(name="counts")
         .collect()
     )
-    result = env.execute(launcher=ThreadLauncher())
+    result = testing.execute(env, launcher=ThreadLauncher())
     assert result.restarts == []
     assert any(c.channel_state_records > 0 for c in result.checkpoints)
     return directory
@@ -463,7 +465,7 @@ def test_an_unknown_operator_or_state_is_a_clean_error(spark, kinds: Path) -> No
 def test_a_checkpoint_without_keyed_state_is_a_clean_error(spark, tmp_path: Path) -> None:
     env = StreamEnvironment(1, checkpoint_interval=None, checkpoint_dir=tmp_path / "ck")
     env.from_sequence(0, 10).map(lambda r: r["value"]).collect()
-    env.execute(launcher=ThreadLauncher())
+    testing.execute(env, launcher=ThreadLauncher())
     with pytest.raises(InspectError, match=r"checkpoint \d+ holds no keyed state$"):
         read_state(spark, str(tmp_path / "ck"))
 

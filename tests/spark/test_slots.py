@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from cutline import Timeouts
 from cutline.spark.launcher import SparkLauncher, is_local
 
 Reading = tuple[int, int, frozenset[str] | None]
@@ -96,7 +97,7 @@ def test_too_few_slots_after_the_timeout_fail_the_attempt_with_the_figures() -> 
     error, said = wait(ScriptedLauncher([(1, 1, frozenset({A}))]), 2, timeout=0.05)
     assert error == (
         "the job needs 2 task slots at once (one per subtask index) and the Spark cluster had 1 "
-        "free (1 in all) after waiting 0.05 s (slot_timeout): add executors or cores, or lower "
+        "free (1 in all) after waiting 0.05 s (Timeouts.slots): add executors or cores, or lower "
         "the parallelism"
     )
     assert said == ["waiting up to 0.05 s for 2 task slots (the cluster has 1 free)"]
@@ -143,7 +144,7 @@ def test_the_settings_are_checked_when_the_job_is_built() -> None:
     ):
         StreamEnvironment(on_host_loss="later")
     for bad in (-1, "forever", float("inf")):
-        with pytest.raises(ValueError, match="slot_timeout"):
-            StreamEnvironment(slot_timeout=bad)
-    env = StreamEnvironment(slot_timeout="30s", on_host_loss="wait")
+        with pytest.raises(ValueError, match=r"Timeouts\.slots"):
+            StreamEnvironment(timeouts=Timeouts(slots=bad))
+    env = StreamEnvironment(timeouts=Timeouts(slots="30s"), on_host_loss="wait")
     assert (env.settings.deadlines.slots, env.settings.on_host_loss) == (30.0, "wait")

@@ -22,12 +22,14 @@ import pyarrow.dataset
 import pytest
 
 from cutline import (
+    Checkpoints,
     CheckpointWarning,
     FixedDelay,
     JobFailedError,
     KeyedProcessFunction,
     SourceHold,
     StreamEnvironment,
+    testing,
 )
 from cutline.demo import WorkerKiller, check_b1_output, write_b1_input
 from cutline.examples.connected_components import components, edge_stream, expected_labels
@@ -81,7 +83,8 @@ def _execute_killing(env: StreamEnvironment, spark, killer: WorkerKiller, hold: 
     first checkpoint completed while the sources hold after ``hold`` records each (so the kill
     always lands in a running job, however fast the machine); it must have killed a worker."""
     try:
-        result = env.execute(
+        result = testing.execute(
+            env,
             spark,
             on_ready=killer.on_ready,
             listener=killer,
@@ -228,7 +231,7 @@ def _corrupt(storage: CheckpointStorage, checkpoint_id: int) -> Path:
 
 
 def test_a_corrupt_latest_checkpoint_is_skipped_for_the_previous_one(spark, small_events, tmp_path):
-    env = _env(tmp_path, retained_checkpoints=2, batch_size=1000)
+    env = _env(tmp_path, checkpoints=Checkpoints(retained=2), batch_size=1000)
     (
         env.read_parquet(small_events)
         .map_batches(slow_batches)
@@ -249,7 +252,8 @@ def test_a_corrupt_latest_checkpoint_is_skipped_for_the_previous_one(spark, smal
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = env.execute(  # held until two checkpoints are complete: the kill lands
+        result = testing.execute(
+            env,  # held until two checkpoints are complete: the kill lands
             spark,
             listener=listener,
             on_ready=killer.on_ready,
@@ -284,9 +288,9 @@ def test_a_slow_operator_behind_a_shuffle_gives_exact_output(spark, small_events
 
 
 MODES = {
-    "aligned": {"checkpointing": "aligned"},
-    "unaligned": {"checkpointing": "unaligned"},
-    "aligned-timeout": {"checkpointing": "aligned", "alignment_timeout": 0.05},
+    "aligned": Checkpoints(mode="aligned"),
+    "unaligned": Checkpoints(mode="unaligned"),
+    "aligned-timeout": Checkpoints(mode="aligned", alignment_timeout=0.05),
 }
 
 
@@ -297,7 +301,13 @@ def test_every_exactly_once_mode_survives_a_sigkill_under_backpressure(
     """A slow keyed operator behind a shuffle keeps the buffers full; one worker is
     SIGKILLed at a random moment; the published running sums are exact."""
     rng = random.Random(f"{mode}-kill")
-    env = _env(tmp_path, buffer_capacity=2, checkpoint_interval=0.2, batch_size=500, **MODES[mode])
+    env = _env(
+        tmp_path,
+        buffer_capacity=2,
+        checkpoint_interval=0.2,
+        batch_size=500,
+        checkpoints=MODES[mode],
+    )
     (
         env.read_parquet(small_events)
         .key_by("key")
@@ -322,7 +332,7 @@ def test_at_least_once_survives_a_sigkill_under_backpressure_losing_nothing(spar
         buffer_capacity=2,
         checkpoint_interval=0.2,
         batch_size=500,
-        checkpointing="at_least_once",
+        checkpoints=Checkpoints(mode="at_least_once"),
     )
     n = 100_000
     (
@@ -349,7 +359,9 @@ def test_connected_components_in_a_loop_survive_a_sigkill(spark, tmp_path, mode)
     """The loop example: a worker killed at a random moment; the labels published equal those
     of a run without failure, each (vertex, label) once."""
     edges, vertices = 40_000, 20_000
-    env = _env(tmp_path, checkpoint_interval=0.2, batch_size=200, checkpointing=mode)
+    env = _env(
+        tmp_path, checkpoint_interval=0.2, batch_size=200, checkpoints=Checkpoints(mode=mode)
+    )
     components(edge_stream(env, edges=edges, vertices=vertices)).collect()
     rng = random.Random(mode)
     killer = WorkerKiller(slot="slot-0").after(rng.uniform(0.3, 1.5))
@@ -460,7 +472,7 @@ def test_stop_with_savepoint_and_restore_at_another_parallelism_on_spark(
         endpoints_of(monkeypatch),
         lambda _: JobClient(str(tmp_path / "checkpoints")).savepoint(stop=True),
     )
-    result = env.execute(spark, listener=asking, hold_sources=half_of_each_subtask(n, 2))
+    result = testing.execute(env, spark, listener=asking, hold_sources=half_of_each_subtask(n, 2))
     path = asking.answer()
     assert isinstance(path, str), path
     assert result.savepoints == [path]

@@ -20,6 +20,7 @@ from test_watched_directory import (
     watching_job,
 )
 
+from cutline import testing
 from cutline.demo import WorkerKiller
 
 
@@ -46,7 +47,7 @@ def test_a_watched_directory_survives_a_sigkill_exactly_once(
 
     env = watching_job(tmp_path, 2, "out")
     try:
-        result = env.execute(spark, listener=listener, on_ready=killer.on_ready)
+        result = testing.execute(env, spark, listener=listener, on_ready=killer.on_ready)
     finally:
         killer.disarm()
     assert killer.killed_at is not None and len(result.restarts) == 1

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from cutline import FixedDelay, SourceHold, StreamEnvironment
+from cutline import Checkpoints, FixedDelay, SourceHold, StreamEnvironment, testing
 from cutline.cli import main
 from cutline.cli_render import print_indented
 from cutline.runtime.checkpoint.layout import StorageError
@@ -56,9 +56,7 @@ def run_job(directory: Path, *, retained: int = 100, fail: bool = True) -> Any:
     before the hold, at a quarter of the input)."""
     env = StreamEnvironment(
         2,
-        checkpoint_interval="0.1s",
-        checkpoint_dir=str(directory / "ck"),
-        retained_checkpoints=retained,
+        checkpoints=Checkpoints(interval="0.1s", dir=str(directory / "ck"), retained=retained),
         batch_size=500,
         buffer_capacity=2,
         restart_strategy=FixedDelay(delay=0.1),
@@ -71,8 +69,11 @@ def run_job(directory: Path, *, retained: int = 100, fail: bool = True) -> Any:
         .sum("value", name="sum")
         .collect()
     )
-    return env.execute(
-        launcher=ThreadLauncher(), progress=False, hold_sources=SourceHold(records=RECORDS // 4)
+    return testing.execute(
+        env,
+        launcher=ThreadLauncher(),
+        progress=False,
+        hold_sources=SourceHold(records=RECORDS // 4),
     )
 
 

@@ -21,7 +21,7 @@ import pytest
 from matplotlib.lines import Line2D
 
 import checkpoint_verification
-from cutline import FixedDelay, SourceHold, StreamEnvironment
+from cutline import FixedDelay, SourceHold, StreamEnvironment, testing
 from cutline.report import (
     TABLE_ROWS,
     ReportError,
@@ -133,7 +133,8 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         .collect()
     )
     failures_before = len(checkpoint_verification.FAILURES)
-    result = env.execute(
+    result = testing.execute(
+        env,
         launcher=ThreadLauncher(),
         listener=mark_checkpoints(marker),
         hold_sources=SourceHold(records=100),  # half of each source subtask's

@@ -9,6 +9,7 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
 from cutline.api.event_time import EventTime
+from cutline.api.setting_groups import Checkpoints, State, Timeouts
 from cutline.api.windowed import WindowedResult, WindowedStream
 from cutline.runtime.checkpoint.lineage import ResumableCheckpointError
 from cutline.runtime.checkpoint.restore import RestoreError
@@ -51,6 +52,7 @@ __all__ = [
     "CheckpointCompleted",
     "CheckpointSlow",
     "CheckpointWarning",
+    "Checkpoints",
     "DataStream",
     "DurationWarning",
     "EventTime",
@@ -86,7 +88,9 @@ __all__ = [
     "SourceError",
     "SourceHold",
     "SparkSetupError",
+    "State",
     "StreamEnvironment",
+    "Timeouts",
     "Tumbling",
     "WaitingForSlots",
     "WatermarkGenerator",

@@ -12,95 +12,61 @@
 Building a pipeline only describes it (a job graph); :meth:`StreamEnvironment.execute`
 runs it on Spark and returns when bounded input is all processed and its output published.
 
-The environment is made of three parts, one module each: its settings, checked once when it
-is made (:mod:`cutline.api.settings`); the graph its sources and streams build
-(:mod:`cutline.api.sources`, :mod:`cutline.api.streams`: :class:`DataStream`,
-:class:`KeyedStream`, and how operators get their ids); and, here, the run: ``execute()``
-checks the outputs, picks the launcher and the checkpoint to restore, and hands the plan to
-the driver with the listener and the progress display.
+The environment is made of three parts: its settings, checked once when it is made
+(:mod:`cutline.api.setting_groups`, the groups the user writes, and
+:mod:`cutline.api.settings`, the runtime's objects made of them); the graph its sources and
+streams build (:mod:`cutline.api.sources`, :mod:`cutline.api.streams`: :class:`DataStream`,
+:class:`KeyedStream`, and how operators get their ids); and the run
+(:mod:`cutline.api.execution`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import sys
-import tempfile
 import warnings
-from collections.abc import Callable
-from typing import Any
-
-import fsspec
+from typing import Any, Unpack
 
 from cutline.api.connector_sources import ConnectorSources
+from cutline.api.execution import SeamKeywords, Seams, run_job
 from cutline.api.keyed import KeyedStream
-from cutline.api.progress import LiveProgress, ProgressLines, wanted
-from cutline.api.settings import Settings, location
+from cutline.api.setting_groups import Checkpoints, HostLossPolicy, Place, State, Timeouts
+from cutline.api.settings import DeprecatedSettings, Settings
 from cutline.api.streams import DataStream
-from cutline.runtime.checkpoint.lineage import (
-    ResumableCheckpointError,
-    refuse_fresh_start,
-    resumable,
-)
-from cutline.runtime.checkpoint.lock import CheckpointDirectoryLock, Owner
-from cutline.runtime.checkpoint.storage import CheckpointStorage
-from cutline.runtime.driver.config import LATEST, JobConfig
-from cutline.runtime.driver.driver import JobDriver
-from cutline.runtime.driver.events import (
-    EventListener,
-    JobEvent,
-    JobWarning,
-    Listener,
-    event_listener,
-)
+from cutline.runtime.driver.events import Listener
 from cutline.runtime.driver.restart import RestartStrategy
-from cutline.runtime.driver.result import JobInterrupted, JobResult
-from cutline.runtime.durations import seconds
+from cutline.runtime.driver.result import JobResult
+from cutline.runtime.durations import Duration
 from cutline.runtime.graph import ExecutionPlan, plan
-from cutline.runtime.io.sinks import collect_directory
-from cutline.runtime.network.net import port_range
-from cutline.runtime.operators import SinkLogic
 from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM
-from cutline.runtime.task.launch import Launcher, PhaseHook, SourceHold
 
 __all__ = ["DataStream", "KeyedStream", "StreamEnvironment"]
-
-
-def _both(first: EventListener, second: EventListener) -> EventListener:
-    """A listener that tells ``first``, then ``second``."""
-
-    def both(event: JobEvent) -> None:
-        first(event)
-        second(event)
-
-    return both
-
-
-def _interactive() -> bool:
-    """Whether Python runs interactively (a REPL, IPython, a notebook)."""
-    return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "IPython" in sys.modules
-
-
-def _restore_url(restore_from: str | os.PathLike[str] | None) -> str | None:
-    if restore_from is None:
-        return None
-    if isinstance(restore_from, str) and restore_from == LATEST:
-        return LATEST  # (a folder named so: Path("latest") or "./latest")
-    return location(restore_from)
 
 
 class StreamEnvironment(ConnectorSources):
     """A streaming job being built, and how it runs.
 
-    :param parallelism: subtasks per operator, one Spark task slot each.
-    :param checkpoint_interval: time between checkpoints (``"1s"``, ``0.5``); ``None``: only the
-        final checkpoint at the end of bounded input.
-    :param checkpoint_dir: where checkpoints go (a local path or any fsspec URL); by default a
-        temporary directory removed after the job.
-    :param checkpoint_timeout: a checkpoint not complete after this long is aborted.
-    :param min_pause: the least time between the end of one checkpoint and the next trigger.
-    :param tolerable_failed_checkpoints: failed checkpoints in a row before the job restarts.
-    :param retained_checkpoints: complete checkpoints kept.
+    The settings come in groups, each a value whose docstring is its reference:
+    :class:`~cutline.Checkpoints` (interval, directory, timeout, retention, the checkpointing
+    mode, savepoints), :class:`~cutline.State` (the state backend, incremental checkpoints),
+    :class:`~cutline.Timeouts` (how long each phase of an attempt may take), and the restart
+    strategy. The common ones are also flat::
+
+        StreamEnvironment(2, checkpoint_interval="1s", checkpoint_dir="ck/")
+        StreamEnvironment(2, checkpoints=Checkpoints(interval="1s", dir="ck/", retained=3))
+
+    A flat keyword fills in its group's field (``checkpoint_dir="ck/"`` with
+    ``checkpoints=Checkpoints(retained=3)`` is ``Checkpoints(dir="ck/", retained=3)``); the
+    two saying different things is a ``ValueError`` (a flat keyword left at its default says
+    nothing). Durations are seconds, text with a unit (``"500ms"``, ``"2min"``) or a
+    ``timedelta``. Every setting is checked here, when the environment is made: one that
+    cannot work is a ``ValueError`` naming it and its value.
+
+    :param parallelism: subtasks per operator, one Spark task slot each. Default 2.
+    :param checkpoints: when checkpoints are taken, where they go, how barriers are handled
+        (:class:`~cutline.Checkpoints`; default ``Checkpoints()``).
+    :param state: where keyed state lives (:class:`~cutline.State`; default ``State()``:
+        in memory).
+    :param timeouts: how long each phase of an attempt may take (:class:`~cutline.Timeouts`).
     :param restart_strategy: whether and when the job restarts after a failure, from its
         latest checkpoint: ``ExponentialDelay()`` (the default: 1 s, then 1.5 times longer each
         time up to 1 min, with 10 % jitter, reset after an hour without failures; it gives up
@@ -108,90 +74,53 @@ class StreamEnvironment(ConnectorSources):
         ``FailureRate(failures, interval, delay)`` or ``NoRestart()``. Whatever it is, a job
         that fails at the same record in the same operator with the same error in two
         attempts in a row fails at once (a restart cannot help).
-    :param restart_attempts: deprecated: ``restart_strategy=FixedDelay(attempts, delay)``.
-    :param restart_delay: deprecated: ``restart_strategy=FixedDelay(attempts, delay)``.
+    :param checkpoint_interval: ``Checkpoints.interval``: time between checkpoints; ``None``:
+        only the final checkpoint at the end of bounded input. Default ``"1s"``.
+    :param checkpoint_dir: ``Checkpoints.dir``: where checkpoints go (a local path or any
+        fsspec URL); default: a temporary directory removed after the job.
+    :param max_parallelism: key groups: the most subtasks keyed state can ever be spread
+        over, fixed for the life of a job (its checkpoints). Default 128.
     :param dead_letter_dir: where records that an operator opened with
         ``on_error="dead_letter"`` could not process go, with their error (JSON lines).
-    :param batch_size: records per batch read from a source.
-    :param buffer_capacity: batches buffered per input channel before backpressure.
-    :param heartbeat_timeout: a slot silent this long is declared lost (a host cut off from
-        the network; a killed one is noticed at once).
-    :param start_timeout: each slot of a (re)start must be running and have reached the
-        driver this long after the launch, and the slots' rendezvous must end this long after
-        the last one arrived; otherwise the attempt fails naming the slot, and the job restarts.
-    :param restore_timeout: each slot must have restored its state, opened its operators and
-        connected its outputs this long after it began (a large state takes longer).
-    :param commit_timeout: after the final checkpoint completed, every slot must have published
-        its output and ended this long after.
-    :param slot_timeout: how long each (re)start waits for its task slots (one per subtask
-        index, all at once: executors register after the session starts, and come back
-        after a lost host) before it fails.
-    :param on_host_loss: after a failure, ``"restart"`` at once on the task slots there are
-        (on a cluster: the hosts that remain, when they have enough), or ``"wait"`` up to
-        ``slot_timeout`` for every host the failed attempt ran on to have an executor again,
-        then start on what there is.
-    :param checkpointing: how barriers are handled (README, "Checkpointing modes"):
-        ``"aligned"`` (exactly-once; a subtask waits for a checkpoint's barrier on every
-        input before it snapshots), ``"unaligned"`` (exactly-once; it snapshots on the first
-        barrier, which overtakes the queued records; those are stored with the checkpoint)
-        or ``"at_least_once"`` (inputs never wait; replay after a failure may repeat records).
-    :param alignment_timeout: with ``"aligned"``: a subtask whose alignment of a checkpoint
-        lasts longer switches that checkpoint to unaligned (``None``: never).
-    :param max_concurrent_checkpoints: checkpoints in flight at once (``"unaligned"``, or with an
-        ``alignment_timeout``: 1).
-    :param state_backend: where keyed state lives: ``"memory"`` (Python dicts, fastest) or
-        ``"disk"`` (an embedded RocksDB on each worker's disk, for state larger than memory).
-    :param incremental_checkpoints: a checkpoint writes only the keyed state that changed since
-        the last complete one (plus a full one every ``full_checkpoint_every``).
-    :param full_checkpoint_every: with incremental checkpoints: at most this many checkpoints
-        in a chain (one full, the rest incremental) before the next full one.
-    :param state_dir: ``"disk"``: where each worker keeps its working databases (default: the
-        system's temporary directory).
-    :param state_memory: ``"disk"``: bytes of memory per keyed operator subtask for RocksDB's
-        buffers and cache, and for changes not yet written to it.
-    :param savepoint_dir: where savepoints go when the request names no directory (default:
-        ``CHECKPOINT_DIR/savepoints``).
+    :param storage_options: fsspec options (credentials, endpoints) for every URL of the job:
+        checkpoints, inputs, outputs.
+    :param batch_size: the most records a source reads at once (fewer while reading and
+        processing them takes over 0.1 s). Default 65536.
+    :param buffer_capacity: batches buffered per channel on each side (the receiver's credit,
+        the sender's queue) before backpressure. Default 4.
+    :param on_host_loss: after a failure, ``"restart"`` (the default) at once on the task
+        slots there are (on a cluster: the hosts that remain, when they have enough), or
+        ``"wait"`` up to ``Timeouts.slots`` for every host the failed attempt ran on to have
+        an executor again, then start on what there is.
+    :param deprecated: the flat keywords of before the groups (``state_backend="disk"``:
+        ``state=State(backend="disk")``; ``retained_checkpoints=3``:
+        ``checkpoints=Checkpoints(retained=3)``; ``restart_attempts``, ``restart_delay``:
+        ``restart_strategy=FixedDelay(attempts, delay)``; the full list:
+        ``cutline.api.settings.DEPRECATED``) still work, with a ``DeprecationWarning``
+        saying what to write instead.
     """
 
     def __init__(
         self,
         parallelism: int = 2,
         *,
-        checkpoint_interval: float | str | None = "1s",
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_timeout: float | str = "10min",
-        min_pause: float | str = 0,
-        tolerable_failed_checkpoints: int = 0,
-        retained_checkpoints: int = 1,
+        checkpoints: Checkpoints | None = None,
+        state: State | None = None,
+        timeouts: Timeouts | None = None,
         restart_strategy: RestartStrategy | None = None,
-        restart_attempts: int | None = None,
-        restart_delay: float | str | None = None,
-        dead_letter_dir: str | os.PathLike[str] | None = None,
+        checkpoint_interval: Duration | None = "1s",
+        checkpoint_dir: Place | None = None,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        dead_letter_dir: Place | None = None,
+        storage_options: dict[str, Any] | None = None,
         batch_size: int = 65536,
         buffer_capacity: int = 4,
-        heartbeat_timeout: float | str = "30s",
-        start_timeout: float | str = "1min",
-        restore_timeout: float | str = "10min",
-        commit_timeout: float | str = "2min",
-        slot_timeout: float | str = "2min",
-        on_host_loss: str = "restart",
-        storage_options: dict[str, Any] | None = None,
-        checkpointing: str = "aligned",
-        alignment_timeout: float | str | None = None,
-        max_concurrent_checkpoints: int = 1,
-        state_backend: str = "memory",
-        incremental_checkpoints: bool = True,
-        full_checkpoint_every: int = 10,
-        state_dir: str | os.PathLike[str] | None = None,
-        state_memory: int = 64 * 1024 * 1024,
-        savepoint_dir: str | os.PathLike[str] | None = None,
+        on_host_loss: HostLossPolicy = "restart",
+        **deprecated: Unpack[DeprecatedSettings],
     ) -> None:
-        arguments = dict(locals())  # every argument, as given: checked in one place
-        del arguments["self"], arguments["__class__"]
-        super().__init__(Settings.check(arguments))
-
-    # ----------------------------------------------------------------- running
+        arguments = dict(locals())  # every keyword, as given: checked in one place
+        del arguments["self"], arguments["__class__"], arguments["deprecated"]
+        super().__init__(Settings.check(arguments, deprecated))
 
     def plan(self) -> ExecutionPlan:
         return plan(self.graph, self.settings.parallelism, self.settings.max_parallelism)
@@ -201,15 +130,12 @@ class StreamEnvironment(ConnectorSources):
         spark: Any = None,
         *,
         listener: Listener | None = None,
-        launcher: Launcher | None = None,
-        on_ready: Callable[[int, dict[str, int]], None] | None = None,
-        stop_after: float | str | None = None,
+        stop_after: Duration | None = None,
         restore_from: str | os.PathLike[str] | None = None,
         allow_non_restored_state: bool = False,
         fresh: bool = False,
         progress: bool | None = None,
-        hold_sources: SourceHold | None = None,
-        phase_hook: PhaseHook | None = None,
+        **seams: Unpack[SeamKeywords],
     ) -> JobResult:
         """Run the job on Spark and wait for it to end.
 
@@ -245,15 +171,8 @@ class StreamEnvironment(ConnectorSources):
             backpressure, the last checkpoints and restarts), and otherwise a line per
             checkpoint, abort, restart and warning; ``True`` the live display always; ``False``
             nothing. The same figures are in ``result.metrics`` afterwards.
-        :param hold_sources: hold every source subtask part-way in the first attempt until a
-            checkpoint taken since is complete and the listener was told of it
-            (:class:`~cutline.SourceHold`): a listener that fails the job on that checkpoint
-            (kills a worker, for a test or a demo) then always fails a running job with input
-            left, however fast the machine. Needs a ``checkpoint_interval``.
-        :param phase_hook: ``hook(phase, slot, generation)``, called in each slot's process as
-            it enters each phase of an attempt (``start``, ``rendezvous``, ``restore``,
-            ``running``, ``final_checkpoint``, ``commit``): for tests that freeze or stall a
-            worker in a given phase. Must be picklable.
+        :param seams: ``hold_sources=``, ``phase_hook=``, ``launcher=``, ``on_ready=``: the
+            test seams, deprecated here: :func:`cutline.testing.execute` takes them.
         :raises RestoreError: the checkpoint does not fit the job (the message says why).
         :raises ResumableCheckpointError: no ``restore_from`` nor ``fresh``, and
             ``checkpoint_dir`` holds a checkpoint to resume.
@@ -266,194 +185,29 @@ class StreamEnvironment(ConnectorSources):
         (no traceback); in an interactive session it raises
         :class:`~cutline.runtime.driver.result.JobInterrupted` (a ``KeyboardInterrupt``) instead.
         """
-        settings = self.settings
-        execution_plan = self.plan()
-        port_range()  # a malformed CUTLINE_PORTS: said now, not when the first socket opens
-        if hold_sources is not None:
-            if not isinstance(hold_sources, SourceHold):
-                raise TypeError(f"hold_sources takes a SourceHold, not {hold_sources!r}")
-            if settings.checkpoints.interval is None:
-                raise ValueError(
-                    "hold_sources waits for a periodic checkpoint: give the job a "
-                    "checkpoint_interval"
-                )
-        told = event_listener(listener)
-        restore = _restore_url(restore_from)
-        if fresh and restore is not None:
-            raise ValueError(
-                "fresh=True starts from the beginning: it does not go with restore_from "
-                f"(given {restore_from!r})"
+        if seams:
+            _refuse_unknown_seams(seams)
+            given = ", ".join(f"{name}=..." for name in seams)
+            warnings.warn(
+                f"execute({given}) is deprecated: these are test seams, taken by "
+                f"cutline.testing.execute(env, {given}, ...) (same keywords as execute())",
+                DeprecationWarning,
+                stacklevel=2,
             )
-        if restore is None and not fresh and settings.checkpoint_dir is not None:
-            self._refuse_fresh_start()  # (the driver checks again, under the lock)
-        if restore == LATEST and not self._has_checkpoint():
-            # nothing completed, so nothing was published: a fresh start is the resumption
-            # (and an output directory that holds files then says this is not the same job)
-            told(
-                JobWarning(
-                    f"no complete checkpoint in {settings.checkpoint_dir} yet: "
-                    "starting from the beginning"
-                )
-            )
-            restore = None
-            why = "no complete checkpoint to resume from"
-        else:
-            why = None
-        self._check_outputs(restoring=restore is not None, why=why)
-        if not any(isinstance(op.logic, SinkLogic) for op in self.graph.operators.values()):
-            warnings.warn("the job has no sink: its results go nowhere", stacklevel=2)
-        from cutline.spark.launcher import SparkLauncher, check_picklable, is_local
-
-        if launcher is None:
-            launcher = SparkLauncher.for_session(spark, settings.parallelism)
-            if settings.checkpoint_dir is None and not is_local(launcher.spark):
-                raise ValueError(
-                    "on a Spark cluster the job needs a checkpoint_dir that every host can "
-                    "read and write (a shared path, or a URL: hdfs://..., s3://...); the "
-                    "default temporary directory is on the driver's machine only"
-                )
-        if isinstance(launcher, SparkLauncher):  # what Spark cannot ship, said now
-            check_picklable(execution_plan, phase_hook=phase_hook)
-        temporary = None
-        checkpoint_dir = settings.checkpoint_dir
-        if checkpoint_dir is None:
-            temporary = tempfile.mkdtemp(prefix="cutline-checkpoints-")
-            checkpoint_dir = temporary
-        try:
-            collect_dirs = {}
-            for name in self._collect:
-                directory = collect_directory(checkpoint_dir, name)
-                fs, root = fsspec.core.url_to_fs(directory, **dict(settings.storage_options or {}))
-                if fs.exists(root):
-                    fs.rm(root, recursive=True)
-                collect_dirs[name] = directory
-            config = JobConfig(
-                parallelism=settings.parallelism,
-                checkpoint_dir=checkpoint_dir,
-                checkpoints=settings.checkpoints,
-                barriers=settings.barriers,
-                state=settings.state,
-                restart=settings.restart,
-                on_host_loss=settings.on_host_loss,
-                deadlines=settings.deadlines,
-                storage_options=settings.storage_options,
-                batch_size=settings.batch_size,
-                buffer_capacity=settings.buffer_capacity,
-                dead_letter_dir=settings.dead_letter_dir,
-                on_error=dict(self._on_error),
-                rate_limits=dict(self._rate_limits),
-                hold=hold_sources,
-                phase_hook=phase_hook,
-                collect=collect_dirs,
-                stop_after=seconds(stop_after, "stop_after"),
-                restore_from=restore,
-                allow_non_restored_state=allow_non_restored_state,
-                fresh=fresh,
-                savepoint_dir=settings.savepoint_dir,
-            )
-            if progress is None and not wanted(None):  # no terminal: a line per event
-                told = _both(event_listener(ProgressLines()), told)
-            driver = JobDriver(execution_plan, config, launcher, told)
-            driver.on_ready = on_ready
-            try:
-                if not wanted(progress):
-                    return driver.run()
-                with LiveProgress() as live:
-                    driver.on_progress = live.update
-                    result = driver.run()
-                    if result.metrics is not None:
-                        live.update(result.metrics)  # the final figures stay on the screen
-                    return result
-            except JobInterrupted as exc:
-                interrupted = exc
-                if temporary is not None:  # removed below: nothing to resume from
-                    interrupted = JobInterrupted(
-                        "interrupted; nothing to resume (the job had no checkpoint_dir: give it "
-                        "one to resume an interrupted job)",
-                        exc.checkpoint,
-                    )
-                if _interactive():
-                    raise interrupted from None  # a notebook or a REPL goes on
-                print(f"cutline: {interrupted}", file=sys.stderr)
-                raise SystemExit(130) from None  # as a shell does on SIGINT: no traceback
-        finally:
-            if temporary is not None:
-                shutil.rmtree(temporary, ignore_errors=True)
-
-    def _has_checkpoint(self) -> bool:
-        """Whether ``checkpoint_dir`` holds something to resume: a complete checkpoint of its
-        current lineage (intact or not: a damaged one is the driver's to report), or what that
-        lineage's first run restored."""
-        if self.settings.checkpoint_dir is None:
-            raise ValueError('restore_from="latest" needs the job\'s checkpoint_dir')
-        return resumable(self._storage()) is not None
-
-    def _refuse_fresh_start(self) -> None:
-        """A start from the beginning over a checkpoint to resume is refused, before the outputs
-        are looked at (the error says both ways on); but a directory in use by a running job
-        is that job's, and that is the error to say."""
-        try:
-            refuse_fresh_start(self._storage())
-        except ResumableCheckpointError:
-            settings = self.settings
-            assert settings.checkpoint_dir is not None
-            probe = CheckpointDirectoryLock(
-                settings.checkpoint_dir,
-                Owner.this_process("probe"),
-                storage_options=dict(settings.storage_options or {}),
-            )
-            with probe:  # (DirectoryLockedError while another job runs there)
-                pass
-            raise
-
-    def _storage(self) -> CheckpointStorage:
-        assert self.settings.checkpoint_dir is not None
-        return CheckpointStorage(
-            self.settings.checkpoint_dir, storage_options=self.settings.storage_options
+        return run_job(
+            self,
+            spark,
+            listener=listener,
+            stop_after=stop_after,
+            restore_from=restore_from,
+            allow_non_restored_state=allow_non_restored_state,
+            fresh=fresh,
+            progress=progress,
+            seams=Seams(**seams),
         )
 
-    def _check_outputs(self, restoring: bool, why: str | None = None) -> None:
-        """At ``execute()``: every output directory apart from the others, and empty unless the
-        job restores (a job resumed after its driver died goes on writing where it was)."""
-        places = [(self._location(d), f"output directory {d}") for d in self._outputs.values()]
-        if self.settings.dead_letter_dir is not None:
-            places.append((self._location(self.settings.dead_letter_dir), "dead_letter_dir"))
-        for i, (a, what_a) in enumerate(places):
-            for b, what_b in places[i + 1 :]:
-                if a[0] == b[0] and (
-                    a[1] == b[1] or b[1].startswith(a[1] + "/") or a[1].startswith(b[1] + "/")
-                ):
-                    raise ValueError(
-                        f"{what_a} and {what_b} overlap: give each sink its own directory"
-                    )
-        if restoring:
-            return
-        for uid, directory in self._outputs.items():
-            self._check_empty(directory, self.graph.operators[uid].name, why)
 
-    def _check_output(self, directory: str, what: str) -> None:
-        location = self._location(directory)
-        if any(self._location(d) == location for d in self._outputs.values()):
-            raise ValueError(f"{what}: two sinks write to {directory}; give each its own directory")
-
-    def _check_empty(self, directory: str, what: str, why: str | None = None) -> None:
-        fs, root = fsspec.core.url_to_fs(directory, **dict(self.settings.storage_options or {}))
-        if fs.exists(root):
-            published = [
-                p
-                for p in fs.ls(root, detail=False)
-                if not str(p).rstrip("/").rsplit("/", 1)[-1].startswith(("_", "."))
-            ]
-            if published:
-                advice = (
-                    f", and {self.settings.checkpoint_dir} has {why}: the files are not this job's "
-                    "(another checkpoint_dir?); write to a new directory, or remove them"
-                    if why is not None  # restore_from="latest" found nothing to resume
-                    else "; write to a new directory, or remove them first (the exactly-once "
-                    "sink never overwrites output), or resume the job that wrote them "
-                    "(restore_from=...)"
-                )
-                raise ValueError(
-                    f"{what}: output directory {directory} already holds {len(published)} "
-                    f"file(s){advice}"
-                )
+def _refuse_unknown_seams(seams: SeamKeywords) -> None:
+    for name in seams:
+        if name not in SeamKeywords.__annotations__:
+            raise TypeError(f"execute() got an unexpected keyword argument {name!r}")

@@ -32,6 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from cutline import testing
 from cutline.api import FixedDelay, SourceHold, StreamEnvironment
 from cutline.demo import WorkerKiller
 from cutline.examples.servers import KafkaBroker, PostgresServer, produce
@@ -118,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         killer = WorkerKiller(slot="slot-1")
         hold = SourceHold(records=CLICKS // (2 * PARTITIONS))  # (until a checkpoint completes)
         try:
-            result = job(workdir, broker, database.dsn).execute(
-                local_session(2), on_ready=killer.on_ready, listener=killer, hold_sources=hold
+            result = testing.execute(
+                job(workdir, broker, database.dsn),
+                local_session(2),
+                on_ready=killer.on_ready,
+                listener=killer,
+                hold_sources=hold,
             )
         finally:
             killer.disarm()

@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from cutline import FixedDelay, StreamEnvironment
+from cutline import Checkpoints, FixedDelay, StreamEnvironment
 from cutline.report import checkpoint_figure, history_figure, write_report
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.checkpoint.verify import verify_checkpoint
@@ -67,10 +67,9 @@ def run(workdir: Path, spark: Any = None, records: int = RECORDS) -> Any:
     checkpoints = workdir / "ck"
     env = StreamEnvironment(
         parallelism=2,
-        checkpoint_interval="0.3s",
-        checkpoint_dir=str(checkpoints),
-        checkpointing="unaligned",
-        retained_checkpoints=5,
+        checkpoints=Checkpoints(
+            interval="0.3s", dir=str(checkpoints), mode="unaligned", retained=5
+        ),
         batch_size=2_000,
         buffer_capacity=2,
         restart_strategy=FixedDelay(delay=0.2),

@@ -338,7 +338,7 @@ class SparkLauncher:
         return (
             f"the job needs {needed} task slots at once (one per subtask index) and the Spark "
             f"cluster had {free} free ({total} in all) after waiting {timeout:g} s "
-            "(slot_timeout): add executors or cores, or lower the parallelism"
+            "(Timeouts.slots): add executors or cores, or lower the parallelism"
         )
 
     def launch(self, setup: SlotSetup) -> SparkJob:

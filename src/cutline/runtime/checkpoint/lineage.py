@@ -2,7 +2,7 @@
 
 A checkpoint directory holds one job's checkpoints run after run. A run that **resumes**
 (``restore_from="latest"``, the directory, or its newest checkpoint) continues them: it
-starts from the newest, and ``retained_checkpoints`` counts them with its own (the oldest go
+starts from the newest, and ``Checkpoints.retained`` counts them with its own (the oldest go
 as it completes its own, as Spark's checkpoint location does).
 
 A run that does not resume begins a new **lineage**: started from the beginning

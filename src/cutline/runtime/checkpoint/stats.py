@@ -2,7 +2,7 @@
 
 The driver writes one small JSON file per event to ``CHECKPOINT_DIR/_stats/``, as it
 happens, so the history outlives the checkpoints themselves (only the newest
-``retained_checkpoints`` stay) and the job that wrote it::
+``Checkpoints.retained`` stay) and the job that wrote it::
 
     CHECKPOINT_DIR/_stats/
       run-3f2a9c1e.json          # a run (one execute()): when, parallelism, operators, channels

@@ -5,13 +5,13 @@ Every phase of a slot has a deadline, and every slot a heartbeat, so nothing wai
 ==================  =====================================================================
 what                fails the attempt when
 ==================  =====================================================================
-start               a slot has not reached the driver ``start_timeout`` after the launch
-rendezvous          a slot is still exchanging addresses ``start_timeout`` after the last
+start               a slot has not reached the driver ``Timeouts.start`` after the launch
+rendezvous          a slot is still exchanging addresses ``Timeouts.start`` after the last
                     slot arrived
-restore             a slot has not reported running ``restore_timeout`` after its restore
+restore             a slot has not reported running ``Timeouts.restore`` after its restore
                     began
-running             a slot's heartbeats stopped for ``heartbeat_timeout`` (in any phase)
-commit              a slot has not published and ended ``commit_timeout`` after the final
+running             a slot's heartbeats stopped for ``Timeouts.heartbeat`` (in any phase)
+commit              a slot has not published and ended ``Timeouts.commit`` after the final
                     checkpoint completed
 a subtask failed    at once (``task``), with its operator, record and traceback
 a slot was lost     at once (``lost``); but a failure *caused* by another (a channel whose
@@ -130,7 +130,7 @@ class FailureDetector:
             return Failure(
                 "deadline",
                 f"{slots_text(absent)} did not start within {deadlines.start:g} s "
-                "(start_timeout): Spark did not run the task, or its Python worker stopped "
+                "(Timeouts.start): Spark did not run the task, or its Python worker stopped "
                 "before it reached the driver",
             )
         if absent:
@@ -141,14 +141,14 @@ class FailureDetector:
             return Failure(
                 "deadline",
                 f"{slots_text(meeting)} did not finish the rendezvous (exchanging addresses with "
-                f"the other slots) within {deadlines.start:g} s (start_timeout)",
+                f"the other slots) within {deadlines.start:g} s (Timeouts.start)",
             )
         for slot, (phase, since) in sorted(self.phases.items()):
             if phase == "restore" and now - since > deadlines.restore:
                 return Failure(
                     "deadline",
                     f"did not report running within {deadlines.restore:g} s of starting "
-                    "its restore (restore_timeout): restoring its state, opening its operators "
+                    "its restore (Timeouts.restore): restoring its state, opening its operators "
                     f"or connecting its outputs took longer{self.on_host(slot)}",
                     subtask=slot,
                 )
@@ -160,7 +160,7 @@ class FailureDetector:
                     "deadline",
                     f"{slots_text(ending)} did not publish and end within "
                     f"{deadlines.commit:g} s of the final checkpoint {checkpoint}'s "
-                    "completion (commit_timeout)",
+                    "completion (Timeouts.commit)",
                 )
         return None
 

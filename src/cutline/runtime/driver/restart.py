@@ -45,7 +45,7 @@ from cutline.runtime.durations import Duration, said, seconds
 
 HOST_LOSS_POLICIES = ("restart", "wait")
 """After a generation failed: ``restart`` at once on the slots there are (the hosts that remain,
-when they have enough), or ``wait`` (up to ``slot_timeout``) for every host it ran on to be
+when they have enough), or ``wait`` (up to ``Timeouts.slots``) for every host it ran on to be
 back."""
 
 
@@ -71,7 +71,12 @@ def _count(value: object, what: str, least: int) -> int:
 @dataclass(frozen=True)
 class FixedDelay:
     """At most ``attempts`` restarts in a run, each ``delay`` after the failure (Flink's
-    ``fixed-delay``). Durations: seconds, text (``"500ms"``, ``"1s"``) or a ``timedelta``."""
+    ``fixed-delay``). ``StreamEnvironment(restart_strategy=FixedDelay(3, "1s"))``.
+
+    :param attempts: restarts in a run before the job fails for good (0: none). Default 3.
+    :param delay: time from a failure to the restart: a duration (seconds, text such as
+        ``"500ms"`` or ``"1s"``, or a ``timedelta``), kept in seconds. Default 1 s.
+    """
 
     attempts: int = 3
     delay: Duration = 1.0
@@ -83,11 +88,25 @@ class FixedDelay:
 
 @dataclass(frozen=True)
 class ExponentialDelay:
-    """Restarts ever later, ``initial`` then ``multiplier`` times the last delay, at most
-    ``maximum``, each moved at random by up to ``jitter`` of itself; after ``reset_after``
-    without a failure the delay starts again at ``initial``; it gives up after ``attempts``
-    restarts since that reset (``None``: never). Flink's ``exponential-delay`` and its
-    defaults, but for ``attempts`` (Flink's restarts for ever)."""
+    """Restarts ever later: ``initial`` after the first failure, then ``multiplier`` times
+    the last delay, at most ``maximum``, each moved at random by up to ``jitter`` of itself
+    (so that many jobs hit by one outage do not come back at once). The default strategy:
+    Flink's ``exponential-delay`` and its defaults, but for ``attempts`` (Flink's restarts for
+    ever); they ride out an outage of about two minutes and fail a job that cannot recover in
+    a few. Durations are seconds, text (``"500ms"``, ``"1min"``) or a ``timedelta``, kept in
+    seconds.
+
+    :param initial: the delay before the first restart (and the first after a reset).
+        Default 1 s.
+    :param maximum: the longest delay (at least ``initial``). Default 1 min.
+    :param multiplier: each delay is this many times the one before (1 or more). Default 1.5.
+    :param jitter: the fraction (0 to 1) of each delay by which it is moved at random, earlier
+        or later. Default 0.1.
+    :param reset_after: after this long without a failure the delay is ``initial`` again and
+        the restarts are counted from zero. Default 1 h.
+    :param attempts: restarts in a row (since the last reset) before the job fails for good;
+        ``None``: never gives up. Default 20.
+    """
 
     initial: Duration = 1.0
     maximum: Duration = 60.0
@@ -133,7 +152,14 @@ class ExponentialDelay:
 @dataclass(frozen=True)
 class FailureRate:
     """Restarts ``delay`` after each failure, and gives up when more than ``failures``
-    failures happened within ``interval`` (Flink's ``failure-rate`` and its defaults)."""
+    failures happened within ``interval`` (Flink's ``failure-rate`` and its defaults).
+    Durations are seconds, text (``"500ms"``, ``"1min"``) or a ``timedelta``, kept in seconds.
+
+    :param failures: failures tolerated within ``interval`` (1 or more); one more fails the
+        job for good. Default 1.
+    :param interval: the window the failures are counted in. Default 1 min.
+    :param delay: time from a failure to the restart. Default 1 s.
+    """
 
     failures: int = 1
     interval: Duration = 60.0

@@ -107,7 +107,7 @@ class JobRun:
                 self.storage.remove_shared(path)
 
     def retire_earlier(self, completed: int) -> None:
-        """``retained_checkpoints`` counts the directory's complete checkpoints, not only this
+        """``Checkpoints.retained`` counts the directory's complete checkpoints, not only this
         run's: those of earlier runs go, oldest first, as this run's own complete
         (``completed`` of them). (The one this run restored stays while this run has fewer
         than that of its own: a restart may still need it; their shared files go only when no
