@@ -52,7 +52,9 @@ from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.checkpoint.verify import verify_checkpoint
 from cutline.runtime.graph import ExecutionPlan, subtask_name
 from cutline.runtime.io.sources import SequenceSource
-from cutline.runtime.network.channel import InputGate, OutputChannel, PriorityBarrier
+from cutline.runtime.network.channel import PriorityBarrier
+from cutline.runtime.network.input_gate import InputGate
+from cutline.runtime.network.output_channel import OutputChannel
 from cutline.runtime.network.wire import Barrier, Records
 from cutline.runtime.task.local import ThreadLauncher
 

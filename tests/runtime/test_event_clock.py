@@ -9,10 +9,9 @@ import pyarrow as pa
 import pytest
 from test_window_operators import Job
 
-from cutline.protocol.watermarks import MIN_WATERMARK
+from cutline.protocol.watermarks import MIN_WATERMARK, EventClock
 from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
-from cutline.runtime.eventtime.clock import EventClock
 from cutline.runtime.eventtime.layouts import WINDOWS
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.timestamps import TimeColumn

@@ -11,7 +11,9 @@ import pyarrow as pa
 import pytest
 
 from cutline.protocol import BarrierAligner
-from cutline.runtime.network.channel import ChannelError, InputGate, OutputChannel, PriorityBarrier
+from cutline.runtime.network.channel import ChannelError, PriorityBarrier
+from cutline.runtime.network.input_gate import InputGate
+from cutline.runtime.network.output_channel import OutputChannel
 from cutline.runtime.network.wire import Barrier, EndOfInput, Hello, Records, encode, encode_credit
 
 TOKEN = b"job-token"

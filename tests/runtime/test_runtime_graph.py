@@ -345,7 +345,7 @@ def test_an_edge_from_an_unknown_operator_is_rejected() -> None:
 
 def test_an_edge_with_an_unknown_partitioning_is_rejected() -> None:
     with pytest.raises(GraphError, match="unknown partitioning 'broadcast'"):
-        graph_of(("src", []), ("m", [Edge("src", "broadcast")]))
+        Edge("src", "broadcast")
 
 
 @pytest.mark.parametrize(("parallelism", "max_parallelism"), [(5, 4), (129, 128), (2, 1), (0, 4)])

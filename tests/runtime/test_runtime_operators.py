@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from cutline import FixedDelay, InputWarning, JobFailedError, StreamEnvironment, testing
 from cutline.connectors import SinkContext
+from cutline.runtime.io.file_formats import JSONL
 from cutline.runtime.io.sinks import PENDING, FileSink
 from cutline.runtime.keyed_operators import (
     KeyedProcessFunction,
@@ -26,6 +27,8 @@ from cutline.runtime.keyed_operators import (
 )
 from cutline.runtime.operators import (
     DeadLetterOutput,
+    FilterLogic,
+    FlatMapLogic,
     MapBatchesLogic,
     MapLogic,
     OperatorContext,
@@ -125,11 +128,11 @@ def test_map_filter_and_flat_map_work_on_lists_and_record_batches(
     make: Callable[[list[int]], Any],
 ) -> None:
     values = [3, 0, 1, 4, 2]
-    mapped = MapLogic(double, "map").open(context(), None).process(make(values))
+    mapped = MapLogic(double).open(context(), None).process(make(values))
     assert mapped == [6, 0, 2, 8, 4]
-    kept = MapLogic(is_even, "filter").open(context(), None).process(make(values))
+    kept = FilterLogic(is_even).open(context(), None).process(make(values))
     assert kept == [{"value": 0}, {"value": 4}, {"value": 2}]
-    flat = MapLogic(repeat, "flat_map").open(context(), None).process(make(values))
+    flat = FlatMapLogic(repeat).open(context(), None).process(make(values))
     assert flat == [3, 3, 3, 1, 4, 4, 4, 4, 2, 2]
 
 
@@ -139,13 +142,13 @@ def test_flat_map_accepts_generators_and_none() -> None:
             return None
         return (record + i for i in range(2))
 
-    running = MapLogic(maybe, "flat_map").open(context(), None)
+    running = FlatMapLogic(maybe).open(context(), None)
     assert running.process([1, 2, 3, 4]) == [2, 3, 4, 5]
     assert running.process([]) == []
 
 
 def test_map_emits_records_of_any_type_in_order() -> None:
-    running = MapLogic(lambda r: (r, str(r)), "map").open(context(), None)
+    running = MapLogic(lambda r: (r, str(r))).open(context(), None)
     assert running.process([2, 1]) == [(2, "2"), (1, "1")]
     assert running.snapshot(1) is None  # stateless: nothing in checkpoints
 
@@ -608,7 +611,7 @@ def bad(record: dict[str, int]) -> dict[str, int]:
 
 
 def test_a_user_error_names_the_operator_the_subtask_the_record_and_the_user_s_line() -> None:
-    running = MapLogic(bad, "map").open(context("map(bad)", subtask=2, parallelism=3), None)
+    running = MapLogic(bad).open(context("map(bad)", subtask=2, parallelism=3), None)
     with pytest.raises(UserFunctionError) as info:
         running.process(values_batch([1, 2, 3, 4]))
     error = info.value
@@ -627,15 +630,17 @@ def test_a_user_error_names_the_operator_the_subtask_the_record_and_the_user_s_l
 
 
 def test_a_user_error_shortens_a_huge_record() -> None:
-    running = MapLogic(lambda r: 1 / 0, "map").open(context("map(lambda)"), None)
+    running = MapLogic(lambda r: 1 / 0).open(context("map(lambda)"), None)
     with pytest.raises(UserFunctionError, match="ZeroDivisionError") as info:
         running.process(["x" * 10_000])
     assert len(info.value.record) < 300
 
 
-@pytest.mark.parametrize("kind", ["map", "filter", "flat_map"])
-def test_every_per_record_kind_reports_user_errors(kind: str) -> None:
-    running = MapLogic(bad, kind).open(context(f"{kind}(bad)"), None)
+@pytest.mark.parametrize(
+    ("kind", "logic"), [("map", MapLogic), ("filter", FilterLogic), ("flat_map", FlatMapLogic)]
+)
+def test_every_per_record_kind_reports_user_errors(kind: str, logic: Any) -> None:
+    running = logic(bad).open(context(f"{kind}(bad)"), None)
     with pytest.raises(UserFunctionError, match=rf"{kind}\(bad\) \(subtask 0\)"):
         running.process([{"value": 3}])
 
@@ -648,7 +653,7 @@ def published_rows(directory: Path) -> list[dict[str, Any]]:
 
 
 def dead_letter_context(directory: Path, name: str, subtask: int = 0) -> OperatorContext:
-    sink = FileSink(str(directory), "jsonl")
+    sink = FileSink(str(directory), JSONL)
     writer = sink.writer(SinkContext("dead letters", subtask, subtask + 1, 1, "r0"), {})
     return context(
         name,
@@ -668,7 +673,7 @@ def commit(ctx: OperatorContext, checkpoint_id: int) -> None:
 def test_a_dead_letter_operator_writes_the_bad_record_and_keeps_going(tmp_path: Path) -> None:
     directory = tmp_path / "dead"
     ctx = dead_letter_context(directory, "map(bad)", subtask=1)
-    running = MapLogic(bad, "map").open(ctx, None)
+    running = MapLogic(bad).open(ctx, None)
     assert running.process(values_batch([1, 3, 5])) == [{"value": 1}, {"value": 5}]
     assert ctx.dead_letters is not None and ctx.dead_letters.count == 1
     assert published_rows(directory) == []  # not before its checkpoint completes
@@ -721,7 +726,7 @@ def test_a_keyed_operator_sends_bad_records_to_dead_letters_and_keeps_its_state(
 def test_dead_letters_keep_records_that_are_not_json_as_their_repr(tmp_path: Path) -> None:
     ctx = dead_letter_context(tmp_path / "dead", "map(lambda)")
     record = {"value": 3, "when": {1, 2}}
-    assert MapLogic(bad, "map").open(ctx, None).process([record]) == []
+    assert MapLogic(bad).open(ctx, None).process([record]) == []
     commit(ctx, 1)
     (row,) = published_rows(tmp_path / "dead")
     assert json.loads(row["record"]) == {"value": 3, "when": "{1, 2}"}
@@ -730,7 +735,7 @@ def test_dead_letters_keep_records_that_are_not_json_as_their_repr(tmp_path: Pat
 def test_without_a_dead_letter_output_dead_letter_mode_still_fails() -> None:
     ctx = context("map(bad)", on_error="dead_letter")
     with pytest.raises(UserFunctionError):
-        MapLogic(bad, "map").open(ctx, None).process([{"value": 3}])
+        MapLogic(bad).open(ctx, None).process([{"value": 3}])
 
 
 def test_running_defaults_do_nothing_at_checkpoints() -> None:

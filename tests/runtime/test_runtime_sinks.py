@@ -12,6 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from cutline.connectors import SinkContext
+from cutline.runtime.io.file_formats import JSONL, output_format
 from cutline.runtime.io.sinks import PENDING, FileSink, FileSinkWriter, SinkError
 
 
@@ -116,7 +117,7 @@ def test_a_lost_pre_committed_part_is_an_error_naming_it(tmp_path: Path) -> None
 
 def test_json_lines_output(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    writer = open_sink(FileSink(str(out), "jsonl"), 0, 0)
+    writer = open_sink(FileSink(str(out), JSONL), 0, 0)
     writer.write(pa.record_batch({"key": ["a", "b"], "n": [1, 2]}))
     writer.pre_commit(7)
     writer.commit(7)
@@ -137,7 +138,9 @@ def test_a_full_disk_is_an_error_naming_the_file(tmp_path: Path) -> None:
 
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown output format 'xml'"):
-        FileSink("/tmp/x", "xml")
+        output_format("xml")
+    with pytest.raises(TypeError, match="format must be an OutputFormat"):
+        FileSink("/tmp/x", "jsonl")
 
 
 def test_the_part_file_is_written_in_the_asynchronous_part(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from cutline.connectors import SourceContext
 from cutline.protocol.splits import SplitState
+from cutline.runtime.io.file_formats import input_format
 from cutline.runtime.io.formats import SourceError
 from cutline.runtime.io.sources import FileSource, SequenceSource
 from cutline.runtime.source_operator import SourceOperator, merge_source_states
@@ -83,7 +84,7 @@ def test_every_row_is_read_exactly_once_across_subtasks(
     tmp_path: Path, fmt: str, parallelism: int
 ) -> None:
     expected = write_inputs(tmp_path / "in", fmt)
-    source, _ = FileSource(str(tmp_path / "in"), fmt).prepare()
+    source, _ = FileSource(str(tmp_path / "in"), input_format(fmt)).prepare()
     got = []
     for subtask in range(parallelism):
         got += read_all(open_source(source, subtask, parallelism))
@@ -118,7 +119,7 @@ def test_a_restore_from_any_position_replays_exactly_the_rest(
 ) -> None:
     folder = tmp_path_factory.mktemp("in")
     write_inputs(folder, fmt)
-    source, _ = FileSource(str(folder), fmt).prepare()
+    source, _ = FileSource(str(folder), input_format(fmt)).prepare()
     full = read_all(open_source(source, 0, 2), max_rows)
     first = open_source(source, 0, 2)
     before = read_all(first, max_rows, limit=cut)
@@ -242,7 +243,9 @@ def test_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="does not exist"):
         FileSource(str(tmp_path / "missing")).list_files()
     with pytest.raises(ValueError, match="unknown file format 'xml'"):
-        FileSource(str(tmp_path), "xml")
+        input_format("xml")
+    with pytest.raises(TypeError, match="format must be an InputFormat"):
+        FileSource(str(tmp_path), "parquet")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "a.parquet").write_bytes(b"this is not parquet")
@@ -351,7 +354,7 @@ def test_rejected_rows_are_consumed_once_and_offsets_replay_exactly(
     line, and a reader opened at the offset goes on exactly from there."""
     folder = tmp_path_factory.mktemp("in")
     good, bad = write_files(folder, fmt, files)
-    source = FileSource(str(folder), fmt, schema=CSV_SCHEMA, block_size=block_size)
+    source = FileSource(str(folder), input_format(fmt), schema=CSV_SCHEMA, block_size=block_size)
     errors: list[str] = []
 
     def collect(record: Any, error: str) -> None:
@@ -369,7 +372,7 @@ def test_rejected_rows_are_consumed_once_and_offsets_replay_exactly(
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_a_rejected_row_fails_the_reader_naming_its_file_and_line(tmp_path: Path, fmt: str) -> None:
     _, bad = write_files(tmp_path / "in", fmt, [["good", "good", "text", "good"]])
-    source = FileSource(str(tmp_path / "in"), fmt, schema=CSV_SCHEMA)
+    source = FileSource(str(tmp_path / "in"), input_format(fmt), schema=CSV_SCHEMA)
     reader = open_source(source)
     assert reader.read(2) is not None  # the two good rows before it
     path, line = bad[0]
@@ -380,7 +383,7 @@ def test_a_rejected_row_fails_the_reader_naming_its_file_and_line(tmp_path: Path
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_batches_have_the_job_schema_whatever_the_block(tmp_path: Path, fmt: str) -> None:
     good, _ = write_files(tmp_path / "in", fmt, [["good"] * 10, ["text", "good", "blank", "good"]])
-    source = FileSource(str(tmp_path / "in"), fmt, schema=CSV_SCHEMA, block_size=16)
+    source = FileSource(str(tmp_path / "in"), input_format(fmt), schema=CSV_SCHEMA, block_size=16)
     reader = open_source(source, rejected=lambda record, error: None)
     rows = []
     while not reader.exhausted:
@@ -416,7 +419,7 @@ def test_a_text_file_not_started_holds_the_watermark_where_its_first_records_all
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         else:
             path.write_text("ts,n\n" + "".join(f"{r['ts']},{r['n']}\n" for r in rows))
-    source, _ = FileSource(str(tmp_path), fmt).prepare()
+    source, _ = FileSource(str(tmp_path), input_format(fmt)).prepare()
     strategy = WatermarkStrategy(TimeColumn("ts"), bound_ms=100)
     running = open_source(source, strategy=strategy)
     assert running.generator is not None

@@ -32,7 +32,7 @@ from cutline.runtime.driver.result import JobInterrupted, JobResult
 from cutline.runtime.durations import Duration, seconds
 from cutline.runtime.io.sinks import collect_directory
 from cutline.runtime.network.net import port_range
-from cutline.runtime.operators import SinkLogic
+from cutline.runtime.sink_operator import SinkLogic
 from cutline.runtime.task.launch import Launcher, PhaseHook, SourceHold
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from cutline.api.windowed import WindowedStream, _early
 from cutline.runtime.durations import milliseconds
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.timestamps import EventTimeError, TimeColumn
-from cutline.runtime.graph import Edge
+from cutline.runtime.graph import Edge, Partitioning
 from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessLogic, RollingLogic
 from cutline.runtime.operators import Logic, function_name
 
@@ -29,7 +29,7 @@ class KeyedStream(_Operators):
     def transform(
         self, label: str, logic: Logic, *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
-        edge = Edge(self.stream.operator.uid, "hash", self.key)
+        edge = Edge(self.stream.operator.uid, Partitioning.HASH, self.key)
         return self.stream._through(edge, label, logic, name, on_error)
 
     def _schema(self) -> pa.Schema | None:

@@ -14,9 +14,10 @@ import pyarrow as pa
 from cutline.api.columns import has_column
 from cutline.connectors.sink import Sink
 from cutline.runtime.eventtime.logic import WindowLogic
-from cutline.runtime.graph import Edge, KeySelector, Operator
+from cutline.runtime.graph import Edge, KeySelector, Operator, Partitioning
 from cutline.runtime.keyed_operators import RollingLogic
-from cutline.runtime.operators import Logic, SinkLogic
+from cutline.runtime.operators import Logic
+from cutline.runtime.sink_operator import SinkLogic
 
 
 class Outputs:
@@ -52,7 +53,7 @@ class Outputs:
         if key is None or _keyed_by(self.operator, key):
             self.transform(label, SinkLogic(sink), name=name, on_error=on_error)
             return
-        edge = Edge(self.operator.uid, "hash", _selector(key))
+        edge = Edge(self.operator.uid, Partitioning.HASH, _selector(key))
         self._through(edge, label, SinkLogic(sink), name, on_error)
 
     def write_kafka(
@@ -228,4 +229,4 @@ def _keyed_by(operator: Operator, key: tuple[str, ...]) -> bool:
     keeps = isinstance(logic, WindowLogic) or (
         isinstance(logic, RollingLogic) and logic.how != "reduce"
     )
-    return keeps and edge.partitioning == "hash" and edge.key == _selector(key)
+    return keeps and edge.partitioning is Partitioning.HASH and edge.key == _selector(key)

@@ -44,8 +44,8 @@ from cutline.runtime.driver.restart import (
     RestartStrategy,
 )
 from cutline.runtime.durations import Duration, seconds
-from cutline.runtime.state.config import StateConfig
-from cutline.runtime.task.launch import BarrierHandling
+from cutline.runtime.state.config import Backend, StateConfig
+from cutline.runtime.task.launch import BarrierHandling, Checkpointing
 
 __all__ = ["DeprecatedSettings", "Settings", "location"]
 
@@ -317,9 +317,9 @@ class Settings:
                 retained=c.retained,
                 max_concurrent=c.max_concurrent,
             ),
-            barriers=BarrierHandling(c.mode, _seconds(c.alignment_timeout)),
+            barriers=BarrierHandling(Checkpointing(c.mode), _seconds(c.alignment_timeout)),
             state=StateConfig(
-                backend=state.backend,
+                backend=Backend(state.backend),
                 incremental=state.incremental,
                 full_every=state.full_every,
                 local_dir=os.fspath(state.dir) if state.dir is not None else None,

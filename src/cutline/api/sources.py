@@ -25,9 +25,10 @@ from cutline.api.streams import DataStream, OnError
 from cutline.connectors.source import Source, SourceError
 from cutline.runtime.durations import Duration, seconds
 from cutline.runtime.eventtime.watermarks import WatermarkStrategy
+from cutline.runtime.io.file_formats import JSONL, PARQUET, CsvFormat, InputFormat
 from cutline.runtime.io.formats import CsvOptions, InputWarning
 from cutline.runtime.io.sources import FileSource, SequenceSource
-from cutline.runtime.operators import SourceLogic
+from cutline.runtime.source_operator import SourceLogic
 
 
 class Sources(Dataflow):
@@ -172,7 +173,7 @@ class Sources(Dataflow):
         time = event_time_of(name or "read_parquet", event_time, deprecated)
         return self._files(
             path,
-            "parquet",
+            PARQUET,
             name,
             schema,
             on_error,
@@ -284,12 +285,11 @@ class Sources(Dataflow):
         time = event_time_of(name or "read_csv", event_time, deprecated)
         return self._files(
             path,
-            "csv",
+            CsvFormat(options),
             name,
             schema,
             on_error,
             rate_limit,
-            options,
             time=time,
             columns=columns,
             monitor=monitor,
@@ -360,7 +360,7 @@ class Sources(Dataflow):
         time = event_time_of(name or "read_jsonl", event_time, deprecated)
         return self._files(
             path,
-            "jsonl",
+            JSONL,
             name,
             schema,
             on_error,
@@ -373,12 +373,11 @@ class Sources(Dataflow):
     def _files(
         self,
         path: str | os.PathLike[str],
-        fmt: str,
+        fmt: InputFormat,
         name: str | None,
         schema: pa.Schema | dict[str, Any] | None,
         on_error: OnError,
         rate_limit: float | None,
-        csv: CsvOptions | None = None,
         *,
         time: EventTime | None = None,
         columns: Sequence[str] | None = None,
@@ -395,9 +394,7 @@ class Sources(Dataflow):
             raise ValueError(f"{what}: monitor must be a positive duration, not {monitor!r}")
         # a dict gives the types of the columns it names; the files give the others
         whole, types = (None, schema) if isinstance(schema, Mapping) else (schema, None)
-        source = FileSource(
-            url, fmt, options, schema=whole, types=types, csv=csv or CsvOptions(), monitor=every
-        )
+        source = FileSource(url, fmt, options, schema=whole, types=types, monitor=every)
         # on the driver, now: a missing path is an error here, not inside a Spark task, and
         # the schema every subtask and restart reads is fixed
         source, notes = source.prepare()
@@ -415,7 +412,8 @@ class Sources(Dataflow):
         assert source.schema is not None
         made = strategy(what, time, source.schema)
         # what it reads, for its id: the files, and how they are read (as given)
-        reads = f"{url} schema={schema!r} {csv!r}" if csv else f"{url} schema={schema!r}"
+        detail = fmt.detail()
+        reads = f"{url} schema={schema!r} {detail}" if detail else f"{url} schema={schema!r}"
         if chosen is not None:
             reads += f" columns={list(chosen)!r}"
         return self._source(source, label, reads, name, rate_limit, on_error, time=made)

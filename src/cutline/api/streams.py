@@ -54,15 +54,18 @@ from cutline.runtime.eventtime.assign import AssignTimestampsLogic
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.graph import Edge, GraphError, Operator
+from cutline.runtime.io.file_formats import JSONL, PARQUET, OutputFormat
 from cutline.runtime.io.sinks import CollectSink, FileSink
 from cutline.runtime.operators import (
+    FilterLogic,
+    FlatMapLogic,
     Logic,
     MapBatchesLogic,
     MapLogic,
     PassLogic,
-    SinkLogic,
     function_name,
 )
+from cutline.runtime.sink_operator import SinkLogic
 
 if TYPE_CHECKING:
     from cutline.api.keyed import KeyedStream
@@ -103,19 +106,23 @@ class _Operators:
         self, fn: Callable[[Any], Any], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """One record out for every record in: ``fn(record)``."""
-        return self.transform(*_per_record("map", fn), name=name, on_error=on_error)
+        return self.transform(*_per_record("map", MapLogic, fn), name=name, on_error=on_error)
 
     def flat_map(
         self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """Any number of records out for every record in: ``fn(record)`` returns an iterable."""
-        return self.transform(*_per_record("flat_map", fn), name=name, on_error=on_error)
+        return self.transform(
+            *_per_record("flat_map", FlatMapLogic, fn), name=name, on_error=on_error
+        )
 
     def filter(
         self, fn: Callable[[Any], bool], *, name: str | None = None, on_error: str = "fail"
     ) -> DataStream:
         """The records for which ``fn(record)`` is true."""
-        stream = self.transform(*_per_record("filter", fn), name=name, on_error=on_error)
+        stream = self.transform(
+            *_per_record("filter", FilterLogic, fn), name=name, on_error=on_error
+        )
         stream.schema = self._schema()
         return stream
 
@@ -132,7 +139,9 @@ class _Operators:
     ) -> DataStream:
         """The vectorized path: ``fn`` gets a ``pyarrow.RecordBatch`` and returns a batch or
         table. (Records that are dicts are turned into a batch first.)"""
-        return self.transform(*_per_record("map_batches", fn), name=name, on_error=on_error)
+        return self.transform(
+            *_per_record("map_batches", MapBatchesLogic, fn), name=name, on_error=on_error
+        )
 
 
 class DataStream(_Operators, Outputs):
@@ -328,13 +337,13 @@ class DataStream(_Operators, Outputs):
     def write_parquet(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         """Exactly-once Parquet output: part files appear in ``path`` when the checkpoint that
         covers them completes (pending ones wait in ``path/_pending``, which readers skip)."""
-        self._file_sink(location(path), "parquet", name)
+        self._file_sink(location(path), PARQUET, name)
 
     def write_jsonl(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         """Exactly-once JSON-lines output (as :meth:`write_parquet`)."""
-        self._file_sink(location(path), "jsonl", name)
+        self._file_sink(location(path), JSONL, name)
 
-    def _file_sink(self, path: str, fmt: str, name: str | None) -> None:
+    def _file_sink(self, path: str, fmt: OutputFormat, name: str | None) -> None:
         what = f"write_{fmt}({path})"
         self.env._check_output(path, what)
         sink = FileSink(path, fmt, self.env.settings.storage_options)
@@ -366,11 +375,11 @@ class DataStream(_Operators, Outputs):
         self.env._collect[name] = operator.uid
 
 
-def _per_record(kind: str, fn: Any) -> tuple[str, Logic]:
-    """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``."""
-    _callable(fn, kind)
-    logic = MapBatchesLogic(fn) if kind == "map_batches" else MapLogic(fn, kind)
-    return f"{kind}({function_name(fn)})", logic
+def _per_record(what: str, logic: Callable[[Any], Logic], fn: Any) -> tuple[str, Logic]:
+    """The label and logic of a ``map``, ``flat_map``, ``filter`` or ``map_batches``
+    (``what``) of ``fn``."""
+    _callable(fn, what)
+    return f"{what}({function_name(fn)})", logic(fn)
 
 
 def _callable(fn: Any, what: str) -> None:

@@ -12,7 +12,8 @@ drive the very same objects.
 * :mod:`cutline.protocol.cut` — is a checkpoint a consistent cut?;
 * :mod:`cutline.protocol.termination` — the end of a loop (termination detection in waves);
 * :mod:`cutline.protocol.watermarks` — event time's progress: watermarks per source split and
-  per subtask, idleness;
+  per subtask, idleness, and the event time each operator of a subtask reached
+  (:class:`~cutline.protocol.watermarks.EventClock`);
 * :mod:`cutline.protocol.splits` — which subtask reads each split of a source, and where each
   split stands in a checkpoint.
 """
@@ -75,6 +76,7 @@ from cutline.protocol.watermarks import (
     MIN_WATERMARK,
     EmitStatus,
     EmitWatermark,
+    EventClock,
     SplitWatermarks,
     WatermarkAction,
     WatermarkError,
@@ -105,6 +107,7 @@ __all__ = [
     "DuplicateMarkerError",
     "EmitStatus",
     "EmitWatermark",
+    "EventClock",
     "FailJob",
     "ForwardBarrier",
     "InvalidCheckpointIdError",

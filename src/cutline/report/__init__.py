@@ -29,16 +29,19 @@ The package follows the way the page is made, each module using only those above
 
 - :mod:`cutline.report.data` reads the directory (:class:`ReportError` when it cannot)
   and turns its statistics into what the page says;
-- :mod:`cutline.report.figures` draws the history and the barrier diagram with
-  :mod:`cutline.drawing` (their ``gid`` s are listed there);
+- :mod:`cutline.report.figures` (what the figures share, and their inline SVG),
+  :mod:`cutline.report.history_figure` and :mod:`cutline.report.barrier_figure` draw the
+  history and the barrier diagram with :mod:`cutline.drawing` (their ``gid`` s are listed
+  in each);
 - :mod:`cutline.report.html` writes the page around them.
 
 It reads what the runtime wrote and draws it: it sits at the top, beside the ``cli``, and
 imports neither the simulator nor Spark.
 """
 
+from cutline.report.barrier_figure import checkpoint_figure
 from cutline.report.data import ReportError
-from cutline.report.figures import checkpoint_figure, history_figure
+from cutline.report.history_figure import history_figure
 from cutline.report.html import TABLE_ROWS, build_report, write_report
 
 __all__ = [

@@ -16,6 +16,7 @@ from typing import Any
 
 from cutline import __version__
 from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.report.barrier_figure import checkpoint_figure
 from cutline.report.data import (
     Directory,
     ReportError,
@@ -34,7 +35,8 @@ from cutline.report.event_time import (
     timed,
     watermark_figure,
 )
-from cutline.report.figures import checkpoint_figure, history_figure, inline_svg
+from cutline.report.figures import inline_svg
+from cutline.report.history_figure import history_figure
 from cutline.runtime.checkpoint.stats import (
     STATS_FOLDER,
     CheckpointStats,

@@ -31,12 +31,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, assert_never
 
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 KeySelector = str | Callable[[Any], Hashable]
 """A column name (records are dicts or Arrow rows), or a function of the record."""
+
+
+class Partitioning(StrEnum):
+    """How an edge deals its records to the subtasks of its downstream operator."""
+
+    FORWARD = "forward"
+    """Subtask ``i`` feeds subtask ``i``."""
+    HASH = "hash"
+    """Every record goes to the subtask that owns its key's key group (a shuffle)."""
 
 
 class GraphError(ValueError):
@@ -47,8 +57,8 @@ class GraphError(ValueError):
 class Edge:
     upstream: str
     """The uid of the operator the records come from."""
-    partitioning: str = "forward"
-    """``forward`` or ``hash``."""
+    partitioning: Partitioning = Partitioning.FORWARD
+    """(Given as its name, ``"forward"`` or ``"hash"``, it is made the :class:`Partitioning`.)"""
     key: KeySelector | None = None
     """For ``hash`` edges: how to get a record's key."""
     back: bool = False
@@ -56,6 +66,13 @@ class Edge:
     side: str | None = None
     """It carries a side output of its upstream operator (``"late"``: the records a window
     found too late), not its main output. Never chained."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.partitioning, Partitioning):
+            try:
+                object.__setattr__(self, "partitioning", Partitioning(self.partitioning))
+            except ValueError:
+                raise GraphError(f"unknown partitioning {self.partitioning!r}") from None
 
 
 @dataclass
@@ -97,8 +114,6 @@ class JobGraph:
         for edge in operator.inputs:
             if edge.upstream not in self.operators:
                 raise GraphError(f"{operator.name} reads from unknown operator {edge.upstream!r}")
-            if edge.partitioning not in ("forward", "hash"):
-                raise GraphError(f"unknown partitioning {edge.partitioning!r}")
         self.operators[operator.uid] = operator
         return operator
 
@@ -113,7 +128,7 @@ class JobGraph:
                 f"the feedback of {op.name} must come from inside its loop body (an operator "
                 f"downstream of it), not from {self.operators[feedback].name}"
             )
-        op.inputs.append(Edge(feedback, "forward", back=True))
+        op.inputs.append(Edge(feedback, Partitioning.FORWARD, back=True))
 
     def _upstream_of(self, uid: str) -> set[str]:
         seen: set[str] = set()
@@ -139,7 +154,7 @@ class OutputEdge:
 
     downstream: str
     """The uid of the downstream chain."""
-    partitioning: str
+    partitioning: Partitioning
     key: KeySelector | None
     edge_id: str
     """Names the edge in channel ids: ``UPSTREAM>DOWNSTREAM``."""
@@ -212,17 +227,26 @@ class ExecutionPlan:
             for out in upstream.outputs:
                 if out.downstream != chain.uid or (back_only and not out.back):
                     continue
-                if out.partitioning == "forward":
-                    channels.append(channel_id(out.edge_id, index, index))
-                else:
-                    channels += [channel_id(out.edge_id, i, index) for i in range(self.parallelism)]
+                match out.partitioning:
+                    case Partitioning.FORWARD:
+                        channels.append(channel_id(out.edge_id, index, index))
+                    case Partitioning.HASH:
+                        channels += [
+                            channel_id(out.edge_id, i, index) for i in range(self.parallelism)
+                        ]
+                    case unknown:
+                        assert_never(unknown)
         return channels
 
     def output_channels(self, out: OutputEdge, index: int) -> list[tuple[str, int]]:
         """The channels of edge ``out`` from subtask ``index``, with the downstream subtask."""
-        if out.partitioning == "forward":
-            return [(channel_id(out.edge_id, index, index), index)]
-        return [(channel_id(out.edge_id, index, j), j) for j in range(self.parallelism)]
+        match out.partitioning:
+            case Partitioning.FORWARD:
+                return [(channel_id(out.edge_id, index, index), index)]
+            case Partitioning.HASH:
+                return [(channel_id(out.edge_id, index, j), j) for j in range(self.parallelism)]
+            case unknown:
+                assert_never(unknown)
 
 
 def subtask_name(chain_uid: str, index: int) -> str:
@@ -245,7 +269,7 @@ def plan(graph: JobGraph, parallelism: int, max_parallelism: int) -> ExecutionPl
     for op in graph.operators.values():  # insertion order: inputs come first
         chained = (
             len(op.inputs) == 1
-            and op.inputs[0].partitioning == "forward"
+            and op.inputs[0].partitioning is Partitioning.FORWARD
             and op.inputs[0].side is None
             and len(consumers[op.inputs[0].upstream]) == 1
         )

@@ -33,11 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.connectors.sink import RecordError as RecordError  # (the runtime's, too)
-from cutline.connectors.sink import Sink, SinkContext, SinkWriter
-from cutline.connectors.source import Source, SourceContext
-from cutline.runtime.eventtime.clock import EventClock
-from cutline.runtime.eventtime.watermarks import WatermarkStrategy
-from cutline.runtime.source_operator import SourceOperator
+from cutline.connectors.sink import SinkWriter
+from cutline.protocol.watermarks import EventClock
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import (
     key_group,
@@ -270,22 +267,6 @@ class RunningOperator:
         pass
 
 
-@dataclass(frozen=True)
-class RescaledStates:
-    """The state a sink subtask takes over on a restore at another parallelism: the states
-    of the previous run's subtasks it stands in for (old subtask index -> state)."""
-
-    states: dict[int, Any]
-
-    @staticmethod
-    def of(state: Any, subtask: int) -> dict[int, Any]:
-        """A sink's restored state as its writer takes it: old subtask index -> state (its
-        own at the same parallelism, those it adopts at another; none on a fresh start)."""
-        if isinstance(state, RescaledStates):
-            return dict(state.states)
-        return {} if state is None else {subtask: state}
-
-
 class Logic:
     """The picklable description of an operator's work."""
 
@@ -295,35 +276,6 @@ class Logic:
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         raise NotImplementedError
-
-
-# --------------------------------------------------------------------------- sources
-
-
-@dataclass(frozen=True)
-class SourceLogic:
-    """A source operator: any connector's :class:`~cutline.connectors.Source`, run by a
-    :class:`~cutline.runtime.source_operator.SourceOperator` on each subtask. The records its
-    reader rejects (a malformed row, one not of the job's schema) fail the job naming their
-    split (a file source: file and line), or, with ``on_error="dead_letter"``, go to the
-    dead-letter output."""
-
-    source: Source
-    watermarks: WatermarkStrategy | None = None
-    """How its subtasks make watermarks (``event_time=``); ``None``: they make none."""
-
-    def open(self, ctx: OperatorContext, state: Any) -> SourceOperator:
-        rejected = None
-        dead = ctx.dead_letters
-        if ctx.on_error == "dead_letter" and dead is not None:
-
-            def rejected(record: Any, error: str) -> None:
-                dead.add(ctx.name, ctx.subtask, record, error, "")
-
-        context = SourceContext(
-            ctx.name, ctx.subtask, ctx.parallelism, rejected, ctx.warn, ctx.skipped
-        )
-        return SourceOperator(self.source, context, state, self.watermarks)
 
 
 # ------------------------------------------------------------------ stateless per record
@@ -344,35 +296,69 @@ class _Pass(RunningOperator):
 
 @dataclass(frozen=True)
 class MapLogic(Logic):
+    """``map``: each record becomes what ``fn`` returns for it."""
+
     fn: Callable[[Any], Any]
-    kind: str = "map"  # map, flat_map or filter
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
-        return _PerRecord(self.fn, self.kind, ctx)
+        return _Map(self.fn, ctx)
 
 
-class _PerRecord(RunningOperator):
-    def __init__(self, fn: Callable[[Any], Any], kind: str, ctx: OperatorContext) -> None:
-        self.fn, self.kind, self.ctx = fn, kind, ctx
+class _Map(RunningOperator):
+    def __init__(self, fn: Callable[[Any], Any], ctx: OperatorContext) -> None:
+        self.fn, self.ctx = fn, ctx
 
     def process(self, batch: Batch) -> Batch | None:
         fn, out = self.fn, []
-        if self.kind == "map":
-            for record in rows(batch):
-                try:
-                    out.append(fn(record))
-                except Exception as exc:
-                    self.ctx.fail(record, exc)
-            return out
-        if self.kind == "filter":
-            for record in rows(batch):
-                try:
-                    if fn(record):
-                        out.append(record)
-                except Exception as exc:
-                    self.ctx.fail(record, exc)
-            return out
-        return _flat_map(batch, fn, self.ctx)
+        for record in rows(batch):
+            try:
+                out.append(fn(record))
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        return out
+
+
+@dataclass(frozen=True)
+class FilterLogic(Logic):
+    """``filter``: the records for which ``fn`` is true, in order."""
+
+    fn: Callable[[Any], Any]
+
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
+        return _Filter(self.fn, ctx)
+
+
+class _Filter(RunningOperator):
+    def __init__(self, fn: Callable[[Any], Any], ctx: OperatorContext) -> None:
+        self.fn, self.ctx = fn, ctx
+
+    def process(self, batch: Batch) -> Batch | None:
+        fn, out = self.fn, []
+        for record in rows(batch):
+            try:
+                if fn(record):
+                    out.append(record)
+            except Exception as exc:
+                self.ctx.fail(record, exc)
+        return out
+
+
+@dataclass(frozen=True)
+class FlatMapLogic(Logic):
+    """``flat_map``: each record becomes the records ``fn`` yields for it (``None``: none)."""
+
+    fn: Callable[[Any], Iterable[Any] | None]
+
+    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
+        return _FlatMap(self.fn, ctx)
+
+
+class _FlatMap(RunningOperator):
+    def __init__(self, fn: Callable[[Any], Iterable[Any] | None], ctx: OperatorContext) -> None:
+        self.fn, self.ctx = fn, ctx
+
+    def process(self, batch: Batch) -> Batch | None:
+        return _flat_map(batch, self.fn, self.ctx)
 
 
 def _flat_map(
@@ -428,6 +414,16 @@ class _MapBatches(RunningOperator):
             return None
 
 
+STATELESS: tuple[type[Logic], ...] = (
+    PassLogic,
+    MapLogic,
+    FilterLogic,
+    FlatMapLogic,
+    MapBatchesLogic,
+)
+"""The logics that keep no state (a checkpoint holds nothing of them)."""
+
+
 # ----------------------------------------------------------------------------- keys
 
 
@@ -444,69 +440,6 @@ def key_getter(key: str | Callable[[Any], Hashable]) -> Callable[[Any], Hashable
             ) from None
 
     return column
-
-
-# ----------------------------------------------------------------------------- sinks
-
-
-@dataclass(frozen=True)
-class SinkLogic(Logic):
-    """A sink operator: any connector's :class:`~cutline.connectors.Sink` (the file sinks and
-    ``collect`` are sinks of the API), its writer committing at every checkpoint."""
-
-    sink: Sink
-
-    def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
-        restored = RescaledStates.of(state, ctx.subtask)
-        context = SinkContext(
-            ctx.name,
-            ctx.subtask,
-            ctx.parallelism,
-            ctx.generation,
-            ctx.run,
-            ctx.checkpoint_dir,
-            ctx.storage_options,
-            ctx.job,
-            ctx.uid,
-        )
-        return _Sink(self.sink.writer(context, restored), self.sink.columnar, ctx)
-
-
-class _Sink(RunningOperator):
-    def __init__(self, writer: SinkWriter, columnar: bool, ctx: OperatorContext) -> None:
-        self.writer, self.columnar, self.ctx = writer, columnar, ctx
-
-    def process(self, batch: Batch) -> Batch | None:
-        if self.columnar:
-            try:
-                batch = to_arrow(batch, f"{self.ctx.name}")
-            except RecordError as exc:
-                self.ctx.fail(exc.record, exc)
-                return None
-        try:
-            self.writer.write(batch)
-        except RecordError as exc:  # a record the destination refused (the writer took the
-            self.ctx.fail(exc.record, exc)  # rest): to the dead letters, or the job fails
-        return None  # (anything else: the writer cannot go on, the subtask fails)
-
-    def snapshot(
-        self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
-    ) -> Any:
-        while True:
-            try:
-                return self.writer.prepare_commit(checkpoint_id)
-            except RecordError as exc:  # refused while sending what it held: put aside, and
-                self.ctx.fail(exc.record, exc)  # asked again (the dead letters are written
-                # before the sink's committable is taken: ``SubtaskRunner._snapshot``)
-
-    def notify_complete(self, checkpoint_id: int) -> None:
-        self.writer.commit(checkpoint_id)
-
-    def abort(self) -> None:
-        self.writer.abort()
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 @dataclass

@@ -21,6 +21,7 @@ import pickle
 import time
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 import numpy as np
@@ -54,6 +55,7 @@ from cutline.runtime.eventtime.watermarks import (
     jumps,
     promise_after,
 )
+from cutline.runtime.operators import OperatorContext
 
 SOURCE_STATE = 2
 """The format of a source subtask's state: ``{"format": 2, "splits": {id: SplitState}}``."""
@@ -398,6 +400,31 @@ class SourceOperator:
             raise SourceError(
                 f"source {self.name} failed to {what}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+@dataclass(frozen=True)
+class SourceLogic:
+    """A source operator: any connector's :class:`~cutline.connectors.Source`, run by a
+    :class:`SourceOperator` on each subtask. The records its reader rejects (a malformed row,
+    one not of the job's schema) fail the job naming their split (a file source: file and
+    line), or, with ``on_error="dead_letter"``, go to the dead-letter output."""
+
+    source: Source
+    watermarks: WatermarkStrategy | None = None
+    """How its subtasks make watermarks (``event_time=``); ``None``: they make none."""
+
+    def open(self, ctx: OperatorContext, state: Any) -> SourceOperator:
+        rejected = None
+        dead = ctx.dead_letters
+        if ctx.on_error == "dead_letter" and dead is not None:
+
+            def rejected(record: Any, error: str) -> None:
+                dead.add(ctx.name, ctx.subtask, record, error, "")
+
+        context = SourceContext(
+            ctx.name, ctx.subtask, ctx.parallelism, rejected, ctx.warn, ctx.skipped
+        )
+        return SourceOperator(self.source, context, state, self.watermarks)
 
 
 def source_split_states(state: Any, name: str) -> dict[str, SplitState]:

@@ -42,6 +42,7 @@ from cutline.connectors.kafka.avro import (
     register,
 )
 from cutline.connectors.kafka.metadata import LOG, reason
+from cutline.connectors.kafka.values import VALUE_FORMATS, Values
 from cutline.connectors.sink import Sink, SinkContext, SinkError, SinkWriter
 from cutline.connectors.source import Batch
 
@@ -63,8 +64,9 @@ class KafkaSink(Sink):
     key: str | None = None
     """The column whose value keys each record (text, bytes, or anything made text);
     ``None``: records without a key (spread over the partitions by the client)."""
-    value_format: str = "json"
-    """``"json"``: the record (every column but ``headers`` and ``delete``'s) as a JSON
+    value_format: Values = Values.JSON
+    """(Given as its name, it is made the :class:`~cutline.connectors.kafka.values.Values`.)
+    ``"json"``: the record (every column but ``headers`` and ``delete``'s) as a JSON
     object; ``"avro"``: the fields of ``avro``'s schema; ``"raw"``/``"string"``: the
     ``value`` column's bytes or text."""
     config: Mapping[str, Any] = field(default_factory=dict)
@@ -86,12 +88,8 @@ class KafkaSink(Sink):
                 "write_kafka: bootstrap_servers must say where the brokers are, e.g. "
                 f"'127.0.0.1:9092', not {self.bootstrap_servers!r}"
             )
-        if self.value_format not in ("json", "avro", "raw", "string"):
-            raise ValueError(
-                "write_kafka: value_format must be 'json', 'avro', 'raw' or 'string', not "
-                f"{self.value_format!r}"
-            )
-        if (self.value_format == "avro") != (self.avro is not None):
+        object.__setattr__(self, "value_format", _values(self.value_format))
+        if (self.value_format is Values.AVRO) != (self.avro is not None):
             raise ValueError(
                 "write_kafka: value_format='avro' needs schema= (an Avro schema) or "
                 "schema_registry=, and they are for Avro values only"
@@ -161,7 +159,7 @@ def kafka_sink(
         topic,
         bootstrap_servers,
         key,
-        value_format,
+        _values(value_format),
         dict(config or {}),
         fixed,
         timestamp,
@@ -169,6 +167,16 @@ def kafka_sink(
         avro,
     )
     return sink.prepare()
+
+
+def _values(given: Any) -> Values:
+    """``write_kafka``'s ``value_format=``: a :class:`Values` (or its name); a
+    ``ValueError`` naming those that work else."""
+    if given not in VALUE_FORMATS:
+        raise ValueError(
+            f"write_kafka: value_format must be 'json', 'avro', 'raw' or 'string', not {given!r}"
+        )
+    return Values(given)
 
 
 def _constant_headers(headers: Any) -> tuple[Header, ...]:
@@ -232,7 +240,7 @@ class KafkaWriter(SinkWriter):
 
     def _value(self, row: Mapping[str, Any]) -> bytes | None:
         sink = self.sink
-        if sink.value_format == "json":
+        if sink.value_format is Values.JSON:
             if self.hidden:
                 row = {k: v for k, v in row.items() if k not in self.hidden}
             return json.dumps(row, default=_plain, separators=(",", ":")).encode()
@@ -246,7 +254,7 @@ class KafkaWriter(SinkWriter):
                 ) from None
         if "value" not in row:
             raise SinkError(
-                f"write_kafka({sink.topic}, value_format={sink.value_format!r}): "
+                f"write_kafka({sink.topic}, value_format={str(sink.value_format)!r}): "
                 f"a record has no 'value' field: {dict(row)!r:.100}"
             )
         return _bytes(row["value"])

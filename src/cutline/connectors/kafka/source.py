@@ -67,10 +67,12 @@ from cutline.connectors.kafka.ranges import OFFSET_POLICIES
 from cutline.connectors.kafka.reader import KafkaReader
 from cutline.connectors.kafka.values import (
     KAFKA_FIELDS,
-    VALUE_FORMATS,
     Deserializer,
     ValueFormat,
+    Values,
     infer_schema,
+    keys_named,
+    values_named,
 )
 from cutline.connectors.source import Source, SourceContext, SourceError
 from cutline.protocol.splits import Split
@@ -125,20 +127,10 @@ class KafkaSource(Source):
                 "read_kafka: bootstrap_servers must say where the brokers are, e.g. "
                 f"'127.0.0.1:9092', not {self.bootstrap_servers!r}"
             )
-        fmt = self.value.value_format
-        if not callable(fmt) and fmt not in VALUE_FORMATS:
-            raise ValueError(
-                f"read_kafka: value_format must be one of {', '.join(VALUE_FORMATS)} or a "
-                f"function of a value's bytes to a dict of fields, not {fmt!r}"
-            )
-        if (fmt == "avro") != (self.value.avro is not None):
+        if (self.value.value_format is Values.AVRO) != (self.value.avro is not None):
             raise ValueError(
                 "read_kafka: value_format='avro' needs schema= (an Avro schema) or "
                 "schema_registry=, and they are for Avro values only"
-            )
-        if self.value.key_format not in ("string", "raw"):
-            raise ValueError(
-                f"read_kafka: key_format must be 'string' or 'raw', not {self.value.key_format!r}"
             )
         for schema in (self.value.schema, self.types):
             if schema is None:
@@ -192,7 +184,7 @@ class KafkaSource(Source):
             value = self.value
             if value.avro is not None:
                 value = self._avro_schema(value, value.avro, sorted({t for t, _ in partitions}))
-            if value.value_format == "json" and value.schema is None:
+            if value.value_format is Values.JSON and value.schema is None:
                 sample = sample_values(consumer, partitions, starts)
                 inferred = infer_schema(sample, self.types)
                 if self.types is not None and inferred is None:
@@ -308,7 +300,7 @@ def kafka_source(
     return KafkaSource(
         names,
         bootstrap_servers,
-        ValueFormat(value_format, schema, key_format, avro),
+        ValueFormat(values_named(value_format), schema, keys_named(key_format), avro),
         start,
         bounded,
         group_id,

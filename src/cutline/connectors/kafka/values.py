@@ -20,7 +20,8 @@ import datetime as dt
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, assert_never
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +50,52 @@ KAFKA_SCHEMA = pa.schema(
 )
 """Their Arrow types with ``key_format="string"`` (``"raw"``: ``_key`` is binary)."""
 
-VALUE_FORMATS = ("json", "avro", "raw", "string")
+
+class Values(StrEnum):
+    """What a record's value is, as ``value_format=`` names it (reading, a function of the
+    user's is one more way: a :data:`Deserializer`)."""
+
+    JSON = "json"
+    """A JSON object: its fields."""
+    AVRO = "avro"
+    """An Avro record: its fields (an :class:`~cutline.connectors.kafka.avro.AvroFormat`
+    says how)."""
+    RAW = "raw"
+    """Bytes: a ``value`` column of them."""
+    STRING = "string"
+    """UTF-8 text: a ``value`` column of it."""
+
+
+class Keys(StrEnum):
+    """What a record's key is read as (``key_format=``): ``_key`` as text, or its bytes."""
+
+    STRING = "string"
+    RAW = "raw"
+
+
+VALUE_FORMATS = tuple(str(v) for v in Values)
+
+
+def values_named(given: Any) -> Values | Deserializer:
+    """``read_kafka``'s ``value_format=``: a :class:`Values` (or its name), or a function of
+    a value's bytes to a dict of fields; a ``ValueError`` naming what works else."""
+    if callable(given):
+        return given  # type: ignore[no-any-return]
+    if given not in VALUE_FORMATS:
+        raise ValueError(
+            f"read_kafka: value_format must be one of {', '.join(VALUE_FORMATS)} or a "
+            f"function of a value's bytes to a dict of fields, not {given!r}"
+        )
+    return Values(given)
+
+
+def keys_named(given: Any) -> Keys:
+    """``read_kafka``'s ``key_format=``: a :class:`Keys` (or its name); a ``ValueError``
+    else."""
+    if given not in tuple(Keys):
+        raise ValueError(f"read_kafka: key_format must be 'string' or 'raw', not {given!r}")
+    return Keys(given)
+
 
 Header = tuple[str, bytes | None]
 
@@ -106,11 +152,17 @@ class ValueFormat:
     deserializer, or JSON on an empty topic: records are Python dicts.
     """
 
-    value_format: str | Deserializer = "json"
+    value_format: Values | Deserializer = Values.JSON
+    """(Given as its name, it is made the :class:`Values`.)"""
     schema: pa.Schema | None = None
-    key_format: str = "string"
+    key_format: Keys = Keys.STRING
+    """(Given as its name, it is made the :class:`Keys`.)"""
     avro: AvroFormat | None = None
     """Avro values: the reader's schema and the Schema Registry, if any."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value_format", values_named(self.value_format))
+        object.__setattr__(self, "key_format", keys_named(self.key_format))
 
     def record_schema(self) -> pa.Schema | None:
         """The columns of the records, when they are Arrow batches."""
@@ -120,23 +172,29 @@ class ValueFormat:
         return pa.schema([*value, *self.kafka_schema()])
 
     def value_schema(self) -> pa.Schema | None:
-        if self.value_format == "raw":
-            return pa.schema([("value", pa.binary())])
-        if self.value_format == "string":
-            return pa.schema([("value", pa.string())])
-        return self.schema
+        match self.value_format:
+            case Values.RAW:
+                return pa.schema([("value", pa.binary())])
+            case Values.STRING:
+                return pa.schema([("value", pa.string())])
+            case _:  # (JSON, Avro, a deserializer: the fields of ``schema``)
+                return self.schema
 
     def kafka_schema(self) -> pa.Schema:
-        if self.key_format == "raw":
-            return KAFKA_SCHEMA.set(0, pa.field("_key", pa.binary()))
-        return KAFKA_SCHEMA
+        match self.key_format:
+            case Keys.RAW:
+                return KAFKA_SCHEMA.set(0, pa.field("_key", pa.binary()))
+            case Keys.STRING:
+                return KAFKA_SCHEMA
+            case unknown:
+                assert_never(unknown)
 
     def decode(
         self, messages: Sequence[Message]
     ) -> tuple[pa.RecordBatch | list[Any], list[Rejected]]:
         """The records of ``messages`` (one partition's, in order) and those rejected; a
         tombstone is a record of null value fields."""
-        if self.value_format in ("raw", "string"):
+        if self.value_format is Values.RAW or self.value_format is Values.STRING:
             return self._plain(messages)
         schema = self.schema
         if schema is None:  # (records as dicts: a deserializer's, or JSON of an empty topic)
@@ -161,7 +219,7 @@ class ValueFormat:
         self, messages: list[Message], schema: pa.Schema
     ) -> tuple[pa.Table, list[Message], list[Rejected]]:
         """The value columns of ``messages`` (none a tombstone), those kept and those not."""
-        if self.value_format == "json":
+        if self.value_format is Values.JSON:
             fast = _json_at_once(messages, schema)
             if fast is not None:
                 return fast, messages, []
@@ -210,7 +268,7 @@ class ValueFormat:
         return row
 
     def _plain(self, messages: Sequence[Message]) -> tuple[pa.RecordBatch, list[Rejected]]:
-        if self.value_format == "raw":
+        if self.value_format is Values.RAW:
             values = pa.array([m.value for m in messages], pa.binary())
             return self._with_kafka_fields(pa.table({"value": values}), messages), []
         texts: list[str | None] = []
@@ -227,7 +285,7 @@ class ValueFormat:
 
     def _key(self, key: bytes | None) -> str | bytes | None:
         """``_key``: as given (``key_format="raw"``), or as text."""
-        if key is None or self.key_format == "raw":
+        if key is None or self.key_format is Keys.RAW:
             return key
         return key.decode("utf-8", "backslashreplace")
 

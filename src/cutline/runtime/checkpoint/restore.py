@@ -33,14 +33,8 @@ from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.stats import RecordCounts
 from cutline.runtime.graph import Chain, ExecutionPlan, subtask_name
 from cutline.runtime.io.formats import SourceError
-from cutline.runtime.operators import (
-    MapBatchesLogic,
-    MapLogic,
-    PassLogic,
-    RecordError,
-    RescaledStates,
-    SinkLogic,
-)
+from cutline.runtime.operators import STATELESS, RecordError
+from cutline.runtime.sink_operator import RescaledStates, SinkLogic
 from cutline.runtime.source_operator import merge_source_states
 from cutline.runtime.state.keygroups import key_group_range
 
@@ -104,8 +98,7 @@ def plan_restore(
             f"{op.uid!r} ({op.name})" if op.name != op.uid else repr(op.uid)
             for chain in plan.chains
             for op in chain.operators
-            if op.uid not in stateful
-            and not isinstance(op.logic, MapLogic | MapBatchesLogic | PassLogic)  # no state
+            if op.uid not in stateful and not isinstance(op.logic, STATELESS)
         ]
         without = (
             f"the operators of this job without state in it are {', '.join(empty)}"

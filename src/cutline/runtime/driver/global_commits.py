@@ -17,7 +17,7 @@ from cutline.connectors.sink import GlobalCommitter
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.reader import CheckpointReader
 from cutline.runtime.graph import ExecutionPlan
-from cutline.runtime.operators import SinkLogic
+from cutline.runtime.sink_operator import SinkLogic
 
 
 class GlobalCommitError(Exception):

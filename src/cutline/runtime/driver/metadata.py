@@ -12,7 +12,8 @@ from cutline.protocol.cut import channel_cuts, check_cut
 from cutline.runtime.checkpoint.layout import CheckpointMetadata, StateHandle
 from cutline.runtime.driver.stats_tracker import CheckpointStatsTracker
 from cutline.runtime.graph import Operator
-from cutline.runtime.operators import SinkLogic
+from cutline.runtime.sink_operator import SinkLogic
+from cutline.runtime.task.launch import Checkpointing
 
 if TYPE_CHECKING:
     from cutline.runtime.driver.run import JobRun
@@ -52,7 +53,7 @@ def checkpoint_metadata(
         channel_cuts(
             {s: h.channels for s, h in metadata.handles.items() if h.channels is not None}
         ),
-        at_least_once=mode == "at_least_once",
+        at_least_once=mode is Checkpointing.AT_LEAST_ONCE,
     )
     if violations:
         raise ValueError(

@@ -20,7 +20,7 @@ from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.checkpoint.stats import RecordCounts, RestartInfo
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.graph import ExecutionPlan, Operator
-from cutline.runtime.operators import SinkLogic
+from cutline.runtime.sink_operator import SinkLogic
 
 CAUSE_MOST = 100
 """Characters of a restart's cause the verdict shows (its first line)."""

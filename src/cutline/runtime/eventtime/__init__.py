@@ -7,8 +7,6 @@ keeps.
   :mod:`cutline.runtime.durations`, in whole milliseconds here);
 * ``watermarks.py``: :class:`WatermarkStrategy` (what a source or ``assign_timestamps``
   makes watermarks from);
-* ``clock.py``: :class:`EventClock`, the watermark a subtask's operators and outputs reached,
-  kept in one place;
 * ``assigners.py``: :class:`Tumbling`, :class:`Sliding`, :class:`Session` (Flink's window
   assigners), and the :class:`Window` a ``process`` function is given;
 * ``aggregations.py``: :class:`Aggregation` (the built-ins, a user's

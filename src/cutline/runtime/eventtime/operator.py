@@ -163,7 +163,7 @@ class WindowOperator(_Keyed):
     @property
     def watermark(self) -> int:
         """The watermark this operator reached: its place on the subtask's clock
-        (:class:`~cutline.runtime.eventtime.clock.EventClock`; for processing-time windows,
+        (:class:`~cutline.protocol.watermarks.EventClock`; for processing-time windows,
         the wall clock's time it reached)."""
         return self.ctx.watermark
 

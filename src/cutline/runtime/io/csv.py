@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-from cutline.runtime.io.formats import CsvOptions, FileInput, SourceError, first_duplicate
+from cutline.runtime.io.formats import CsvOptions, SourceError, first_duplicate
 from cutline.runtime.io.rows import (
     Block,
     Refused,
@@ -202,10 +202,11 @@ def _first_record(
     return None, line, line, b""
 
 
-def csv_blocks(stream: Any, path: str, source: FileInput) -> Iterator[Block]:
-    assert source.schema is not None
+def csv_blocks(
+    stream: Any, path: str, options: CsvOptions, schema: pa.Schema, block_size: int
+) -> Iterator[Block]:
     try:
-        file = CsvFile(stream, path, source.csv, source.block_size)
-        yield from text_blocks(iter(file), CsvParser(source.csv, file.names), source.schema, path)
+        file = CsvFile(stream, path, options, block_size)
+        yield from text_blocks(iter(file), CsvParser(options, file.names), schema, path)
     finally:
         stream.close()

@@ -13,8 +13,9 @@ tz=UTC]"}`` reads the same instants with a time zone."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,30 +29,29 @@ from cutline.runtime.io.formats import (
     SAMPLE_ROWS,
     SAMPLE_TOTAL,
     CsvOptions,
-    FileInput,
     SourceError,
 )
-from cutline.runtime.io.jsonl import KINDS, JsonParser, kind_of
+from cutline.runtime.io.jsonl import KINDS, JsonKind, JsonParser, kind_of
 from cutline.runtime.io.parquet import check_castable
 from cutline.runtime.io.rows import Refused, cut_blocks, cut_records, json_blank, settle, show_value
 from cutline.runtime.io.times import DIGITS, time_unit
 
+Sampler: TypeAlias = Callable[[Any, list[str], int, pa.Schema], tuple[pa.Schema, list[str]]]
+"""A format's schema of the heads of files: ``(fs, files, budget, types)`` -> the schema and
+notes, each file sampled up to ``budget`` bytes, the columns of ``types`` of their types
+(:meth:`~cutline.runtime.io.file_formats.InputFormat.sample`)."""
 
-def infer_schema(source: FileInput, files: list[str]) -> tuple[pa.Schema, list[str]]:
-    """The schema of ``files``, and notes for the user. The columns of ``source.types`` (a
-    ``schema=`` dict) have the types given, and are added after the others (with a note) when
-    no file has them."""
-    fs, _ = source.filesystem()
+
+def infer_schema(
+    sample: Sampler, fs: Any, files: list[str], types: pa.Schema | None
+) -> tuple[pa.Schema, list[str]]:
+    """The schema of ``files`` as a format ``sample`` s them, and notes for the user. The
+    columns of ``types`` (a ``schema=`` dict) have the types given, and are added after the
+    others (with a note) when no file has them."""
     budget = max(SAMPLE_LEAST, min(SAMPLE_BYTES, SAMPLE_TOTAL // max(len(files), 1)))
-    types = source.types if source.types is not None else pa.schema([])
-    notes: list[str] = []
-    if source.format == "parquet":
-        schema = _infer_parquet(fs, files, types)
-    elif source.format == "csv":
-        schema, notes = _infer_csv(source.csv, fs, files, budget, types)
-    else:
-        schema, notes = _infer_jsonl(fs, files, budget, types)
-    return _with_types(schema, types, files, notes)
+    given = types if types is not None else pa.schema([])
+    schema, notes = sample(fs, files, budget, given)
+    return _with_types(schema, given, files, notes)
 
 
 def _with_types(
@@ -103,7 +103,9 @@ def parquet_schema(fs: Any, path: str) -> pa.Schema:
         stream.close()
 
 
-def _infer_parquet(fs: Any, files: list[str], types: pa.Schema) -> pa.Schema:
+def infer_parquet(
+    fs: Any, files: list[str], budget: int, types: pa.Schema
+) -> tuple[pa.Schema, list[str]]:
     """The union of the files' schemas, each column's types unified; a column of ``types``
     is not unified but checked to cast from every file's type."""
     merged: dict[str, tuple[pa.DataType, str]] = {}
@@ -126,7 +128,7 @@ def _infer_parquet(fs: Any, files: list[str], types: pa.Schema) -> pa.Schema:
                     "be cast to it is an error; rows whose values do not fit are rejected)"
                 )
             merged[column.name] = (unified, first)
-    return pa.schema([(name, kind) for name, (kind, _) in merged.items()])
+    return pa.schema([(name, kind) for name, (kind, _) in merged.items()]), []
 
 
 _LADDER = (pa.int64(), pa.float64(), pa.bool_(), pa.date32())
@@ -158,7 +160,7 @@ class _Sampled:
     parts: list[tuple[str, Any, list[int]]] = field(default_factory=list)
 
 
-def _infer_csv(
+def infer_csv(
     options: CsvOptions, fs: Any, files: list[str], budget: int, types: pa.Schema
 ) -> tuple[pa.Schema, list[str]]:
     columns: dict[str, _Sampled] = {}
@@ -239,7 +241,7 @@ def _suggest(schema: pa.Schema, changed: dict[str, str]) -> str:
     return f"schema={{{types}}}"
 
 
-def _infer_jsonl(
+def infer_jsonl(
     fs: Any, files: list[str], budget: int, types: pa.Schema
 ) -> tuple[pa.Schema, list[str]]:
     merged: dict[str, pa.DataType | None] = {}  # None: a conflict
@@ -354,7 +356,7 @@ def _kinds_notes(
 ) -> list[str]:
     """For each column read as text because its values do not fit one type: a note when they
     are of different kinds (numbers and text, ...), with an example."""
-    seen: dict[str, dict[str, tuple[Any, str, int]]] = {name: {} for name in conflicts}
+    seen: dict[str, dict[JsonKind, tuple[Any, str, int]]] = {name: {} for name in conflicts}
     numbers: dict[str, bool] = dict.fromkeys(conflicts, True)  # all whole numbers
     for path, records in samples:
         for line, raw in records:
@@ -367,20 +369,20 @@ def _kinds_notes(
             for name in conflicts:
                 found = value.get(name)
                 kind = kind_of(found)
-                if kind == "null":
+                if kind is JsonKind.NULL:
                     continue
                 seen[name].setdefault(kind, (found, path, line))
-                if kind == "number" and not isinstance(found, int):
+                if kind is JsonKind.NUMBER and not isinstance(found, int):
                     numbers[name] = False
     notes = []
     for name in conflicts:
         kinds = seen[name]
         if len(kinds) < 2:
             continue  # text of several looks (timestamps and other text): text it is
-        if "number" in kinds and "text" in kinds:
-            value, path, line = kinds["text"]
-            kind = "int64" if numbers[name] else "double"
-            notes.append(_mixed_note(schema, name, kind, value, path, line))
+        if JsonKind.NUMBER in kinds and JsonKind.TEXT in kinds:
+            value, path, line = kinds[JsonKind.TEXT]
+            numeric = "int64" if numbers[name] else "double"
+            notes.append(_mixed_note(schema, name, numeric, value, path, line))
             continue
         second = list(kinds)[1]
         value, path, line = kinds[second]

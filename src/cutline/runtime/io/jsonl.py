@@ -6,12 +6,12 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from cutline.runtime.io.formats import FileInput
 from cutline.runtime.io.rows import (
     Block,
     Refused,
@@ -153,32 +153,44 @@ def _as_text(kind: pa.DataType) -> bool:
     return bool(pa.types.is_date(kind) or pa.types.is_timestamp(kind))
 
 
-KINDS = {
-    "number": ("numbers", "a number"),
-    "text": ("text", "text"),
-    "boolean": ("booleans", "a boolean"),
-    "object": ("objects", "an object"),
-    "array": ("arrays", "an array"),
-    "null": ("nulls", "null"),
+class JsonKind(StrEnum):
+    """What a JSON value is (for what is said of a column whose values are of several)."""
+
+    NUMBER = "number"
+    TEXT = "text"
+    BOOLEAN = "boolean"
+    OBJECT = "object"
+    ARRAY = "array"
+    NULL = "null"
+
+
+KINDS: dict[JsonKind, tuple[str, str]] = {
+    JsonKind.NUMBER: ("numbers", "a number"),
+    JsonKind.TEXT: ("text", "text"),
+    JsonKind.BOOLEAN: ("booleans", "a boolean"),
+    JsonKind.OBJECT: ("objects", "an object"),
+    JsonKind.ARRAY: ("arrays", "an array"),
+    JsonKind.NULL: ("nulls", "null"),
 }
+"""How messages say each kind: of many values, of one."""
 
 
-def kind_of(value: Any) -> str:
+def kind_of(value: Any) -> JsonKind:
+    """The kind of a value ``json.loads`` made."""
     if value is None:
-        return "null"
+        return JsonKind.NULL
     if isinstance(value, bool):
-        return "boolean"
+        return JsonKind.BOOLEAN
     if isinstance(value, int | float):
-        return "number"
+        return JsonKind.NUMBER
     if isinstance(value, str):
-        return "text"
-    return "object" if isinstance(value, dict) else "array"
+        return JsonKind.TEXT
+    return JsonKind.OBJECT if isinstance(value, dict) else JsonKind.ARRAY
 
 
-def jsonl_blocks(stream: Any, path: str, source: FileInput) -> Iterator[Block]:
-    assert source.schema is not None
+def jsonl_blocks(stream: Any, path: str, schema: pa.Schema, block_size: int) -> Iterator[Block]:
     try:
-        blocks = cut_blocks(stream, source.block_size, None)
-        yield from text_blocks(blocks, JsonParser(source.schema), source.schema, path)
+        blocks = cut_blocks(stream, block_size, None)
+        yield from text_blocks(blocks, JsonParser(schema), schema, path)
     finally:
         stream.close()

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import pickle
 import re
 import threading
 from collections.abc import Mapping
@@ -46,15 +44,13 @@ from typing import Any
 
 import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from cutline.connectors.sink import PendingCommit, Sink, SinkContext, SinkWriter
 from cutline.connectors.sink import SinkError as SinkError  # (its home: connectors)
+from cutline.runtime.io.file_formats import PARQUET, PICKLE, OutputFormat
 
 PENDING = "_pending"
 _PART = re.compile(r"part-(\d{5})-(\d{10})-g(\d+)-([a-z0-9]+)-\d+\.[a-z]+")
-_SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl", "pickle": ".pickle"}
-"""``pickle`` parts hold lists of Python records: the collect sink's output."""
 
 
 COLLECT_FOLDER = "_collect"
@@ -76,25 +72,28 @@ class CollectSink(Sink):
 
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> FileSinkWriter:
         directory = collect_directory(context.checkpoint_dir, self.name)
-        return FileSink(directory, "pickle", context.storage_options).writer(context, restored)
+        return FileSink(directory, PICKLE, context.storage_options).writer(context, restored)
 
 
 @dataclass(frozen=True)
 class FileSink(Sink):
-    """Part files in ``directory`` (a local path or any fsspec URL), as ``parquet`` or ``jsonl``."""
+    """Part files in ``directory`` (a local path or any fsspec URL), in ``format``
+    (:data:`~cutline.runtime.io.file_formats.PARQUET`,
+    :data:`~cutline.runtime.io.file_formats.JSONL`, ...)."""
 
     directory: str
-    format: str = "parquet"
+    format: OutputFormat = PARQUET
     storage_options: Mapping[str, Any] | None = None
 
     @property
     def columnar(self) -> bool:  # type: ignore[override]
-        return self.format != "pickle"
+        return self.format.columnar
 
     def __post_init__(self) -> None:
-        if self.format not in _SUFFIX:
-            raise ValueError(
-                f"unknown output format {self.format!r}: use one of {', '.join(_SUFFIX)}"
+        if not isinstance(self.format, OutputFormat):
+            raise TypeError(
+                f"format must be an OutputFormat (cutline.runtime.io.file_formats), not "
+                f"{self.format!r}"
             )
 
     def writer(self, context: SinkContext, restored: Mapping[int, Any]) -> FileSinkWriter:
@@ -120,7 +119,13 @@ class FileSink(Sink):
 
 class FileSinkWriter(SinkWriter):
     def __init__(
-        self, fs: Any, root: str, fmt: str, subtask: int, generation: int, run: str = "r0"
+        self,
+        fs: Any,
+        root: str,
+        fmt: OutputFormat,
+        subtask: int,
+        generation: int,
+        run: str = "r0",
     ) -> None:
         self._run = run
         self._fs = fs
@@ -149,11 +154,11 @@ class FileSinkWriter(SinkWriter):
 
     def write(self, batch: pa.RecordBatch | list[Any]) -> None:
         """Buffer records for the part file of the current checkpoint (Arrow record batches;
-        for the ``pickle`` format, records as they are)."""
+        for a format not columnar, records as they are)."""
         if self._failed is not None:
             raise self._failed
         if len(batch):
-            if self._format == "pickle" and not isinstance(batch, list):
+            if not self._format.columnar and not isinstance(batch, list):
                 batch = batch.to_pylist()
             self._batches.append(batch)
 
@@ -166,7 +171,7 @@ class FileSinkWriter(SinkWriter):
         if self._batches:
             name = (
                 f"part-{self._subtask:05d}-{checkpoint_id:010d}-g{self._generation}-"
-                f"{self._run}-{self._part}{_SUFFIX[self._format]}"
+                f"{self._run}-{self._part}{self._format.suffix}"
             )
             self._part += 1
             with self._unwritten_lock:
@@ -307,14 +312,7 @@ class FileSinkWriter(SinkWriter):
 
     def _write_file(self, path: str, batches: list[Any]) -> None:
         buffer = io.BytesIO()
-        if self._format == "pickle":
-            pickle.dump([r for batch in batches for r in batch], buffer, pickle.HIGHEST_PROTOCOL)
-        elif self._format == "parquet":
-            table = _table(batches)
-            pq.write_table(table, buffer)
-        else:
-            for row in _table(batches).to_pylist():
-                buffer.write(json.dumps(row, default=str).encode() + b"\n")
+        self._format.write(buffer, batches)
         try:
             with self._fs.open(path, "wb") as out:
                 out.write(buffer.getvalue())
@@ -333,16 +331,3 @@ class PreCommit(PendingCommit):
         """Write the part files pre-committed so far; the sink's state for the checkpoint."""
         self.writer.flush()
         return self.state
-
-
-def _table(batches: list[pa.RecordBatch]) -> pa.Table:
-    """One table of ``batches``, unifying schemas that differ only where a column was all null
-    in some batch."""
-    try:
-        return pa.Table.from_batches(batches)
-    except pa.ArrowInvalid:
-        tables = [pa.Table.from_batches([b]) for b in batches]
-        try:
-            return pa.concat_tables(tables, promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise SinkError(f"the records do not share one schema: {exc}") from None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import fsspec
@@ -47,18 +47,9 @@ from cutline.connectors.source import (
     SplitReader,
 )
 from cutline.protocol.splits import Split
-from cutline.runtime.io.csv import csv_blocks
-from cutline.runtime.io.formats import (
-    BLOCK_BYTES,
-    FORMATS,
-    SUFFIXES,
-    CsvOptions,
-    SourceError,
-    as_schema,
-)
-from cutline.runtime.io.inference import infer_schema, parquet_schema
-from cutline.runtime.io.jsonl import jsonl_blocks
-from cutline.runtime.io.parquet import check_castable, lowest_timestamp, parquet_blocks
+from cutline.runtime.io.file_formats import PARQUET, InputFormat
+from cutline.runtime.io.formats import BLOCK_BYTES, SourceError, as_schema
+from cutline.runtime.io.inference import infer_schema
 from cutline.runtime.io.rows import Block, Reject
 
 _GLOB = re.compile(r"[*?[]")
@@ -180,8 +171,9 @@ class SequenceReader(SplitReader):
 
 @dataclass(frozen=True)
 class FileSource(Source):
-    """The files of ``path`` in ``format`` (``parquet``, ``csv`` or ``jsonl``), read with one
-    schema.
+    """The files of ``path`` in ``format`` (:data:`~cutline.runtime.io.file_formats.PARQUET`,
+    a :class:`~cutline.runtime.io.file_formats.CsvFormat` or
+    :data:`~cutline.runtime.io.file_formats.JSONL`), read with one schema.
 
     ``path`` is a directory (its files with the format's suffixes, not those whose names start
     with ``.`` or ``_``), one file, or a glob pattern (every file it matches, whatever its
@@ -199,14 +191,13 @@ class FileSource(Source):
     """
 
     path: str
-    format: str = "parquet"
+    format: InputFormat = PARQUET
     storage_options: Mapping[str, Any] | None = None
     schema: pa.Schema | None = None
     types: pa.Schema | None = None
     """The columns whose types the user set (the file sources' ``schema=`` as a dict), which
     inference leaves as they are; the other columns are found and typed as without
     ``schema=``. Ignored when ``schema`` is given."""
-    csv: CsvOptions = field(default_factory=CsvOptions)
     block_size: int = BLOCK_BYTES
     """Bytes of a CSV or JSON-lines file parsed at a time (whole records)."""
     listed: tuple[str, ...] | None = None
@@ -220,9 +211,10 @@ class FileSource(Source):
     hash of their path); ``None``: the files of the listing only."""
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(
-                f"unknown file format {self.format!r}: use one of {', '.join(FORMATS)}"
+        if not isinstance(self.format, InputFormat):
+            raise TypeError(
+                f"format must be an InputFormat (cutline.runtime.io.file_formats), not "
+                f"{self.format!r}"
             )
         if type(self.block_size) is not int or self.block_size < 1:
             raise ValueError(f"block_size must be a positive integer, not {self.block_size!r}")
@@ -274,7 +266,7 @@ class FileSource(Source):
             raise SourceError(f"cannot list input {self.path}: {exc}") from exc
 
     def _listing(self, fs: Any, directory: str) -> list[tuple[str, str]]:
-        suffixes = SUFFIXES[self.format]
+        suffixes = self.format.suffixes
         return sorted(
             (str(info["name"]), _version(info))
             for info in fs.ls(directory, detail=True)
@@ -293,25 +285,20 @@ class FileSource(Source):
         files = [path for path, _ in listing]
         notes = [] if files or self.monitor is not None else [self._nothing()]
         source = self
-        csv = self.csv
         given = self.schema if self.schema is not None else self.types
-        if (
-            self.format == "csv"
-            and not csv.header
-            and csv.column_names is None
-            and given is not None
-        ):
-            # no header, no names: the schema's columns, in its order (a dict then names
-            # every column: there is nothing else to name them)
-            names = tuple(given.names)
-            source = replace(self, csv=replace(csv, column_names=names), schema=given)
+        named = None if given is None else self.format.named_by(given)
+        if named is not None:
+            # files that do not name their columns: the schema's columns, in its order (a dict
+            # then names every column: there is nothing else to name them)
+            source = replace(self, format=named, schema=given)
         if source.schema is None and self.types is None and self.monitor is not None and not files:
             raise SourceError(
                 f"{self.path} is watched (monitor=) but has no {self.format} file yet to read "
                 "the columns from: give schema="
             )
         if source.schema is None:
-            schema, found = infer_schema(source, files)
+            fs, _ = self.filesystem()
+            schema, found = infer_schema(source.format.sample, fs, files, self.types)
             notes += found
             source = replace(source, schema=schema)
             if files and not len(schema):
@@ -319,14 +306,12 @@ class FileSource(Source):
                     f"no column found in the head of the {len(files)} input file(s) of "
                     f"{self.path}: the stream will be empty; give schema= if they have columns"
                 )
-        elif self.format == "parquet":  # the footers say now if a file cannot be read so
-            fs, _ = self.filesystem()
-            for path in files:
-                check_castable(parquet_schema(fs, path), source.schema, path)
+        else:  # (Parquet's footers say now if a file cannot be read so)
+            self.format.check(self.filesystem()[0], files, source.schema)
         return replace(source, listed=tuple(files), versions=tuple(v for _, v in listing)), notes
 
     def _nothing(self) -> str:
-        suffixes = " or ".join(f"'{s}'" for s in SUFFIXES[self.format])
+        suffixes = " or ".join(f"'{s}'" for s in self.format.suffixes)
         fs, root = self.filesystem()
         where = (
             f"the directory {self.path} has no file whose name ends in {suffixes}"
@@ -415,10 +400,9 @@ class FileReader(SplitReader):
         return self._rows[split]
 
     def lowest_timestamp(self, split: str, column: str) -> int | None:
-        """The lowest value of ``column`` in the file when its footer says it (Parquet)."""
-        if self._source.format != "parquet":
-            return None
-        return lowest_timestamp(self._fs, split, column)
+        """The lowest value of ``column`` in the file when its format tells it without
+        reading the rows (a Parquet footer)."""
+        return self._source.format.lowest_timestamp(self._fs, split, column)
 
     def head(self, path: str) -> pa.RecordBatch | None:
         """The first rows of file ``path`` that fit the schema (its first block with any),
@@ -552,8 +536,4 @@ def _open_blocks(source: FileSource, fs: Any, path: str) -> Iterator[Block]:
     except OSError as exc:
         raise SourceError(f"cannot read {path}: {exc.strerror or exc}") from exc
     assert source.schema is not None
-    if source.format == "parquet":
-        return parquet_blocks(handle, path, source.schema)
-    if source.format == "csv":
-        return csv_blocks(handle, path, source)
-    return jsonl_blocks(handle, path, source)
+    return source.format.blocks(handle, path, source.schema, source.block_size)

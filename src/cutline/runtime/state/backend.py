@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutline.runtime.state.chains import ChainBooks
-from cutline.runtime.state.config import StateConfig
+from cutline.runtime.state.config import Backend, StateConfig
 from cutline.runtime.state.keygroups import DEFAULT_MAX_PARALLELISM, StateError, key_group
 from cutline.runtime.state.primitives import ListState, MapState, ValueState
 from cutline.runtime.state.segments import (
@@ -60,7 +60,7 @@ from cutline.runtime.state.segments import (
     encode_segment,
     group_entries,
 )
-from cutline.runtime.state.timers import TimerIndex, new_timer_index
+from cutline.runtime.state.timers import MemoryTimerIndex, TimerIndex
 
 _CHECKED_KEYS = 1_000_000
 
@@ -129,7 +129,7 @@ class KeyedStateBackend:
     :param config: backend settings (incremental checkpoints, chain length, ...).
     """
 
-    kind = "memory"
+    kind: Backend = Backend.MEMORY
 
     path: str | None = None
     """The subtask's own folder on the worker's disk (the disk backend's: its database, and
@@ -216,9 +216,12 @@ class KeyedStateBackend:
         """A new index of timers by due time for this subtask (:mod:`timers`): in memory for
         the memory backend, in a database beside the state for the disk backend. Closed with
         the backend."""
-        index = new_timer_index(self.kind, self.path, name)
+        index = self._new_timer_index(name)
         self._timer_indexes.append(index)
         return index
+
+    def _new_timer_index(self, name: str) -> TimerIndex:
+        return MemoryTimerIndex()
 
     def value_table(self, name: str) -> Any:
         """Value state ``name`` as a table with ``get(key, default)`` and ``table[key] = value``,
@@ -353,7 +356,7 @@ class KeyedStateBackend:
                 self._frozen = [f for f in self._frozen if not f.merged]
         return {
             "keyed": KEYED_FORMAT,
-            "backend": self.kind,
+            "backend": str(self.kind),  # (a plain name in the handle)
             "max_parallelism": self.max_parallelism,
             "key_groups": [self.key_groups.start, self.key_groups.stop],
             "chain": [r.to_dict() for r in new_chain],

@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-BACKENDS = ("memory", "disk")
+
+class Backend(StrEnum):
+    """Where keyed state lives: ``state_backend="memory"`` or ``"disk"`` as the user names it,
+    this once the settings are made (see :mod:`~cutline.runtime.state.backend`)."""
+
+    MEMORY = "memory"
+    """Python dicts (:class:`~cutline.runtime.state.memory.MemoryStateBackend`)."""
+    DISK = "disk"
+    """An embedded RocksDB on the worker's disk
+    (:class:`~cutline.runtime.state.rocksdb.DiskStateBackend`)."""
+
+
+BACKENDS = tuple(Backend)
 
 
 @dataclass(frozen=True)
@@ -25,18 +38,22 @@ class StateConfig:
         it.
     """
 
-    backend: str = "memory"
+    backend: Backend = Backend.MEMORY
+    """(Given as its name, ``"memory"`` or ``"disk"``, it is made the :class:`Backend`.)"""
     incremental: bool = True
     full_every: int = 10
     local_dir: str | None = None
     memory: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(
-                f"state_backend must be one of {', '.join(map(repr, BACKENDS))}, "
-                f"not {self.backend!r}"
-            )
+        if not isinstance(self.backend, Backend):
+            try:
+                object.__setattr__(self, "backend", Backend(self.backend))
+            except ValueError:
+                raise ValueError(
+                    f"state_backend must be one of {', '.join(repr(str(b)) for b in Backend)}, "
+                    f"not {self.backend!r}"
+                ) from None
         if type(self.incremental) is not bool:
             raise ValueError(
                 f"incremental_checkpoints must be True or False, not {self.incremental!r}"

@@ -14,6 +14,7 @@ from cutline.runtime.state.backend import (
     KeyedStateBackend,
     Layers,
 )
+from cutline.runtime.state.config import Backend
 from cutline.runtime.state.segments import DELETED, Group, Groups, group_entries
 
 
@@ -49,7 +50,7 @@ class _MemoryTable(Layers):
 class MemoryStateBackend(KeyedStateBackend):
     """Keyed state in Python dicts (``StateConfig(backend="memory")``)."""
 
-    kind = "memory"
+    kind = Backend.MEMORY
 
     def _new_table(self, name: str, kind: str) -> _MemoryTable:
         return _MemoryTable(kind, self._base_lock)

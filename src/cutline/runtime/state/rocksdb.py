@@ -23,8 +23,10 @@ from cutline.runtime.state.backend import (
     KeyedStateBackend,
     Layers,
 )
+from cutline.runtime.state.config import Backend
 from cutline.runtime.state.keygroups import StateError, encode_key
 from cutline.runtime.state.segments import DELETED, Group, Groups, SegmentStore
+from cutline.runtime.state.timers import DiskTimerIndex, TimerIndex
 
 _DB_KEY = struct.Struct(">HH")  # key group, state id
 
@@ -104,7 +106,13 @@ class DiskStateBackend(KeyedStateBackend):
     changes, the delta is written early (spilled) when no snapshot is being written, and
     only its keys are kept, to be read back for the next incremental segment."""
 
-    kind = "disk"
+    kind = Backend.DISK
+
+    def _new_timer_index(self, name: str) -> TimerIndex:
+        """A database of its own beside the state's (in the system's temporary folder when
+        the state's is gone)."""
+        folder = self.path if self.path is not None and os.path.isdir(self.path) else None
+        return DiskTimerIndex(folder, name)
 
     def _open(self) -> None:
         """Create and open this subtask's database in a fresh folder of ``config.local_dir``

@@ -21,7 +21,6 @@ The timer service a ``KeyedProcessFunction`` sees as ``ctx.timer_service`` is
 from __future__ import annotations
 
 import heapq
-import os
 import pickle
 import shutil
 import struct
@@ -180,12 +179,3 @@ class DiskTimerIndex(TimerIndex):
             self._db.close()
         finally:
             shutil.rmtree(self.path, ignore_errors=True)
-
-
-def new_timer_index(backend_kind: str, folder: str | None, name: str) -> TimerIndex:
-    """The index of a backend of kind ``backend_kind`` (in ``folder``, for the disk one)."""
-    if backend_kind == "disk":
-        if folder is not None and not os.path.isdir(folder):
-            folder = None
-        return DiskTimerIndex(folder, name)
-    return MemoryTimerIndex()

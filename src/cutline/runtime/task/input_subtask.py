@@ -38,6 +38,7 @@ from cutline.runtime.network.wire import (
     replayed,
 )
 from cutline.runtime.task.failures import shorten
+from cutline.runtime.task.launch import Checkpointing
 from cutline.runtime.task.subtask import SubtaskRunner
 
 
@@ -53,15 +54,18 @@ class InputSubtask(SubtaskRunner):
         assert self.gate is not None
         setup, gate = self.setup, self.gate
         handler: BarrierAligner[str] | BarrierTracker[str]
-        if setup.barriers.mode == "at_least_once":
-            handler = BarrierTracker(gate.channels, back_edges=gate.back_edges, name=self.name)
-        else:
-            handler = BarrierAligner(
-                gate.channels,
-                unaligned=setup.barriers.unaligned,
-                back_edges=gate.back_edges,
-                name=self.name,
-            )
+        match setup.barriers.mode:
+            case Checkpointing.AT_LEAST_ONCE:
+                handler = BarrierTracker(gate.channels, back_edges=gate.back_edges, name=self.name)
+            case Checkpointing.ALIGNED | Checkpointing.UNALIGNED:
+                handler = BarrierAligner(
+                    gate.channels,
+                    unaligned=setup.barriers.unaligned,
+                    back_edges=gate.back_edges,
+                    name=self.name,
+                )
+            case unknown:
+                assert_never(unknown)
         self._handler = handler
         # event time: the minimum over the inputs (a loop's back edge holds nothing back)
         timed = [c for c in gate.channels if c not in gate.back_edges]

@@ -6,26 +6,43 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from cutline.runtime.checkpoint.restore import RestoreSpec
 from cutline.runtime.graph import ExecutionPlan
 from cutline.runtime.state.config import StateConfig
 
-CHECKPOINTING_MODES = ("aligned", "unaligned", "at_least_once")
+
+class Checkpointing(StrEnum):
+    """How the subtasks handle a checkpoint's barriers (``checkpointing=`` names one)."""
+
+    ALIGNED = "aligned"
+    """Exactly once: a subtask with several inputs waits for the barrier on all of them
+    (``BarrierAligner``)."""
+    UNALIGNED = "unaligned"
+    """Exactly once: a barrier overtakes the records queued before it, which go into the
+    checkpoint as channel state (``BarrierAligner(unaligned=True)``)."""
+    AT_LEAST_ONCE = "at_least_once"
+    """No waiting: a subtask snapshots when the last input's barrier comes; records after the
+    first may be replayed (``BarrierTracker``)."""
+
+
+CHECKPOINTING_MODES = tuple(str(m) for m in Checkpointing)
 
 
 @dataclass(frozen=True)
 class BarrierHandling:
     """How the subtasks handle a checkpoint's barriers, checked when it is made.
 
-    :param mode: ``aligned`` or ``unaligned`` (exactly-once both), or ``at_least_once``.
+    :param mode: :class:`Checkpointing` (or its name: ``aligned`` or ``unaligned``,
+        exactly-once both, or ``at_least_once``).
     :param alignment_timeout: with ``aligned``: seconds from a checkpoint's trigger after which
         it goes unaligned at a subtask where it has not aligned yet (or whose barrier still
         waits in an output queue); ``None``: never.
     """
 
-    mode: str = "aligned"
+    mode: Checkpointing = Checkpointing.ALIGNED
     alignment_timeout: float | None = None
 
     def __post_init__(self) -> None:
@@ -34,6 +51,7 @@ class BarrierHandling:
                 f"checkpointing must be one of {', '.join(map(repr, CHECKPOINTING_MODES))}, "
                 f"not {self.mode!r}"
             )
+        object.__setattr__(self, "mode", Checkpointing(self.mode))
         timeout = self.alignment_timeout
         if timeout is None:
             return
@@ -41,24 +59,24 @@ class BarrierHandling:
             raise ValueError(
                 f"alignment_timeout must be a finite duration of 0 or more, not {timeout!r}"
             )
-        if self.mode != "aligned":
+        if self.mode is not Checkpointing.ALIGNED:
             raise ValueError(
-                f"alignment_timeout applies to aligned checkpoints only, not {self.mode!r}"
+                f"alignment_timeout applies to aligned checkpoints only, not {str(self.mode)!r}"
             )
 
     @property
     def unaligned(self) -> bool:
-        return self.mode == "unaligned"
+        return self.mode is Checkpointing.UNALIGNED
 
     def check_concurrency(self, max_concurrent: int) -> None:
         """Checkpoints are taken one at a time when unaligned, and with an alignment timeout (as
         in Flink: a barrier that goes unaligned overtakes the barriers of the checkpoints
         queued before it, which could then never complete): ``ValueError`` otherwise."""
-        if max_concurrent == 1 or (self.mode != "unaligned" and self.alignment_timeout is None):
+        if max_concurrent == 1 or (not self.unaligned and self.alignment_timeout is None):
             return
         why = (
             "unaligned checkpoints are taken one at a time"
-            if self.mode == "unaligned"
+            if self.unaligned
             else "with an alignment_timeout checkpoints may go unaligned, and those are taken "
             "one at a time"
         )

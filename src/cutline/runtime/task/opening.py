@@ -20,18 +20,15 @@ from collections.abc import Callable
 from typing import Any
 
 from cutline.connectors.sink import SinkContext
+from cutline.protocol.watermarks import EventClock
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.restore import Gathered, gather
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS
-from cutline.runtime.eventtime.clock import EventClock
 from cutline.runtime.graph import Chain, ExecutionPlan
+from cutline.runtime.io.file_formats import JSONL
 from cutline.runtime.io.sinks import FileSink
-from cutline.runtime.operators import (
-    DeadLetterOutput,
-    OperatorContext,
-    RecordError,
-    RescaledStates,
-)
+from cutline.runtime.operators import DeadLetterOutput, OperatorContext, RecordError
+from cutline.runtime.sink_operator import RescaledStates
 from cutline.runtime.task.launch import SlotSetup
 
 
@@ -78,7 +75,7 @@ def dead_letter_output(
         return None
     sink = FileSink(
         f"{setup.dead_letter_dir.rstrip('/')}/{chain.uid}",
-        "jsonl",
+        JSONL,
         setup.storage_options,
     )
     adopted = RescaledStates.of(restored.get(DEAD_LETTERS), index)

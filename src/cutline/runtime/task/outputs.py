@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-from cutline.runtime.graph import Chain
-from cutline.runtime.network.channel import OutputChannel
+from cutline.runtime.graph import Chain, Partitioning
+from cutline.runtime.network.output_channel import OutputChannel
 from cutline.runtime.network.wire import (
     Barrier,
     EndOfInput,
@@ -102,7 +102,7 @@ class SubtaskOutputs:
                 self.sent[channel.channel] = recorded_records(items)
                 channel.preload([replayed(item) for item in items])
             partitioner = None
-            if out.partitioning == "hash":
+            if out.partitioning is Partitioning.HASH:
                 assert out.key is not None
                 partitioner = Partitioner(out.key, plan.parallelism, plan.max_parallelism)
                 head = plan.chain(out.downstream).operators[0]
@@ -111,7 +111,7 @@ class SubtaskOutputs:
                 self._key_contexts[out.downstream] = context(
                     f"key_by({key}) of {head.name}", head.uid
                 )
-            assert out.partitioning == "hash" or len(channels) == 1
+            assert out.partitioning is Partitioning.HASH or len(channels) == 1
             self.edges.append((out.downstream, channels, partitioner, out.side))
         self.sides = tuple(sorted({side for *_, side in self.edges if side is not None}))
 

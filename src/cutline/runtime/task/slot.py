@@ -4,7 +4,7 @@ A slot
 
 1. connects to the driver's control server first, and sends heartbeats from then on, from a
    thread of its own, in every phase; it says each phase it enters (``Phase``);
-2. opens an :class:`~cutline.runtime.network.channel.InputGate` for each of its subtasks that
+2. opens an :class:`~cutline.runtime.network.input_gate.InputGate` for each of its subtasks that
    has inputs, and exchanges the gates' addresses with the other slots once through the
    driver (the *rendezvous*: it sends ``Gates``, the driver answers every slot with ``Peers``
    once all said theirs);
@@ -28,8 +28,9 @@ import time
 from typing import Any, assert_never
 
 from cutline.runtime.checkpoint.storage import CheckpointStorage
-from cutline.runtime.network.channel import ChannelError, InputGate
+from cutline.runtime.network.channel import ChannelError
 from cutline.runtime.network.control import ControlClient
+from cutline.runtime.network.input_gate import InputGate
 from cutline.runtime.network.messages import (
     Abort,
     Census,

@@ -29,9 +29,9 @@ from cutline.connectors.sink import PendingCommit
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS, SubtaskState
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.graph import Chain
-from cutline.runtime.network.channel import OutputChannel
 from cutline.runtime.network.control import ControlClient
 from cutline.runtime.network.messages import Ack, ControlError, Decline
+from cutline.runtime.network.output_channel import OutputChannel
 from cutline.runtime.state.backend import KeyedSnapshot
 from cutline.runtime.state.columns import handle_segments
 from cutline.runtime.state.segments import SegmentRef

@@ -32,15 +32,15 @@ from cutline.protocol.watermarks import (
     MAX_WATERMARK,
     EmitStatus,
     EmitWatermark,
+    EventClock,
     WatermarkAction,
 )
 from cutline.runtime.checkpoint.location import CheckpointLocation
 from cutline.runtime.checkpoint.state_file import DEAD_LETTERS
 from cutline.runtime.checkpoint.storage import CheckpointStorage
-from cutline.runtime.eventtime.clock import EventClock
 from cutline.runtime.graph import Chain, subtask_name
-from cutline.runtime.network.channel import InputGate
 from cutline.runtime.network.control import ControlClient
+from cutline.runtime.network.input_gate import InputGate
 from cutline.runtime.network.messages import (
     Abort,
     Census,

@@ -92,6 +92,7 @@ from cutline.sim.dataflow.graph import (
 from cutline.sim.dataflow.state import (
     Channel,
     DataflowRun,
+    Step,
     Task,
     TaskSnapshot,
     after_last_control,
@@ -273,9 +274,9 @@ class DataflowModel:
             if task.offset < topo.records:
                 hop = self._route(task.name, topo.first_record(task.index, task.offset))
                 if hop is None or self.channels[hop[0]].has_room():
-                    unit.append(("emit", task.name))
+                    unit.append((Step.EMIT, task.name))
             else:
-                unit.append(("end", task.name))
+                unit.append((Step.END, task.name))
         tasks = self.tasks
         for ch in self.channel_list:
             if ch.out_buf:
@@ -295,28 +296,28 @@ class DataflowModel:
                         continue
                 unit.append(ch.consume_step)
         if not self.loop_ended and self.loop_quiet and self._heads_idle():
-            unit.append(("loop_end",))
+            unit.append((Step.LOOP_END,))
         rare: list[_Step] = []
         weights: list[float] = []
         checkpoints = self.checkpoints
         if checkpoints.next_id <= cfg.max_checkpoints and self._may_trigger():
-            rare.append(("trigger",))
+            rare.append((Step.TRIGGER,))
             weights.append(cfg.trigger_weight)
         for name, n in checkpoints.timers:
-            rare.append(("timeout", name, n))
+            rare.append((Step.TIMEOUT, name, n))
             weights.append(cfg.timeout_weight)
         for name, n in checkpoints.notices:
-            rare.append(("notice", name, n))
+            rare.append((Step.NOTICE, name, n))
             weights.append(cfg.notice_weight)
         if cfg.abort_weight > 0 and checkpoints.in_flight():
-            rare.append(("abort",))
+            rare.append((Step.ABORT,))
             weights.append(cfg.abort_weight)
         self.frozen = not (unit or rare)
         for name, wave in self.census_asked:
-            rare.append(("count", name, wave))
+            rare.append((Step.COUNT, name, wave))
             weights.append(cfg.count_weight)
         if self._census_may_start() and (not self.frozen or self.frozen_waves < 2):
-            rare.append(("census",))
+            rare.append((Step.CENSUS,))
             weights.append(cfg.census_weight)
         return unit, rare, weights
 
@@ -371,46 +372,49 @@ class DataflowModel:
         return True
 
     def _do(self, step: _Step) -> None:
-        kind = step[0]
-        if kind not in ("census", "count"):
+        kind: Step = step[0]
+        if kind is not Step.CENSUS and kind is not Step.COUNT:
             self.frozen_waves = 0
-        if kind == "emit":
-            task = self.tasks[step[1]]
-            record = self.topology.first_record(task.index, task.offset)
-            task.offset += 1
-            self._forward(task, record)
-        elif kind == "end":
-            self._finish(self.tasks[step[1]])
-        elif kind == "send":
-            self._send(self.channels[step[1]])
-        elif kind == "arrive":
-            self._arrive(self.channels[step[1]])
-        elif kind == "consume":
-            self._consume(self.channels[step[1]])
-        elif kind == "trigger":
-            self.checkpoints.trigger()
-        elif kind == "timeout":
-            self.checkpoints.timers.remove((step[1], step[2]))
-            self.checkpoints.timeout(self.tasks[step[1]], step[2])
-        elif kind == "notice":
-            self.checkpoints.notices.remove((step[1], step[2]))
-            task = self.tasks[step[1]]
-            assert task.handler is not None
-            task.heard.add(step[2])
-            self.checkpoints.call(task, f"abort({step[2]})", task.handler.abort, step[2])
-        elif kind == "abort":
-            self.checkpoints.abort(self.checkpoints.in_flight()[0], "the coordinator aborted it")
-        elif kind == "census":
-            self._census()
-        elif kind == "count":
-            self.census_asked.remove((step[1], step[2]))
-            self._count(self.tasks[step[1]], step[2])
-        elif kind == "loop_end":
-            self.loop_ended = True
-            for head in self.heads:
-                self._finish(head)
-        else:  # pragma: no cover - the steps above are all there are
-            raise AssertionError(kind)
+        match kind:
+            case Step.EMIT:
+                task = self.tasks[step[1]]
+                record = self.topology.first_record(task.index, task.offset)
+                task.offset += 1
+                self._forward(task, record)
+            case Step.END:
+                self._finish(self.tasks[step[1]])
+            case Step.SEND:
+                self._send(self.channels[step[1]])
+            case Step.ARRIVE:
+                self._arrive(self.channels[step[1]])
+            case Step.CONSUME:
+                self._consume(self.channels[step[1]])
+            case Step.TRIGGER:
+                self.checkpoints.trigger()
+            case Step.TIMEOUT:
+                self.checkpoints.timers.remove((step[1], step[2]))
+                self.checkpoints.timeout(self.tasks[step[1]], step[2])
+            case Step.NOTICE:
+                self.checkpoints.notices.remove((step[1], step[2]))
+                task = self.tasks[step[1]]
+                assert task.handler is not None
+                task.heard.add(step[2])
+                self.checkpoints.call(task, f"abort({step[2]})", task.handler.abort, step[2])
+            case Step.ABORT:
+                self.checkpoints.abort(
+                    self.checkpoints.in_flight()[0], "the coordinator aborted it"
+                )
+            case Step.CENSUS:
+                self._census()
+            case Step.COUNT:
+                self.census_asked.remove((step[1], step[2]))
+                self._count(self.tasks[step[1]], step[2])
+            case Step.LOOP_END:
+                self.loop_ended = True
+                for head in self.heads:
+                    self._finish(head)
+            case unknown:
+                assert_never(unknown)
 
     # ---------------------------------------------------------------- record flow
 

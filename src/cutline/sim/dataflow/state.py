@@ -21,9 +21,39 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from enum import Enum
 
 from cutline.sim.dataflow.config import DataflowConfig, Handler
 from cutline.sim.dataflow.graph import ChannelId, DataflowGraph, Item, Record
+
+
+class Step(Enum):
+    """What the model can do next (a step is ``(Step, *what it is done to)``)."""
+
+    EMIT = "emit"
+    """A source emits its next record (``task``)."""
+    END = "end"
+    """A source ends its outputs (``task``)."""
+    SEND = "send"
+    """A channel's output buffer puts its first item on the wire (``channel``)."""
+    ARRIVE = "arrive"
+    """The wire's first item reaches the channel's input buffer (``channel``)."""
+    CONSUME = "consume"
+    """The receiver takes the input buffer's first item (``channel``)."""
+    TRIGGER = "trigger"
+    """The coordinator triggers a checkpoint."""
+    TIMEOUT = "timeout"
+    """A subtask's alignment timer fires (``task``, ``checkpoint``)."""
+    NOTICE = "notice"
+    """A subtask hears a checkpoint was aborted (``task``, ``checkpoint``)."""
+    ABORT = "abort"
+    """The coordinator aborts the oldest checkpoint in flight."""
+    CENSUS = "census"
+    """The loop's termination detector starts a wave."""
+    COUNT = "count"
+    """A subtask answers a wave with its counts (``task``, ``wave``)."""
+    LOOP_END = "loop_end"
+    """The loop is over: its heads end their outputs."""
 
 
 @dataclass
@@ -109,9 +139,9 @@ class Channel:
         self.in_buf: deque[Item] = deque()
         self.out_records = 0
         self.in_records = 0
-        self.send_step = ("send", cid)
-        self.arrive_step = ("arrive", cid)
-        self.consume_step = ("consume", cid)
+        self.send_step = (Step.SEND, cid)
+        self.arrive_step = (Step.ARRIVE, cid)
+        self.consume_step = (Step.CONSUME, cid)
 
     def has_room(self) -> bool:
         return self.out_capacity is None or self.out_records < self.out_capacity

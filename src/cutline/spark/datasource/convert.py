@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cutline.runtime.checkpoint.reader import InspectError, KeyedEntry
-from cutline.spark.datasource.schema import LONG_MAX, LONG_MIN, Shape, plain
+from cutline.spark.datasource.schema import LONG_MAX, LONG_MIN, Kind, Shape, plain
 
 
 class StateTypeError(InspectError):
@@ -32,7 +32,7 @@ class Misfit(Exception):
 def converter(shape: Shape) -> Callable[[Any], Any]:
     """A function of a value to what its column holds; :class:`Misfit` if it does not fit."""
     kind = shape.kind
-    if kind == "array":
+    if kind is Kind.ARRAY:
         assert shape.element is not None
         element = converter(shape.element)
 
@@ -44,7 +44,7 @@ def converter(shape: Shape) -> Callable[[Any], Any]:
             return [element(v) for v in value]
 
         return array
-    if kind == "map":
+    if kind is Kind.MAP:
         assert shape.key is not None and shape.value is not None
         key, item = converter(shape.key), converter(shape.value)
 
@@ -120,17 +120,18 @@ def _text(value: Any) -> Any:
     return repr(value)
 
 
-_SCALARS: dict[str, Callable[[Any], Any]] = {
-    "boolean": _boolean,
-    "long": _long,
-    "double": _double,
-    "string": _string,
-    "binary": _binary,
-    "repr": _repr,
-    "unknown": _repr,
-    "text": _text,
-    "any": lambda value: value,
+_SCALARS: dict[Kind, Callable[[Any], Any]] = {
+    Kind.BOOLEAN: _boolean,
+    Kind.LONG: _long,
+    Kind.DOUBLE: _double,
+    Kind.STRING: _string,
+    Kind.BINARY: _binary,
+    Kind.REPR: _repr,
+    Kind.UNKNOWN: _repr,
+    Kind.TEXT: _text,
+    Kind.ANY: lambda value: value,
 }
+"""The conversion of each kind of scalar (an array or a map is converted by its parts')."""
 
 
 def misfit(

@@ -16,9 +16,9 @@ What happens to a value in an executor, once the type is settled, is
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, assert_never
 
 import numpy as np
 from pyspark.sql.types import (
@@ -63,71 +63,103 @@ LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
 """The ints a Spark ``long`` holds; a larger one is a string of its ``repr``."""
 
 
+class Kind(StrEnum):
+    """What a :class:`Shape` is: a scalar, or a container of shapes (``array``, ``map``)."""
+
+    BOOLEAN = "boolean"
+    LONG = "long"
+    DOUBLE = "double"
+    STRING = "string"
+    BINARY = "binary"
+    ARRAY = "array"
+    """Of ``element`` s."""
+    MAP = "map"
+    """From ``key`` s to ``value`` s."""
+    REPR = "repr"
+    """A string holding ``repr(value)``."""
+    UNKNOWN = "unknown"
+    """Only nulls or empty containers seen."""
+    TEXT = "text"
+    """(A schema the user gave) a string: strings as they are, anything else as its
+    ``repr``."""
+    ANY = "any"
+    """(A schema the user gave) handed to Spark as it is."""
+
+
 @dataclass(frozen=True)
 class Shape:
-    """The type of a column (or of the elements, keys or values inside one).
+    """The type of a column (or of the elements, keys or values inside one): its
+    :class:`Kind` (given as its name, it is made the :class:`Kind`), and for an ``array`` its
+    ``element``, for a ``map`` its ``key`` and ``value``."""
 
-    ``kind``: ``boolean``, ``long``, ``double``, ``string``, ``binary``, ``array``
-    (``element``), ``map`` (``key``, ``value``), ``repr`` (a string holding ``repr(value)``),
-    ``unknown`` (only nulls or empty containers seen); and, for a schema the user gave,
-    ``text`` (a string: strings as they are, anything else as its ``repr``) and ``any``
-    (handed to Spark as it is)."""
-
-    kind: str
+    kind: Kind
     element: Shape | None = None
     key: Shape | None = None
     value: Shape | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, Kind):
+            object.__setattr__(self, "kind", Kind(self.kind))
+
     def to_json(self) -> Any:
         """The shape as JSON: its kind, or ``["array", ELEMENT]``, ``["map", KEY, VALUE]``."""
-        if self.kind == "array":
-            assert self.element is not None
-            return ["array", self.element.to_json()]
-        if self.kind == "map":
-            assert self.key is not None and self.value is not None
-            return ["map", self.key.to_json(), self.value.to_json()]
-        return self.kind
+        match self.kind:
+            case Kind.ARRAY:
+                assert self.element is not None
+                return [str(Kind.ARRAY), self.element.to_json()]
+            case Kind.MAP:
+                assert self.key is not None and self.value is not None
+                return [str(Kind.MAP), self.key.to_json(), self.value.to_json()]
+            case _:
+                return str(self.kind)
 
     @classmethod
     def from_json(cls, data: Any) -> Shape:
         """The shape :meth:`to_json` wrote; :class:`ValueError` if ``data`` is none."""
         if isinstance(data, str) and data in _PLAIN:
             return _PLAIN[data]
-        if isinstance(data, list) and len(data) == 2 and data[0] == "array":
-            return cls("array", element=cls.from_json(data[1]))
-        if isinstance(data, list) and len(data) == 3 and data[0] == "map":
-            return cls("map", key=cls.from_json(data[1]), value=cls.from_json(data[2]))
+        if isinstance(data, list) and len(data) == 2 and data[0] == Kind.ARRAY:
+            return cls(Kind.ARRAY, element=cls.from_json(data[1]))
+        if isinstance(data, list) and len(data) == 3 and data[0] == Kind.MAP:
+            return cls(Kind.MAP, key=cls.from_json(data[1]), value=cls.from_json(data[2]))
         raise ValueError(f"{data!r} is not a column type")
 
     def spark_type(self) -> DataType:
         """The Spark type of the column."""
-        if self.kind == "array":
-            assert self.element is not None
-            return ArrayType(self.element.spark_type(), True)
-        if self.kind == "map":
-            assert self.key is not None and self.value is not None
-            return MapType(self.key.spark_type(), self.value.spark_type(), True)
-        return _SPARK_TYPES[self.kind]()
+        match self.kind:
+            case Kind.ARRAY:
+                assert self.element is not None
+                return ArrayType(self.element.spark_type(), True)
+            case Kind.MAP:
+                assert self.key is not None and self.value is not None
+                return MapType(self.key.spark_type(), self.value.spark_type(), True)
+            case Kind.BOOLEAN:
+                return BooleanType()
+            case Kind.LONG:
+                return LongType()
+            case Kind.DOUBLE:
+                return DoubleType()
+            case Kind.BINARY:
+                return BinaryType()
+            case Kind.STRING | Kind.REPR | Kind.UNKNOWN | Kind.TEXT:
+                return StringType()
+            case Kind.ANY:
+                raise KeyError(Kind.ANY)  # (a column the user typed: its own Spark type)
+            case unknown:
+                assert_never(unknown)
 
     def describe(self) -> str:
         """The type as an error message names it (``bigint``, ``string (repr)``)."""
         text: str = self.spark_type().simpleString()
-        return f"{text} (repr)" if self.kind == "repr" else text
+        return f"{text} (repr)" if self.kind is Kind.REPR else text
 
 
-BOOLEAN, LONG, DOUBLE = Shape("boolean"), Shape("long"), Shape("double")
-STRING, BINARY, REPR, UNKNOWN = Shape("string"), Shape("binary"), Shape("repr"), Shape("unknown")
-TEXT, ANY = Shape("text"), Shape("any")
-_PLAIN = {s.kind: s for s in (BOOLEAN, LONG, DOUBLE, STRING, BINARY, REPR, UNKNOWN, TEXT, ANY)}
-_SPARK_TYPES: dict[str, Callable[[], DataType]] = {
-    "boolean": BooleanType,
-    "long": LongType,
-    "double": DoubleType,
-    "string": StringType,
-    "binary": BinaryType,
-    "repr": StringType,
-    "unknown": StringType,
-    "text": StringType,
+BOOLEAN, LONG, DOUBLE = Shape(Kind.BOOLEAN), Shape(Kind.LONG), Shape(Kind.DOUBLE)
+STRING, BINARY = Shape(Kind.STRING), Shape(Kind.BINARY)
+REPR, UNKNOWN = Shape(Kind.REPR), Shape(Kind.UNKNOWN)
+TEXT, ANY = Shape(Kind.TEXT), Shape(Kind.ANY)
+_PLAIN: dict[str, Shape] = {
+    str(s.kind): s for s in (BOOLEAN, LONG, DOUBLE, STRING, BINARY, REPR, UNKNOWN, TEXT, ANY)
 }
 
 
@@ -157,7 +189,7 @@ def shape_of(value: Any) -> Shape:
             element = unify(element, shape_of(item))
             if element == REPR:
                 return REPR
-        return Shape("array", element=element)
+        return Shape(Kind.ARRAY, element=element)
     if type(value) is dict:
         key, item = UNKNOWN, UNKNOWN
         for k, v in value.items():
@@ -166,7 +198,7 @@ def shape_of(value: Any) -> Shape:
             key, item = unify(key, shape_of(k)), unify(item, shape_of(v))
             if REPR in (key, item):
                 return REPR
-        return Shape("map", key=key, value=item)
+        return Shape(Kind.MAP, key=key, value=item)
     return REPR
 
 
@@ -179,31 +211,35 @@ def unify(a: Shape, b: Shape) -> Shape:
         return b
     if b == UNKNOWN:
         return a
-    if {a.kind, b.kind} == {"long", "double"}:
-        return DOUBLE
-    if a.kind == b.kind == "array":
-        assert a.element is not None and b.element is not None
-        element = unify(a.element, b.element)
-        return REPR if element == REPR else Shape("array", element=element)
-    if a.kind == b.kind == "map":
-        assert a.key and a.value and b.key and b.value
-        key, value = unify(a.key, b.key), unify(a.value, b.value)
-        return REPR if REPR in (key, value) else Shape("map", key=key, value=value)
-    return REPR
+    match a.kind, b.kind:
+        case (Kind.LONG, Kind.DOUBLE) | (Kind.DOUBLE, Kind.LONG):
+            return DOUBLE
+        case Kind.ARRAY, Kind.ARRAY:
+            assert a.element is not None and b.element is not None
+            element = unify(a.element, b.element)
+            return REPR if element == REPR else Shape(Kind.ARRAY, element=element)
+        case Kind.MAP, Kind.MAP:
+            assert a.key and a.value and b.key and b.value
+            key, value = unify(a.key, b.key), unify(a.value, b.value)
+            return REPR if REPR in (key, value) else Shape(Kind.MAP, key=key, value=value)
+        case _:
+            return REPR
 
 
 def finish(shape: Shape) -> Shape:
     """``shape`` as a column type: what was never seen (only nulls, empty lists or dicts)
     becomes a string of ``repr``."""
-    if shape.kind == "unknown":
-        return REPR
-    if shape.kind == "array":
-        assert shape.element is not None
-        return Shape("array", element=finish(shape.element))
-    if shape.kind == "map":
-        assert shape.key is not None and shape.value is not None
-        return Shape("map", key=finish(shape.key), value=finish(shape.value))
-    return shape
+    match shape.kind:
+        case Kind.UNKNOWN:
+            return REPR
+        case Kind.ARRAY:
+            assert shape.element is not None
+            return Shape(Kind.ARRAY, element=finish(shape.element))
+        case Kind.MAP:
+            assert shape.key is not None and shape.value is not None
+            return Shape(Kind.MAP, key=finish(shape.key), value=finish(shape.value))
+        case _:
+            return shape
 
 
 def shape_of_type(data_type: DataType) -> Shape:
@@ -219,10 +255,12 @@ def shape_of_type(data_type: DataType) -> Shape:
     if isinstance(data_type, BinaryType):
         return BINARY
     if isinstance(data_type, ArrayType):
-        return Shape("array", element=shape_of_type(data_type.elementType))
+        return Shape(Kind.ARRAY, element=shape_of_type(data_type.elementType))
     if isinstance(data_type, MapType):
         return Shape(
-            "map", key=shape_of_type(data_type.keyType), value=shape_of_type(data_type.valueType)
+            Kind.MAP,
+            key=shape_of_type(data_type.keyType),
+            value=shape_of_type(data_type.valueType),
         )
     return ANY
 
