@@ -27,7 +27,7 @@ from cutline import (
     testing,
 )
 from cutline.api.event_time import strategy
-from cutline.runtime.operators import SourceLogic
+from cutline.runtime.source_operator import SourceLogic
 from cutline.runtime.task.local import ThreadLauncher
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.int64())])
