@@ -95,15 +95,15 @@ def sim(
     the independent checker on standard error. The same seed always gives the same
     output.
 
-    The snapshots' text format (the README's "Snapshot output" section): one block
+    The snapshots' text format (the simulator page's "Snapshot output" section): one block
     per snapshot, blocks separated by a blank line; a block is the snapshot's id,
     then "ID TOKENS" for every process (the balance it recorded), then "SRC DST
     token(K)" for every message recorded in flight on a channel, in the order its
     destination received it. A snapshot that could not complete has a line
     "# incomplete: ..." after its id.
 
-    The TOPOLOGY and EVENTS files are described in the README's "Topology file" and
-    "Events file" sections; --demo runs a bundled example of both.
+    The TOPOLOGY and EVENTS files are described in the simulator page's "Topology file"
+    and "Events file" sections (docs/simulator.md); --demo runs a bundled example of both.
 
     Exit status: 0 every snapshot verified; 1 a snapshot failed a property; 2 bad
     input (a malformed file, a bad option, a diagram that cannot be written).

@@ -1,6 +1,8 @@
-"""The README's Kafka, PostgreSQL, Delta Lake and Apache Iceberg examples, as they are written there, against
-real servers (their ``broker = ...`` and ``dsn = ...`` lines pointed at the test's), in a
-folder of their own, with slots as threads: each does what the README says it does."""
+"""The Kafka, PostgreSQL, Delta Lake and Apache Iceberg examples of the connectors' pages
+(``docs/connectors/*.md``, the blocks marked ``<!-- test: elsewhere NAME -->``), as they are
+written there, against real servers (their ``broker = ...`` and ``dsn = ...`` lines pointed at
+the test's), in a folder of their own, with slots as threads: each does what its page says it
+does."""
 
 from __future__ import annotations
 
@@ -19,37 +21,11 @@ from schema_registry import SchemaRegistry
 from test_kafka import read_topic
 from test_kafka_avro import avro
 
-from cutline import StreamEnvironment, testing
 from cutline.examples.servers import KafkaBroker, PostgresServer, produce
-from cutline.runtime.task.local import ThreadLauncher
+
+from docs_examples import docs_example, run_example
 
 pytestmark = pytest.mark.connectors
-
-README = Path(__file__).parents[2] / "README.md"
-
-
-def example(heading: str, index: int = 0) -> str:
-    """The Python block ``index`` (the first: 0) under README heading ``#### heading``."""
-    text = README.read_text()
-    section = text[text.index(f"#### {heading}\n") :]
-    following = re.search(r"\n#{2,4} ", section[1:])  # (the next heading)
-    section = section if following is None else section[: following.start() + 1]
-    return re.findall(r"```python\n(.*?)```", section, re.S)[index]  # type: ignore[no-any-return]
-
-
-def run_example(code: str, folder: Path, monkeypatch: pytest.MonkeyPatch, **lines: str) -> None:
-    """Run ``code`` in ``folder``, its ``name = ...`` lines replaced by ``lines``, its jobs
-    on the thread launcher."""
-    for name, value in lines.items():
-        code, found = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", code, flags=re.M)
-        assert found == 1, f"the example has no line '{name} = ...'"
-
-    def on_threads(self: StreamEnvironment, *args: Any, **kwargs: Any) -> Any:
-        return testing.execute(self, *args, launcher=ThreadLauncher(), progress=False, **kwargs)
-
-    monkeypatch.setattr(StreamEnvironment, "execute", on_threads)
-    monkeypatch.chdir(folder)
-    exec(compile(code, str(README), "exec", dont_inherit=True), {"__name__": "readme"})
 
 
 def clicks(broker: KafkaBroker, n: int = 300) -> list[dict[str, Any]]:
@@ -65,7 +41,9 @@ def test_the_kafka_example(
 ) -> None:
     clicks(kafka_broker)
     kafka_broker.create_topic("clicks-per-minute", 1)
-    run_example(example("Kafka"), tmp_path, monkeypatch, broker=kafka_broker.bootstrap_servers)
+    run_example(
+        docs_example("kafka-clicks"), tmp_path, monkeypatch, broker=kafka_broker.bootstrap_servers
+    )
     written = [json.loads(m.value()) for m in read_topic(kafka_broker, "clicks-per-minute", 1)]
     # (the clicks were produced within a minute or two: per user, its clicks in its windows)
     per_user: Counter[str] = Counter()
@@ -81,7 +59,7 @@ def test_the_kafka_changelog_example(
     HTTP server of its own on a loopback port) in two topics named ``accounts-...`` and one
     that is not: the valid ones, and every delete, with their headers and timestamps, are in
     ``valid-accounts``."""
-    code = example("Kafka", 1)
+    code = docs_example("kafka-accounts")
     account = {
         "type": "record",
         "name": "Account",
@@ -169,8 +147,8 @@ def test_the_postgresql_example(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rows = clicks(kafka_broker)
-    code = example("PostgreSQL")
-    ddl = re.search(r"^# (CREATE TABLE .*)$", code, re.M).group(1)  # type: ignore[union-attr]
+    code = docs_example("postgres-sums")
+    ddl = re.search(r"^# (CREATE TABLE .*)$", code.code, re.M).group(1)  # type: ignore[union-attr]
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
         for statement in ddl.split(";"):
             conn.execute(statement)
@@ -188,7 +166,7 @@ def test_the_postgresql_example(
 
 
 def test_the_delta_lake_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_example(example("Delta Lake"), tmp_path, monkeypatch)
+    run_example(docs_example("delta-sums"), tmp_path, monkeypatch)
     table = DeltaTable(str(tmp_path / "tables" / "sums")).to_pyarrow_table().to_pylist()
     # (each user's numbers come from both source subtasks, in either order: its running sums
     # vary, its count of them and its total do not)
@@ -200,7 +178,7 @@ def test_the_delta_lake_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_apache_iceberg_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_example(example("Apache Iceberg"), tmp_path, monkeypatch)
+    run_example(docs_example("iceberg-sums"), tmp_path, monkeypatch)
     lake = tmp_path / "lake"
     catalog = {"type": "sql", "uri": f"sqlite:///{lake}/catalog.db", "warehouse": f"file://{lake}"}
     made = load_catalog("default", **catalog).load_table("shop.sums")
@@ -219,7 +197,7 @@ def test_the_delta_lake_reading_example_reads_back_what_the_first_wrote(
 ) -> None:
     """The running sums the first example wrote, read back (the table's snapshot, then the
     job ends): each user's highest is its total."""
-    both = example("Delta Lake") + example("Delta Lake", 1)
+    both = docs_example("delta-sums").code + docs_example("delta-read").code
     run_example(both, tmp_path, monkeypatch)
     totals = ds.dataset(str(tmp_path / "totals"), format="parquet").to_table().to_pylist()
     assert len(totals) == 100_000 and set(totals[0]) == {"user", "amount"}

@@ -36,6 +36,7 @@ from cutline import (
 )
 from cutline.runtime.task.local import ThreadLauncher
 
+from docs_examples import docs_example
 from ledger import (
     DISORDER,
     Broken,
@@ -212,14 +213,15 @@ def test_from_source_takes_a_source(tmp_path: Path) -> None:
 def test_the_source_of_the_write_your_own_page_runs_as_it_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/connectors.md's example, as it is written there."""
-    page = (Path(__file__).parents[2] / "docs" / "connectors.md").read_text()
-    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    """docs/connectors/writing.md's example, as it is written there."""
+    code = docs_example("writing-source").code
     env = StreamEnvironment(2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck")
     page_module = types.ModuleType("countdown_page")  # (where its classes live)
     page_module.env = env  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "countdown_page", page_module)
-    exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
+    exec(
+        compile(code, "docs/connectors/writing.md", "exec", dont_inherit=True), page_module.__dict__
+    )
     assert len(code.splitlines()) < 80
     result = testing.execute(env, launcher=ThreadLauncher())
     last: dict[str, int] = {}
@@ -334,9 +336,8 @@ class AppendTo:
 def test_the_sink_of_the_write_your_own_page_is_exact_through_a_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/connectors.md's two-phase-commit sink, as it is written there."""
-    page = (Path(__file__).parents[2] / "docs" / "connectors.md").read_text()
-    code = page.split("```python\n")[2].split("```", 1)[0]
+    """docs/connectors/writing.md's two-phase-commit sink, as it is written there."""
+    code = docs_example("writing-sink").code
     assert len(code.splitlines()) < 80
     ledger = Ledger(accounts=4, per_account=250)
     fail = FailAt("acct-02", 200, str(tmp_path / "failed"))
@@ -351,7 +352,9 @@ def test_the_sink_of_the_write_your_own_page_is_exact_through_a_failure(
     page_module.stream = stream.key_by("account").sum("amount", name="balance")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "journal_page", page_module)
     monkeypatch.chdir(tmp_path)  # ("out/")
-    exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
+    exec(
+        compile(code, "docs/connectors/writing.md", "exec", dont_inherit=True), page_module.__dict__
+    )
     result = testing.execute(
         env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )

@@ -1,4 +1,4 @@
-"""Where cutline calls a connector (``docs/connectors.md``, the thread contract), in real jobs
+"""Where cutline calls a connector (``docs/connectors/writing.md``, the thread contract), in real jobs
 (slots as threads), and what it names when a connector fails.
 
 Every method of a sink's writer, from ``Sink.writer()`` that makes it to its ``close()``, runs
@@ -39,6 +39,7 @@ from cutline.connectors import (
 )
 from cutline.runtime.task.local import ThreadLauncher
 
+from docs_examples import docs_example
 from ledger import DISORDER, Journal, JournalWriter, Ledger, LedgerReader, first_time, journal
 
 pytestmark = pytest.mark.jobs
@@ -326,13 +327,12 @@ def test_a_connector_chained_after_a_source_that_fails_is_named(
 def test_the_sqlite_sink_of_the_write_your_own_page_is_exact_through_a_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/connectors.md's SQLite sink, as it is written there: its connection may only be
+    """docs/connectors/writing.md's SQLite sink, as it is written there: its connection may only be
     used by the thread that made it (``sqlite3``'s own check). Two subtasks write one database
     file; a failure strikes after two checkpoints completed, and the restored writers move what
     the restored checkpoint staged and drop the rest: every balance is in the table once, and
     nothing is left staged."""
-    page = (Path(__file__).parents[2] / "docs" / "connectors.md").read_text()
-    code = page.split("```python\n")[3].split("```", 1)[0]
+    code = docs_example("writing-sqlite").code
     assert "sqlite3.connect" in code and len(code.splitlines()) < 80
     database = tmp_path / "out.db"
     with contextlib.closing(sqlite3.connect(database)) as db:
@@ -351,7 +351,9 @@ def test_the_sqlite_sink_of_the_write_your_own_page_is_exact_through_a_failure(
     page_module.stream = stream.key_by("account").sum("amount", name="balance")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sqlite_page", page_module)
     monkeypatch.chdir(tmp_path)  # ("out.db")
-    exec(compile(code, "docs/connectors.md", "exec", dont_inherit=True), page_module.__dict__)
+    exec(
+        compile(code, "docs/connectors/writing.md", "exec", dont_inherit=True), page_module.__dict__
+    )
     result = testing.execute(
         env, launcher=ThreadLauncher(), hold_sources=SourceHold(records=100, checkpoints=2)
     )

@@ -59,6 +59,8 @@ from cutline.spark.datasource import (
     unify,
 )
 
+from docs_examples import docs_example, run_example
+
 N = 2_000
 KEYS = 13
 _PART = re.compile(r"part-(\d{5})-(\d{10})-g(\d+)-[a-z0-9]+-\d+\.pickle")
@@ -620,3 +622,25 @@ def _parsed(value: Any) -> Any:
         return value
     parsed = ast.literal_eval(value)
     return sorted(parsed.items()) if isinstance(parsed, dict) else parsed
+
+
+def test_the_observability_page_reads_state_as_it_says(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/operations/observability.md's DataFrames, as written there, on the final checkpoint
+    of a keyed sum named ``sum``: the state read is every key's total."""
+    env = StreamEnvironment(2, checkpoint_interval=None, checkpoint_dir=tmp_path / "ck")
+    stream = env.from_sequence(0, N).map(key_value)
+    stream.key_by("key").sum("value", name="sum").collect()
+    testing.execute(env, launcher=ThreadLauncher(), progress=False)
+    (checkpoint,) = sorted((tmp_path / "ck").glob("chk-*"))
+    namespace = run_example(
+        docs_example("state-dataframes"),
+        tmp_path,
+        monkeypatch,
+        before=lambda names: names.update(spark=spark),
+        checkpoint=str(checkpoint),
+    )
+    rows = namespace["df"].collect()
+    totals = Counter(key_value({"value": i})["key"] for i in range(N))
+    assert {row["key"]: row["value"] for row in rows} == dict(totals)

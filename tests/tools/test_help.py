@@ -38,7 +38,7 @@ def test_no_help_cites_the_internal_specification(path: tuple[str, ...]) -> None
 def test_sim_help_gives_the_snapshot_format_and_where_the_readme_has_it() -> None:
     out = CliRunner().invoke(main, ["sim", "--help"]).output
     text = " ".join(out.split())
-    assert 'README\'s "Snapshot output" section' in text
+    assert 'simulator page\'s "Snapshot output" section' in text
     assert '"ID TOKENS" for every process' in text and '"SRC DST token(K)"' in text
 
 

@@ -22,7 +22,7 @@ other, and so are those to other systems, imported when first named:
   on deltalake;
 * :class:`IcebergSink` (``stream.write_iceberg``, exactly once), on pyiceberg.
 
-How to write one: ``docs/connectors.md``.
+How to write one: ``docs/connectors/writing.md``.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -11,7 +11,7 @@ It prints the commands to run next (``cutline checkpoints list/show/verify/diff`
 ``cutline report``), reads the keyed state of the newest checkpoint as a Spark DataFrame and
 checks it against the output the exactly-once sink published up to that checkpoint, and
 writes ``WORKDIR/report.html``. ``--images DIR`` also saves the report's two figures as PNG
-(the README's pictures).
+(the pictures of the documentation's observability page).
 """
 
 from __future__ import annotations

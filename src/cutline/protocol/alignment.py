@@ -1,7 +1,7 @@
 """Barrier handling of one subtask, for every checkpointing mode, as sans-IO state machines.
 
 A subtask receives ``Barrier(n)`` on each of its input channels, in line with
-its records. What it does then is the checkpointing mode (the README's "Checkpointing
+its records. What it does then is the checkpointing mode (the guarantees page's "Checkpointing
 modes"):
 
 * **aligned** (exactly-once): a subtask that receives ``Barrier(n)`` on input

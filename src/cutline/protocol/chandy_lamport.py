@@ -29,7 +29,7 @@ on a channel that several snapshots are recording belongs to the channel
 state of each of them. Several processes may initiate the same id: a process
 that has already recorded for an id ignores a later ``initiate`` of it.
 
-Two extensions serve barrier snapshots of dataflows (the README's "Checkpointing modes"):
+Two extensions serve barrier snapshots of dataflows (the guarantees page's "Checkpointing modes"):
 
 * a marker may **overtake** messages (an unaligned barrier jumps ahead of the
   records queued before it): ``marker_received(s, c, overtaken=...)`` names the

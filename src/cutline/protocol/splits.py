@@ -44,7 +44,7 @@ class Split:
     ``ordinal`` its number where the source numbers its splits (dealt round-robin), else
     ``None`` (dealt by a hash of ``id``); ``version`` what it looked like when listed (a
     file's size and modification time), if the source says: a split listed again with
-    another version changed (:class:`SplitChanged`)."""
+    another version changed (``SplitChanged``)."""
 
     id: str
     ordinal: int | None = None

@@ -175,7 +175,7 @@ class SplitWatermarks(Generic[S]):
 
     def split_added(self, split: S, lowest: int | None = None) -> list[WatermarkAction]:
         """A split this subtask will read; ``lowest``: the lowest timestamp it holds, if known
-        (a Parquet file's statistics, or :func:`lowest_after` its first records). Until it
+        (a Parquet file's statistics, or ``lowest_after()`` its first records). Until it
         shows records it holds the watermark there."""
         if split in self._splits or split in self._finished:
             raise WatermarkError(f"split {split!r} was added twice")
@@ -415,7 +415,7 @@ class EventClock:
     * a processing-time window's place is the wall clock's time it reached.
 
     A place only moves forward. Operators read theirs (``OperatorContext.watermark``); the
-    subtask moves them (:class:`~cutline.runtime.task.subtask.SubtaskRunner`), and a window
+    subtask moves them (the runtime's ``SubtaskRunner``), and a window
     operator its own when it is restored or goes by the wall clock.
     """
 

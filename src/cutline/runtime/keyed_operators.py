@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import numbers
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +27,8 @@ from cutline.runtime.operators import (
     rows,
 )
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
-from cutline.runtime.state.factory import new_backend
-from cutline.runtime.state.keygroups import key_group, key_group_range, subtask_for_key_group
+from cutline.runtime.state.keygroups import key_group, subtask_for_key_group
+from cutline.runtime.state.opening import open_keyed_state
 
 
 class _Keyed(RunningOperator):
@@ -38,22 +38,17 @@ class _Keyed(RunningOperator):
         self.ctx = ctx
         self.key = key
         self.get_key = key_getter(key)
-        groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
-        self.backend = new_backend(ctx.state, ctx.max_parallelism, groups)
-        self.restored: list[Mapping[str, Any]] = []
-        """The keyed state handles it was restored from (what their ``extra`` kept)."""
-        if state:
-            try:
-                if ctx.restore_store is None:
-                    raise RecordError("keyed state to restore, but nowhere to read it from")
-                handles = state if isinstance(state, list) else [state]
-                self.restored = handles
-                self.backend.restore(
-                    handles, ctx.restore_store, checkpoint_id=ctx.restore_checkpoint
-                )
-            except BaseException:
-                self.backend.close()  # (the disk backend's working database goes)
-                raise
+        self.backend, self.restored = open_keyed_state(
+            ctx.state,
+            ctx.subtask,
+            ctx.parallelism,
+            ctx.max_parallelism,
+            state,
+            ctx.restore_store,
+            ctx.restore_checkpoint,
+        )
+        """The backend, and the keyed state handles it was restored from (what their
+        ``extra`` kept)."""
 
     def snapshot(
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False

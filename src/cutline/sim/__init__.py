@@ -1,10 +1,10 @@
 """A deterministic, seeded discrete-event simulator over the protocol layer.
 
-* :mod:`cutline.sim.scenario` — the topology and events file format (the README's
+* :mod:`cutline.sim.scenario` — the topology and events file format (the simulator page's
   "Topology file" and "Events file");
 * :mod:`cutline.sim.simulator` — the simulator and the token-bank process model;
 * :mod:`cutline.sim.checker` — the independent consistency checker;
-* :mod:`cutline.sim.output` — snapshots as text (the README's "Snapshot output") or JSON;
+* :mod:`cutline.sim.output` — snapshots as text (the simulator page's "Snapshot output") or JSON;
 * :mod:`cutline.sim.diagram` — the space-time diagram;
 * :mod:`cutline.sim.generate` — random strongly connected scenarios.
 """

@@ -1,4 +1,4 @@
-"""Writing recorded snapshots out: the text format of the README's "Snapshot output", and
+"""Writing recorded snapshots out: the text format of the simulator page's "Snapshot output", and
 JSON.
 
 Text, one block per snapshot, blocks separated by a blank line::

@@ -1,4 +1,4 @@
-"""The event-script format: a topology file and an events file (the README's "Topology
+"""The event-script format: a topology file and an events file (the simulator page's "Topology
 file" and "Events file").
 
 Topology file::

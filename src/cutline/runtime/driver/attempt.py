@@ -5,16 +5,16 @@ reads the slots' messages and feeds the :class:`~cutline.protocol.CheckpointCoor
 carries out the coordinator's actions (trigger, write metadata, complete, abort, discard),
 and asks its roles what to do:
 
-=============================  ==================================================================
-role                           what it decides
-=============================  ==================================================================
-:class:`FailureDetector`       whether the attempt failed: a report, a lost slot, a heartbeat
-                               that stopped, a phase past its deadline
+===============================  ==================================================================
+role                             what it decides
+===============================  ==================================================================
+:class:`FailureDetector`         whether the attempt failed: a report, a lost slot, a heartbeat
+                                 that stopped, a phase past its deadline
 :class:`CheckpointStatsTracker`  each checkpoint's statistics, and which one is slow and why
-:class:`SavepointRequests`     which savepoint to trigger for whom, and what to answer them
-:class:`TerminationDetector`   (jobs with loops) when the loops are quiet, so that the final
-                               checkpoint may be taken
-=============================  ==================================================================
+:class:`SavepointRequests`       which savepoint to trigger for whom, and what to answer them
+:class:`TerminationDetector`     (jobs with loops) when the loops are quiet, so that the final
+                                 checkpoint may be taken
+===============================  ==================================================================
 
 The attempt ends when every slot finished (``None``) or with the :class:`Failure` that ended
 it; the driver then restarts the job or fails it.

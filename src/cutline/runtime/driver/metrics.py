@@ -43,7 +43,7 @@ class OperatorMetrics:
     records_in: int
     records_out: int
     rate_in: float
-    """Records per second taken in, over the last :data:`WINDOW` seconds."""
+    """Records per second taken in, over the last ``WINDOW`` (3) seconds."""
     rate_out: float
     backpressured: float
     """Share (0..1) of the last seconds its subtasks spent unable to send (the chain's:

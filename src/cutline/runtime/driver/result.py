@@ -84,11 +84,11 @@ class Failure:
 
 @dataclass
 class JobResult:
-    """What :meth:`JobDriver.run` returns."""
+    """What ``execute()`` returns (the driver's ``JobDriver.run`` makes it)."""
 
     checkpoints: list[CheckpointStats] = field(default_factory=list)
     """The completed checkpoints and savepoints, with their statistics (per subtask for the
-    newest :data:`SUBTASK_DETAILS` only, so a long run's result stays small: every
+    newest ``SUBTASK_DETAILS`` (100) only, so a long run's result stays small: every
     checkpoint's are in ``CHECKPOINT_DIR/_stats``)."""
     aborted: list[tuple[int, str]] = field(default_factory=list)
     restarts: list[RestartInfo] = field(default_factory=list)

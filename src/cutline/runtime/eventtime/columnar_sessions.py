@@ -13,7 +13,6 @@ import pyarrow.compute as pc
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.aggregations import UFUNCS, cut_sessions
 from cutline.runtime.eventtime.assigners import Session
-from cutline.runtime.eventtime.lateness import cleanup_time, in_time
 from cutline.runtime.eventtime.layouts import (
     WINDOWS,
     concat_rows,
@@ -22,10 +21,10 @@ from cutline.runtime.eventtime.layouts import (
     take_rows,
     windows_as_session_rows,
 )
-from cutline.runtime.eventtime.operator import WindowOperator
+from cutline.runtime.eventtime.store import Restored, StoreContext
 from cutline.runtime.eventtime.timers import Timer
 from cutline.runtime.operators import Batch, rows
-from cutline.runtime.state.backend import KeyedSnapshot
+from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.columns import COLUMNS, ColumnChain
 from cutline.runtime.state.segments import SegmentStore
 
@@ -49,55 +48,56 @@ class ColumnarSessions:
     Restored at another parallelism, each subtask keeps the rows of its key groups. Every
     change makes new arrays: a snapshot being written keeps the old ones."""
 
-    def __init__(self, op: WindowOperator) -> None:
-        assert isinstance(op.assigner, Session)
-        self.op = op
-        self.aggregation = op.aggregation
-        self.lateness = op.lateness
-        self.gap = op.assigner.gap
+    def __init__(self, context: StoreContext) -> None:
+        assert isinstance(context.assigner, Session)
+        self.aggregation = context.aggregation
+        self.lateness = context.lateness
+        self.late = context.late
+        self.output = context.output
+        self.records = context.records
+        self.gap = context.assigner.gap
         self.rows: dict[str, Any] | None = None
         """The open sessions: ``keys`` (Arrow), ``start``, ``end``, ``acc``, ``count`` (mean),
         ``fired`` (NumPy); ``None``: none."""
-        self.chain = ColumnChain(op.ctx.state)
+        self.chain = ColumnChain(context.state)
         self._touched: list[tuple[int, pa.Array]] = []
         """(snapshot, keys) whose sessions changed: those an incremental checkpoint writes."""
-        self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
+        self.fire_timers, self.cleanup_timers = context.timers.to_fire, context.timers.to_drop
         self._fires_at = MAX_WATERMARK
         """The earliest ``to_fire`` timer registered (a session due then or later)."""
         self._drops_at = MAX_WATERMARK
         """The earliest ``to_drop`` timer registered."""
-        self._restore_windows()
+        self._restore_windows(context.backend, context.restored)
         self._schedule(self.rows)
 
-    def _restore_windows(self) -> None:
+    def _restore_windows(self, backend: KeyedStateBackend, restored: Restored) -> None:
         """Every restored session as a row: those kept as rows, and those the keyed layout
         wrote (a checkpoint of the disk backend), taken out of keyed state."""
-        op = self.op
         parts = []
-        store = op.ctx.restore_store
-        for handle in op.restored:
+        store = restored.store
+        for handle in restored.handles:
             rows = read_session_rows(handle, store) if store is not None else None
             if rows is None:
                 continue
             start, stop = handle.get("key_groups", (0, 0))
-            if range(start, stop) != op.backend.key_groups:  # rescaled: my key groups' rows
-                rows = take_rows(rows, op.owned(rows["keys"]))
+            if range(start, stop) != backend.key_groups:  # rescaled: my key groups' rows
+                rows = take_rows(rows, self.records.owned(rows["keys"]))
             if len(rows["keys"]):
                 parts.append(rows)
-        table = op.backend.value_table(WINDOWS)
-        keyed = [(key, table.get(key)) for key in list(op.backend.keys(WINDOWS))]
+        table = backend.value_table(WINDOWS)
+        keyed = [(key, table.get(key)) for key in list(backend.keys(WINDOWS))]
         converted = windows_as_session_rows(keyed, self.aggregation.mean)
         if converted is not None:
             parts.append(converted)
         for key, _ in keyed:
             table.delete(key)
         self.rows = concat_rows(parts) if parts else None
-        restored = op.ctx.restore_checkpoint
-        if restored is not None and len(op.restored) == 1 and not keyed:
-            handle = op.restored[0]
+        checkpoint = restored.checkpoint
+        if checkpoint is not None and len(restored.handles) == 1 and not keyed:
+            handle = restored.handles[0]
             groups = range(*handle.get("key_groups", (0, 0)))
-            if groups == op.backend.key_groups and handle.get(COLUMNS):
-                self.chain.adopt(restored, handle[COLUMNS])  # (later ones build on it)
+            if groups == backend.key_groups and handle.get(COLUMNS):
+                self.chain.adopt(checkpoint, handle[COLUMNS])  # (later ones build on it)
 
     @property
     def open_windows(self) -> int:
@@ -130,27 +130,24 @@ class ColumnarSessions:
             self._touched.append((self.chain.generation, keys))
 
     def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        gap, op = self.gap, self.op
-        if isinstance(batch, pa.RecordBatch) and not op.floors_differ and op.vectorizable(batch):
-            assert isinstance(op.key, str)
-            kept = op.sessions_on_time(batch, ts, gap)
+        gap, lateness, records = self.gap, self.lateness, self.records
+        if (
+            isinstance(batch, pa.RecordBatch)
+            and not lateness.floors_differ
+            and records.vectorizable(batch)
+        ):
+            assert isinstance(records.key, str)
+            kept = self.late.on_time(batch, ts, lateness.on_time(ts + gap))
             if kept is None:
                 return None
             batch, ts = kept
-            keys = batch.column(op.key)
-            values = None
-            if self.aggregation.takes_values:
-                assert self.aggregation.field is not None
-                values = np.asarray(
-                    batch.column(self.aggregation.field).to_numpy(zero_copy_only=False)
-                )
-            return self._merge(keys, ts, values)
+            return self._merge(batch.column(records.key), ts, records.values(batch))
         # record by record (Python records, nulls, or keys keeping a restored watermark)
 
         def own(key: Hashable, stamp: int) -> list[int]:
-            return [] if op.is_past(stamp + gap, op.floor(key)) else [stamp]
+            return [] if lateness.is_past(stamp + gap, lateness.floor(key)) else [stamp]
 
-        found = op.record_columns(rows(batch), ts, own)
+        found = records.one_by_one(rows(batch), ts, own)
         return None if found is None else self._merge(*found)
 
     def _merge(self, keys: Any, ts: np.ndarray, values: np.ndarray | None) -> Batch | None:
@@ -232,7 +229,7 @@ class ColumnarSessions:
         changed = fired & touched
         if not changed.any():
             return merged, None
-        passed = merged_end - 1 <= self.op.watermark
+        passed = merged_end - 1 <= self.lateness.watermark
         merged["fired"] = fired & ~(changed & ~passed)
         refire = changed & passed
         return merged, (refire if refire.any() else None)
@@ -241,7 +238,7 @@ class ColumnarSessions:
         acc = rows["acc"]
         if self.aggregation.mean:
             acc = acc.astype(float) / rows["count"]
-        return self.op.builtin_batch(rows["keys"], rows["start"], rows["end"], acc, final)
+        return self.output.builtin_batch(rows["keys"], rows["start"], rows["end"], acc, final)
 
     def _schedule(self, rows: dict[str, Any] | None) -> None:
         """Timers for the earliest of ``rows`` (sessions new or changed) to fire, and to be
@@ -255,7 +252,7 @@ class ColumnarSessions:
                 self._fires_at = first
                 self.fire_timers.add(first, None, None)
         if fired.any():
-            past = cleanup_time(int(rows["end"][fired].min()), self.lateness)
+            past = self.lateness.cleanup_time(int(rows["end"][fired].min()))
             if past < self._drops_at:
                 self._drops_at = past
                 self.cleanup_timers.add(past, None, None)
@@ -275,7 +272,7 @@ class ColumnarSessions:
         if not list(due):  # (taken whole: what they name is found by the watermark)
             return None
         self._fires_at = MAX_WATERMARK  # (the next earliest: registered below)
-        rows, watermark = self.rows, self.op.watermark
+        rows, watermark = self.rows, self.lateness.watermark
         if rows is None:
             return None
         fired = rows["fired"]
@@ -283,7 +280,7 @@ class ColumnarSessions:
         out = self._session_batch(take_rows(rows, ready)) if ready.any() else None
         if ready.any():
             self._touch(rows["keys"].filter(pa.array(ready)))
-            if self.op.keeps_fired:
+            if self.lateness.keeps_fired:
                 rows = {**rows, "fired": fired | ready}
             else:
                 rows = take_rows(rows, ~ready)
@@ -299,7 +296,7 @@ class ColumnarSessions:
         rows = self.rows
         if rows is None:
             return
-        past = rows["fired"] & ~in_time(rows["end"], self.lateness, self.op.watermark)
+        past = rows["fired"] & ~self.lateness.on_time(rows["end"])
         if past.any():
             self._touch(rows["keys"].filter(pa.array(past)))
             rows = take_rows(rows, ~past)

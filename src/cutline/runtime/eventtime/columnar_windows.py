@@ -1,9 +1,25 @@
-"""Tumbling windows of a built-in in the columnar layout (the memory backend's), and the
-columns of keys and accumulators that the sliced layout keeps too."""
+"""Windows by their start (tumbling, sliding) of a built-in kept as columns in memory (the
+memory backend's storage, :class:`Columns`): each window (or slice) keeps its keys and their
+accumulators as columns, merged a batch at a time (records grouped by key and window with
+Arrow, each window's groups merged into its columns with ``index_in`` and NumPy), and fires as
+one batch. No Python runs per record nor per key.
+
+What the windows hold is checkpointed beside the (empty) keyed state as a chain of segments of
+its own (:class:`~cutline.runtime.state.columns.ColumnChain`): incremental checkpoints write,
+of each window, the keys whose accumulators changed since the checkpoint they build on (each
+key's ``version`` says when it last did). Restored at another parallelism, each subtask keeps
+the keys of its key groups. A window's arrays are shared with a snapshot being written and are
+copied before they change.
+
+:class:`ColumnarWindows` is this storage under a bucketing (:mod:`.bucketing`): tumbling
+windows, each its one slice (and, as
+:class:`~cutline.runtime.eventtime.sliced_windows.SlicedWindows`, sliding windows' shared
+slices).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,30 +27,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.runtime.eventtime.aggregations import SAFE, UFUNCS, adds, grouped_parts, largest
-from cutline.runtime.eventtime.assigners import Session, assign, end_of, ends_of, starts_of
-from cutline.runtime.eventtime.lateness import cleanup_time, in_time, is_past
-from cutline.runtime.eventtime.layouts import (
-    WINDOWS,
-    WindowParts,
-    WindowState,
-    encode_windows,
-    keyed_as_columns,
-    read_windows,
+from cutline.runtime.eventtime.aggregations import (
+    SAFE,
+    UFUNCS,
+    Aggregation,
+    adds,
+    grouped_parts,
+    largest,
 )
-from cutline.runtime.eventtime.operator import WindowOperator
-from cutline.runtime.eventtime.timers import Timer
-from cutline.runtime.operators import Batch, rows
-from cutline.runtime.state.backend import KeyedSnapshot
-from cutline.runtime.state.columns import COLUMNS, ColumnChain
-from cutline.runtime.state.segments import SegmentStore
+from cutline.runtime.eventtime.assigners import Session
+from cutline.runtime.eventtime.bucketing import Bucketing, OneSlice
+from cutline.runtime.eventtime.by_start import Result, WindowsByStart, joined
+from cutline.runtime.eventtime.layouts import Slicing, WindowParts, WindowState, encode_windows
+from cutline.runtime.eventtime.slicing import Part, restrict, window_result
+from cutline.runtime.eventtime.store import StoreContext
+from cutline.runtime.state.columns import ColumnChain
 
 
 @dataclass
 class WindowColumns:
-    """One window of :class:`ColumnarWindows` (or a slice of
-    :class:`~cutline.runtime.eventtime.sliced_windows.SlicedWindows`): its keys and their
-    accumulators, as columns."""
+    """One window (or slice) kept as :class:`Columns`: its keys and their accumulators, as
+    columns."""
 
     start: int
     keys: pa.Array
@@ -60,167 +73,81 @@ class WindowColumns:
     (:func:`key_positions`): a batch then looks its keys up instead of hashing all the window's."""
 
 
-class WindowsByStart:
-    """What the columnar layouts of windows by their start share (:class:`ColumnarWindows`,
-    :class:`~cutline.runtime.eventtime.run_windows.RunWindows`, and the sliced layouts over
-    them): the windows by start; a window fires through one timer for all its keys (the
-    timer's key is ``None``, its namespace the window's start), is kept fired for the allowed
-    lateness, then dropped; what fires goes out as one batch."""
+class Columns:
+    """The storage of windows (and slices) by their start as columns in memory: a piece is a
+    :class:`WindowColumns`."""
 
-    windows: dict[int, Any]
-    """What each window holds, by its start (in the layout's own way)."""
+    def __init__(self, context: StoreContext) -> None:
+        self.aggregation: Aggregation = context.aggregation
+        self.kind: str = context.aggregation.kind
+        self.chain = ColumnChain(context.state)
 
-    def __init__(self, op: WindowOperator) -> None:
-        assert not isinstance(op.assigner, Session)
-        self.op = op
-        self.aggregation = op.aggregation
-        self.lateness = op.lateness
-        self.assigner = op.assigner
-        """Their assigner (:func:`~cutline.runtime.eventtime.assigners.end_of` says where a
-        window ends)."""
-        self.fire_timers, self.cleanup_timers = op.timers.to_fire, op.timers.to_drop
-        self.chain = ColumnChain(op.ctx.state)
+    # ------------------------------------------------------------------ pieces
 
-    def _add_window(self, window: Any) -> None:
-        """A window (its ``start``, whether it ``fired``, the keys ``waiting`` to) is held,
-        with its timers."""
-        self.windows[window.start] = window
-        if window.fired:
-            self._keep(window.start)
-        if not window.fired or window.waiting is not None:
-            self._schedule(window.start)
-
-    def _schedule(self, window: int) -> None:
-        """The window (of all its keys: the timer's key is ``None``) fires when the watermark
-        reaches its last millisecond."""
-        self.fire_timers.add(end_of(self.assigner, window) - 1, None, window)
-
-    def _keep(self, window: int) -> None:
-        """The fired window is kept for the allowed lateness, then dropped."""
-        end = end_of(self.assigner, window)
-        self.cleanup_timers.add(cleanup_time(end, self.lateness), None, window)
-
-    def holds_windows(self) -> bool:
-        return bool(self.windows)
-
-    def drop(self, due: Iterable[Timer]) -> None:
-        """The fired windows of the due ``to_drop`` timers are past: dropped."""
-        for _, _, start in due:
-            window = self.windows.get(start)
-            if window is not None and window.fired:
-                self._drop(start)
-
-    def _drop(self, start: int) -> None:
-        """The window at ``start`` is dropped."""
-        raise NotImplementedError
-
-    def _batch(
-        self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
-    ) -> pa.RecordBatch:
-        """The output of windows firing: per window its start, its keys and their results."""
-        return fired_batch(self.op, fired, final)
-
-
-class ColumnarWindows(WindowsByStart):
-    """Tumbling windows computing a built-in aggregate (``count``, ``sum``, ``min``,
-    ``max``, ``mean``) on the memory backend: each window keeps its keys and their
-    accumulators as columns, merged a batch at a time (records grouped by key and window with
-    Arrow, each window's groups merged into its columns with ``index_in`` and NumPy), and
-    fires as one batch. No Python runs per record nor per key.
-
-    What the windows hold is checkpointed beside the (empty) keyed state as a chain of
-    segments of its own (:class:`~cutline.runtime.state.columns.ColumnChain`): incremental
-    checkpoints write, of each window, the keys whose accumulators changed since the
-    checkpoint they build on (each key's ``version`` says when it last did). Restored at
-    another parallelism, each subtask keeps the keys of its key groups. A window's arrays are
-    shared with a snapshot being written and are copied before they change.
-
-    A window fires through one timer for all its keys (the timer's key is ``None``, its
-    namespace the window's start)."""
-
-    def __init__(self, op: WindowOperator) -> None:
-        super().__init__(op)
-        self.windows: dict[int, WindowColumns] = {}
-        self._restore_windows()
-
-    _adopts = True
-    """Whether later checkpoints may build on the restored chain (it holds the windows as
-    this operator does)."""  # (restores the windows: _restore_windows)
-
-    def _restore_windows(self) -> None:
-        """Every restored window as columns (:func:`restored_parts`). A window that fired for
+    def restored(self, start: int, parts: list[WindowParts]) -> WindowColumns:
+        """A restored window as columns (:func:`~.by_start.joined`). A window that fired for
         some of its keys only (the old subtasks' watermarks differed at the checkpoint, or a
-        record within the lateness came for a new key) fires for the others when the
-        watermark passes its end."""
-        for window_start, pieces in restored_parts(self.op, self.chain, self._adopts).items():
-            keys, acc, count, flags = joined(pieces)
-            columns = WindowColumns(
-                window_start,
-                keys,
-                acc,
-                count,
-                version=np.zeros(len(flags), dtype=np.int64),
-                fired=bool(flags.any()),
-            )
-            if columns.fired and not flags.all():
-                columns.waiting = np.flatnonzero(~flags)
-            self._add_window(columns)
+        record within the lateness came for a new key) fires for the others when the watermark
+        passes its end."""
+        keys, acc, count, flags = joined(parts)
+        columns = WindowColumns(
+            start,
+            keys,
+            acc,
+            count,
+            version=np.zeros(len(flags), dtype=np.int64),
+            fired=bool(flags.any()),
+        )
+        if columns.fired and not flags.all():
+            columns.waiting = np.flatnonzero(~flags)
+        return columns
 
-    # ---------------------------------------------------------------- figures
+    def parts(self, piece: WindowColumns) -> list[Part]:
+        return [(piece.keys, piece.acc, piece.count)] if len(piece.keys) else []
 
-    @property
-    def open_windows(self) -> int:
-        return sum(  # (read from the thread that reports the figures: a copy of the list)
-            len(p.keys) if not p.fired else len(p.waiting) if p.waiting is not None else 0
-            for p in list(self.windows.values())
+    def waiting(self, piece: WindowColumns) -> pa.Array | None:
+        return None if piece.waiting is None else piece.keys.take(pa.array(piece.waiting))
+
+    def empty(self, start: int, like: Result | None) -> WindowColumns:
+        keys = like[0].slice(0, 0) if like is not None else pa.array([], pa.null())
+        return WindowColumns(
+            start,
+            keys,
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64) if self.aggregation.mean else None,
+            version=np.zeros(0, dtype=np.int64),
+            born=self.chain.generation,
         )
 
-    def attach(
-        self, taken: KeyedSnapshot, checkpoint_id: int, base: int | None, savepoint: bool
-    ) -> None:
-        """The windows' chain of segments (:class:`ColumnChain`) takes a segment: the keys
-        changed since ``base``, or all."""
-        encode = self._frozen()
-        ticket = self.chain.snapshot(checkpoint_id, base, savepoint)
+    def release(self, piece: WindowColumns | None) -> None:
+        """(Nothing to give back but the memory.)"""
 
-        def write(store: SegmentStore, name: str) -> dict[str, Any]:
-            return self.chain.write(ticket, store, name, encode)
+    def settle(self, pieces: Callable[[], list[WindowColumns]]) -> None:
+        """(Columns stay in memory.)"""
 
-        taken.attached.append(write)
+    # ---------------------------------------------------------------- results
 
-    def _frozen(self) -> Callable[[int | None], bytes]:
-        """What a snapshot holds of the windows (their arrays, shared from now on), and how
-        it is encoded as a segment (:func:`~cutline.runtime.eventtime.layouts.encode_windows`)."""
-        held = frozen(self.windows.values())
-        return lambda since: encode_windows(held, since)
+    def result(
+        self,
+        piece: WindowColumns,
+        keys: pa.Array | None = None,
+        positions: np.ndarray | None = None,
+    ) -> Result | None:
+        if positions is not None:
+            assert keys is not None
+            return keys, self._values(piece)[positions]
+        if keys is not None:
+            return window_result([restrict(part, keys) for part in self.parts(piece)], self.kind)
+        if not len(piece.keys):
+            return None
+        return piece.keys, self._values(piece)
+
+    def fire(self, piece: WindowColumns, keep: bool) -> Result | None:
+        return self.result(piece)
 
     # ---------------------------------------------------------------- records
 
-    def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        found = window_triples(self.op, batch, ts)
-        return None if found is None else self._merge(*found)
-
-    def _merge(self, keys: pa.Array, starts: np.ndarray, values: np.ndarray | None) -> Batch | None:
-        """Merge (key, window start, value) triples into the windows; the windows already
-        fired that they update (allowed lateness) fire again."""
-        refired: list[tuple[WindowColumns, pa.Array, np.ndarray]] = []
-        merged = self._grouped_into(self.windows, self._add_window, keys, starts, values)
-        for columns, these, positions in merged:
-            if positions is not None and columns.fired:
-                if columns.waiting is not None:  # (those fire when the watermark passes)
-                    fresh = ~np.isin(positions, columns.waiting)
-                    these, positions = these.filter(pa.array(fresh)), positions[fresh]
-                refired.append((columns, these, positions))
-        if not refired:
-            return None
-        return self._batch(
-            [
-                (columns.start, keys_, self._values(columns)[positions])
-                for columns, keys_, positions in refired
-            ]
-        )
-
-    def _grouped_into(
+    def merge(
         self,
         into: dict[int, WindowColumns],
         add: Callable[[WindowColumns], None],
@@ -319,40 +246,30 @@ class ColumnarWindows(WindowsByStart):
             return means
         return columns.acc
 
-    # ----------------------------------------------------------------- firing
+    # -------------------------------------------------------------- snapshots
 
-    def so_far(self) -> Batch | None:
-        open_ = [(p.start, p.keys, self._values(p)) for p in self.windows.values() if not p.fired]
-        return self._batch(open_, final=False) if open_ else None
+    def encoder(
+        self,
+        windows: Iterable[WindowColumns],
+        slices: Iterable[WindowColumns],
+        slicing: Slicing | None,
+    ) -> Callable[[int | None], bytes]:
+        """What a snapshot holds of the windows and slices (their arrays, shared from now
+        on), and how it is encoded as a segment
+        (:func:`~cutline.runtime.eventtime.layouts.encode_windows`)."""
+        held, sliced = frozen(windows), frozen(slices)
+        return lambda since: encode_windows(held, since, sliced, slicing)
 
-    def fire(self, due: Iterable[Timer]) -> Batch | None:
-        fired: list[tuple[int, pa.Array, np.ndarray]] = []
-        keep = self.op.keeps_fired
-        for _, _, start in due:
-            columns = self.windows.get(start)
-            if columns is None:
-                continue
-            if columns.fired:  # (restored fired for some keys: now for the others)
-                if columns.waiting is not None:
-                    waiting, columns.waiting = columns.waiting, None
-                    fired.append(
-                        (
-                            start,
-                            columns.keys.take(pa.array(waiting)),
-                            self._values(columns)[waiting],
-                        )
-                    )
-                continue
-            fired.append((start, columns.keys, self._values(columns)))
-            if keep:
-                columns.fired = True
-                self._keep(start)
-            else:
-                self._drop(start)
-        return self._batch(fired) if fired else None
 
-    def _drop(self, start: int) -> None:
-        self.windows.pop(start, None)
+class ColumnarWindows(WindowsByStart[WindowColumns]):
+    """Windows by their start computing a built-in aggregate (``count``, ``sum``, ``min``,
+    ``max``, ``mean``) on the memory backend, as columns (:class:`Columns`) under a
+    ``bucketing``: tumbling windows (:class:`~cutline.runtime.eventtime.bucketing.OneSlice`)
+    unless told otherwise."""
+
+    def __init__(self, context: StoreContext, bucketing: Bucketing | None = None) -> None:
+        assert not isinstance(context.assigner, Session)
+        super().__init__(context, Columns(context), bucketing or OneSlice(context.assigner))
 
 
 def frozen(held: Iterable[WindowColumns]) -> list[WindowState]:
@@ -387,105 +304,3 @@ def key_positions(columns: WindowColumns, keys: pa.Array) -> np.ndarray:
         columns.index = dict(zip(columns.keys.to_pylist(), range(len(columns.keys)), strict=True))
     get = columns.index.get
     return np.fromiter((get(k, -1) for k in keys.to_pylist()), dtype=np.int64, count=len(keys))
-
-
-def restored_parts(
-    op: WindowOperator, chain: ColumnChain, adopts: bool
-) -> dict[int, list[WindowParts]]:
-    """Every restored window of a columnar layout, per start its parts (one per old subtask
-    whose handle held it): those kept as columns, and those the keyed layout wrote, taken out
-    of keyed state. Restored at another parallelism, the keys of this subtask's key groups
-    only. With ``adopts``, and exactly one handle of exactly this subtask's key groups, later
-    checkpoints of ``chain`` may build on the restored chain."""
-    parts: dict[int, list[WindowParts]] = {}
-    mine = op.backend.key_groups
-    store = op.ctx.restore_store
-    for handle in op.restored:
-        start, stop = handle.get("key_groups", (0, 0))
-        whole = range(start, stop) == mine
-        for window_start, keys, acc, count, flags in (
-            read_windows(handle, store) if store is not None else ()
-        ):
-            if not whole:  # rescaled: the keys of my key groups only
-                keep = op.owned(keys)
-                if not keep.any():
-                    continue
-                keys, acc, flags = keys.filter(pa.array(keep)), acc[keep], flags[keep]
-                count = count[keep] if count is not None else None
-            parts.setdefault(window_start, []).append((window_start, keys, acc, count, flags))
-    table = op.backend.value_table(WINDOWS)
-    keyed = [(key, table.get(key)) for key in list(op.backend.keys(WINDOWS))]
-    for found in keyed_as_columns(keyed, op.aggregation.mean):
-        parts.setdefault(found[0], []).append(found)
-    for key, _ in keyed:
-        table.delete(key)
-    restored = op.ctx.restore_checkpoint
-    if restored is not None and len(op.restored) == 1 and not keyed and adopts:
-        handle = op.restored[0]
-        if range(*handle.get("key_groups", (0, 0))) == mine and handle.get(COLUMNS):
-            chain.adopt(restored, handle[COLUMNS])  # (later ones build on it)
-    return parts
-
-
-def joined(pieces: list[WindowParts]) -> tuple[pa.Array, np.ndarray, np.ndarray | None, np.ndarray]:
-    """The parts of one restored window (of old subtasks: disjoint keys) one after another:
-    its keys, accumulators, counts (a mean's) and each key's ``fired`` flag."""
-    first = pieces[0][1].type
-    counts = [piece[3] for piece in pieces if piece[3] is not None]
-    return (
-        pa.concat_arrays([piece[1].cast(first) for piece in pieces]),
-        np.concatenate([piece[2] for piece in pieces]),
-        np.concatenate(counts) if counts else None,
-        np.concatenate([piece[4] for piece in pieces]),
-    )
-
-
-def window_triples(
-    op: WindowOperator, batch: Batch, ts: np.ndarray
-) -> tuple[pa.Array, np.ndarray, np.ndarray | None] | None:
-    """A batch's records as (key, window start, value) columns, once per window each is in
-    (a tumbling assigner: one) that is not past; the late ones go to the side output. Arrow
-    batches of a key column take the vectorized path; Python records, nulls, or keys keeping
-    a restored watermark the per-record one. ``None``: nothing is left."""
-    assigner, lateness = op.assigner, op.lateness
-    assert not isinstance(assigner, Session)
-    if isinstance(batch, pa.RecordBatch) and not op.floors_differ and op.vectorizable(batch):
-        assert isinstance(op.key, str)
-        index, starts = assign(assigner, ts)
-        on_time = in_time(ends_of(assigner, starts), lateness, op.watermark)
-        op.note_late(batch, index, on_time)
-        if not on_time.all():
-            index, starts = index[on_time], starts[on_time]
-        if not len(index):
-            return None
-        taken = pa.array(index)
-        keys = batch.column(op.key).take(taken)
-        values = None
-        if op.aggregation.takes_values:
-            assert op.aggregation.field is not None
-            column = batch.column(op.aggregation.field).take(taken)
-            values = np.asarray(column.to_numpy(zero_copy_only=False))
-        return keys, starts, values
-
-    def windows(key: Hashable, stamp: int) -> list[int]:
-        floor = op.floor(key)
-        return [
-            s
-            for s in starts_of(assigner, stamp)
-            if not is_past(end_of(assigner, s), lateness, floor)
-        ]
-
-    return op.record_columns(rows(batch), ts, windows)
-
-
-def fired_batch(
-    op: WindowOperator, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
-) -> pa.RecordBatch:
-    """The output of windows (of a start each) firing: per window its start, its keys and
-    their results."""
-    lengths = [len(keys) for _, keys, _ in fired]
-    starts = np.repeat(np.array([start for start, _, _ in fired], dtype=np.int64), lengths)
-    keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
-    values = np.concatenate([v for _, _, v in fired])
-    assert not isinstance(op.assigner, Session)
-    return op.builtin_batch(keys, starts, ends_of(op.assigner, starts), values, final)

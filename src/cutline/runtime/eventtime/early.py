@@ -22,22 +22,39 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from cutline.runtime.eventtime.assigners import Session, assign, end_of
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, assign, end_of
+from cutline.runtime.eventtime.layouts import WINDOWS
+from cutline.runtime.eventtime.records import RecordColumns
 from cutline.runtime.operators import Batch, rows
+from cutline.runtime.state.backend import KeyedStateBackend
 
 COUNTS = "window-early"
 """The keyed state of the counts: per key, ``{window start: records so far}``."""
 
 
 class EarlyRecords:
-    """The counts of a keyed window operator's windows, and which took ``every`` more."""
+    """The counts of a keyed window operator's windows, and which took ``every`` more.
 
-    def __init__(self, op: Any, windows: Any, every: int) -> None:
-        self.op = op
-        self.windows = windows
-        """The operator's windows (the keyed layout: their table)."""
+    :param backend: the operator's keyed state (the counts, and the windows of the keyed
+        layout: :data:`~cutline.runtime.eventtime.layouts.WINDOWS`).
+    :param assigner: the operator's windows.
+    :param records: how a record's key is read.
+    :param every: ``early_records``.
+    """
+
+    def __init__(
+        self,
+        backend: KeyedStateBackend,
+        assigner: Tumbling | Sliding | Session,
+        records: RecordColumns,
+        every: int,
+    ) -> None:
+        self.assigner = assigner
+        self.records = records
         self.every = every
-        self.table = op.backend.value_table(COUNTS)
+        self.windows = backend.value_table(WINDOWS)
+        """The windows of the keyed layout."""
+        self.table = backend.value_table(COUNTS)
 
     def counted(self, batch: Batch, ts: np.ndarray) -> list[tuple[Hashable, int, int, Any]]:
         """Count the batch's records (already in their windows) per key and window; the
@@ -49,7 +66,7 @@ class EarlyRecords:
             groups[(key, start)] = groups.get((key, start), 0) + 1
         found: list[tuple[Hashable, int, int, Any]] = []
         for (key, stamp), n in groups.items():
-            value = self.windows.table.get(key)
+            value = self.windows.get(key)
             if value is None:
                 continue
             window = self._open_window(value, stamp)
@@ -71,19 +88,19 @@ class EarlyRecords:
     def _windows(self, batch: Batch, ts: np.ndarray) -> list[tuple[Hashable, int]]:
         """(key, window start) of each record and window it is in (for sessions: its own
         time, looked up in the key's sessions)."""
-        op = self.op
-        if isinstance(batch, pa.RecordBatch) and isinstance(op.key, str):
-            keys = batch.column(op.key).to_pylist()
+        key, assigner = self.records.key, self.assigner
+        if isinstance(batch, pa.RecordBatch) and isinstance(key, str):
+            keys = batch.column(key).to_pylist()
         else:
             keys = []
             for record in rows(batch):
                 try:
-                    keys.append(op.get_key(record))
+                    keys.append(self.records.get_key(record))
                 except Exception:  # (the record failed when it was windowed)
                     keys.append(None)
-        if isinstance(op.assigner, Session):
+        if isinstance(assigner, Session):
             return [(k, t) for k, t in zip(keys, ts.tolist(), strict=True) if k is not None]
-        index, starts = assign(op.assigner, ts)
+        index, starts = assign(assigner, ts)
         return [
             (keys[i], s)
             for i, s in zip(index.tolist(), starts.tolist(), strict=True)
@@ -93,8 +110,8 @@ class EarlyRecords:
     def _open_window(self, value: Any, stamp: int) -> tuple[int, int, Any] | None:
         """The window not fired yet that ``stamp`` names (a window's start; for sessions, a
         record's time within one): start, end, accumulator."""
-        op = self.op
-        if isinstance(op.assigner, Session):
+        assigner = self.assigner
+        if isinstance(assigner, Session):
             for start, end, acc, fired in value:
                 if start <= stamp < end and not fired:
                     return start, end, acc
@@ -102,7 +119,7 @@ class EarlyRecords:
         entry = value.get(stamp)
         if entry is None or entry[1]:
             return None
-        return stamp, end_of(op.assigner, stamp), entry[0]
+        return stamp, end_of(assigner, stamp), entry[0]
 
     def forget(self, key: Hashable, start: int, end: int) -> None:
         """The window ``[start, end)`` of ``key`` fired or was dropped: its count goes."""

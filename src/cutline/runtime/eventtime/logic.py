@@ -1,21 +1,36 @@
 """The window operator's logic: what the job graph holds of ``keyed.window(...)``, and the
-layout its windows are kept in."""
+layout its windows are kept in (:meth:`WindowLogic.layout`: a bucketing kept in a storage)."""
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
-from cutline.runtime.eventtime.assigners import Session, Sliding
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.columnar_sessions import ColumnarSessions
 from cutline.runtime.eventtime.columnar_windows import ColumnarWindows
 from cutline.runtime.eventtime.keyed import KeyedWindows
-from cutline.runtime.eventtime.operator import WindowOperator, WindowStore
+from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.run_windows import RunWindows
 from cutline.runtime.eventtime.sliced_runs import SlicedRuns
 from cutline.runtime.eventtime.sliced_windows import SlicedWindows
 from cutline.runtime.eventtime.spec import WindowSpec
+from cutline.runtime.eventtime.store import StoreContext, WindowStore
 from cutline.runtime.operators import Logic, OperatorContext
+
+
+class Storage(enum.Enum):
+    """Where a window store keeps what its windows hold."""
+
+    KEYED = "keyed state"
+    """In the state backend, per key (every window, aggregation and backend)."""
+    COLUMNS = "columns in memory"
+    """As columns beside the keyed state (a built-in of a key column, the memory backend)."""
+    RUNS = "runs on disk"
+    """As runs beside the keyed state, spilled to files (a built-in of a key column, the
+    disk backend): larger than memory."""
 
 
 @dataclass(frozen=True)
@@ -27,18 +42,48 @@ class WindowLogic(WindowSpec, Logic):
     def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
         return WindowOperator(self, ctx, state, self.layout(ctx.state.backend))
 
-    def layout(self, backend: str) -> type[WindowStore]:
-        """Where the windows are kept: as columns for a built-in of a key column (without
-        ``early_records``: its counts per key and window are keyed state), on the disk backend
-        as runs (tumbling and sliding windows), else in keyed state."""
-        if self.aggregation.builtin and isinstance(self.key, str) and self.early_records is None:
-            if backend == "disk":
-                if isinstance(self.assigner, Session):
-                    return KeyedWindows
-                return SlicedRuns if isinstance(self.assigner, Sliding) else RunWindows
-            if isinstance(self.assigner, Session):
-                return ColumnarSessions
-            if isinstance(self.assigner, Sliding):
-                return SlicedWindows
-            return ColumnarWindows
-        return KeyedWindows
+    def storage(self, backend: str) -> Storage:
+        """Where the windows are kept on state backend ``backend``: as columns (memory) or runs
+        (disk) for a built-in of a key column without ``early_records`` (its counts per key
+        and window are keyed state), else in keyed state."""
+        if not (
+            self.aggregation.builtin and isinstance(self.key, str) and self.early_records is None
+        ):
+            return Storage.KEYED
+        match backend:
+            case "disk":
+                return Storage.RUNS
+            case "memory":
+                return Storage.COLUMNS
+            case _:
+                raise ValueError(f"no state backend {backend!r}: 'memory' or 'disk'")
+
+    def layout(self, backend: str) -> Callable[[StoreContext], WindowStore]:
+        """The window store, a bucketing (the assigner's: tumbling, sliding, sessions) kept in
+        the storage :meth:`storage` chooses; sessions on disk are kept in keyed state."""
+        storage, assigner = self.storage(backend), self.assigner
+        match storage:
+            case Storage.KEYED:
+                return KeyedWindows
+            case Storage.COLUMNS:
+                match assigner:
+                    case Tumbling():
+                        return ColumnarWindows
+                    case Sliding():
+                        return SlicedWindows
+                    case Session():
+                        return ColumnarSessions
+                    case _:
+                        assert_never(assigner)
+            case Storage.RUNS:
+                match assigner:
+                    case Tumbling():
+                        return RunWindows
+                    case Sliding():
+                        return SlicedRuns
+                    case Session():
+                        return KeyedWindows
+                    case _:
+                        assert_never(assigner)
+            case _:
+                assert_never(storage)

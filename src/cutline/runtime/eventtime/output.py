@@ -1,5 +1,7 @@
 """What firing windows emit: per window, the key, ``window_start`` and ``window_end`` (in the
-event-time column's type) and the result; and the side output of late records."""
+event-time column's type) and the result (:class:`WindowOutput`); and the side output of late
+records (:class:`LateRecords`). A window store is given both: it puts what fires and what is
+late there, and never sees its operator."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from cutline.runtime.eventtime.aggregations import Kind
-from cutline.runtime.eventtime.assigners import Window
+from cutline.runtime.eventtime.assigners import Session, Window, ends_of
 from cutline.runtime.eventtime.spec import WindowSpec
-from cutline.runtime.operators import Batch, OperatorContext
+from cutline.runtime.operators import Batch, OperatorContext, rows
 
 LATE = "late"
 """The side output of the records too late for their windows."""
@@ -99,3 +101,100 @@ def builtin_batch(
     if logic.fires_early:  # (early results, then the final one)
         columns["final"] = pa.repeat(final, len(columns["window_start"]))
     return pa.record_batch(columns if logic.keyless else {logic.key_column: keys, **columns})
+
+
+class WindowOutput:
+    """Where a window store puts what fires: it makes the output records of fired windows (in
+    the event-time column's type, which the operator may learn from the records:
+    :attr:`time_type`)."""
+
+    def __init__(self, logic: WindowSpec, ctx: OperatorContext, time_type: pa.DataType | None):
+        self.logic = logic
+        self.ctx = ctx
+        self.time_type = time_type
+        """The event-time column's type (``None`` until the operator learns it from the
+        records: after ``assign_timestamps``): window_start and window_end come back in it."""
+
+    def results(self, fired: list[tuple[Hashable, int, int, Any]], final: bool = True) -> Batch:
+        """The output records of fired windows ``(key, start, end, accumulator)``."""
+        return window_results(fired, self.logic, self.time_type, self.ctx, final)
+
+    def builtin_batch(
+        self, keys: pa.Array, starts: Any, ends: Any, values: Any, final: bool = True
+    ) -> pa.RecordBatch:
+        """The output of a built-in's windows, as columns."""
+        return builtin_batch(self.logic, self.time_type, keys, starts, ends, values, final)
+
+    def by_start(
+        self, fired: list[tuple[int, pa.Array, np.ndarray]], final: bool = True
+    ) -> pa.RecordBatch:
+        """The output of a built-in's windows of a start each (tumbling or sliding) firing:
+        per window its start, its keys and their results."""
+        assigner = self.logic.assigner
+        assert not isinstance(assigner, Session)
+        lengths = [len(keys) for _, keys, _ in fired]
+        starts = np.repeat(np.array([start for start, _, _ in fired], dtype=np.int64), lengths)
+        keys = pa.concat_arrays([k.cast(fired[0][1].type) for _, k, _ in fired])
+        values = np.concatenate([v for _, _, v in fired])
+        return self.builtin_batch(keys, starts, ends_of(assigner, starts), values, final)
+
+
+class LateRecords:
+    """Where a window store puts the records too late for every window they belong to: they
+    are counted, and kept for the side output ``late`` if the job reads it (else let go).
+
+    :param keeps: whether the job reads the side output.
+    :param count: the late records counted before (restored).
+    """
+
+    def __init__(self, keeps: bool, count: int = 0) -> None:
+        self.keeps = keeps
+        self.count = count
+        """Records too late for their windows since the job started."""
+        self._held: list[Batch] = []
+
+    def add(self, records: Batch) -> None:
+        """Records too late for every window they belong to."""
+        self.count += len(records)
+        if self.keeps:
+            self._held.append(records)
+
+    def note(self, batch: Batch, index: np.ndarray, on_time: np.ndarray) -> None:
+        """The records of ``batch`` none of whose windows is on time (``index``: the record
+        of each window, ``on_time``: whether that window is) are late."""
+        if on_time.all():
+            return
+        alive = np.zeros(len(batch), dtype=bool)
+        alive[index[on_time]] = True
+        late = ~alive
+        if not late.any():
+            return
+        if not self.keeps:
+            self.count += int(late.sum())
+        elif isinstance(batch, pa.RecordBatch):
+            self.add(batch.filter(pa.array(late)))
+        else:
+            self.add([r for r, x in zip(batch, late.tolist(), strict=True) if x])
+
+    def on_time(
+        self, batch: pa.RecordBatch, ts: np.ndarray, on_time: np.ndarray
+    ) -> tuple[pa.RecordBatch, np.ndarray] | None:
+        """The records of ``batch`` that are ``on_time`` (a mask; the others are late), and
+        their timestamps; ``None``: none is."""
+        self.note(batch, np.arange(len(ts)), on_time)
+        if not on_time.any():
+            return None
+        if not on_time.all():
+            batch, ts = batch.filter(pa.array(on_time)), ts[on_time]
+        return batch, ts
+
+    def take(self) -> Batch | None:
+        """What went to the side output since the last call (``None``: nothing)."""
+        if not self._held:
+            return None
+        late, self._held = self._held, []
+        if len(late) == 1:
+            return late[0]
+        if all(isinstance(b, pa.RecordBatch) for b in late):
+            return pa.concat_batches(late)
+        return [r for b in late for r in rows(b)]

@@ -1,4 +1,4 @@
-"""Tumbling windows of a built-in on the disk backend, kept as **runs** (the write path of a
+"""Windows by their start (tumbling, sliding) of a built-in on the disk backend, kept as **runs** (the write path of a
 log-structured merge tree): a batch's records are grouped by key and window with Arrow, and
 each window's groups are appended to it as one immutable run of partial results (keys and
 their accumulators, as columns). Nothing is looked up when records come: a run is not merged
@@ -24,9 +24,12 @@ add, the least of the least values is the least, a mean adds its sums and its co
   :func:`~cutline.runtime.eventtime.layouts.read_windows`, as every columnar layout's).
 
 A record within the lateness of a fired window adds a run to it, and the window fires again
-for the record's key: its result over every run, restricted to the keys that came. A window
-fires through one timer for all its keys (the timer's key is ``None``, its namespace the
-window's start), as in :class:`~cutline.runtime.eventtime.columnar_windows.ColumnarWindows`.
+for the record's key: its result over every run, restricted to the keys that came.
+
+:class:`Runs` is this storage; :class:`RunWindows` is it under a bucketing (:mod:`.bucketing`):
+tumbling windows, each its one slice (and, as
+:class:`~cutline.runtime.eventtime.sliced_runs.SlicedRuns`, sliding windows' shared slices,
+spilled and compacted as windows' runs are).
 """
 
 from __future__ import annotations
@@ -40,30 +43,21 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cutline.runtime.eventtime.aggregations import grouped_parts
-from cutline.runtime.eventtime.columnar_windows import (
-    WindowsByStart,
-    joined,
-    restored_parts,
-    window_triples,
-)
-from cutline.runtime.eventtime.layouts import RunState, WindowParts, encode_runs
-from cutline.runtime.eventtime.operator import WindowOperator
+from cutline.runtime.eventtime.assigners import Session
+from cutline.runtime.eventtime.bucketing import Bucketing, OneSlice
+from cutline.runtime.eventtime.by_start import Result, WindowsByStart, joined
+from cutline.runtime.eventtime.layouts import RunState, Slicing, WindowParts, encode_runs
 from cutline.runtime.eventtime.slicing import (
     Part,
-    distinct_keys,
     merge_parts,
     restrict,
     results_of,
     window_result,
 )
-from cutline.runtime.eventtime.timers import Timer
-from cutline.runtime.operators import Batch
-from cutline.runtime.state.backend import KeyedSnapshot
+from cutline.runtime.eventtime.store import StoreContext
 from cutline.runtime.state.columns import ColumnChain
-from cutline.runtime.state.segments import SegmentStore
 
 MOST_RUNS = 16
 """A window with more runs than this compacts them."""
@@ -117,16 +111,16 @@ class WindowRuns:
     watermark passes its end."""
 
 
-class RunWindows(WindowsByStart):
-    """Tumbling windows computing a built-in aggregate (``count``, ``sum``, ``min``, ``max``,
-    ``mean``) on the disk backend, as runs (see the module)."""
+class Runs:
+    """The storage of windows (and slices) by their start as runs, on the disk backend (see
+    the module): a piece is a :class:`WindowRuns`."""
 
-    def __init__(self, op: WindowOperator) -> None:
-        super().__init__(op)
-        self.windows: dict[int, WindowRuns] = {}
-        self.folder = op.backend.path
+    def __init__(self, context: StoreContext) -> None:
+        self.kind = str(context.aggregation.kind)
+        self.chain = ColumnChain(context.state)
+        self.folder = context.backend.path
         """Where runs are spilled (``None``: they stay in memory)."""
-        self.budget = op.ctx.state.memory // 2
+        self.budget = context.state.memory // 2
         """Bytes of runs held in memory beyond which they are spilled."""
         self.held = 0
         """Bytes of the live windows' runs held in memory."""
@@ -136,82 +130,91 @@ class RunWindows(WindowsByStart):
         """Per spill file, the runs of it that windows hold."""
         self._stuck = 0
         """Bytes of runs that stayed in memory at the last spill (they cannot be spilled)."""
-        for start, pieces in restored_parts(op, self.chain, self._adopts).items():
-            self._restore(start, pieces)
-        self._spill_if_full()
 
-    _adopts = True
-    """Whether later checkpoints may build on the restored chain (it holds the windows as
-    this store does)."""
+    # ------------------------------------------------------------------ pieces
 
-    def _restore(self, start: int, pieces: list[WindowParts]) -> None:
+    def restored(self, start: int, parts: list[WindowParts]) -> WindowRuns:
         """A restored window, one run (of the old subtasks that held it); fired if any of
         its keys had, the others waiting."""
-        keys, acc, count, flags = joined(pieces)
+        keys, acc, count, flags = joined(parts)
         run = Run(keys, acc, count, 0)
         window = WindowRuns(start, (run,), born=0, fired=bool(flags.any()))
         if window.fired and not flags.all():
             window.waiting = keys.filter(pa.array(~flags))
         self.held += run.held
-        self._add_window(window)
+        return window
 
-    def _holders(self) -> list[WindowRuns]:
-        """Everything that holds runs (the windows; sliding windows' slices too)."""
-        return list(self.windows.values())
+    def parts(self, piece: WindowRuns) -> list[Part]:
+        return [run.part for run in piece.runs]
 
-    # ---------------------------------------------------------------- figures
+    def waiting(self, piece: WindowRuns) -> pa.Array | None:
+        return piece.waiting
 
-    @property
-    def open_windows(self) -> int:
-        """The keys of each window not fired yet, added up (exact up to
-        :data:`~cutline.runtime.eventtime.slicing.COUNTED` rows of runs in all). Read from the
-        thread that reports the figures: a copy first."""
-        found = []
-        for window in list(self.windows.values()):
-            if window.fired:
-                found.append([] if window.waiting is None else [window.waiting])
-            else:
-                found.append([run.keys for run in window.runs])
-        return distinct_keys(found)
+    def empty(self, start: int, like: Result | None) -> WindowRuns:
+        return WindowRuns(start, (), born=self.chain.generation)
+
+    def release(self, piece: WindowRuns | None) -> None:
+        """A window (or slice) dropped: its runs' memory and files given back."""
+        if piece is not None:
+            self.held -= sum(run.held for run in piece.runs)
+            self._forget(piece.runs)
+
+    # ---------------------------------------------------------------- results
+
+    def result(
+        self,
+        piece: WindowRuns,
+        keys: pa.Array | None = None,
+        positions: np.ndarray | None = None,
+    ) -> Result | None:
+        """The result per key (of ``keys`` only) of the window's runs (``positions`` unused:
+        runs are not looked up)."""
+        parts = self.parts(piece)
+        if keys is not None:
+            parts = [restrict(part, keys) for part in parts]
+        return window_result(parts, self.kind)
+
+    def fire(self, piece: WindowRuns, keep: bool) -> Result | None:
+        """The window's runs merge per key into its result; kept fired, they are kept as that
+        one run if no later incremental checkpoint needs them apart."""
+        merged = merge_parts([run.part for run in piece.runs], self.kind)
+        if keep:
+            settled = self.chain.settled
+            if len({max(run.number, settled) for run in piece.runs}) == 1:  # (one class)
+                kept = self._merged(list(piece.runs), merged)
+                piece.runs = () if kept is None else (kept,)
+        return None if merged is None else results_of(merged)
 
     # ---------------------------------------------------------------- records
 
-    def add(self, batch: Batch, ts: np.ndarray) -> Batch | None:
-        found = window_triples(self.op, batch, ts)
-        return None if found is None else self._merge(*found)
-
-    def _merge(self, keys: pa.Array, starts: np.ndarray, values: Any) -> Batch | None:
-        """(key, window start, value) triples grouped by key and window, each window's groups
-        appended to it as a run; the fired windows kept for the lateness that they update
-        fire again for their keys."""
-        again: list[tuple[int, pa.Array, np.ndarray]] = []
-        for start, run in grouped_runs(keys, starts, values, self.aggregation.kind, self.chain):
+    def merge(
+        self,
+        into: dict[int, WindowRuns],
+        add: Callable[[WindowRuns], None],
+        keys: pa.Array,
+        starts: np.ndarray,
+        values: Any,
+    ) -> list[tuple[WindowRuns, pa.Array, np.ndarray | None]]:
+        """(key, start, value) triples grouped by key and start, each start's groups appended
+        to its window (or slice) in ``into`` as a run (new ones made and given to ``add``):
+        per start, its window, and the keys that came."""
+        found: list[tuple[WindowRuns, pa.Array, np.ndarray | None]] = []
+        for start, run in grouped_runs(keys, starts, values, self.kind, self.chain):
             self.held += run.held
-            window = self.windows.get(start)
-            if window is None:
-                self._add_window(WindowRuns(start, (run,), born=run.number))
-                continue
-            self._append(window, run)
-            if window.fired:
-                these = run.keys
-                if window.waiting is not None:  # (those fire when the watermark passes)
-                    waiting = window.waiting.cast(these.type)
-                    these = these.filter(pc.invert(pc.is_in(these, value_set=waiting)))
-                result = self._result(start, these)
-                if result is not None:
-                    again.append((start, *result))
-        self._spill_if_full()
-        return self._batch(again) if again else None
-
-    def _result(self, start: int, keys: pa.Array | None = None) -> tuple[pa.Array, Any] | None:
-        """The result per key (of ``keys`` only) of the window at ``start``; ``None``: it
-        holds none."""
-        parts = [run.part for run in self.windows[start].runs]
-        if keys is not None:
-            parts = [restrict(part, keys) for part in parts]
-        return window_result(parts, self.aggregation.kind)
+            piece = into.get(start)
+            if piece is None:
+                piece = WindowRuns(start, (run,), born=run.number)
+                add(piece)
+            else:
+                self._append(piece, run)
+            found.append((piece, run.keys, None))
+        return found
 
     # -------------------------------------------------------- compaction, spills
+
+    def settle(self, pieces: Callable[[], list[WindowRuns]]) -> None:
+        """Beyond the budget, the runs held in memory are spilled (:meth:`_spill_if_full`)."""
+        self._spill_if_full(pieces)
 
     def _append(self, holder: WindowRuns, run: Run) -> None:
         """A new run of a window (or slice), compacted with its others beyond
@@ -248,7 +251,7 @@ class RunWindows(WindowsByStart):
     def _merged(self, runs: list[Run], part: Part | None = None) -> Run | None:
         """One run of ``runs`` (of one class: see :meth:`_compact`); ``part``: their merge,
         already made. ``None``: they hold no key."""
-        part = part or merge_parts([run.part for run in runs], self.aggregation.kind)
+        part = part or merge_parts([run.part for run in runs], self.kind)
         if part is None:
             return None
         merged = Run(*part, number=max(run.number for run in runs))
@@ -256,14 +259,14 @@ class RunWindows(WindowsByStart):
         self._forget(runs)
         return merged
 
-    def _spill_if_full(self) -> None:
+    def _spill_if_full(self, pieces: Callable[[], list[WindowRuns]]) -> None:
         """Beyond the budget (over what could not be spilled before), every run held in
         memory is written to the local folder and mapped back: one file per spill (and per
         shape of run), whatever the number of runs, so that a subtask holds few files and
         mappings. Runs of Python ints (sums beyond int64) stay in memory."""
         if self.held <= self.budget + self._stuck or self.folder is None:
             return
-        holders = self._holders()
+        holders = pieces()
         shapes: dict[pa.Schema, list[tuple[WindowRuns, int]]] = {}
         for holder in holders:
             for at, run in enumerate(holder.runs):
@@ -301,73 +304,42 @@ class RunWindows(WindowsByStart):
                 with contextlib.suppress(OSError):
                     os.remove(run.file)
 
-    def _drop(self, start: int) -> None:
-        self._release(self.windows.pop(start, None))
-
-    def _release(self, holder: WindowRuns | None) -> None:
-        """A window (or slice) dropped: its runs' memory and files given back."""
-        if holder is not None:
-            self.held -= sum(run.held for run in holder.runs)
-            self._forget(holder.runs)
-
     # ---------------------------------------------------------------- snapshots
 
-    def attach(
-        self, taken: KeyedSnapshot, checkpoint_id: int, base: int | None, savepoint: bool
-    ) -> None:
-        """The windows' chain of segments takes a segment: the runs made since ``base``, or
-        all."""
-        encode = self._frozen()
-        ticket = self.chain.snapshot(checkpoint_id, base, savepoint)
+    def encoder(
+        self, windows: Iterable[WindowRuns], slices: Iterable[WindowRuns], slicing: Slicing | None
+    ) -> Callable[[int | None], bytes]:
+        """What a snapshot holds of the windows and slices (their runs, immutable), and how it
+        is encoded as a segment (:func:`~cutline.runtime.eventtime.layouts.encode_runs`)."""
+        held, sliced, kind = runs_of(windows), runs_of(slices), self.kind
+        return lambda since: encode_runs(held, since, kind, sliced, slicing)
 
-        def write(store: SegmentStore, name: str) -> dict[str, Any]:
-            return self.chain.write(ticket, store, name, encode)
 
-        taken.attached.append(write)
+class RunWindows(WindowsByStart[WindowRuns]):
+    """Windows by their start computing a built-in aggregate (``count``, ``sum``, ``min``,
+    ``max``, ``mean``) on the disk backend, as runs (:class:`Runs`) under a ``bucketing``:
+    tumbling windows (:class:`~cutline.runtime.eventtime.bucketing.OneSlice`) unless told
+    otherwise."""
 
-    def _frozen(self) -> Callable[[int | None], bytes]:
-        """What a snapshot holds of the windows (their runs, immutable), and how it is
-        encoded as a segment (:func:`~cutline.runtime.eventtime.layouts.encode_runs`)."""
-        held, kind = runs_of(self.windows.values()), str(self.aggregation.kind)
-        return lambda since: encode_runs(held, since, kind)
+    def __init__(self, context: StoreContext, bucketing: Bucketing | None = None) -> None:
+        assert not isinstance(context.assigner, Session)
+        self.runs = Runs(context)
+        super().__init__(context, self.runs, bucketing or OneSlice(context.assigner))
 
-    # ----------------------------------------------------------------- firing
+    @property
+    def held(self) -> int:
+        """Bytes of the live windows' runs held in memory."""
+        return self.runs.held
 
-    def so_far(self) -> Batch | None:
-        found = []
-        for window in self.windows.values():
-            result = None if window.fired else self._result(window.start)
-            if result is not None:
-                found.append((window.start, *result))
-        return self._batch(found, final=False) if found else None
+    @property
+    def budget(self) -> int:
+        """Bytes of runs held in memory beyond which they are spilled."""
+        return self.runs.budget
 
-    def fire(self, due: Iterable[Timer]) -> Batch | None:
-        fired: list[tuple[int, pa.Array, np.ndarray]] = []
-        keep = self.op.keeps_fired
-        for _, _, start in due:
-            window = self.windows.get(start)
-            if window is None:
-                continue
-            if window.fired:  # (restored fired for some keys: now for the others)
-                if window.waiting is not None:
-                    waiting, window.waiting = window.waiting, None
-                    result = self._result(start, waiting)
-                    if result is not None:
-                        fired.append((start, *result))
-                continue
-            merged = merge_parts([run.part for run in window.runs], self.aggregation.kind)
-            if merged is not None:
-                fired.append((start, *results_of(merged)))
-            if not keep:
-                self._drop(start)
-                continue
-            window.fired = True
-            self._keep(start)
-            settled = self.chain.settled
-            if len({max(run.number, settled) for run in window.runs}) == 1:  # (one class)
-                kept = self._merged(list(window.runs), merged)
-                window.runs = () if kept is None else (kept,)
-        return self._batch(fired) if fired else None
+    @property
+    def spills(self) -> int:
+        """How many times runs were spilled."""
+        return self.runs.spills
 
 
 def runs_of(holders: Iterable[WindowRuns]) -> list[RunState]:

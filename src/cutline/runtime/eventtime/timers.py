@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
+from cutline.runtime.eventtime.lateness import Lateness
 from cutline.runtime.state.keygroups import StateError
 from cutline.runtime.state.timers import TimerIndex
 
@@ -132,6 +133,20 @@ class WindowTimers:
         if self._parts is None:
             self._parts = self._backend.timer_index("window-slices")
         return self._parts
+
+    def keyed(self, key: Hashable, start: int, end: int, fired: bool, lateness: Lateness) -> None:
+        """The timer of a window ``[start, end)`` of ``key`` (kept in keyed state): not fired,
+        it fires at its last millisecond; fired, it is dropped when it is past."""
+        if fired:
+            self.to_drop.add(lateness.cleanup_time(end), key, (start, end))
+        else:
+            self.to_fire.add(end - 1, key, (start, end))
+
+    def parts_due(self, upto: int) -> Iterator[Timer]:
+        """The ``parts`` timers due by ``upto`` (none if no part was ever registered)."""
+        if self._parts is None:
+            return iter(())
+        return self._parts.pop_due(upto)
 
     @property
     def pending(self) -> bool:
