@@ -1,5 +1,5 @@
 """Event time as one value: :class:`EventTime`, which every source (``event_time=``) and
-:meth:`~cutline.api.DataStream.assign_timestamps` take, checked here when it is made, and
+:meth:`~cutline.DataStream.assign_timestamps` take, checked here when it is made, and
 made into the runtime's :class:`~cutline.runtime.eventtime.watermarks.WatermarkStrategy`
 against the stream's columns when the job is built (:func:`strategy`). The event-time
 keywords the sources took one by one before (``max_out_of_orderness=``, ``idle_timeout=``,
@@ -44,7 +44,7 @@ class EventTime:
     ``EventClock``). Give it as ``event_time=`` to a source (``read_parquet``, ``read_csv``,
     ``read_jsonl``, ``read_kafka``, ``read_delta``, ``from_source``, ``from_sequence``),
     which then makes watermarks per split (a file, a partition), or to
-    :meth:`~cutline.api.DataStream.assign_timestamps`, which makes them per subtask.
+    :meth:`~cutline.DataStream.assign_timestamps`, which makes them per subtask.
     ``event_time="ts"`` is short for ``event_time=EventTime("ts")``::
 
         env.read_parquet("clicks/", event_time=EventTime("ts", max_out_of_orderness="3s"))
@@ -98,7 +98,7 @@ class EventTime:
     idle_timeout_s: float | Literal[_Default.SOURCE] | None = field(
         init=False, repr=False, compare=False
     )
-    """``idle_timeout`` in seconds (``None``: never; :data:`SOURCE_DEFAULT`: the source's)."""
+    """``idle_timeout`` in seconds (``None``: never; ``SOURCE_DEFAULT``: the source's)."""
     max_jump_ms: int | None = field(init=False, repr=False, compare=False)
     """``max_jump`` in milliseconds (``None``: any distance)."""
 
@@ -200,15 +200,15 @@ class OldEventTimeKeywords(TypedDict, total=False):
     the ``EventTime(...)`` to write. A bare number is seconds here too."""
 
     max_out_of_orderness: Duration
-    """:attr:`EventTime.max_out_of_orderness`."""
+    """``EventTime(max_out_of_orderness=)``."""
     idle_timeout: Duration | None
-    """:attr:`EventTime.idle_timeout`."""
+    """``EventTime(idle_timeout=)``."""
     event_time_unit: TimeUnit | None
-    """:attr:`EventTime.unit`."""
+    """``EventTime(unit=)``."""
     max_watermark_jump: Duration | None
-    """:attr:`EventTime.max_jump`."""
+    """``EventTime(max_jump=)``."""
     watermarks: WatermarkGenerator | None
-    """:attr:`EventTime.watermarks`."""
+    """``EventTime(watermarks=)``."""
 
 
 _OLD = {

@@ -17,8 +17,8 @@ A duration is one of:
 Anything else is a ``ValueError`` naming the argument and the value.
 
 Inside, one unit per kind of time: event time (timestamps, watermarks, window sizes, how far
-out of order, lateness) in whole milliseconds, ``int`` (:func:`milliseconds`); wall-clock
-time (timeouts, intervals, idleness) in seconds, ``float`` (:func:`seconds`). Fields say
+out of order, lateness) in whole milliseconds, ``int`` (``milliseconds()``); wall-clock
+time (timeouts, intervals, idleness) in seconds, ``float`` (``seconds()``). Fields say
 their unit in their name where it is not obvious (``bound_ms``, ``idle_timeout_s``).
 
 **A bare number that once was milliseconds.** Before this grammar, the event-time keywords
@@ -26,7 +26,7 @@ their unit in their name where it is not obvious (``bound_ms``, ``idle_timeout_s
 ``offset``, ``gap``, ``allowed_lateness``, ``early``, ``BoundedOutOfOrderness(bound)``) read a
 bare integer as milliseconds. They read seconds now; a bare number of 1,000 or more given to
 one of them (``max_out_of_orderness=5000``: 83 minutes now) was probably meant as
-milliseconds, and is warned about once per keyword per process (:class:`DurationWarning`):
+milliseconds, and is warned about once per keyword per process (:class:`~cutline.DurationWarning`):
 write ``"5000ms"`` or ``"5s"``, which are never warned about.
 """
 
@@ -61,7 +61,7 @@ UNITS = tuple(_UNITS)
 
 CHANGED_AT = 1000
 """A bare number given to a keyword that read milliseconds before, from this size on, is
-warned about (:class:`DurationWarning`)."""
+warned about (:class:`~cutline.DurationWarning`)."""
 
 
 class DurationWarning(UserWarning):
@@ -72,7 +72,7 @@ class DurationWarning(UserWarning):
 
 
 _warned: set[str] = set()
-"""The keywords warned about in this process (:class:`DurationWarning`: once each)."""
+"""The keywords warned about in this process (:class:`~cutline.DurationWarning`: once each)."""
 
 
 def _shape(what: str, value: object) -> str:
@@ -127,7 +127,7 @@ def seconds(value: Duration | None, what: str, *, was_ms: bool = False) -> float
     ``"1s"``, ``"500ms"``, ``"2 min"``, ``timedelta(seconds=3)``; anything else is a
     ``ValueError`` naming ``what``. Its bounds (positive, finite) are the caller's to check.
     ``was_ms``: the keyword read a bare number as milliseconds before (a large one is warned
-    about, :class:`DurationWarning`)."""
+    about, :class:`~cutline.DurationWarning`)."""
     exact = _exact_seconds(value, what)
     if exact is None:
         return None

@@ -68,7 +68,7 @@ class BoundedOutOfOrderness(WatermarkGenerator):
 
     @property
     def bound(self) -> int:
-        """Deprecated: :attr:`bound_ms`."""
+        """Deprecated: ``bound_ms``."""
         warnings.warn(
             "BoundedOutOfOrderness.bound is deprecated: read bound_ms (milliseconds)",
             DeprecationWarning,
@@ -105,7 +105,7 @@ class WatermarkStrategy:
     processing time without records a split is idle (``idle_timeout_s``, seconds; ``None``:
     never), and how far a record may jump ahead of its split (``max_jump_ms``; ``None``: any
     distance). Made from the user's :class:`~cutline.EventTime` by
-    :func:`cutline.api.event_time.strategy`."""
+    ``cutline.api.event_time.strategy``."""
 
     column: TimeColumn
     bound_ms: int = 0
