@@ -56,7 +56,7 @@ from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Tumbling
 from cutline.runtime.eventtime.layouts import columnar_size
 from cutline.runtime.eventtime.logic import WindowLogic
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
 
@@ -80,7 +80,9 @@ NEW_KEYS = 0.01
 VALUES = (-1_000_000, 1_000_000)
 """Each record's value: a seeded random int in this range (end excluded)."""
 UID, SUBTASK = "window", "window-0"
-LOGIC = WindowLogic(Tumbling("1 h"), Aggregation("sum", "v"), "key", EventTime("ts", 0, pa.int64()))
+LOGIC = WindowLogic(
+    Tumbling("1 h"), Aggregation("sum", "v"), "key", TimeColumn("ts", 0, pa.int64())
+)
 
 DEFINITIONS = {
     "sync_ms": "wall time of operator.snapshot(id, base=..., savepoint=False) alone: the "

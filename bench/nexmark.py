@@ -83,6 +83,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 
+from cutline import EventTime
 from figures import summary  # (bench/figures.py, beside this file)
 from nexmark_reference import (
     BID_SCHEMA,
@@ -598,8 +599,7 @@ def cutline_bids(env: Any, parquet: Path, query: str) -> Any:
     return env.read_parquet(
         str(parquet),
         columns=QUERY_COLUMNS[query],
-        event_time="date_time",
-        max_out_of_orderness=f"{WATERMARK_S}s",
+        event_time=EventTime("date_time", max_out_of_orderness=f"{WATERMARK_S}s"),
     )
 
 

@@ -81,7 +81,7 @@ import pyarrow.dataset as ds
 
 import nexmark  # (the benchmark beside this file: the script's folder is on sys.path)
 import nexmark_latency_peers as peers
-from cutline import StreamEnvironment
+from cutline import EventTime, StreamEnvironment
 from cutline.runtime.operators import Batch, Logic, OperatorContext, RunningOperator
 from cutline.spark.launcher import local_session
 from nexmark_reference import InputSpec
@@ -141,8 +141,7 @@ def run(spark: Any, inp: Any, query: str, rate: float, work: Path, expected: Any
     )
     bids = env.read_parquet(
         str(inp.parquet),
-        event_time="date_time",
-        max_out_of_orderness=f"{nexmark.WATERMARK_S}s",
+        event_time=EventTime("date_time", max_out_of_orderness=f"{nexmark.WATERMARK_S}s"),
         rate_limit=rate,
         name="bids",
     )

@@ -3,7 +3,7 @@
 The API lives in :mod:`cutline.api`; its names are also here (imported on first use, so that
 ``import cutline.protocol`` stays light)::
 
-    from cutline import StreamEnvironment, KeyedProcessFunction
+    from cutline import StreamEnvironment, EventTime, KeyedProcessFunction
 
 its settings groups (``cutline.Checkpoints``, ``cutline.State``, ``cutline.Timeouts``); the
 tools that look into checkpoints: ``cutline.read_state``, ``cutline.read_channel_state``
@@ -24,7 +24,9 @@ _API = (
     "Tumbling",
     "Sliding",
     "Session",
+    "EventTime",
     "EventTimeError",
+    "DurationWarning",
     "ExponentialDelay",
     "FailureRate",
     "FixedDelay",
@@ -90,6 +92,8 @@ if TYPE_CHECKING:  # (what a type checker sees: the API's own types, not __getat
     from cutline.api import CheckpointSlow as CheckpointSlow
     from cutline.api import CheckpointWarning as CheckpointWarning
     from cutline.api import DataStream as DataStream
+    from cutline.api import DurationWarning as DurationWarning
+    from cutline.api import EventTime as EventTime
     from cutline.api import EventTimeError as EventTimeError
     from cutline.api import ExponentialDelay as ExponentialDelay
     from cutline.api import FailureRate as FailureRate

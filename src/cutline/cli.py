@@ -8,6 +8,7 @@ option, an output that cannot be written).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from importlib import resources
@@ -18,6 +19,7 @@ import click
 
 from cutline import __version__
 from cutline.cli_checkpoints import checkpoints, report
+from cutline.runtime.durations import seconds
 from cutline.sim.checker import simulate_and_check
 from cutline.sim.output import format_snapshots, run_to_dict
 from cutline.sim.scenario import Scenario, ScenarioError, load_scenario
@@ -32,6 +34,23 @@ EXIT_OK, EXIT_UNVERIFIED, EXIT_BAD_INPUT = 0, 1, 2
 def _fail(message: str) -> None:
     click.echo(f"cutline: error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    """An option's duration, in seconds: text with a unit (``30s``, ``500ms``, ``2min``), or a
+    number of seconds (:mod:`cutline.runtime.durations`); positive and finite."""
+    option = f"--{(param.name or 'duration').replace('_', '-')}"
+    text = str(value).strip()
+    try:
+        found = float(text)  # (a number on the command line: seconds)
+    except ValueError:
+        try:
+            found = seconds(text, option) or 0.0
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    if not 0 < found < math.inf:
+        raise click.BadParameter(f"{option}={value!r} must be a positive duration", ctx, param)
+    return found
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -177,10 +196,12 @@ def sim(
 )
 @click.option(
     "--heartbeat-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
+    metavar="DURATION",
+    default="30s",
+    callback=_duration,
     show_default=True,
-    help="Seconds without a heartbeat before a slot is declared lost (a host cut off).",
+    help="How long without a heartbeat before a slot is declared lost (a host cut off): "
+    "a duration (30s, 2min) or seconds.",
 )
 @click.option(
     "--rate",
@@ -266,7 +287,12 @@ def demo(
     "published; a job restored from it goes on from there).",
 )
 @click.option(
-    "--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True
+    "--timeout",
+    metavar="DURATION",
+    default="10min",
+    callback=_duration,
+    show_default=True,
+    help="How long to wait for the savepoint: a duration (30s, 10min) or seconds.",
 )
 def savepoint(checkpoint_dir: str, target: str | None, cancel: bool, timeout: float) -> None:
     """Take a savepoint of the job running with CHECKPOINT_DIR, and print its folder.

@@ -25,7 +25,15 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from test_savepoints import StopWithSavepoint, endpoints_of
 
-from cutline import FixedDelay, JobFailedError, SourceError, StreamEnvironment, Tumbling, testing
+from cutline import (
+    EventTime,
+    FixedDelay,
+    JobFailedError,
+    SourceError,
+    StreamEnvironment,
+    Tumbling,
+    testing,
+)
 from cutline.connectors import SourceContext, Split
 from cutline.connectors.delta import DeltaSource
 from cutline.runtime.checkpoint.reader import open_checkpoint
@@ -453,7 +461,7 @@ def test_event_time_windows_over_a_table(tmp_path: Path) -> None:
         )
         write_deltalake(str(table), rows, mode="append")  # (not partitioned)
     env = StreamEnvironment(2, checkpoint_interval=0.05)
-    stream = env.read_delta(table, event_time="ts", max_out_of_orderness="1s", slices=4)
+    stream = env.read_delta(table, event_time=EventTime("ts", max_out_of_orderness="1s"), slices=4)
     stream.key_by("user").window(Tumbling("2s")).count().collect("windows")
     windows = list(testing.execute(env, launcher=ThreadLauncher()).output)
     wanted: Counter[tuple[str, int]] = Counter()

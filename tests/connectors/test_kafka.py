@@ -27,6 +27,7 @@ from test_runtime_jobs import dead_letters
 from test_savepoints import StopWithSavepoint, endpoints_of
 
 from cutline import (
+    EventTime,
     FixedDelay,
     JobClient,
     JobFailedError,
@@ -605,8 +606,7 @@ def test_an_empty_partition_does_not_hold_the_watermark_back(
     env.read_kafka(
         "events",
         bootstrap_servers=kafka_broker.bootstrap_servers,
-        event_time="_timestamp",
-        idle_timeout="50ms",
+        event_time=EventTime("_timestamp", idle_timeout="50ms"),
     ).key_by("k").window(Tumbling("1s")).count().sink_to(seen, name="seen")
     run(env)
     # (the stop may fire the last window too: a stop with a savepoint ends event time)

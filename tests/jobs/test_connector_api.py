@@ -25,6 +25,7 @@ import pytest
 from test_savepoints import SavepointOnHold, endpoints_of
 
 from cutline import (
+    EventTime,
     FixedDelay,
     JobClient,
     JobFailedError,
@@ -88,12 +89,14 @@ def ledger_job(
     }
     settings.update(options)
     env = StreamEnvironment(parallelism, **settings)
-    stream = env.from_source(ledger, name="ledger", event_time="ts", max_out_of_orderness=DISORDER)
+    stream = env.from_source(
+        ledger, name="ledger", event_time=EventTime("ts", max_out_of_orderness=f"{DISORDER}ms")
+    )
     if fail is not None:
         stream = stream.map(fail, name="fail")
     keyed = stream.key_by("account")
     keyed.sum("amount", name="balance").write_parquet(out / "balances", name="balances")
-    keyed.window(Tumbling(1000)).count(name="per_second").write_parquet(
+    keyed.window(Tumbling("1s")).count(name="per_second").write_parquet(
         out / "counts", name="counts"
     )
     return env

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from test_connector_api import assert_exact
 
-from cutline import FixedDelay, JobFailedError, SourceHold, StreamEnvironment, testing
+from cutline import EventTime, FixedDelay, JobFailedError, SourceHold, StreamEnvironment, testing
 from cutline.connectors import (
     Batch,
     PendingCommit,
@@ -188,9 +188,7 @@ def test_every_method_of_a_writer_and_of_a_reader_runs_on_its_subtasks_thread(
     env.from_source(
         WatchedLedger(accounts=4, per_account=300, notes=notes),
         name="ledger",
-        event_time="ts",
-        max_out_of_orderness=DISORDER,
-        idle_timeout="1s",
+        event_time=EventTime("ts", max_out_of_orderness=f"{DISORDER}ms", idle_timeout="1s"),
     ).map(FailOnce(250, notes), name="fail").sink_to(
         WatchedJournal(str(tmp_path / "chained"), notes=notes), name="chained"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cutline import FixedDelay, StreamEnvironment, Tumbling, testing
+from cutline import EventTime, FixedDelay, StreamEnvironment, Tumbling, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 START = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
@@ -28,7 +28,9 @@ def test_each_window_ends_with_its_final_exact_result(tmp_path: Path) -> None:
         2, checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.05, batch_size=20
     )
     clicks = env.read_parquet(
-        tmp_path / "in", event_time="ts", max_out_of_orderness="10 min", rate_limit=20_000
+        tmp_path / "in",
+        event_time=EventTime("ts", max_out_of_orderness="10 min"),
+        rate_limit=20_000,
     )
     clicks.key_by("user").window(Tumbling("1 min"), early="20ms").count().collect()
     result = testing.execute(env, launcher=ThreadLauncher())
@@ -63,7 +65,9 @@ def test_every_n_records_a_window_gives_its_count_so_far_even_across_a_failure(
         batch_size=1,
         restart_strategy=FixedDelay(1),
     )
-    clicks = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness="10 min")
+    clicks = env.read_parquet(
+        tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness="10 min")
+    )
     marker = tmp_path / "failed"
 
     def fail_once(record: dict) -> dict:

@@ -26,6 +26,7 @@ from cutline import (
     AggregateFunction,
     Checkpoints,
     DataStream,
+    EventTime,
     EventTimeError,
     FixedDelay,
     JobFailedError,
@@ -147,11 +148,13 @@ def test_tumbling_sliding_and_session_counts_are_exact_under_out_of_order_input(
 ) -> None:
     clicks = write_clicks(tmp_path / "in", seed)
     env = environment(tmp_path, parallelism)
-    stream = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND)
+    stream = env.read_parquet(
+        tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=f"{BOUND}ms")
+    )
     keyed = stream.key_by("user")
-    keyed.window(Tumbling(1000)).count().collect("tumbling")
-    keyed.window(Sliding(1000, every=250)).sum("amount").collect("sliding")
-    keyed.window(Session(gap=200)).count().collect("session")
+    keyed.window(Tumbling("1s")).count().collect("tumbling")
+    keyed.window(Sliding("1s", every="250ms")).sum("amount").collect("sliding")
+    keyed.window(Session(gap="200ms")).count().collect("session")
     result = run(env)
     assert by_window(result.collected["tumbling"], "count") == {
         w: len(rs) for w, rs in tumbling(clicks, 1000).items()
@@ -167,12 +170,12 @@ def test_tumbling_sliding_and_session_counts_are_exact_under_out_of_order_input(
 def test_min_max_and_mean_of_windows(tmp_path: Path) -> None:
     clicks = write_clicks(tmp_path / "in", 3)
     env = environment(tmp_path, 2)
-    keyed = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND).key_by(
-        "user"
-    )
-    keyed.window(Tumbling(2000)).min("amount").collect("min")
-    keyed.window(Tumbling(2000)).max("amount").collect("max")
-    keyed.window(Session(gap=300)).mean("amount").collect("mean")
+    keyed = env.read_parquet(
+        tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=f"{BOUND}ms")
+    ).key_by("user")
+    keyed.window(Tumbling("2s")).min("amount").collect("min")
+    keyed.window(Tumbling("2s")).max("amount").collect("max")
+    keyed.window(Session(gap="300ms")).mean("amount").collect("mean")
     result = run(env)
     windows = tumbling(clicks, 2000)
     assert by_window(result.collected["min"], "amount") == {
@@ -228,14 +231,16 @@ def test_user_functions_aggregate_reduce_and_process_take_the_per_record_path(
     env = environment(tmp_path, parallelism)
     # a map makes the records Python dicts: every window takes the per-record path
     keyed = (
-        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND)
+        env.read_parquet(
+            tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=f"{BOUND}ms")
+        )
         .map(dict)
         .key_by("user")
     )
-    keyed.window(Session(gap=250)).aggregate(Spend()).collect("aggregate")
-    keyed.window(Tumbling(1500)).reduce(biggest).collect("reduce")
-    keyed.window(Sliding(1000, every=500)).process(amounts).collect("process")
-    keyed.window(Tumbling(1500)).count().collect("count")
+    keyed.window(Session(gap="250ms")).aggregate(Spend()).collect("aggregate")
+    keyed.window(Tumbling("1500ms")).reduce(biggest).collect("reduce")
+    keyed.window(Sliding("1s", every="500ms")).process(amounts).collect("process")
+    keyed.window(Tumbling("1500ms")).count().collect("count")
     result = run(env)
     expected_sessions = sessions(clicks, 250)
     assert by_window(result.collected["aggregate"], "spent") == {
@@ -291,7 +296,7 @@ def test_late_records_update_their_window_within_the_lateness_and_go_to_the_side
     counts = (
         env.read_parquet(tmp_path / "in", event_time="ts")
         .key_by("user")
-        .window(Tumbling("1s"), allowed_lateness=lateness)
+        .window(Tumbling("1s"), allowed_lateness=f"{lateness}ms")
         .count()
     )
     counts.collect("counts")
@@ -312,9 +317,9 @@ def test_every_record_is_counted_in_a_window_or_the_late_output_exactly_once(
     clicks = write_clicks(tmp_path / "in", 5, disorder=5000)
     env = environment(tmp_path, 2)
     counts = (
-        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=20)
+        env.read_parquet(tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness="20ms"))
         .key_by("user")
-        .window(Tumbling(500))
+        .window(Tumbling("500ms"))
         .count()
     )
     counts.collect("counts")
@@ -335,9 +340,9 @@ def test_late_records_without_a_late_reader_are_counted_and_not_kept(tmp_path: P
     clicks = write_clicks(tmp_path / "in", 5, disorder=5000)
     env = environment(tmp_path, 2)
     (
-        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=20)
+        env.read_parquet(tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness="20ms"))
         .key_by("user")
-        .window(Tumbling(500))
+        .window(Tumbling("500ms"))
         .count(name="per_half_second")
         .map(dict, name="after")
         .collect("counts")
@@ -375,7 +380,9 @@ def test_a_window_of_window_results_regroups_them_on_their_end(tmp_path: Path) -
     clicks = write_clicks(tmp_path / "in", 6)
     env = environment(tmp_path, 2)
     (
-        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND)
+        env.read_parquet(
+            tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=f"{BOUND}ms")
+        )
         .key_by("user")
         .window(Tumbling("1s"))
         .count()
@@ -475,7 +482,9 @@ def test_event_time_timers_fire_once_the_watermark_passes_and_can_be_deleted(
     events = write_orders(tmp_path / "in", parallelism)
     env = environment(tmp_path, parallelism)
     (
-        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND + 30)
+        env.read_parquet(
+            tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=f"{BOUND + 30}ms")
+        )
         .key_by("order")
         .process(Reminders())
         .collect()
@@ -654,9 +663,11 @@ def _clicks_beside_a_trickle(
     for i, part in enumerate((table.slice(0, 400), table.slice(400))):
         pq.write_table(part, tmp_path / "in" / f"clicks-{i}.parquet")
     env = environment(tmp_path, 2)
-    bounded = env.read_parquet(tmp_path / "in", event_time="value", max_out_of_orderness=BOUND)
+    bounded = env.read_parquet(
+        tmp_path / "in", event_time=EventTime("value", max_out_of_orderness=f"{BOUND}ms")
+    )
     last = max(c["ts"] for c in clicks)
-    counts = bounded.union(trickle(env)).key_by("user").window(Tumbling(1000)).count()
+    counts = bounded.union(trickle(env)).key_by("user").window(Tumbling("1s")).count()
     flag = tmp_path / "last-window-fired"
     counts.map_batches(FlagOnWindow(last - last % 1000, flag)).collect()
     result = testing.execute(
@@ -674,7 +685,7 @@ def test_an_idle_input_does_not_hold_the_watermark_back(tmp_path: Path) -> None:
         tmp_path,
         9,
         lambda env: env.from_sequence(
-            0, None, event_time="value", idle_timeout="50ms", rate_limit=2.0
+            0, None, event_time=EventTime("value", idle_timeout="50ms"), rate_limit=2.0
         ).map_batches(quiet_user),
     )
 
@@ -712,7 +723,9 @@ def test_timers_survive_a_failure_and_a_restore_at_another_parallelism(
             checkpoints=Checkpoints(retained=100),
             restart_strategy=FixedDelay(0, delay=0),
         )
-        stream = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND + 30)
+        stream = env.read_parquet(
+            tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=f"{BOUND + 30}ms")
+        )
         if fail:  # on the last event of a file: read only after the hold
             stream = stream.map_batches(FailOnLast(events, tmp_path / "failed"))
         stream.key_by("order").process(Reminders(), name="reminders").write_parquet(
@@ -777,7 +790,7 @@ def test_an_idle_stream_after_assign_timestamps_does_not_hold_the_watermark_back
         lambda env: (
             env.from_sequence(0, None, rate_limit=2.0)
             .map_batches(quiet_user)
-            .assign_timestamps("value", idle_timeout="50ms")
+            .assign_timestamps(EventTime("value", idle_timeout="50ms"))
         ),
     )
 
@@ -791,8 +804,8 @@ def test_sessions_that_touch_merge_as_in_flink(tmp_path: Path, backend: str) -> 
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in" / "s.parquet")
     env = environment(tmp_path, 1, state=State(backend=backend))
     stream = env.read_parquet(tmp_path / "in", event_time="ts")
-    stream.key_by("user").window(Session(gap=200)).count().collect("columns")
-    stream.map(dict).key_by("user").window(Session(gap=200)).count().collect("records")
+    stream.key_by("user").window(Session(gap="200ms")).count().collect("columns")
+    stream.map(dict).key_by("user").window(Session(gap="200ms")).count().collect("records")
     result = run(env)
     for name in ("columns", "records"):
         got = sorted(
@@ -816,10 +829,14 @@ def test_process_batches_gets_each_window_as_one_arrow_table(
 ) -> None:
     clicks = write_clicks(tmp_path / "in", 12, files=3, per_file=300)
     env = environment(tmp_path, parallelism)
-    stream = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=BOUND)
+    stream = env.read_parquet(
+        tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=f"{BOUND}ms")
+    )
     if records == "dicts":
         stream = stream.map(dict)
-    stream.key_by("user").window(Sliding(1000, every=500)).process_batches(biggest_rows).collect()
+    stream.key_by("user").window(Sliding("1s", every="500ms")).process_batches(
+        biggest_rows
+    ).collect()
     result = run(env)
     expected = []
     for (user, start, _), rows in sliding(clicks, 1000, 500).items():

@@ -43,6 +43,7 @@ from cutline import (
     AggregateFunction,
     Checkpoints,
     DataStream,
+    EventTime,
     FixedDelay,
     JobClient,
     JobFailedError,
@@ -253,21 +254,21 @@ class Kind:
 
 KINDS: dict[str, Kind] = {
     "tumbling": Kind(
-        lambda: Tumbling(1000),
+        lambda: Tumbling("1s"),
         lambda w, name: w.count(name=name),
         lambda rs: tumbling(rs, 1000),
         len,
         lambda row: row["count"],
     ),
     "sliding": Kind(
-        lambda: Sliding(2000, every=500),
+        lambda: Sliding("2s", every="500ms"),
         lambda w, name: w.sum("amount", name=name),
         lambda rs: sliding(rs, 2000, 500),
         lambda rs: sum(r["amount"] for r in rs),
         lambda row: row["amount"],
     ),
     "session": Kind(
-        lambda: Session(gap=500),
+        lambda: Session(gap="500ms"),
         lambda w, name: w.count(name=name),
         lambda rs: sessions(rs, 500),
         len,
@@ -275,14 +276,14 @@ KINDS: dict[str, Kind] = {
     ),
     # the per-record path (records that are Python dicts, or a user's function)
     "session-aggregate": Kind(
-        lambda: Session(gap=500),
+        lambda: Session(gap="500ms"),
         lambda w, name: w.aggregate(Spending(), name=name),
         lambda rs: sessions(rs, 500),
         lambda rs: (len(rs), sum(r["amount"] for r in rs)),
         lambda row: (row["clicks"], row["spent"]),
     ),
     "sliding-process": Kind(
-        lambda: Sliding(1500, every=500),
+        lambda: Sliding("1500ms", every="500ms"),
         lambda w, name: w.process(sorted_ids, name=name),
         lambda rs: sliding(rs, 1500, 500),
         lambda rs: sorted(r["id"] for r in rs),
@@ -313,7 +314,7 @@ def window_job(
     ``late``, to ``out/<kind>-late``). Every operator is named: the job restores into another
     of itself."""
     stream = env.read_parquet(
-        clicks.directory, event_time="ts", max_out_of_orderness=BOUND, name=SOURCE
+        clicks.directory, event_time=EventTime("ts", max_out_of_orderness=f"{BOUND}ms"), name=SOURCE
     )
     if through is not None:
         stream = through(stream)

@@ -1,4 +1,4 @@
-"""Integer event times in another unit than milliseconds (``event_time_unit=``): seconds,
+"""Integer event times in another unit than milliseconds (``EventTime(unit=)``): seconds,
 microseconds or nanoseconds since the epoch give the same windows as milliseconds would, and
 ``window_start`` and ``window_end`` come back in the column's own unit. Integers that look
 like seconds, read as milliseconds without a unit said (windows in 1970), are warned about."""
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cutline import EventTimeError, StreamEnvironment, Tumbling, testing
+from cutline import EventTime, EventTimeError, StreamEnvironment, Tumbling, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 START = 1_714_564_800  # 2024-05-01 12:00:00 UTC, in seconds
@@ -50,7 +50,7 @@ def test_integer_times_of_any_unit_give_the_windows_and_come_back_in_it(
     env = env_of(tmp_path)
     counts = (
         env.read_parquet(
-            tmp_path / "in", event_time="at", event_time_unit=unit, max_out_of_orderness="10 min"
+            tmp_path / "in", event_time=EventTime("at", unit=unit, max_out_of_orderness="10 min")
         )
         .key_by("user")
         .window(Tumbling("1 min"))
@@ -68,7 +68,7 @@ def test_assign_timestamps_takes_the_unit_too(tmp_path: Path) -> None:
     rows = clicks(tmp_path, "ns")
     env = env_of(tmp_path)
     stream = env.read_parquet(tmp_path / "in").assign_timestamps(
-        "at", event_time_unit="ns", max_out_of_orderness="10 min"
+        EventTime("at", unit="ns", max_out_of_orderness="10 min")
     )
     stream.key_by("user").window(Tumbling("1 min")).count().collect()
     result = testing.execute(env, launcher=ThreadLauncher())
@@ -88,20 +88,20 @@ def test_seconds_read_as_milliseconds_are_warned_about_naming_the_unit_to_give(
     testing.execute(
         env, launcher=ThreadLauncher(), listener=lambda kind, message: events.append(message)
     )
-    said = [m for m in events if "event_time_unit='s'" in m]
+    said = [m for m in events if "give EventTime('at', unit='s')" in m]
     assert said, events
     assert (
         "holds integers like 17145" in said[0] and "read as epoch milliseconds: 1970-01-" in said[0]
     )
     events.clear()
     env = env_of(tmp_path, "ck2")  # (said to be seconds: no warning)
-    env.read_parquet(tmp_path / "in", event_time="at", event_time_unit="s").key_by("user").window(
+    env.read_parquet(tmp_path / "in", event_time=EventTime("at", unit="s")).key_by("user").window(
         Tumbling("1 min")
     ).count().collect()
     testing.execute(
         env, launcher=ThreadLauncher(), listener=lambda kind, message: events.append(message)
     )
-    assert not [m for m in events if "event_time_unit" in m]
+    assert not [m for m in events if "unit='s'" in m]
 
 
 def test_a_unit_that_cannot_be_is_refused_when_the_job_is_built(tmp_path: Path) -> None:
@@ -110,16 +110,14 @@ def test_a_unit_that_cannot_be_is_refused_when_the_job_is_built(tmp_path: Path) 
         pa.table({"user": ["a"], "ts": pa.array([0], pa.timestamp("ms"))}), tmp_path / "t.parquet"
     )
     env = env_of(tmp_path)
-    with pytest.raises(EventTimeError, match=r"event_time_unit='min': use 's', 'ms', 'us' or 'ns'"):
-        env.read_parquet(tmp_path / "in", event_time="at", event_time_unit="min")
+    with pytest.raises(EventTimeError, match=r"unit='min': use 's', 'ms', 'us' or 'ns'"):
+        env.read_parquet(tmp_path / "in", event_time=EventTime("at", unit="min"))
     with pytest.raises(
         EventTimeError, match=r"is for integer times: the column 'ts' is timestamp\[ms\]"
     ):
-        env.read_parquet(tmp_path / "t.parquet", event_time="ts", event_time_unit="s")
-    with pytest.raises(
-        ValueError, match=r"event_time_unit= and max_watermark_jump= need event_time="
-    ):
+        env.read_parquet(tmp_path / "t.parquet", event_time=EventTime("ts", unit="s"))
+    with pytest.raises(ValueError, match=r"event_time_unit= need event_time="):
         env.read_parquet(tmp_path / "in", event_time_unit="s")
-    seconds = env.read_parquet(tmp_path / "in", event_time="at", event_time_unit="s").key_by("user")
+    seconds = env.read_parquet(tmp_path / "in", event_time=EventTime("at", unit="s")).key_by("user")
     with pytest.raises(ValueError, match=r"its size \(500 ms\) is no whole number of seconds"):
         seconds.window(Tumbling("500ms"))

@@ -19,7 +19,15 @@ from test_event_time import write_late_input
 from test_savepoints import build as savepoint_job
 from test_savepoints import endpoints_of, exactly_once, published, run_until_savepoint
 
-from cutline import Checkpoints, FixedDelay, SourceHold, StreamEnvironment, Tumbling, testing
+from cutline import (
+    Checkpoints,
+    EventTime,
+    FixedDelay,
+    SourceHold,
+    StreamEnvironment,
+    Tumbling,
+    testing,
+)
 from cutline.runtime.checkpoint.storage import CheckpointStorage
 from cutline.runtime.driver.result import JobResult
 from cutline.runtime.driver.summary import JobSummary
@@ -90,13 +98,15 @@ def job(tmp_path: Path, out: Path, fail_at: int = -1, **options: Any) -> StreamE
         **options,
     )
     keyed = (
-        env.from_sequence(0, N, name="numbers", event_time="value", max_out_of_orderness=50)
+        env.from_sequence(
+            0, N, name="numbers", event_time=EventTime("value", max_out_of_orderness="50ms")
+        )
         .map(FailOnceAt(fail_at, str(tmp_path / "failed")), name="fail")
         .map(checked, name="checked", on_error="dead_letter")
         .key_by("key")
     )
     keyed.sum("one", name="sums").write_parquet(out / "sums", name="sums_out")
-    keyed.window(Tumbling(WINDOW)).count(name="per_window").write_parquet(
+    keyed.window(Tumbling(f"{WINDOW}ms")).count(name="per_window").write_parquet(
         out / "counts", name="counts_out"
     )
     return env

@@ -44,6 +44,7 @@ from test_event_time_restore import (
 from test_savepoints import SavepointOnHold
 
 from cutline import (
+    EventTime,
     FixedDelay,
     JobClient,
     KeyedProcessFunction,
@@ -77,42 +78,42 @@ def mean(rows: list[Row]) -> float:
 WINDOWS: dict[str, Kind] = {
     # built-ins of a key column: columns on the memory backend, keyed state on the disk one
     "tumbling-count": Kind(
-        lambda: Tumbling(1000),
+        lambda: Tumbling("1s"),
         lambda w, name: w.count(name=name),
         lambda rs: tumbling(rs, 1000),
         len,
         lambda row: row["count"],
     ),
     "tumbling-mean": Kind(
-        lambda: Tumbling(1000),
+        lambda: Tumbling("1s"),
         lambda w, name: w.mean("amount", name=name),
         lambda rs: tumbling(rs, 1000),
         mean,
         lambda row: row["amount"],
     ),
     "sliding-sum": Kind(
-        lambda: Sliding(2000, every=500),
+        lambda: Sliding("2s", every="500ms"),
         lambda w, name: w.sum("amount", name=name),
         lambda rs: sliding(rs, 2000, 500),
         lambda rs: sum(r["amount"] for r in rs),
         lambda row: row["amount"],
     ),
     "sliding-min": Kind(
-        lambda: Sliding(1500, every=500),
+        lambda: Sliding("1500ms", every="500ms"),
         lambda w, name: w.min("amount", name=name),
         lambda rs: sliding(rs, 1500, 500),
         lambda rs: min(r["amount"] for r in rs),
         lambda row: row["amount"],
     ),
     "session-max": Kind(
-        lambda: Session(gap=500),
+        lambda: Session(gap="500ms"),
         lambda w, name: w.max("amount", name=name),
         lambda rs: sessions(rs, 500),
         lambda rs: max(r["amount"] for r in rs),
         lambda row: row["amount"],
     ),
     "session-mean": Kind(
-        lambda: Session(gap=400),
+        lambda: Session(gap="400ms"),
         lambda w, name: w.mean("amount", name=name),
         lambda rs: sessions(rs, 400),
         mean,
@@ -120,21 +121,21 @@ WINDOWS: dict[str, Kind] = {
     ),
     # a user's functions: keyed state on both backends
     "session-aggregate": Kind(
-        lambda: Session(gap=500),
+        lambda: Session(gap="500ms"),
         lambda w, name: w.aggregate(Spending(), name=name),
         lambda rs: sessions(rs, 500),
         lambda rs: (len(rs), sum(r["amount"] for r in rs)),
         lambda row: (row["clicks"], row["spent"]),
     ),
     "sliding-process": Kind(
-        lambda: Sliding(1500, every=500),
+        lambda: Sliding("1500ms", every="500ms"),
         lambda w, name: w.process(sorted_ids, name=name),
         lambda rs: sliding(rs, 1500, 500),
         lambda rs: sorted(r["id"] for r in rs),
         lambda row: list(row["ids"]),
     ),
     "tumbling-reduce": Kind(
-        lambda: Tumbling(1000),
+        lambda: Tumbling("1s"),
         lambda w, name: w.reduce(add_amounts, name=name),
         lambda rs: tumbling(rs, 1000),
         lambda rs: sum(r["amount"] for r in rs),
@@ -182,10 +183,10 @@ def every_kind_job(env: StreamEnvironment, clicks: Clicks, out: Path) -> None:
     each written to ``out/<name>``; every operator named, so that the job restores into
     another of itself."""
     keyed = env.read_parquet(
-        clicks.directory, event_time="ts", max_out_of_orderness=BOUND, name=SOURCE
+        clicks.directory, event_time=EventTime("ts", max_out_of_orderness=f"{BOUND}ms"), name=SOURCE
     ).key_by("user")
     for kind, k in WINDOWS.items():
-        window = keyed.window(k.assigner(), allowed_lateness=LATENESS)
+        window = keyed.window(k.assigner(), allowed_lateness=f"{LATENESS}ms")
         k.apply(window, kind).write_parquet(out / kind, name=f"{kind}-out")
     keyed.count(name="rolling").write_parquet(out / "rolling", name="rolling-out")
     keyed.process(Tally(), name="tally").write_parquet(out / "tally", name="tally-out")

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from test_runtime_jobs import dead_letters
 
 from cutline import (
+    EventTime,
     EventTimeError,
     FixedDelay,
     JobFailedError,
@@ -273,7 +274,7 @@ def test_a_window_over_csv_times_in_every_form_counts_exactly(tmp_path: Path) ->
             every.append((user, instant))
         (tmp_path / "in" / f"part-{f}.csv").write_text("\n".join(lines) + "\n")
     env = environment(tmp_path, parallelism=2)
-    clicks = env.read_csv(tmp_path / "in", event_time="ts", max_out_of_orderness="600ms")
+    clicks = env.read_csv(tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness="600ms"))
     clicks.key_by("user").window(Tumbling("1 min")).count().collect()
     result = run(env)
     minute = dt.timedelta(minutes=1)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from cutline import (
     BoundedOutOfOrderness,
+    EventTime,
     Monotonous,
     StreamEnvironment,
     Tumbling,
@@ -77,9 +78,9 @@ def test_a_generator_on_the_source_gives_exact_windows(
     env = StreamEnvironment(
         2, checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.05, batch_size=25
     )
-    env.read_parquet(tmp_path / "in", event_time="ts", watermarks=generator).key_by("user").window(
-        Tumbling("1 min")
-    ).count().collect()
+    env.read_parquet(tmp_path / "in", event_time=EventTime("ts", watermarks=generator)).key_by(
+        "user"
+    ).window(Tumbling("1 min")).count().collect()
     result = testing.execute(env, launcher=ThreadLauncher())
     found = Counter({(r["user"], r["window_start"]): r["count"] for r in result.output})
     assert found == counts(rows)
@@ -90,7 +91,7 @@ def test_a_generator_on_assign_timestamps_gives_exact_windows(tmp_path: Path) ->
     rows = write(tmp_path)
     env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck"), batch_size=25)
     env.read_parquet(tmp_path / "in").assign_timestamps(
-        "ts", watermarks=EveryOtherRecord(1000)
+        EventTime("ts", watermarks=EveryOtherRecord(1000))
     ).key_by("user").window(Tumbling("1 min")).count().collect()
     result = testing.execute(env, launcher=ThreadLauncher())
     found = Counter({(r["user"], r["window_start"]): r["count"] for r in result.output})
@@ -101,12 +102,13 @@ def test_a_generator_is_checked_when_the_job_is_built(tmp_path: Path) -> None:
     write(tmp_path)
     env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck"))
     with pytest.raises(TypeError, match=r"watermarks= takes a WatermarkGenerator .* not int"):
-        env.read_parquet(tmp_path / "in", event_time="ts", watermarks=5)  # type: ignore[arg-type]
+        env.read_parquet(tmp_path / "in", event_time=EventTime("ts", watermarks=5))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"give max_out_of_orderness= or watermarks=, not both"):
         env.read_parquet(
-            tmp_path / "in", event_time="ts", watermarks=Monotonous(), max_out_of_orderness="1s"
+            tmp_path / "in",
+            event_time=EventTime("ts", watermarks=Monotonous(), max_out_of_orderness="1s"),
         )
-    with pytest.raises(ValueError, match=r"watermarks=, idle_timeout=.* need event_time="):
+    with pytest.raises(ValueError, match=r"watermarks= need event_time=: write event_time="):
         env.read_parquet(tmp_path / "in", watermarks=Monotonous())
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cutline import StreamEnvironment, Tumbling, Window, testing
+from cutline import EventTime, StreamEnvironment, Tumbling, Window, testing
 from cutline.runtime.task.local import ThreadLauncher
 
 START = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
@@ -54,7 +54,9 @@ def test_windows_of_the_whole_stream_count_sum_and_process_exactly(tmp_path: Pat
     env = StreamEnvironment(
         2, checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.05, batch_size=30
     )
-    clicks = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness="5 min")
+    clicks = env.read_parquet(
+        tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness="5 min")
+    )
     counts = clicks.window_all(Tumbling("1 min")).count(name="count")
     counts.collect("counts")
     clicks.window_all(Tumbling("1 min")).sum("amount").collect("sums")  # (unnamed: one key)
@@ -73,7 +75,9 @@ def test_windows_of_the_whole_stream_count_sum_and_process_exactly(tmp_path: Pat
 def test_late_records_of_a_built_in_come_out_as_they_came(tmp_path: Path) -> None:
     rows = write(tmp_path, late=True)
     env = StreamEnvironment(1, checkpoint_dir=str(tmp_path / "ck"), batch_size=30)
-    clicks = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness="5 min")
+    clicks = env.read_parquet(
+        tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness="5 min")
+    )
     counts = clicks.window_all(Tumbling("1 min")).count()
     counts.collect("counts")
     counts.late().collect("late")

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cutline import State, StreamEnvironment, Tumbling, Window, testing
+from cutline import EventTime, State, StreamEnvironment, Tumbling, Window, testing
 from cutline.runtime.task.local import ThreadLauncher
 from zone_windows import ms, windows_over
 
@@ -81,7 +81,9 @@ def test_hours_shifts_and_days_of_new_york_over_the_night_clocks_go_back(
         batch_size=40,
         state=State(backend=backend),
     )
-    clicks = env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness="10 min")
+    clicks = env.read_parquet(
+        tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness="10 min")
+    )
     keyed = clicks.key_by("user")
     for name, size in WINDOWS.items():
         keyed.window(Tumbling(size, time_zone="America/New_York")).count().collect(name)

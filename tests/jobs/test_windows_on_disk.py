@@ -14,7 +14,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from test_event_time import FailOnceOn
 
-from cutline import FixedDelay, Sliding, SourceHold, State, StreamEnvironment, Tumbling, testing
+from cutline import (
+    EventTime,
+    FixedDelay,
+    Sliding,
+    SourceHold,
+    State,
+    StreamEnvironment,
+    Tumbling,
+    testing,
+)
 from cutline.runtime.task.local import ThreadLauncher
 
 USERS = 40_000
@@ -48,12 +57,12 @@ def test_windows_larger_than_the_state_memory_are_exact_through_a_failure(
         state=State(backend="disk", memory=1 << 20, dir=tmp_path / "state"),
     )
     keyed = (
-        env.read_parquet(tmp_path / "in", event_time="ts", max_out_of_orderness=0)
+        env.read_parquet(tmp_path / "in", event_time=EventTime("ts", max_out_of_orderness=0))
         .map_batches(FailOnceOn(99, tmp_path / "failed"))
         .key_by("user")
     )
-    keyed.window(Tumbling(1_000)).sum("amount", name="tumbling").collect("tumbling")
-    keyed.window(Sliding(2_000, every=1_000)).sum("amount", name="sliding").collect("sliding")
+    keyed.window(Tumbling("1s")).sum("amount", name="tumbling").collect("tumbling")
+    keyed.window(Sliding("2s", every="1s")).sum("amount", name="sliding").collect("sliding")
     # each source subtask reads 2 of the 4 files (30,000 records each), holds after 20,000
     # until a checkpoint completed, then reads on to the record the job fails on
     result = testing.execute(

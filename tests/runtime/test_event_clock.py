@@ -14,7 +14,7 @@ from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.layouts import WINDOWS
 from cutline.runtime.eventtime.logic import WindowLogic
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.keyed_operators import KeyedProcessFunction, ProcessContext, ProcessLogic
 from cutline.runtime.operators import OperatorContext
 
@@ -63,7 +63,7 @@ def test_a_restored_window_operator_starts_its_place_where_its_checkpoint_was(
     operator's place starts at its checkpoint's watermark (a window that fired then never
     opens again), the outputs' place where nothing was sent yet."""
     logic = WindowLogic(
-        Tumbling(10), Aggregation("sum", "n"), "user", EventTime("ts", 0, pa.int64())
+        Tumbling("10ms"), Aggregation("sum", "n"), "user", TimeColumn("ts", 0, pa.int64())
     )
     job = Job(logic, backend, 1)
     job.process([{"user": "a", "ts": 5, "n": 1}], arrow=True)
@@ -90,12 +90,16 @@ def test_fired_windows_go_when_the_lateness_is_past_though_nothing_else_is_open(
     """The subtask moves an operator's place on the clock before it calls ``on_watermark``:
     the windows fired and kept for the allowed lateness still go once it is past, with no
     other window left to fire."""
-    assigner = {"tumbling": Tumbling(10), "sliding": Sliding(20, 10), "session": Session(10)}
+    assigner = {
+        "tumbling": Tumbling("10ms"),
+        "sliding": Sliding("20ms", "10ms"),
+        "session": Session("10ms"),
+    }
     logic = WindowLogic(
         assigner[windows],
         Aggregation("count"),
         "user",
-        EventTime("ts", 0, pa.int64()),
+        TimeColumn("ts", 0, pa.int64()),
         allowed_lateness=50,
     )
     job = Job(logic, backend, 1)

@@ -26,15 +26,15 @@ from cutline.runtime.eventtime.assigners import Sliding, Tumbling
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.run_windows import RunWindows
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.state.columns import COLUMNS
 
-ASSIGNERS = {"tumbling": Tumbling(100), "sliding": Sliding(200, every=100)}
+ASSIGNERS = {"tumbling": Tumbling("100ms"), "sliding": Sliding("200ms", every="100ms")}
 
 
 def window_logic(windows: str, kind: str = "sum") -> WindowLogic:
     return WindowLogic(
-        ASSIGNERS[windows], Aggregation(kind, "n"), "user", EventTime("ts", 0, pa.int64()), 0
+        ASSIGNERS[windows], Aggregation(kind, "n"), "user", TimeColumn("ts", 0, pa.int64()), 0
     )
 
 
@@ -198,7 +198,7 @@ def test_a_subtask_spills_many_windows_into_few_files(tmp_path: Path) -> None:
     (``vm.max_map_count``, 65,530 by default); every window fires exactly. (The review that
     found the limit failed here with "Memory mapping file failed".)"""
     logic = WindowLogic(
-        Tumbling(1_000), Aggregation("sum", "n"), "user", EventTime("ts", 0, pa.int64()), 10**12
+        Tumbling("1s"), Aggregation("sum", "n"), "user", TimeColumn("ts", 0, pa.int64()), 10**12
     )
     job = Job(logic, "disk", 1, memory=1 << 20, local_dir=str(tmp_path))
     store = store_of(job.ops[0])

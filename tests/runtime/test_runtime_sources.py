@@ -408,7 +408,7 @@ def test_a_text_file_not_started_holds_the_watermark_where_its_first_records_all
     them, or their highest minus the bound), not at the minimum, so that windows of the files
     before it fire before it starts."""
     from cutline.protocol.watermarks import EmitWatermark
-    from cutline.runtime.eventtime.timestamps import EventTime
+    from cutline.runtime.eventtime.timestamps import TimeColumn
     from cutline.runtime.eventtime.watermarks import WatermarkStrategy
 
     files = {"a": [1_000, 1_500, 1_999], "b": [5_000, 4_950, 9_000], "c": [20_000, 20_100]}
@@ -420,7 +420,7 @@ def test_a_text_file_not_started_holds_the_watermark_where_its_first_records_all
         else:
             path.write_text("ts,n\n" + "".join(f"{r['ts']},{r['n']}\n" for r in rows))
     source, _ = FileSource(str(tmp_path), input_format(fmt)).prepare()
-    strategy = WatermarkStrategy(EventTime("ts"), bound=100)
+    strategy = WatermarkStrategy(TimeColumn("ts"), bound_ms=100)
     running = open_source(source, strategy=strategy)
     assert running.generator is not None
     # a's first records: 1,000 (lowest) and 1,999 - 100; b's: 4,950 and 9,000 - 100; c's:

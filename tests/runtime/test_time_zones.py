@@ -304,7 +304,7 @@ def test_windows_of_a_local_clock_in_step_with_utc_are_the_epochs_shifted() -> N
         ("UTC", "1 d", 0),
     ]:
         starts = assign(Tumbling(size, time_zone=zone), times)[1]
-        epochs = assign(Tumbling(size, offset=offset), times)[1]
+        epochs = assign(Tumbling(size, offset=dt.timedelta(milliseconds=offset)), times)[1]
         assert (starts == epochs).all(), (zone, size)
 
 

@@ -28,20 +28,20 @@ from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.keyed import KeyedWindows
 from cutline.runtime.eventtime.logic import WindowLogic
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.state.columns import COLUMNS
 
 ASSIGNERS: dict[str, Tumbling | Sliding | Session] = {
-    "tumbling": Tumbling(300),
-    "sliding": Sliding(400, every=100),
-    "session": Session(gap=60),
+    "tumbling": Tumbling("300ms"),
+    "sliding": Sliding("400ms", every="100ms"),
+    "session": Session(gap="60ms"),
 }
 
 
 def window_logic(windows: str, kind: str, lateness: int = 0) -> WindowLogic:
     aggregation = Aggregation(kind) if kind == "count" else Aggregation(kind, "n")
     return WindowLogic(
-        ASSIGNERS[windows], aggregation, "user", EventTime("ts", 0, pa.int64()), lateness
+        ASSIGNERS[windows], aggregation, "user", TimeColumn("ts", 0, pa.int64()), lateness
     )
 
 
@@ -232,7 +232,7 @@ def test_early_records_count_per_key_and_window_through_merges_and_rescaled_rest
         ASSIGNERS["session"],
         Aggregation("count"),
         "user",
-        EventTime("ts", 0, pa.int64()),
+        TimeColumn("ts", 0, pa.int64()),
         early_records=3,
     )
     job = Job(logic, backend, 1)
@@ -336,10 +336,10 @@ def test_sliding_windows_give_early_results_of_every_open_window(backend: str) -
     """``early=`` on sliding windows (slices on the memory backend): every open window of each
     key, its count so far, then each final one once."""
     logic = WindowLogic(
-        Sliding(2000, every=1000),
+        Sliding("2s", every="1s"),
         Aggregation("count"),
         "user",
-        EventTime("ts", 0, pa.int64()),
+        TimeColumn("ts", 0, pa.int64()),
         early=10_000,
     )
     job = Job(logic, backend, 1)

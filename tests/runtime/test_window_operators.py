@@ -11,6 +11,7 @@ the windows the watermark passed.
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from collections import Counter, defaultdict
 from typing import Any
@@ -30,7 +31,7 @@ from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.operator import WindowOperator
 from cutline.runtime.eventtime.run_windows import RunWindows
 from cutline.runtime.eventtime.sliced_runs import SlicedRuns
-from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError
+from cutline.runtime.eventtime.timestamps import EventTimeError, TimeColumn
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import key_group_range
@@ -209,12 +210,12 @@ def test_the_columnar_and_the_keyed_window_operators_agree_through_restores(
     other ``state_backend``)."""
     rng = random.Random(seed)
     assigner: Tumbling | Sliding | Session = {
-        "tumbling": Tumbling(300),
-        "sliding": Sliding(400, every=100),
-        "session": Session(gap=60),
+        "tumbling": Tumbling("300ms"),
+        "sliding": Sliding("400ms", every="100ms"),
+        "session": Session(gap="60ms"),
     }[windows]
     aggregation = Aggregation(kind) if kind == "count" else Aggregation(kind, "n")
-    logic = WindowLogic(assigner, aggregation, "user", EventTime("ts", 0, pa.int64()), lateness)
+    logic = WindowLogic(assigner, aggregation, "user", TimeColumn("ts", 0, pa.int64()), lateness)
     records = []
     t = 0
     for _ in range(rng.randint(1, 300)):
@@ -419,8 +420,9 @@ def test_windows_with_an_offset_start_at_it_in_either_layout(backend: str, seed:
     size = rng.choice([1000, 3000, 86_400_000])
     every = rng.choice([size, size // 2 if size % 2 == 0 else size, size // 3])
     offset = rng.randrange(every)
+    length, step, shift = (dt.timedelta(milliseconds=n) for n in (size, every, offset))
     assigner: Tumbling | Sliding = (
-        Tumbling(size, offset=offset) if every == size else Sliding(size, every, offset=offset)
+        Tumbling(length, offset=shift) if every == size else Sliding(length, step, offset=shift)
     )
     records = [
         {"user": f"u{rng.randrange(3)}", "ts": rng.randrange(-5 * size, 5 * size), "n": 1}
@@ -456,11 +458,11 @@ def counting(windows: str) -> WindowLogic:
     """A count per user of ``windows`` (``tumbling``: 1 s, ``sliding``: 2 s every 1 s,
     ``session``: gap 100 ms) on the integer times of ``ts``."""
     assigner: Tumbling | Sliding | Session = {
-        "tumbling": Tumbling(1000),
-        "sliding": Sliding(2000, every=1000),
-        "session": Session(gap=100),
+        "tumbling": Tumbling("1s"),
+        "sliding": Sliding("2s", every="1s"),
+        "session": Session(gap="100ms"),
     }[windows]
-    return WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    return WindowLogic(assigner, Aggregation("count"), "user", TimeColumn("ts", 0, pa.int64()))
 
 
 @pytest.mark.parametrize("backend", ["memory", "disk"])
@@ -572,7 +574,7 @@ def counted(
 ) -> list[dict[str, Any]]:
     """A count per user of ``assigner``'s windows over ``records``, two subtasks of
     ``backend``, every window fired: what they output."""
-    logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0, pa.int64()))
+    logic = WindowLogic(assigner, Aggregation("count"), "user", TimeColumn("ts", 0, pa.int64()))
     job = Job(logic, backend, 2)
     job.process(records, arrow=True)
     job.watermark(10**15)
@@ -592,7 +594,11 @@ def test_a_session_past_its_lateness_when_it_fires_is_dropped_as_it_fires(
     session it alone opens, touching the dropped session, starts a session of its own: it does
     not merge into the dropped one and publish it again."""
     logic = WindowLogic(
-        Session(gap=500), Aggregation(Kind.MAX, "n"), "user", EventTime("ts", 0, pa.int64()), 1000
+        Session(gap="500ms"),
+        Aggregation(Kind.MAX, "n"),
+        "user",
+        TimeColumn("ts", 0, pa.int64()),
+        1000,
     )
     # the session [100, 800) fires at 799 and is past at 799 + 1000 = 1799
     for steps in ((2000,), (900, 2000)):

@@ -8,6 +8,7 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 """
 
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
+from cutline.api.event_time import EventTime
 from cutline.api.setting_groups import Checkpoints, State, Timeouts
 from cutline.api.windowed import WindowedResult, WindowedStream
 from cutline.runtime.checkpoint.lineage import ResumableCheckpointError
@@ -29,6 +30,7 @@ from cutline.runtime.driver.events import (
 )
 from cutline.runtime.driver.restart import ExponentialDelay, FailureRate, FixedDelay, NoRestart
 from cutline.runtime.driver.result import CheckpointWarning, JobFailedError, JobResult
+from cutline.runtime.durations import DurationWarning
 from cutline.runtime.eventtime.aggregations import AggregateFunction
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
 from cutline.runtime.eventtime.timers import TimeDomain
@@ -53,6 +55,8 @@ __all__ = [
     "CheckpointWarning",
     "Checkpoints",
     "DataStream",
+    "DurationWarning",
+    "EventTime",
     "EventTimeError",
     "ExponentialDelay",
     "FailureRate",

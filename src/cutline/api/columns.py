@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import TimeColumn
 
 
 def has_column(schema: pa.Schema | None, column: str, what: str) -> None:
@@ -73,7 +73,7 @@ def with_float(schema: pa.Schema | None, column: str) -> pa.Schema | None:
 
 
 def window_result_schema(
-    schema: pa.Schema | None, key: object, kind: str, field: str | None, time: EventTime
+    schema: pa.Schema | None, key: object, kind: str, field: str | None, time: TimeColumn
 ) -> pa.Schema | None:
     """The columns of a built-in window aggregation's results: the key (a key column's
     type), ``window_start`` and ``window_end`` (the event-time column's type) and the result

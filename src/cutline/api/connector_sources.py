@@ -12,18 +12,22 @@ import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import pyarrow as pa
 
-from cutline.api.event_time import source_strategy
+from cutline.api.event_time import EventTime, OldEventTimeKeywords, event_time_of, strategy
 from cutline.api.sources import Sources, _column_names
 from cutline.api.streams import DataStream
 from cutline.connectors.kafka.names import KeyFormat, OffsetPolicy, ValueFormatName
 from cutline.connectors.source import SourceError
-from cutline.runtime.durations import seconds
-from cutline.runtime.eventtime.watermarks import WatermarkGenerator
+from cutline.runtime.durations import Duration, seconds
 from cutline.runtime.io.formats import InputWarning, as_schema
+from cutline.runtime.operators import OnError
+
+QUIET_PARTITIONS = "10s"
+"""``EventTime(idle_timeout=)`` left out for Kafka and Delta: a partition (a slice) without
+records this long stops holding the watermark back (their partitions can go quiet)."""
 
 
 class ConnectorSources(Sources):
@@ -42,17 +46,13 @@ class ConnectorSources(Sources):
         bounded: bool = False,
         group_id: str | None = None,
         config: Mapping[str, Any] | None = None,
-        discovery_interval: Any = "5s",
+        discovery_interval: Duration = "5s",
         on_offset_out_of_range: OffsetPolicy = "fail",
-        event_time: str | None = None,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = "10s",
-        event_time_unit: str | None = None,
-        max_watermark_jump: Any = None,
-        watermarks: WatermarkGenerator | None = None,
+        event_time: EventTime | str | None = None,
         name: str | None = None,
         rate_limit: float | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
+        **deprecated: Unpack[OldEventTimeKeywords],
     ) -> DataStream:
         """The records of Kafka ``topics``, **exactly once**: each partition is a split whose
         offset is in every checkpoint (consumer-group offsets are only published, with
@@ -90,12 +90,14 @@ class ConnectorSources(Sources):
             topic, the partition and both offsets), ``"earliest"`` or ``"latest"`` (read on
             from the partition's first or last offset; the records skipped are counted and
             reported).
-        :param event_time: ``"_timestamp"`` (or a field of the value): watermarks per
-            partition; a partition without records for ``idle_timeout`` (default 10 s;
-            ``None``: never) stops holding the watermark back.
+        :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
+            ``EventTime(column)``), e.g. ``"_timestamp"``: watermarks per partition; its
+            ``idle_timeout`` left out is 10 s here.
         :param on_error: ``"dead_letter"``: a record that does not decode is kept aside with
             its topic, partition and offset; ``"fail"``: the job fails naming it.
         :param config: more librdkafka settings (``security.protocol``, ``sasl.*``).
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
         """
         from cutline.connectors.kafka.source import kafka_source
 
@@ -107,6 +109,7 @@ class ConnectorSources(Sources):
             names = tuple(topics)
         what = name or "read_kafka"
         self._check_on_error(what, on_error)
+        time = event_time_of(what, event_time, deprecated)
         every = seconds(discovery_interval, f"{what}: discovery_interval")
         avro = value_format == "avro"
         try:
@@ -137,31 +140,19 @@ class ConnectorSources(Sources):
             raise SourceError(f"{what}({described}): {exc}") from None
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
-        idle = idle_timeout if event_time is not None else None
-        strategy = source_strategy(
-            what,
-            prepared.record_schema(),
-            event_time,
-            max_out_of_orderness,
-            idle,
-            event_time_unit,
-            max_watermark_jump,
-            watermarks,
-        )
+        made = strategy(what, time, prepared.record_schema(), idle_default=QUIET_PARTITIONS)
         topics_read = list(names) if pattern is None else f"pattern {pattern.pattern!r}"
         reads = f"kafka {topics_read} value_format={value_format!r} schema={schema!r}"
         avro_format = prepared.value.avro
         if avro_format is not None and avro_format.registry is not None:  # (its URL: no secret)
             reads += f" schema_registry={dict(avro_format.registry)['url']!r}"
-        return self._source(
-            prepared, "read_kafka", reads, name, rate_limit, on_error, time=strategy
-        )
+        return self._source(prepared, "read_kafka", reads, name, rate_limit, on_error, time=made)
 
     def read_delta(
         self,
         path: str | os.PathLike[str],
         *,
-        monitor: Any = None,
+        monitor: Duration | None = None,
         starting_version: int | Literal["latest"] | None = None,
         starting_timestamp: datetime | date | str | None = None,
         skip_change_commits: bool = False,
@@ -169,14 +160,10 @@ class ConnectorSources(Sources):
         storage_options: Mapping[str, str] | None = None,
         slices: int = 64,
         name: str | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
         rate_limit: float | None = None,
-        event_time: str | None = None,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = "10s",
-        event_time_unit: str | None = None,
-        max_watermark_jump: Any = None,
-        watermarks: WatermarkGenerator | None = None,
+        event_time: EventTime | str | None = None,
+        **deprecated: Unpack[OldEventTimeKeywords],
     ) -> DataStream:
         """The rows of the Delta Lake table at ``path``, **exactly once**, as Spark's Delta
         streaming source reads them: the table as it is when the job is built (its snapshot:
@@ -203,16 +190,19 @@ class ConnectorSources(Sources):
         :param columns: read only these columns, in this order.
         :param slices: the splits the table is read in (each version's files dealt among
             them): the most subtasks that read it. Keep it across restores.
-        :param event_time: the column of each record's event time: watermarks per slice,
-            as for :meth:`read_parquet`; a slice that has read every version there is stops
-            holding them back after ``idle_timeout`` (10 s; ``None``: never).
+        :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
+            ``EventTime(column)``): watermarks per slice; its ``idle_timeout`` left out is 10 s
+            here (a slice that has read every version there is then stops holding them back).
         :param on_error: ``"dead_letter"``: a record whose event time jumps past
-            ``max_watermark_jump`` goes to the dead letters.
+            ``EventTime(max_jump=)`` goes to the dead letters.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
         """
         from cutline.connectors.delta.source import DeltaSource
 
         what = name or "read_delta"
         self._check_on_error(what, on_error)
+        time = event_time_of(what, event_time, deprecated)
         chosen = _column_names(what, columns)
         source = DeltaSource(  # (which checks its arguments)
             os.fspath(path),
@@ -224,9 +214,10 @@ class ConnectorSources(Sources):
             columns=chosen,
             slices=slices,
         )
-        if chosen is not None and event_time is not None and event_time not in chosen:
+        column = time.column if time is not None else None
+        if chosen is not None and column is not None and column not in chosen:
             raise ValueError(
-                f"{what}({path}): event_time={event_time!r} is not among the columns read "
+                f"{what}({path}): event_time={column!r} is not among the columns read "
                 f"(columns={list(chosen)!r}): add it"
             )
         try:
@@ -235,20 +226,9 @@ class ConnectorSources(Sources):
             raise SourceError(f"{what}: {exc}") from None
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
-        strategy = source_strategy(
-            what,
-            prepared.record_schema(),
-            event_time,
-            max_out_of_orderness,
-            idle_timeout if event_time is not None else None,
-            event_time_unit,
-            max_watermark_jump,
-            watermarks,
-        )
+        made = strategy(what, time, prepared.record_schema(), idle_default=QUIET_PARTITIONS)
         # what it reads, for its id (not where it starts: a restore goes on from its checkpoint)
         reads = f"delta {source.path}"
         if chosen is not None:
             reads += f" columns={list(chosen)!r}"
-        return self._source(
-            prepared, "read_delta", reads, name, rate_limit, on_error, time=strategy
-        )
+        return self._source(prepared, "read_delta", reads, name, rate_limit, on_error, time=made)

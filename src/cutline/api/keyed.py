@@ -13,9 +13,10 @@ import pyarrow as pa
 from cutline.api.columns import numeric_column, with_count, with_float
 from cutline.api.streams import DataStream, _callable, _Operators
 from cutline.api.windowed import WindowedStream, _early
+from cutline.runtime.durations import milliseconds
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.timers import TimeDomain
-from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
+from cutline.runtime.eventtime.timestamps import EventTimeError, TimeColumn
 from cutline.runtime.graph import Edge, Partitioning
 from cutline.runtime.keyed_operators import (
     KeyedProcessFunction,
@@ -200,11 +201,13 @@ class KeyedStream(_Operators):
                 f"not {assigner!r}"
             )
         event_time = self.stream.event_time
-        lateness = duration_ms(allowed_lateness or 0, "allowed_lateness", zero=True)
+        lateness = milliseconds(
+            allowed_lateness or 0, "allowed_lateness", zero=True, error=EventTimeError
+        )
         if time == "processing":
             if lateness:
                 raise ValueError("allowed_lateness is for event time: no record is late here")
-            clock = EventTime("processing_time")
+            clock = TimeColumn("processing_time")
             windowed = WindowedStream(self, assigner, clock, 0, "processing")
             return _early(windowed, early, early_records)
         if event_time is None:
@@ -224,7 +227,7 @@ class KeyedStream(_Operators):
                 name, value = next(iter(uneven.items()))
                 raise ValueError(
                     f"window({assigner}): its {name} ({value} ms) is no whole number of seconds, "
-                    f"the unit of the times of {event_time.column!r} (event_time_unit='s'): "
+                    f"the unit of the times of {event_time.column!r} (EventTime(unit='s')): "
                     "window_start and window_end could not say it"
                 )
         return _early(WindowedStream(self, assigner, event_time, lateness), early, early_records)

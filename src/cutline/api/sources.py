@@ -14,20 +14,21 @@ import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 import pyarrow as pa
 
 from cutline.api.dataflow import Dataflow
-from cutline.api.event_time import source_strategy
+from cutline.api.event_time import EventTime, OldEventTimeKeywords, event_time_of, strategy
 from cutline.api.settings import location
 from cutline.api.streams import DataStream
 from cutline.connectors.source import Source, SourceError
-from cutline.runtime.durations import seconds
-from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
+from cutline.runtime.durations import Duration, seconds
+from cutline.runtime.eventtime.watermarks import WatermarkStrategy
 from cutline.runtime.io.file_formats import JSONL, PARQUET, CsvFormat, InputFormat
 from cutline.runtime.io.formats import CsvOptions, InputWarning
 from cutline.runtime.io.sources import FileSource, SequenceSource
+from cutline.runtime.operators import OnError
 from cutline.runtime.source_operator import SourceLogic
 
 
@@ -43,12 +44,8 @@ class Sources(Dataflow):
         column: str = "value",
         name: str | None = None,
         rate_limit: float | None = None,
-        event_time: str | None = None,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = None,
-        event_time_unit: str | None = None,
-        max_watermark_jump: Any = None,
-        watermarks: WatermarkGenerator | None = None,
+        event_time: EventTime | str | None = None,
+        **deprecated: Unpack[OldEventTimeKeywords],
     ) -> DataStream:
         """The integers ``start, start+1, ...`` up to ``end`` (excluded; ``None``: unbounded), as
         records with one column.
@@ -56,30 +53,17 @@ class Sources(Dataflow):
         :param rate_limit: at most this many records per second (for the whole source: each of
             its subtasks reads its share), e.g. for a demo or a load test; ``None``: as fast as
             the job takes them.
-        :param event_time: the column holding each record's event time (an Arrow timestamp,
-            or integers of epoch milliseconds): the source then makes **watermarks**, per
-            split, which windows and timers downstream fire on.
-            ``max_out_of_orderness``: how late a record may come after a later one of its
-            split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
-            default 0). ``idle_timeout``: a split without records that long (processing
-            time) stops holding the watermark back until it has records again (default:
-            never).
+        :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
+            ``EventTime(column)``): watermarks per split.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
         """
         if type(start) is not int or (end is not None and type(end) is not int):
             raise ValueError(f"from_sequence needs integers, got start={start!r}, end={end!r}")
         source = SequenceSource(start, end, column)
         what = name or "from_sequence"
         schema = source.record_schema()
-        time = source_strategy(
-            what,
-            schema,
-            event_time,
-            max_out_of_orderness,
-            idle_timeout,
-            event_time_unit,
-            max_watermark_jump,
-            watermarks,
-        )
+        time = strategy(what, event_time_of(what, event_time, deprecated), schema)
         reads = f"{start}..{end} as {column}"
         return self._source(source, "sequence", reads, name, rate_limit, time=time)
 
@@ -88,22 +72,23 @@ class Sources(Dataflow):
         source: Source,
         *,
         name: str | None = None,
-        event_time: str | None = None,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = None,
-        event_time_unit: str | None = None,
-        max_watermark_jump: Any = None,
-        watermarks: WatermarkGenerator | None = None,
+        event_time: EventTime | str | None = None,
         rate_limit: float | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
+        **deprecated: Unpack[OldEventTimeKeywords],
     ) -> DataStream:
         """The records of ``source``, any connector's (:mod:`cutline.connectors`): exactly
         once when its reader reads the same records again from a position. ``name`` it: its
         id is then kept whatever the source's arguments (else its class and ``repr``).
 
-        ``event_time=``, ``max_out_of_orderness=``, ``idle_timeout=`` and ``rate_limit=`` as
-        for :meth:`read_parquet` (watermarks per split); ``on_error="dead_letter"`` gives
-        the reader a place for the records it cannot read (``SourceContext.rejected``)."""
+        :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
+            ``EventTime(column)``): watermarks per split.
+        :param rate_limit: as for :meth:`read_parquet`.
+        :param on_error: ``"dead_letter"`` gives the reader a place for the records it cannot
+            read (``SourceContext.rejected``), and a record whose time jumps past
+            ``EventTime(max_jump=)`` goes there; ``"fail"``: the job fails naming it.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``."""
         if not isinstance(source, Source):
             raise TypeError(
                 f"from_source takes a cutline.connectors.Source, not {type(source).__name__} "
@@ -112,6 +97,7 @@ class Sources(Dataflow):
         label = type(source).__name__
         what = name or label
         self._check_on_error(what, on_error)
+        time = event_time_of(what, event_time, deprecated)
         try:
             prepared, notes = source.prepare()  # on the driver, now
         except SourceError as exc:
@@ -120,19 +106,9 @@ class Sources(Dataflow):
             raise TypeError(f"{what}: prepare() returned {prepared!r:.100}, not a Source")
         for note in notes:
             warnings.warn(f"{what}: {note}", InputWarning, stacklevel=2)
-        schema = prepared.record_schema()
-        time = source_strategy(
-            what,
-            schema,
-            event_time,
-            max_out_of_orderness,
-            idle_timeout,
-            event_time_unit,
-            max_watermark_jump,
-            watermarks,
-        )
+        made = strategy(what, time, prepared.record_schema())
         reads = f"{type(source).__module__}.{type(source).__qualname__} {source!r}"
-        return self._source(prepared, label, reads, name, rate_limit, on_error, time=time)
+        return self._source(prepared, label, reads, name, rate_limit, on_error, time=made)
 
     def read_parquet(
         self,
@@ -140,16 +116,12 @@ class Sources(Dataflow):
         *,
         schema: pa.Schema | dict[str, Any] | None = None,
         columns: Sequence[str] | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
         name: str | None = None,
         rate_limit: float | None = None,
-        event_time: str | None = None,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = None,
-        event_time_unit: str | None = None,
-        max_watermark_jump: Any = None,
-        watermarks: WatermarkGenerator | None = None,
-        monitor: Any = None,
+        event_time: EventTime | str | None = None,
+        monitor: Duration | None = None,
+        **deprecated: Unpack[OldEventTimeKeywords],
     ) -> DataStream:
         """The records of Parquet files, as Arrow batches with one schema.
 
@@ -184,23 +156,8 @@ class Sources(Dataflow):
         :param name: the operator's name (and uid, which checkpoints know it by).
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
-        :param event_time: the column holding each record's event time (an Arrow timestamp,
-            or integers of epoch milliseconds, or of ``event_time_unit``: ``"s"``,
-            ``"ms"``, ``"us"``, ``"ns"``; integers that look like seconds read as milliseconds
-            are warned about): the source then makes **watermarks**, per split (a file),
-            which windows and timers downstream fire on. ``max_watermark_jump`` (a
-            duration; default: any): a record whose time is more than that ahead of its
-            split's latest (one from the year 9999 among today's) is warned about, or, with
-            ``on_error="dead_letter"``, sent to the dead letters, so it never moves the
-            watermark (and makes the rest late). ``watermarks``: a
-            :class:`~cutline.WatermarkGenerator` instead of ``max_out_of_orderness``
-            (``Monotonous()``, ``BoundedOutOfOrderness("2s")``, or one of your own with
-            ``on_event`` or ``on_events`` and ``on_periodic_emit``), a copy per split.
-            ``max_out_of_orderness``: how late a record may come after a later one of its
-            split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
-            default 0). ``idle_timeout``: a split without records that long (processing
-            time) stops holding the watermark back until it has records again (default:
-            never).
+        :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
+            ``EventTime(column)``): watermarks per split (a file).
         :param monitor: a **watched directory**: list ``path`` again every ``monitor`` (a
             duration, ``"5s"``) and read every new file once, exactly once; the job runs
             until stopped (``stop_after``, a savepoint with ``stop=True``, Ctrl-C). Put a file
@@ -208,18 +165,13 @@ class Sources(Dataflow):
             rename it into place, as Spark and Flink expect. A file already read is never read
             again, even if it changes. ``schema=`` is needed while the directory is empty.
             A number is seconds, as for ``checkpoint_interval``.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore passes over exactly those.
         """
-        time = (
-            event_time,
-            max_out_of_orderness,
-            idle_timeout,
-            event_time_unit,
-            max_watermark_jump,
-            watermarks,
-        )
+        time = event_time_of(name or "read_parquet", event_time, deprecated)
         return self._files(
             path,
             PARQUET,
@@ -243,16 +195,12 @@ class Sources(Dataflow):
         quote: str | None = '"',
         null_values: Iterable[str] = ("",),
         column_names: Iterable[str] | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
         name: str | None = None,
         rate_limit: float | None = None,
-        event_time: str | None = None,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = None,
-        event_time_unit: str | None = None,
-        max_watermark_jump: Any = None,
-        watermarks: WatermarkGenerator | None = None,
-        monitor: Any = None,
+        event_time: EventTime | str | None = None,
+        monitor: Duration | None = None,
+        **deprecated: Unpack[OldEventTimeKeywords],
     ) -> DataStream:
         """The records of CSV files, as Arrow batches with one schema.
 
@@ -318,16 +266,11 @@ class Sources(Dataflow):
         :param name: the operator's name (and uid, which checkpoints know it by).
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
-        :param event_time: the column holding each record's event time (an Arrow timestamp,
-            or integers of epoch milliseconds, or of ``event_time_unit``, as for
-            :meth:`read_parquet`): the source then makes **watermarks**, per split (a file),
-            which windows and timers downstream fire on.
-            ``max_out_of_orderness``: how late a record may come after a later one of its
-            split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
-            default 0). ``idle_timeout``: a split without records that long (processing
-            time) stops holding the watermark back until it has records again (default:
-            never).
+        :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
+            ``EventTime(column)``): watermarks per split (a file).
         :param monitor: a watched directory, as for :meth:`read_parquet`.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
 
         Replayable: the offset in each checkpoint is, per file, the rows consumed (handed out
         or rejected); a restore parses the file again and passes over exactly those (a
@@ -340,14 +283,7 @@ class Sources(Dataflow):
             null_values=tuple(null_values),
             column_names=tuple(column_names) if column_names is not None else None,
         )
-        time = (
-            event_time,
-            max_out_of_orderness,
-            idle_timeout,
-            event_time_unit,
-            max_watermark_jump,
-            watermarks,
-        )
+        time = event_time_of(name or "read_csv", event_time, deprecated)
         return self._files(
             path,
             CsvFormat(options),
@@ -366,16 +302,12 @@ class Sources(Dataflow):
         *,
         schema: pa.Schema | dict[str, Any] | None = None,
         columns: Sequence[str] | None = None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
         name: str | None = None,
         rate_limit: float | None = None,
-        event_time: str | None = None,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = None,
-        event_time_unit: str | None = None,
-        max_watermark_jump: Any = None,
-        watermarks: WatermarkGenerator | None = None,
-        monitor: Any = None,
+        event_time: EventTime | str | None = None,
+        monitor: Duration | None = None,
+        **deprecated: Unpack[OldEventTimeKeywords],
     ) -> DataStream:
         """The records of JSON-lines files (one JSON object per line), as Arrow batches with
         one schema.
@@ -417,28 +349,16 @@ class Sources(Dataflow):
         :param name: the operator's name (and uid, which checkpoints know it by).
         :param rate_limit: at most this many records per second, for the whole source (each
             subtask reads its share); ``None``: as fast as the job takes them.
-        :param event_time: the column holding each record's event time (an Arrow timestamp,
-            or integers of epoch milliseconds, or of ``event_time_unit``, as for
-            :meth:`read_parquet`): the source then makes **watermarks**, per split (a file),
-            which windows and timers downstream fire on.
-            ``max_out_of_orderness``: how late a record may come after a later one of its
-            split (a duration: ``"2s"``, ``"1 min"``, a ``timedelta`` or milliseconds;
-            default 0). ``idle_timeout``: a split without records that long (processing
-            time) stops holding the watermark back until it has records again (default:
-            never).
+        :param event_time: :class:`~cutline.EventTime` (or a column's name, short for
+            ``EventTime(column)``): watermarks per split (a file).
         :param monitor: a watched directory, as for :meth:`read_parquet`.
+        :param deprecated: deprecated, the event-time keywords of before
+            (:class:`~cutline.api.event_time.OldEventTimeKeywords`): give an ``EventTime``.
 
         Replayable: the offset in each checkpoint is, per file, the lines consumed (handed
         out or rejected); a restore passes over exactly those.
         """
-        time = (
-            event_time,
-            max_out_of_orderness,
-            idle_timeout,
-            event_time_unit,
-            max_watermark_jump,
-            watermarks,
-        )
+        time = event_time_of(name or "read_jsonl", event_time, deprecated)
         return self._files(
             path,
             JSONL,
@@ -457,12 +377,12 @@ class Sources(Dataflow):
         fmt: InputFormat,
         name: str | None,
         schema: pa.Schema | dict[str, Any] | None,
-        on_error: str,
+        on_error: OnError,
         rate_limit: float | None,
         *,
-        time: tuple[str | None, Any, Any, str | None, Any, Any] = (None, 0, None, None, None, None),
+        time: EventTime | None = None,
         columns: Sequence[str] | None = None,
-        monitor: Any = None,
+        monitor: Duration | None = None,
     ) -> DataStream:
         label = f"read_{fmt}"
         what = name or label
@@ -483,20 +403,21 @@ class Sources(Dataflow):
             warnings.warn(f"{what}({path}): {note}", InputWarning, stacklevel=3)
         assert source.schema is not None
         if chosen is not None:
-            if time[0] is not None and time[0] not in chosen and time[0] in source.schema.names:
+            column = time.column if time is not None else None
+            if column is not None and column not in chosen and column in source.schema.names:
                 raise ValueError(
-                    f"{what}({path}): event_time={time[0]!r} is not among the columns read "
+                    f"{what}({path}): event_time={column!r} is not among the columns read "
                     f"(columns={list(chosen)!r}): add it"
                 )
             source = replace(source, schema=_projection(what, path, source.schema, chosen))
         assert source.schema is not None
-        strategy = source_strategy(what, source.schema, *time)
+        made = strategy(what, time, source.schema)
         # what it reads, for its id: the files, and how they are read (as given)
         detail = fmt.detail()
         reads = f"{url} schema={schema!r} {detail}" if detail else f"{url} schema={schema!r}"
         if chosen is not None:
             reads += f" columns={list(chosen)!r}"
-        return self._source(source, label, reads, name, rate_limit, on_error, time=strategy)
+        return self._source(source, label, reads, name, rate_limit, on_error, time=made)
 
     def _source(
         self,
@@ -505,7 +426,7 @@ class Sources(Dataflow):
         reads: str,
         name: str | None,
         rate_limit: float | None,
-        on_error: str = "fail",
+        on_error: OnError = "fail",
         *,
         time: WatermarkStrategy | None = None,
     ) -> DataStream:
@@ -523,8 +444,8 @@ class Sources(Dataflow):
         operator = self._add(label, SourceLogic(source, time), [], name, on_error, reads)
         if rate_limit is not None:
             self._rate_limits[operator.uid] = float(rate_limit)
-        event_time = time.event_time if time is not None else None
-        return DataStream(self, operator, event_time, source.record_schema())
+        column = time.column if time is not None else None
+        return DataStream(self, operator, column, source.record_schema())
 
 
 def _column_names(what: str, columns: Sequence[str] | None) -> tuple[str, ...] | None:

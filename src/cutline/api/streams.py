@@ -29,17 +29,23 @@ second ``map(parse)`` on the same stream) are refused here, asking for ``name=``
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
+import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import pyarrow as pa
 
 from cutline.api.columns import check_flat, has_column
 from cutline.api.dataflow import Dataflow
-from cutline.api.event_time import common_time, watermark_generator
+from cutline.api.event_time import (
+    EventTime,
+    OldEventTimeKeywords,
+    common_time,
+    event_time_of,
+    strategy,
+)
 from cutline.api.outputs import Outputs
 from cutline.api.settings import location
 from cutline.api.window_all import ALL
@@ -47,8 +53,7 @@ from cutline.connectors.sink import FunctionSink, Sink
 from cutline.runtime.eventtime.assign import AssignTimestampsLogic
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.timers import TimeDomain
-from cutline.runtime.eventtime.timestamps import EventTime, EventTimeError, duration_ms
-from cutline.runtime.eventtime.watermarks import WatermarkGenerator, WatermarkStrategy
+from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.graph import Edge, GraphError, Operator
 from cutline.runtime.io.file_formats import (
     JSONL,
@@ -156,7 +161,7 @@ class DataStream(_Operators, Outputs):
         self,
         env: Dataflow,
         operator: Operator,
-        event_time: EventTime | None = None,
+        event_time: TimeColumn | None = None,
         schema: pa.Schema | None = None,
     ):
         self.env = env
@@ -195,61 +200,59 @@ class DataStream(_Operators, Outputs):
 
     def assign_timestamps(
         self,
-        column_or_fn: str | Callable[[Any], Any],
+        event_time: EventTime | str | Callable[[Any], Any] | None = None,
         *,
-        max_out_of_orderness: Any = 0,
-        idle_timeout: Any = None,
-        event_time_unit: str | None = None,
-        watermarks: WatermarkGenerator | None = None,
         name: str | None = None,
+        on_error: OnError = "fail",
+        **deprecated: Unpack[OldEventTimeKeywords],
     ) -> DataStream:
-        """This stream's records with event time, and watermarks made from it (for a stream
-        after a ``map``; a source takes ``event_time=`` instead, per split).
+        """This stream's records with event time, and watermarks made from it per subtask:
+        for a stream whose time is known only after a ``map`` (a source takes
+        ``event_time=`` instead, and makes them per split). Watermarks from upstream stop
+        here (but the end's).
 
-        :param column_or_fn: the column holding the event time (an Arrow timestamp, a
-            ``datetime`` or integers of epoch milliseconds, or of ``event_time_unit``), or a
-            function of the record that
-            returns it (records must be dicts: it is stored in their ``event_time`` field).
-        :param max_out_of_orderness: how late a record may come after a later one (a duration:
-            ``"2s"``, a ``timedelta`` or milliseconds). Each subtask makes its own watermarks
-            from the records it sees; those from upstream stop here (but the end's).
-        :param idle_timeout: a subtask that saw no record that long (processing time) stops
-            holding the watermark back downstream until it has records again (default: never).
+        :param event_time: :class:`~cutline.EventTime`, its column or a function of the
+            record; or a column's name or a function, short for ``EventTime(it)``. Its
+            ``idle_timeout`` left out is never.
+        :param name: the operator's name (and uid, which checkpoints know it by).
+        :param on_error: a record without event time (or whose function fails) fails the
+            job with ``"fail"``, or goes to the dead letters with ``"dead_letter"``, as does
+            then a record whose time jumps past ``EventTime(max_jump=)`` (with ``"fail"`` it
+            is warned about, and kept).
+        :param deprecated: ``max_out_of_orderness=``, ``idle_timeout=``,
+            ``event_time_unit=``, ``watermarks=``, and ``column_or_fn=`` (the first
+            argument's name before): deprecated, give them in :class:`~cutline.EventTime`.
         """
         what = name or "assign_timestamps"
-        bound = duration_ms(max_out_of_orderness or 0, f"{what}: max_out_of_orderness", zero=True)
-        if isinstance(column_or_fn, str):
-            if not column_or_fn:
-                raise ValueError(f"{what}: the event-time column must be a non-empty name")
-            column, fn, label = column_or_fn, None, f"assign_timestamps({column_or_fn})"
-        elif callable(column_or_fn):
-            column, fn = "event_time", column_or_fn
-            label = f"assign_timestamps({function_name(column_or_fn)})"
-        else:
+        old: dict[str, Any] = dict(deprecated)
+        if "column_or_fn" in old:
+            if event_time is not None:
+                raise TypeError(f"{what}: give the event time once (column_or_fn= is its old name)")
+            event_time = old.pop("column_or_fn")
+            warnings.warn(
+                "assign_timestamps(column_or_fn=...) is deprecated: pass the column or "
+                "EventTime(...) as the first argument",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        if event_time is None:
             raise TypeError(
-                f"{what}: assign_timestamps takes a column name or a function, not "
-                f"{type(column_or_fn).__name__}"
+                f"{what}: assign_timestamps needs the event time: EventTime('column', ...), "
+                "a column's name or a function of the record"
             )
-        idle = None if idle_timeout is None else duration_ms(idle_timeout, f"{what}: idle_timeout")
-        generator = watermark_generator(what, watermarks, bound)
-        try:
-            strategy = WatermarkStrategy(
-                EventTime(column, unit=event_time_unit),
-                bound,
-                None if idle is None else idle / 1000,
-                generator=generator,
-            )
-            if fn is None:
-                has_column(self.schema, column, what)
-                if self.schema is not None:
-                    found = self.schema.field(column).type
-                    typed = EventTime(column, 0, found, event_time_unit)
-                    strategy = dataclasses.replace(strategy, event_time=typed)
-        except EventTimeError as exc:
-            raise EventTimeError(f"{what}: {exc}") from None
-        stream = self.transform(label, AssignTimestampsLogic(strategy, fn), name=name)
-        stream.event_time = strategy.event_time
-        stream.schema = self.schema if fn is None else None
+        time = event_time_of(what, event_time, old, written="assign_timestamps({})", functions=True)
+        assert time is not None
+        if time.column is not None:
+            has_column(self.schema, time.column, what)
+        made = strategy(what, time, self.schema, functions=True)
+        assert made is not None
+        given = time.column_or_function
+        function = None if isinstance(given, str) else given
+        label = f"assign_timestamps({time.label})"
+        logic = AssignTimestampsLogic(made, function)
+        stream = self.transform(label, logic, name=name, on_error=on_error)
+        stream.event_time = made.column
+        stream.schema = self.schema if function is None else None
         return stream
 
     def key_by(self, key: str | Callable[[Any], Hashable]) -> KeyedStream:

@@ -11,12 +11,13 @@ import pyarrow as pa
 from cutline.api.columns import numeric_column, window_result_schema
 from cutline.api.streams import DataStream, _callable
 from cutline.api.window_all import ALL_COLUMN, with_window_all_key, without_window_all_key
+from cutline.runtime.durations import milliseconds
 from cutline.runtime.eventtime.aggregations import AggregateFunction, Aggregation, Kind
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, Window
 from cutline.runtime.eventtime.logic import WindowLogic
 from cutline.runtime.eventtime.output import LATE
 from cutline.runtime.eventtime.timers import TimeDomain
-from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
+from cutline.runtime.eventtime.timestamps import EventTimeError, TimeColumn
 from cutline.runtime.graph import Edge
 from cutline.runtime.operators import MapBatchesLogic, OnError, PassLogic, function_name
 
@@ -34,7 +35,7 @@ class WindowedStream:
         self,
         keyed: KeyedStream,
         assigner: Tumbling | Sliding | Session,
-        event_time: EventTime,
+        event_time: TimeColumn,
         lateness: int,
         time: TimeDomain = "event",
     ) -> None:
@@ -171,7 +172,7 @@ class WindowedStream:
         label = f"{kind}({self.assigner}{clock}).{what}"
         stream = keyed.transform(label, logic, name=name, on_error=on_error)
         # results carry event time window_end - 1 (Flink's): a second window regroups them
-        result_time = EventTime("window_end", -1, self.event_time.type, self.event_time.unit)
+        result_time = TimeColumn("window_end", -1, self.event_time.type, self.event_time.unit)
         schema = None
         if aggregation.builtin and not self.whole:
             schema = window_result_schema(
@@ -210,7 +211,9 @@ def _early(windowed: WindowedStream, early: Any, early_records: Any = None) -> W
     """``windowed`` firing early every ``early`` (a duration) and every ``early_records``
     records of a window, when given."""
     if early is not None:
-        windowed.early = duration_ms(early, f"window({windowed.assigner}): early")
+        windowed.early = milliseconds(
+            early, f"window({windowed.assigner}): early", keyword="early", error=EventTimeError
+        )
     if early_records is not None:
         if type(early_records) is not int or early_records < 1:
             raise ValueError(

@@ -52,7 +52,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 
-from cutline.api import StreamEnvironment, Tumbling, WindowedResult
+from cutline.api import EventTime, StreamEnvironment, Tumbling, WindowedResult
 
 START = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
 """When the clicks begin (event time)."""
@@ -134,9 +134,11 @@ def clicks_per_minute(env: StreamEnvironment, clicks: Path) -> WindowedResult:
     """The job: per user, the clicks of each minute of event time."""
     stream = env.read_jsonl(
         clicks,
-        event_time="ts",  # ISO-8601 text to whole seconds: read as a timestamp
-        max_out_of_orderness="2s",
-        idle_timeout="30s",  # a file without clicks that long stops holding the watermark back
+        event_time=EventTime(
+            "ts",  # ISO-8601 text to whole seconds: read as a timestamp
+            max_out_of_orderness="2s",
+            idle_timeout="30s",  # a file without clicks that long stops holding the watermark back
+        ),
         name="clicks",
     )
     return stream.key_by("user").window(Tumbling("1 min")).count(name="per_minute")

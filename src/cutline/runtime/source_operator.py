@@ -47,6 +47,7 @@ from cutline.protocol.splits import (
     merge_split_states,
 )
 from cutline.protocol.watermarks import SplitWatermarks, WatermarkAction, lowest_after
+from cutline.runtime.durations import said_ms
 from cutline.runtime.eventtime.timestamps import EventTimeError
 from cutline.runtime.eventtime.watermarks import (
     WatermarkGenerator,
@@ -98,7 +99,7 @@ class SourceOperator:
         """Whether the first event times were looked at (seconds read as milliseconds?)."""
         if strategy is not None:
             self.generator = SplitWatermarks(
-                strategy.bound, strategy.idle_timeout, bounded=source.bounded
+                strategy.bound_ms, strategy.idle_timeout_s, bounded=source.bounded
             )
             if not source.watermarks_per_split:
                 self.generator.split_added(ALL)
@@ -133,11 +134,11 @@ class SourceOperator:
                     key = ALL if not self.source.watermarks_per_split else split
                     assert key is not None and self.strategy is not None
                     try:
-                        times, missing = self.strategy.event_time.timestamps(batch)
+                        times, missing = self.strategy.column.timestamps(batch)
                     except EventTimeError as exc:
                         raise SourceError(f"source {self.name}: {exc}") from None
                     values = times if missing is None else times[~missing]
-                    if self.strategy.max_jump is not None and len(values):
+                    if self.strategy.max_jump_ms is not None and len(values):
                         batch, values = self._without_jumps(key, batch, split, times, missing)
                     if len(values):
                         highest = int(values.max())
@@ -145,7 +146,7 @@ class SourceOperator:
                         self.watermarks += self._promise(key, batch, values, highest)
                         if not self._unit_checked:
                             self._unit_checked = True
-                            said = self.strategy.event_time.seconds_like(values)
+                            said = self.strategy.column.seconds_like(values)
                             if said is not None:
                                 self._warn(f"source {self.name}: {said}")
                 return batch if len(batch) else None
@@ -174,7 +175,7 @@ class SourceOperator:
         if mine is None:
             mine = self._generators[key] = copy.deepcopy(prototype)
         try:
-            promise = promise_after(mine, self.strategy.event_time, batch, values)
+            promise = promise_after(mine, self.strategy.column, batch, values)
         except Exception as exc:
             raise SourceError(
                 f"source {self.name}: its watermark generator {prototype!r} failed: "
@@ -191,15 +192,15 @@ class SourceOperator:
         missing: np.ndarray | None,
     ) -> tuple[Any, Any]:
         """The batch without the records whose time (``times``, ``missing`` where it has
-        none) jumps more than ``max_watermark_jump`` ahead of their split
+        none) jumps more than ``max_jump`` ahead of their split
         (:func:`~cutline.runtime.eventtime.watermarks.jumps`), which go to the dead letters
         (``on_error="dead_letter"``); else all of it, and a warning, once per split. Returns
         the batch and its present times."""
         strategy = self.strategy
-        assert strategy is not None and strategy.max_jump is not None
+        assert strategy is not None and strategy.max_jump_ms is not None
         present = np.ones(len(times), dtype=bool) if missing is None else ~missing
         jumped = np.zeros(len(times), dtype=bool)
-        jumped[present] = jumps(times[present], self._latest.get(key), strategy.max_jump)
+        jumped[present] = jumps(times[present], self._latest.get(key), strategy.max_jump_ms)
         if not jumped.any():
             return batch, times[present]
         where = f"split {split}" if split is not None else "its records"
@@ -207,8 +208,8 @@ class SourceOperator:
         since = "the others of its batch" if latest is None else f"its latest ({_utc(latest)})"
         first = int(times[jumped].min())
         why = (
-            f"event time {_utc(first)} jumps more than max_watermark_jump="
-            f"{strategy.max_jump} ms ahead of {since}"
+            f"event time {_utc(first)} jumps more than max_jump="
+            f"{said_ms(strategy.max_jump_ms)} ahead of {since}"
         )
         if self.context.rejected is None:
             if key not in self._jumped:
@@ -349,7 +350,7 @@ class SourceOperator:
         reader knows it, else what its first records and the bound allow."""
         strategy = self.strategy
         assert strategy is not None
-        column = strategy.event_time
+        column = strategy.column
         if column.offset == 0:
             lowest = self._call(
                 "give a split's lowest timestamp",
@@ -369,7 +370,7 @@ class SourceOperator:
         values = column.present(head)
         if not len(values):
             return None
-        return lowest_after(int(values.min()), int(values.max()), strategy.bound)
+        return lowest_after(int(values.min()), int(values.max()), strategy.bound_ms)
 
     def _check_records(self, batch: Any, split: str | None) -> None:
         if not hasattr(batch, "__len__"):

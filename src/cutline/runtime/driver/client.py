@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import math
 import os
 import queue
 import secrets
@@ -22,6 +23,7 @@ from typing import Any
 
 import fsspec
 
+from cutline.runtime.durations import Duration, seconds
 from cutline.runtime.network.net import Acceptor
 
 JOB_FILE = "_job.json"
@@ -167,15 +169,20 @@ class JobClient:
         target: str | os.PathLike[str] | None = None,
         *,
         stop: bool = False,
-        timeout: float = 600.0,
+        timeout: Duration = "10min",
     ) -> str:
         """Take a savepoint and return its folder (a URL or path).
 
         :param target: the directory to put it in (default: ``CHECKPOINT_DIR/savepoints``).
         :param stop: stop the job once the savepoint is complete: the sources stop reading,
             everything read before it is processed and published, and ``execute()`` returns.
+        :param timeout: how long to wait for it (a duration: ``"30s"``, a ``timedelta``, or a
+            number of seconds).
         :raises JobClientError: no job answers, or the savepoint failed (the message says why).
         """
+        wait = seconds(timeout, "savepoint: timeout")
+        if wait is None or not 0 < wait < math.inf:
+            raise ValueError(f"savepoint: timeout must be a positive duration, not {timeout!r}")
         request = {
             "kind": "savepoint",
             "token": self._info.get("token"),
@@ -185,7 +192,7 @@ class JobClient:
         address = (str(self._info.get("host")), int(self._info.get("port", 0)))
         try:
             with socket.create_connection(address, timeout=10.0) as conn:
-                conn.settimeout(timeout)
+                conn.settimeout(wait)
                 conn.sendall(json.dumps(request).encode() + b"\n")
                 answer = _read_line(conn)
         except OSError as exc:

@@ -2,8 +2,9 @@
 record belongs to, what a window computes, when it fires and when it is past, and what it
 keeps.
 
-* ``timestamps.py``: :class:`EventTime` (a column of Arrow timestamps or epoch
-  milliseconds, read as int64 ms), ``duration_ms``, :class:`EventTimeError`;
+* ``timestamps.py``: :class:`TimeColumn` (a column of Arrow timestamps or epoch
+  milliseconds, read as int64 ms), :class:`EventTimeError` (durations are read by
+  :mod:`cutline.runtime.durations`, in whole milliseconds here);
 * ``watermarks.py``: :class:`WatermarkStrategy` (what a source or ``assign_timestamps``
   makes watermarks from);
 * ``assign.py``: ``assign_timestamps``;

@@ -5,6 +5,7 @@ that has no event time where one is needed (:func:`without_time`)."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from cutline.protocol.watermarks import MAX_WATERMARK, EmitWatermark, SplitWatermarks
-from cutline.runtime.eventtime.watermarks import WatermarkStrategy, promise_after
+from cutline.runtime.durations import said_ms
+from cutline.runtime.eventtime.watermarks import WatermarkStrategy, jumps, promise_after
 from cutline.runtime.operators import (
     Batch,
     Logic,
@@ -24,6 +26,15 @@ from cutline.runtime.operators import (
     _repr,
     rows,
 )
+
+
+def _utc(ms: int) -> str:
+    """An event time for a message: its UTC date and time."""
+    try:
+        moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
+    except OverflowError:
+        return f"{ms} ms after the epoch"
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def without_time(
@@ -60,11 +71,17 @@ class _AssignTimestamps(RunningOperator):
     def __init__(self, logic: AssignTimestampsLogic, ctx: OperatorContext) -> None:
         self.logic, self.ctx = logic, ctx
         strategy = logic.strategy
-        self.clock: SplitWatermarks[str] = SplitWatermarks(strategy.bound, strategy.idle_timeout)
+        self.clock: SplitWatermarks[str] = SplitWatermarks(
+            strategy.bound_ms, strategy.idle_timeout_s
+        )
         self.clock.split_added("records")
         self._pending: int | None = None
         self._status: bool | None = None
         self._unit_checked = False
+        self._latest: int | None = None
+        """The latest time of a record so far (for jumps past ``max_jump_ms``)."""
+        self._jumped = False
+        """Whether a jump was warned about (once)."""
         prototype = strategy.generator
         self.generator = None if prototype is None else copy.deepcopy(prototype)
 
@@ -76,7 +93,7 @@ class _AssignTimestamps(RunningOperator):
                 self._status = action.idle
 
     def on_processing_time(self, now_ms: int) -> Batch | None:
-        if self.logic.strategy.idle_timeout is not None:
+        if self.logic.strategy.idle_timeout_s is not None:
             self._take_actions(self.clock.tick(now_ms / 1000))
         return None
 
@@ -85,7 +102,7 @@ class _AssignTimestamps(RunningOperator):
         return status
 
     def process(self, batch: Batch) -> Batch | None:
-        fn, event_time = self.logic.fn, self.logic.strategy.event_time
+        fn, event_time = self.logic.fn, self.logic.strategy.column
         if fn is not None:
             out = []
             for record in rows(batch):
@@ -108,11 +125,15 @@ class _AssignTimestamps(RunningOperator):
             raise RecordError(str(exc)) from None
         if missing is not None:
             batch, values = without_time(batch, values, missing, event_time.column, self.ctx)
+        if self.logic.strategy.max_jump_ms is not None and len(values):
+            batch, values = self._without_jumps(batch, values)
         if len(values):
+            highest = int(values.max())
+            self._latest = highest if self._latest is None else max(self._latest, highest)
             now_s = time.time()
             generator = self.generator
             if generator is None:
-                self._take_actions(self.clock.records("records", int(values.max()), now_s))
+                self._take_actions(self.clock.records("records", highest, now_s))
             else:
                 promise = promise_after(generator, event_time, batch, values)
                 self._take_actions(self.clock.promised("records", promise, now_s))
@@ -122,6 +143,38 @@ class _AssignTimestamps(RunningOperator):
                 if said is not None and self.ctx.warn is not None:
                     self.ctx.warn(f"{self.ctx.name}: {said}")
         return batch
+
+    def _without_jumps(self, batch: Batch, values: np.ndarray) -> tuple[Batch, np.ndarray]:
+        """The batch without the records whose time jumps more than ``max_jump_ms`` ahead of
+        the latest so far (:func:`~cutline.runtime.eventtime.watermarks.jumps`), which go to
+        the dead letters with ``on_error="dead_letter"``; else all of it, and a warning,
+        once."""
+        bound = self.logic.strategy.max_jump_ms
+        assert bound is not None
+        jumped = jumps(values, self._latest, bound)
+        if not jumped.any():
+            return batch, values
+        since = "the others of its batch" if self._latest is None else "the latest before it"
+        why = (
+            f"event time {_utc(int(values[jumped].min()))} jumps more than "
+            f"max_jump={said_ms(bound)} ahead of {since}"
+        )
+        if self.ctx.on_error != "dead_letter":
+            if not self._jumped and self.ctx.warn is not None:
+                self._jumped = True
+                self.ctx.warn(
+                    f"{self.ctx.name}: {int(jumped.sum())} record(s) whose {why}: the watermark "
+                    "follows them and later records may be late (on_error='dead_letter' sends "
+                    "such records to the dead letters instead)"
+                )
+            return batch, values
+        records = rows(batch)
+        for index in np.flatnonzero(jumped).tolist():
+            self.ctx.fail(records[index], RecordError(why))
+        kept = ~jumped
+        if isinstance(batch, pa.RecordBatch):
+            return batch.filter(pa.array(kept)), values[kept]
+        return [r for r, keep in zip(records, kept.tolist(), strict=True) if keep], values[kept]
 
     def on_watermark(self, watermark: int) -> Batch | None:
         if watermark == MAX_WATERMARK:  # the end of the input: everything fires downstream

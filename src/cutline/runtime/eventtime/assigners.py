@@ -1,7 +1,8 @@
 """Window assigners: which windows a record belongs to (what ``keyed.window(...)`` takes).
 
-Sizes are durations (``"10s"``, ``"1 min"``, a ``timedelta`` or milliseconds); windows are
-aligned to the epoch, as in Flink, or to local midnight in a time zone:
+Sizes are durations (``"10s"``, ``"1 min"``, a ``timedelta``, or a number of seconds; see
+:mod:`cutline.runtime.durations`), kept as whole milliseconds once made; windows are aligned
+to the epoch, as in Flink, or to local midnight in a time zone:
 
 * :class:`Tumbling` ``(size)``: ``[start, start + size)``, every record in exactly one;
   ``Tumbling(size, time_zone=...)``: the windows of a zone's local clock, whose lengths
@@ -25,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from cutline.runtime.durations import Duration, milliseconds, said_ms
 from cutline.runtime.eventtime import zones
-from cutline.runtime.eventtime.timestamps import EventTimeError, duration_ms
+from cutline.runtime.eventtime.timestamps import EventTimeError
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class Tumbling:
     """The zone whose local clock the windows follow (``"America/New_York"``); see above."""
 
     def __post_init__(self) -> None:
-        size = duration_ms(self.size, "Tumbling size")
+        size = _ms(self.size, "Tumbling: size")
         shown = f"Tumbling({_shown(size)})"
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "offset", _offset(self.offset, size, shown))
@@ -109,8 +111,8 @@ class Sliding:
     offset: Any = field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
-        size = duration_ms(self.size, "Sliding size")
-        every = duration_ms(self.every, "Sliding every")
+        size = _ms(self.size, "Sliding: size")
+        every = _ms(self.every, "Sliding: every")
         shown = f"Sliding({_shown(size)}, every={_shown(every)})"
         if every > size:
             raise EventTimeError(
@@ -142,7 +144,7 @@ def _check_zone(zone: Any, shown: str) -> None:
 def _offset(value: Any, period: int, shown: str) -> int:
     """An offset of windows that start every ``period`` ms: at least 0 and less than it (an
     offset of ``-5h`` for days is ``19h``: the windows are the same)."""
-    offset = duration_ms(value, f"{shown}: offset", zero=True)
+    offset = _ms(value, f"{shown}: offset", zero=True, keyword="offset")
     if offset >= period:
         raise EventTimeError(
             f"{shown}: offset={_shown(offset)} must be less than {_shown(period)} (an offset "
@@ -158,7 +160,7 @@ class Session:
     gap: Any
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "gap", duration_ms(self.gap, "Session gap"))
+        object.__setattr__(self, "gap", _ms(self.gap, "Session: gap"))
 
     def __str__(self) -> str:
         return f"Session(gap={_shown(self.gap)})"
@@ -167,11 +169,12 @@ class Session:
 Assigner = Tumbling | Sliding | Session
 
 
-def _shown(ms: int) -> str:
-    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
+_shown = said_ms
+
+
+def _ms(value: Duration, what: str, *, zero: bool = False, keyword: str | None = None) -> int:
+    """A window's length in milliseconds (:func:`~cutline.runtime.durations.milliseconds`)."""
+    return milliseconds(value, what, zero=zero, keyword=keyword, error=EventTimeError)
 
 
 def assign(assigner: Tumbling | Sliding, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

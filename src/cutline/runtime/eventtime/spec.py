@@ -9,7 +9,7 @@ from typing import Any
 
 from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import TimeColumn
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class WindowSpec:
     assigner: Tumbling | Sliding | Session
     aggregation: Aggregation
     key: str | Callable[[Any], Hashable]
-    event_time: EventTime
+    event_time: TimeColumn
     allowed_lateness: int = 0
     time: str = "event"
     """``"event"``: windows of the records' event time, fired by watermarks;

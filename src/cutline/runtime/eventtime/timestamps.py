@@ -1,20 +1,19 @@
-"""Event time in the runtime: durations, and where a record's timestamp is.
+"""Event time in the runtime: where a record's timestamp is (:class:`TimeColumn`).
 
 A record's **event time** is a column (or field) of it: an Arrow timestamp (any unit, any time
 zone) or integers of epoch milliseconds, as in Flink. Inside cutline every timestamp and
 watermark is an integer of epoch milliseconds; what goes back into records (a window's
 ``window_start`` and ``window_end``) is given the column's own type again
-(:meth:`EventTime.to_column`). Anything else in an event-time column is refused naming the
+(:meth:`TimeColumn.to_column`). Anything else in an event-time column is refused naming the
 column and the type found.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -28,63 +27,19 @@ from cutline.protocol.watermarks import (
 __all__ = [
     "MAX_WATERMARK",
     "MIN_WATERMARK",
-    "EventTime",
     "EventTimeError",
-    "duration_ms",
+    "TimeColumn",
+    "TimeUnit",
 ]
 
-_UNITS = {
-    "ms": 1,
-    "millisecond": 1,
-    "milliseconds": 1,
-    "s": 1000,
-    "sec": 1000,
-    "second": 1000,
-    "seconds": 1000,
-    "m": 60_000,
-    "min": 60_000,
-    "minute": 60_000,
-    "minutes": 60_000,
-    "h": 3_600_000,
-    "hour": 3_600_000,
-    "hours": 3_600_000,
-    "d": 86_400_000,
-    "day": 86_400_000,
-    "days": 86_400_000,
-}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+TimeUnit: TypeAlias = Literal["s", "ms", "us", "ns"]
+"""What integer times count since the epoch (seconds, milliseconds, micro- or nanoseconds)."""
 
 
 class EventTimeError(ValueError):
     """An event-time setting or column that cannot be used (named in the message)."""
-
-
-def duration_ms(value: Any, what: str, *, zero: bool = False) -> int:
-    """``value`` in milliseconds: ``"10s"``, ``"1 min"``, ``"500ms"``, ``"2h"``, a
-    ``datetime.timedelta``, or an integer of milliseconds. ``what`` names the setting in the
-    error; ``zero``: whether 0 is allowed."""
-    if isinstance(value, dt.timedelta):
-        ms = value / dt.timedelta(milliseconds=1)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        ms = value
-    elif isinstance(value, str) and (match := _DURATION.fullmatch(value.lower())):
-        number, unit = match.groups()
-        if unit not in _UNITS:
-            raise EventTimeError(
-                f"{what}={value!r}: unknown unit {unit!r} (use ms, s, min, h or d, e.g. '10s')"
-            )
-        ms = float(number) * _UNITS[unit]
-    else:
-        raise EventTimeError(
-            f"{what}={value!r}: give a duration such as '10s', '1 min' or '500ms', a "
-            "datetime.timedelta, or an integer of milliseconds"
-        )
-    if ms != int(ms):
-        raise EventTimeError(f"{what}={value!r} is not a whole number of milliseconds")
-    if ms < 0 or (ms == 0 and not zero):
-        raise EventTimeError(f"{what}={value!r} must be {'0 or more' if zero else 'positive'}")
-    return int(ms)
 
 
 def _unit_of(type_: pa.DataType) -> str | None:
@@ -110,17 +65,18 @@ def check_time_type(column: str, type_: pa.DataType) -> None:
         )
 
 
-UNITS = {"s": 1000.0, "ms": 1.0, "us": 1 / 1000, "ns": 1 / 1_000_000}
-"""The units integer times may count (``event_time_unit=``), in milliseconds each."""
+UNITS: dict[TimeUnit, float] = {"s": 1000.0, "ms": 1.0, "us": 1 / 1000, "ns": 1 / 1_000_000}
+"""The units integer times may count (``EventTime(..., unit=)``), in milliseconds each."""
+assert set(UNITS) == set(get_args(TimeUnit))
 SECONDS_LIKE = (10**8, 10**11)
 """Integers in this range read as epoch milliseconds fall in 1970-1973; as seconds, in 1973
 to 5138: times that look like seconds (a warning says so when no unit was given)."""
 
 
 @dataclass(frozen=True)
-class EventTime:
+class TimeColumn:
     """Where a record's event time is: column ``column``, plus ``offset`` milliseconds (a
-    window's results carry ``window_end - 1``: ``EventTime("window_end", -1)``); ``type`` is
+    window's results carry ``window_end - 1``: ``TimeColumn("window_end", -1)``); ``type`` is
     the column's Arrow type when known when the job is built (``None``: found from the
     records); ``unit`` what integer times count (``s``, ``ms``, ``us``, ``ns``; ``None``:
     milliseconds, as nobody said)."""
@@ -128,19 +84,19 @@ class EventTime:
     column: str
     offset: int = 0
     type: pa.DataType | None = None
-    unit: str | None = None
+    unit: TimeUnit | None = None
 
     def __post_init__(self) -> None:
         if self.unit is not None and self.unit not in UNITS:
             raise EventTimeError(
-                f"event_time_unit={self.unit!r}: use 's', 'ms', 'us' or 'ns' (what the integer "
+                f"unit={self.unit!r}: use 's', 'ms', 'us' or 'ns' (what the integer "
                 f"times of {self.column!r} count since the epoch)"
             )
         if self.type is not None:
             check_time_type(self.column, self.type)
             if self.unit is not None and not pa.types.is_integer(self.type):
                 raise EventTimeError(
-                    f"event_time_unit={self.unit!r} is for integer times: the column "
+                    f"unit={self.unit!r} is for integer times: the column "
                     f"{self.column!r} is {self.type}, which says its unit itself"
                 )
 
@@ -168,8 +124,8 @@ class EventTime:
         when = (_EPOCH + dt.timedelta(milliseconds=highest)).strftime("%Y-%m-%d %H:%M:%S UTC")
         return (
             f"event_time={self.column!r} holds integers like {highest}, read as epoch "
-            f"milliseconds: {when}; if they count seconds, give event_time_unit='s' (or "
-            "event_time_unit='ms' to say they are milliseconds)"
+            f"milliseconds: {when}; if they count seconds, give EventTime({self.column!r}, "
+            "unit='s') (or unit='ms' to say they are milliseconds)"
         )
 
     def timestamps(self, batch: Any) -> tuple[np.ndarray, np.ndarray | None]:

@@ -1,12 +1,12 @@
-"""How watermarks are made: :class:`WatermarkStrategy` is what ``event_time=``,
-``max_out_of_orderness=``, ``watermarks=``, ``idle_timeout=`` and ``max_watermark_jump=``
-say (Flink's ``WatermarkStrategy``); a source subtask's watermarks are made from it by
+"""How watermarks are made: :class:`WatermarkStrategy` is what a source's or
+``assign_timestamps``' :class:`~cutline.EventTime` says, checked against the stream's columns
+(Flink's ``WatermarkStrategy``); a source subtask's watermarks are made from it by
 :class:`~cutline.runtime.source_operator.SourceOperator`. A split's watermark follows its
 records by bounded out-of-orderness, or by a :class:`WatermarkGenerator` of the user's
 (:class:`BoundedOutOfOrderness` and :class:`Monotonous` are two).
 
 **Jumps.** One record from the year 9999 among records of 2024 moves its split's watermark to
-9999, and every later record of the split is late. With ``max_watermark_jump``, a record whose
+9999, and every later record of the split is late. With ``max_jump``, a record whose
 time is more than that above the split's latest time so far (or, in its first records, above
 the bulk of them) with nothing in between is a **jump** (:func:`jumps`): the source
 warns, naming it, or (``on_error="dead_letter"``) sends it to the dead letters, so that it
@@ -15,18 +15,21 @@ never moves the watermark.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from cutline.runtime.eventtime.timestamps import EventTime, duration_ms
+from cutline.runtime.durations import Duration, milliseconds, said_ms
+from cutline.runtime.eventtime.timestamps import EventTimeError, TimeColumn
 
 
 class WatermarkGenerator:
     """How a split's watermark follows its records (Flink's ``WatermarkGenerator``): give an
-    instance as ``watermarks=`` to a source (one copy per split) or to ``assign_timestamps``.
+    instance as ``EventTime(..., watermarks=)`` to a source (one copy per split) or to
+    ``assign_timestamps``.
     Override :meth:`on_event` to see every record with its time (a record at a time: slower),
     or :meth:`on_events` for a batch's times at once; :meth:`on_periodic_emit` says the
     watermark promised now, after every batch: no record at or before it is to come. It must
@@ -51,12 +54,27 @@ class WatermarkGenerator:
 
 
 class BoundedOutOfOrderness(WatermarkGenerator):
-    """Records come at most ``bound`` behind the latest one (``max_out_of_orderness=``: a
-    duration or milliseconds): the watermark is the latest time minus the bound, minus 1."""
+    """Records come at most ``bound`` behind the latest one (a duration: ``"2s"``,
+    ``"500ms"``, a ``timedelta``, or a number of seconds; as ``max_out_of_orderness=``): the
+    watermark is the latest time minus the bound, minus 1 ms.
 
-    def __init__(self, bound: Any = 0) -> None:
-        self.bound = duration_ms(bound, "BoundedOutOfOrderness bound", zero=True)
+    :ivar bound_ms: the bound, in milliseconds."""
+
+    def __init__(self, bound: Duration = 0) -> None:
+        self.bound_ms = milliseconds(
+            bound, "BoundedOutOfOrderness: bound", zero=True, error=EventTimeError
+        )
         self.highest: int | None = None
+
+    @property
+    def bound(self) -> int:
+        """Deprecated: ``bound_ms``."""
+        warnings.warn(
+            "BoundedOutOfOrderness.bound is deprecated: read bound_ms (milliseconds)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.bound_ms
 
     def on_events(self, timestamps: np.ndarray) -> None:
         if len(timestamps):
@@ -64,10 +82,10 @@ class BoundedOutOfOrderness(WatermarkGenerator):
             self.highest = latest if self.highest is None else max(self.highest, latest)
 
     def on_periodic_emit(self) -> int | None:
-        return None if self.highest is None else self.highest - self.bound - 1
+        return None if self.highest is None else self.highest - self.bound_ms - 1
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.bound})"
+        return f"{type(self).__name__}({said_ms(self.bound_ms)!r})"
 
 
 class Monotonous(BoundedOutOfOrderness):
@@ -82,15 +100,17 @@ class Monotonous(BoundedOutOfOrderness):
 
 @dataclass(frozen=True)
 class WatermarkStrategy:
-    """How a source (or ``assign_timestamps``) makes watermarks: the records' event time, how
-    far out of order they come (``bound``, ms), after how long without records a split is
-    idle (``idle_timeout``, seconds; ``None``: never), and how far a record may jump ahead
-    of its split (``max_jump``, ms; ``None``: any distance)."""
+    """How a source (or ``assign_timestamps``) makes watermarks, in the runtime's units: the
+    records' time column, how far out of order they come (``bound_ms``), after how long of
+    processing time without records a split is idle (``idle_timeout_s``, seconds; ``None``:
+    never), and how far a record may jump ahead of its split (``max_jump_ms``; ``None``: any
+    distance). Made from the user's :class:`~cutline.EventTime` by
+    ``cutline.api.event_time.strategy``."""
 
-    event_time: EventTime
-    bound: int = 0
-    idle_timeout: float | None = None
-    max_jump: int | None = None
+    column: TimeColumn
+    bound_ms: int = 0
+    idle_timeout_s: float | None = None
+    max_jump_ms: int | None = None
     generator: WatermarkGenerator | None = None
     """A generator of the user's (``watermarks=``), a copy per split; ``None``: bounded
     out-of-orderness by ``bound``."""
@@ -113,7 +133,7 @@ def jumps(values: np.ndarray, latest: int | None, bound: int) -> np.ndarray:
 
 
 def promise_after(
-    generator: WatermarkGenerator, event_time: EventTime, batch: Any, times: np.ndarray
+    generator: WatermarkGenerator, event_time: TimeColumn, batch: Any, times: np.ndarray
 ) -> int | None:
     """Show ``generator`` a batch (each record with its time, or the batch's ``times`` at
     once, as it asks) and return the watermark it promises after it."""
