@@ -65,6 +65,9 @@ MODES = ["aligned", "unaligned", "aligned-timeout", "at_least_once", "aligned-co
 checkpoints in flight, often, incremental with a full one every third), and one aligned run
 on local Spark."""
 
+pytestmark = pytest.mark.xdist_group("checkpoint-stats")
+"""Every test of the module on one worker: each mode's job (a module fixture) runs once."""
+
 
 def with_key(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Adds the column ``key`` (the value's lowest four bits)."""

@@ -19,7 +19,9 @@ from cutline.demo import WorkerKiller
 from ledger import Journal, Ledger, journal
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    "seed", [0, pytest.param(1, marks=pytest.mark.slow)]
+)  # (seed 1: make soak)
 def test_a_connector_is_read_exactly_once_through_a_sigkill_at_a_random_moment(
     spark, tmp_path: Path, seed: int
 ) -> None:

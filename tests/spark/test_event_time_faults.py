@@ -92,7 +92,9 @@ def _random_kill(rng: random.Random, clicks: Clicks) -> tuple[WorkerKiller, int]
     return killer, rng.randrange(per_subtask // 4, 3 * per_subtask // 4)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    "seed", [0, pytest.param(1, marks=pytest.mark.slow)]
+)  # (seed 1: make soak)
 @pytest.mark.parametrize("kind", VECTORIZED)
 def test_a_sigkill_at_a_random_moment_publishes_each_window_once(
     spark, tmp_path: Path, kind: str, seed: int
