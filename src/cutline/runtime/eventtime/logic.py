@@ -19,6 +19,7 @@ from cutline.runtime.eventtime.sliced_windows import SlicedWindows
 from cutline.runtime.eventtime.spec import WindowSpec
 from cutline.runtime.eventtime.store import StoreContext, WindowStore
 from cutline.runtime.operators import Logic, OperatorContext
+from cutline.runtime.state.config import Backend
 
 
 class Storage(enum.Enum):
@@ -42,7 +43,7 @@ class WindowLogic(WindowSpec, Logic):
     def open(self, ctx: OperatorContext, state: Any) -> WindowOperator:
         return WindowOperator(self, ctx, state, self.layout(ctx.state.backend))
 
-    def storage(self, backend: str) -> Storage:
+    def storage(self, backend: Backend) -> Storage:
         """Where the windows are kept on state backend ``backend``: as columns (memory) or runs
         (disk) for a built-in of a key column without ``early_records`` (its counts per key
         and window are keyed state), else in keyed state."""
@@ -50,15 +51,15 @@ class WindowLogic(WindowSpec, Logic):
             self.aggregation.builtin and isinstance(self.key, str) and self.early_records is None
         ):
             return Storage.KEYED
-        match backend:
-            case "disk":
+        match Backend(backend):
+            case Backend.DISK:
                 return Storage.RUNS
-            case "memory":
+            case Backend.MEMORY:
                 return Storage.COLUMNS
-            case _:
-                raise ValueError(f"no state backend {backend!r}: 'memory' or 'disk'")
+            case unknown:
+                assert_never(unknown)
 
-    def layout(self, backend: str) -> Callable[[StoreContext], WindowStore]:
+    def layout(self, backend: Backend) -> Callable[[StoreContext], WindowStore]:
         """The window store, a bucketing (the assigner's: tumbling, sliding, sessions) kept in
         the storage :meth:`storage` chooses; sessions on disk are kept in keyed state."""
         storage, assigner = self.storage(backend), self.assigner
