@@ -33,7 +33,7 @@ from cutline.runtime.eventtime.aggregations import Aggregation
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.eventtime.logic import Storage, WindowLogic
 from cutline.runtime.eventtime.operator import WindowOperator
-from cutline.runtime.eventtime.timestamps import EventTime
+from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.operators import OperatorContext
 from cutline.runtime.state.config import StateConfig
 
@@ -97,7 +97,7 @@ def test_a_store_holds_no_reference_to_its_operator(
         if aggregation == "sum"
         else Aggregation("reduce", fn=lambda a, b: {**a, "n": a["n"] + b["n"]})
     )
-    logic = WindowLogic(assigner, agg, "user", EventTime("ts", 0, pa.int64()), 5)
+    logic = WindowLogic(assigner, agg, "user", TimeColumn("ts", 0, pa.int64()), 5)
     ctx = OperatorContext(
         "w", 0, 1, 128, 1, state=StateConfig(backend=backend, local_dir=str(tmp_path))
     )
@@ -131,7 +131,7 @@ def test_the_stores_are_single_inheritance_and_pair_a_bucketing_with_a_storage()
     }
     for (storage, kind), (store, bucket, kept) in pairs.items():
         assigner = kind(10) if kind is Tumbling else kind(20, 10)
-        logic = WindowLogic(assigner, Aggregation("count"), "user", EventTime("ts", 0))
+        logic = WindowLogic(assigner, Aggregation("count"), "user", TimeColumn("ts", 0))
         backend = "memory" if storage is Storage.COLUMNS else "disk"
         assert logic.storage(backend) is storage
         ctx = OperatorContext("w", 0, 1, 128, 1, state=StateConfig(backend=backend))
