@@ -154,7 +154,7 @@ def test_object_addresses_do_not_make_two_failures_differ() -> None:
     ("make", "message"),
     [
         (lambda: FixedDelay(-1), "FixedDelay: attempts must be an integer of 0 or more, not -1"),
-        (lambda: FixedDelay(1, "soon"), "FixedDelay: delay: 'soon' is not a duration"),
+        (lambda: FixedDelay(1, "soon"), "FixedDelay: delay='soon' is not a duration"),
         (
             lambda: ExponentialDelay(initial="2min", maximum="1min"),
             r"maximum \(1 min\) must be at least initial \(2 min\)",

@@ -64,7 +64,7 @@ def test_a_group_reads_its_durations_and_places_when_made() -> None:
     ("make", "message"),
     [
         (lambda: Checkpoints(interval=0), "Checkpoints.interval must be a finite duration greater"),
-        (lambda: Checkpoints(timeout="soon"), "Checkpoints.timeout: 'soon' is not a duration"),
+        (lambda: Checkpoints(timeout="soon"), "Checkpoints.timeout='soon' is not a duration"),
         (lambda: Checkpoints(min_pause=-1), "Checkpoints.min_pause must be a finite duration of 0"),
         (lambda: Checkpoints(tolerable_failures=-1), "Checkpoints.tolerable_failures must be an"),
         (lambda: Checkpoints(retained=0), "Checkpoints.retained must be an integer of 1 or more"),
