@@ -90,7 +90,7 @@ def test_an_incremental_checkpoint_writes_only_the_runs_made_since_its_base(wind
     job.close()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)  # (make soak: 300, below)
 @given(
     seed=st.integers(0, 2**32 - 1),
     kind=st.sampled_from(["sum", "min", "max", "mean"]),
@@ -142,6 +142,19 @@ def test_compaction_never_merges_what_a_later_increment_needs_apart(
         job.close()
     finally:
         run_windows.MOST_RUNS = most
+
+
+@pytest.mark.slow
+def test_compaction_never_merges_what_a_later_increment_needs_apart_soak() -> None:
+    """``make soak``: the property above over 300 examples."""
+    inner = test_compaction_never_merges_what_a_later_increment_needs_apart
+    settings(max_examples=300, deadline=None, database=None)(
+        given(
+            seed=st.integers(0, 2**32 - 1),
+            kind=st.sampled_from(["sum", "min", "max", "mean"]),
+            windows=st.sampled_from(["tumbling", "sliding"]),
+        )(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
+    )()
 
 
 def expected(records: list[dict[str, Any]], kind: str, windows: str) -> dict[tuple[str, int], Any]:

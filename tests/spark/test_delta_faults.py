@@ -82,7 +82,9 @@ class KillAndAppend(JobListener):
         self.appender(event.kind, event.message)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    "seed", [0, pytest.param(1, marks=pytest.mark.slow)]
+)  # (seed 1: make soak)
 def test_the_delta_source_is_exact_through_a_sigkill_mid_stream(
     spark, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

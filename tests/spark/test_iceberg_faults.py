@@ -22,7 +22,9 @@ from cutline.demo import WorkerKiller
 from ledger import Ledger
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    "seed", [0, pytest.param(1, marks=pytest.mark.slow)]
+)  # (seed 1: make soak)
 def test_the_iceberg_sink_is_exact_through_a_sigkill_at_a_random_moment(
     spark, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -117,7 +117,9 @@ def running_sums(
     return env
 
 
-@pytest.mark.parametrize(("upsert", "seed"), [(False, 0), (False, 1), (True, 2)])
+@pytest.mark.parametrize(
+    ("upsert", "seed"), [(False, 0), pytest.param(False, 1, marks=pytest.mark.slow), (True, 2)]
+)  # (seed 1: make soak)
 def test_a_sigkill_at_a_random_moment_writes_every_running_sum_once(
     spark: Any, postgres: PostgresServer, tmp_path: Path, upsert: bool, seed: int
 ) -> None:

@@ -202,7 +202,9 @@ def test_a_failure_every_time_ends_with_the_operator_subtask_and_traceback(spark
     assert "{'value': 1}" in message
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(
+    "seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)]
+)  # (seed 2: make soak)
 def test_sigkill_of_a_random_worker_at_a_random_moment(spark, small_events, tmp_path, seed):
     rng = random.Random(seed)
     env = _env(tmp_path, batch_size=1000)
