@@ -33,7 +33,7 @@ typecheck: $(STAMP)
 # the documentation site, into docs/_build/html: every page read afresh (-E), warnings are
 # errors (a broken cross-reference, a docstring that is not valid reST), all of them listed
 docs: $(STAMP)
-	$(BIN)/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
+	$(BIN)/sphinx-build -E -W --keep-going -j auto -q -b html docs docs/_build/html
 
 # the suite on every core (2 in CI), one test at a time per worker; the cluster's tests on one.
 # (A worker more than the cores was 10 % faster, but a slot then took over 6 s to start under
