@@ -29,7 +29,6 @@ from cutline.runtime.operators import (
 )
 from cutline.runtime.state.backend import KeyedSnapshot, KeyedStateBackend
 from cutline.runtime.state.keygroups import key_group, subtask_for_key_group
-from cutline.runtime.state.opening import open_keyed_state
 
 
 class _Keyed(RunningOperator):
@@ -39,15 +38,7 @@ class _Keyed(RunningOperator):
         self.ctx = ctx
         self.key = key
         self.get_key = key_getter(key)
-        self.backend, self.restored = open_keyed_state(
-            ctx.state,
-            ctx.subtask,
-            ctx.parallelism,
-            ctx.max_parallelism,
-            state,
-            ctx.restore_store,
-            ctx.restore_checkpoint,
-        )
+        self.backend, self.restored = ctx.open_keyed_state(state)
         """The backend, and the keyed state handles it was restored from (what their
         ``extra`` kept)."""
 

@@ -35,12 +35,14 @@ import pyarrow.compute as pc
 from cutline.connectors.sink import RecordError as RecordError  # (the runtime's, too)
 from cutline.connectors.sink import SinkWriter
 from cutline.protocol.watermarks import EventClock
+from cutline.runtime.state.backend import KeyedStateBackend
 from cutline.runtime.state.config import StateConfig
 from cutline.runtime.state.keygroups import (
     key_group,
     key_groups,
     subtask_for_key_group,
 )
+from cutline.runtime.state.opening import open_keyed_state
 from cutline.runtime.state.segments import SegmentSource
 
 Batch: TypeAlias = Any
@@ -169,6 +171,20 @@ class OperatorContext:
         """This operator's time moves on to ``watermark`` if that is further (a restored
         window operator, a processing-time one); returns where it is."""
         return self.clock.advance(self.position, watermark)
+
+    def open_keyed_state(self, state: Any) -> tuple[KeyedStateBackend, list[Mapping[str, Any]]]:
+        """This subtask's keyed state backend, restored from ``state`` (see
+        :func:`~cutline.runtime.state.opening.open_keyed_state`), and the handles it was
+        restored from."""
+        return open_keyed_state(
+            self.state,
+            self.subtask,
+            self.parallelism,
+            self.max_parallelism,
+            state,
+            self.restore_store,
+            self.restore_checkpoint,
+        )
 
     def fail(self, record: Any, exc: BaseException) -> None:
         """A record could not be processed: raise, or send it to the dead-letter output."""

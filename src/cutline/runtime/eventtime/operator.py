@@ -64,7 +64,6 @@ from cutline.runtime.operators import (
     rows,
 )
 from cutline.runtime.state.backend import KeyedSnapshot
-from cutline.runtime.state.opening import open_keyed_state
 
 
 class WindowOperator(RunningOperator):
@@ -83,15 +82,7 @@ class WindowOperator(RunningOperator):
         self.key = logic.key
         self.event_time = logic.event_time
         self.processing = logic.time == "processing"
-        self.backend, self.restored = open_keyed_state(
-            ctx.state,
-            ctx.subtask,
-            ctx.parallelism,
-            ctx.max_parallelism,
-            state,
-            ctx.restore_store,
-            ctx.restore_checkpoint,
-        )
+        self.backend, self.restored = ctx.open_keyed_state(state)
         """The subtask's keyed state, and the handles it was restored from."""
         try:
             self._open(layout)
