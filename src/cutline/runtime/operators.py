@@ -174,7 +174,7 @@ class OperatorContext:
 
     def open_keyed_state(self, state: Any) -> tuple[KeyedStateBackend, list[Mapping[str, Any]]]:
         """This subtask's keyed state backend, restored from ``state`` (see
-        :func:`~cutline.runtime.state.opening.open_keyed_state`), and the handles it was
+        ``state/opening.py``), and the handles it was
         restored from."""
         return open_keyed_state(
             self.state,
