@@ -290,9 +290,10 @@ def run_to_savepoint(
 @pytest.mark.parametrize(
     ("before", "after", "p_before", "p_after"),
     [
-        ("memory", "disk", 2, 2),
+        # (make test: each direction once, each rescaled; make soak: also at the same parallelism)
+        pytest.param("memory", "disk", 2, 2, marks=pytest.mark.slow),
         ("memory", "disk", 2, 3),
-        ("disk", "memory", 2, 2),
+        pytest.param("disk", "memory", 2, 2, marks=pytest.mark.slow),
         ("disk", "memory", 3, 1),
     ],
 )

@@ -590,6 +590,7 @@ def test_the_reader_is_picklable_and_checks_every_value(kinds: Path) -> None:
 # ------------------------------------------------------------------ across state backends
 
 
+@pytest.mark.slow  # (make test: the reader across backends in tests/jobs, the data source here)
 def test_read_state_gives_the_same_windows_whichever_backend_wrote_them(
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
