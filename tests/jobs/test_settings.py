@@ -141,6 +141,9 @@ def test_a_common_setting_given_flat_fills_in_its_group() -> None:
 def test_a_group_and_a_flat_keyword_that_say_different_things_are_refused() -> None:
     with pytest.raises(ValueError, match=re.escape("checkpoint_interval='2s' and checkpoints=")):
         StreamEnvironment(checkpoint_interval="2s", checkpoints=Checkpoints(interval="3s"))
+    # (the flat keyword's default, given, is said: not left out)
+    with pytest.raises(ValueError, match=re.escape("checkpoint_interval='1s' and checkpoints=")):
+        StreamEnvironment(checkpoint_interval="1s", checkpoints=Checkpoints(interval="10s"))
     with pytest.raises(ValueError, match="say different things: give it once"):
         StreamEnvironment(checkpoint_dir="a", checkpoints=Checkpoints(dir="b"))
     with pytest.raises(ValueError, match=re.escape("state_backend='memory' and state=State(")):

@@ -30,7 +30,7 @@ from cutline.api.connector_sources import ConnectorSources
 from cutline.api.execution import SeamKeywords, Seams, run_job
 from cutline.api.keyed import KeyedStream
 from cutline.api.setting_groups import Checkpoints, HostLossPolicy, Place, State, Timeouts
-from cutline.api.settings import DeprecatedSettings, Settings
+from cutline.api.settings import DEFAULT_INTERVAL, DeprecatedSettings, Settings
 from cutline.api.streams import DataStream
 from cutline.runtime.driver.events import Listener
 from cutline.runtime.driver.restart import RestartStrategy
@@ -108,7 +108,7 @@ class StreamEnvironment(ConnectorSources):
         state: State | None = None,
         timeouts: Timeouts | None = None,
         restart_strategy: RestartStrategy | None = None,
-        checkpoint_interval: Duration | None = "1s",
+        checkpoint_interval: Duration | None = DEFAULT_INTERVAL,
         checkpoint_dir: Place | None = None,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         dead_letter_dir: Place | None = None,

@@ -105,8 +105,21 @@ COMMON: dict[str, tuple[str, str]] = {
 }
 """The flat keywords of a group's field that are not deprecated (the common ones)."""
 
-_COMMON_DEFAULTS: dict[str, Any] = {"checkpoint_interval": "1s", "checkpoint_dir": None}
-"""Their defaults in ``StreamEnvironment``'s signature: a flat keyword left at it says nothing."""
+
+class _Unsaid(str):
+    """A default of ``StreamEnvironment``'s signature, told apart (by identity) from the same
+    value given: ``checkpoint_interval="1s"`` beside ``Checkpoints(interval="10s")`` says two
+    different things, ``checkpoint_interval`` left out says nothing."""
+
+    __slots__ = ()
+
+
+DEFAULT_INTERVAL = _Unsaid("1s")
+"""``checkpoint_interval``'s default (``"1s"``, as ``Checkpoints.interval``'s)."""
+
+_COMMON_DEFAULTS: dict[str, Any] = {"checkpoint_interval": DEFAULT_INTERVAL, "checkpoint_dir": None}
+"""Their defaults in ``StreamEnvironment``'s signature: a flat keyword left at it (the very
+object) says nothing."""
 
 
 def _count(value: Any, what: str, least: int) -> int:
@@ -171,7 +184,7 @@ def _groups(
     groups = {keyword: _group(keyword, arguments[keyword]) for keyword in GROUPS}
     flat: dict[str, dict[str, tuple[str, Any]]] = {keyword: {} for keyword in GROUPS}
     for name, (keyword, field) in COMMON.items():
-        if arguments[name] != _COMMON_DEFAULTS[name]:
+        if arguments[name] is not _COMMON_DEFAULTS[name]:
             flat[keyword][field] = (name, arguments[name])
     for name, value in old.items():
         if name in DEPRECATED:
