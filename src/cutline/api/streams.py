@@ -78,6 +78,7 @@ from cutline.runtime.operators import (
 from cutline.runtime.sink_operator import SinkLogic
 
 if TYPE_CHECKING:
+    from cutline.api.connected import BroadcastStream, ConnectedStreams
     from cutline.api.keyed import KeyedStream
     from cutline.api.windowed import WindowedStream
 
@@ -264,6 +265,22 @@ class DataStream(_Operators, Outputs):
         if isinstance(key, str):
             has_column(self.schema, key, f"key_by({key!r})")
         return KeyedStream(self, key)
+
+    def broadcast(self) -> BroadcastStream:
+        """This stream as the broadcast side of a :meth:`connect`: every record goes to every
+        subtask of the operator that reads it (the rules every subtask needs)."""
+        from cutline.api.connected import BroadcastStream
+
+        return BroadcastStream(self)
+
+    def connect(self, other: BroadcastStream) -> ConnectedStreams:
+        """This stream with a broadcast one, in one operator
+        (:class:`~cutline.BroadcastProcessFunction`): ``other`` is ``stream.broadcast()``.
+        Each subtask reads its part of this stream and every record of ``other``. (Two keyed
+        streams connect with :meth:`KeyedStream.connect`.)"""
+        from cutline.api.connected import connect_broadcast
+
+        return connect_broadcast(self, other)
 
     def window_all(
         self,

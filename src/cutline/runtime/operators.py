@@ -241,6 +241,12 @@ class RunningOperator:
     def process(self, batch: Batch) -> Batch | None:
         raise NotImplementedError
 
+    def process_from(self, port: int, batch: Batch) -> Batch | None:
+        """(An operator of two inputs: its :class:`Logic` says ``two_inputs``.) ``batch``
+        came on input ``port`` (0: the left or first, 1: the right or second): return the
+        batch of records it emits, or ``None``."""
+        raise NotImplementedError
+
     def on_watermark(self, watermark: int) -> Batch | None:
         """Event time reached ``watermark`` here (epoch ms; it only increases): return what
         that completes (an event-time window's result), or ``None``."""
@@ -293,6 +299,11 @@ class Logic:
     keyed = False
     makes_watermarks = False
     """Its running operator makes watermarks from its records (``assign_timestamps``)."""
+    two_inputs = False
+    """It takes two inputs apart: each batch comes to ``process_from(port, batch)``."""
+    restores_every_copy = False
+    """At another parallelism, each subtask is given the state of every old subtask (a list,
+    in the order of their indexes): broadcast state, the same in every subtask."""
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         raise NotImplementedError

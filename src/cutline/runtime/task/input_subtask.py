@@ -37,6 +37,7 @@ from cutline.runtime.network.wire import (
     recorded,
     replayed,
 )
+from cutline.runtime.operators import Batch
 from cutline.runtime.task.failures import shorten
 from cutline.runtime.task.launch import Checkpointing
 from cutline.runtime.task.subtask import SubtaskRunner
@@ -49,6 +50,20 @@ class InputSubtask(SubtaskRunner):
         super().__init__(*args, **kwargs)
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
         self._valve: WatermarkValve[str] | None = None
+        self._ports: dict[str, int] | None = None
+        """Input channel -> the port of the head it feeds, when the head takes two inputs."""
+
+    def _take(self, channel: str, batch: Batch) -> None:
+        """A batch from ``channel`` through the chain: a two-input head is told its port."""
+        ports = self._ports
+        if ports is None:
+            self._push(batch)
+            return
+        uid, head = self._operators[0]
+        self._current = uid
+        counted = self.operator_records[uid]
+        counted[0] += len(batch)
+        self._fired(0, head.process_from(ports[channel], batch))
 
     def _loop(self) -> None:
         assert self.gate is not None
@@ -67,6 +82,8 @@ class InputSubtask(SubtaskRunner):
             case unknown:
                 assert_never(unknown)
         self._handler = handler
+        if self.chain.operators[0].logic.two_inputs:
+            self._ports = self.setup.plan.input_ports(self.chain, self.index)
         # event time: the minimum over the inputs (a loop's back edge holds nothing back)
         timed = [c for c in gate.channels if c not in gate.back_edges]
         valve = self._valve = WatermarkValve(timed) if timed else None
@@ -76,7 +93,7 @@ class InputSubtask(SubtaskRunner):
                 match replayed(item):
                     case Records() as restored:
                         self.records_in += len(restored)
-                        self._push(restored.batch)
+                        self._take(channel, restored.batch)
                         self.records_done += len(restored)
                     case Watermark() | WatermarkStatus() as mark:
                         self._in_band(channel, mark)
@@ -125,7 +142,7 @@ class InputSubtask(SubtaskRunner):
                     self.records_in += len(frame)
                     self._received[channel] += len(frame)
                     self._carry_out(handler.message_received(channel, frame))
-                    self._push(frame.batch)
+                    self._take(channel, frame.batch)
                     self.records_done += len(frame)
                 case PriorityBarrier(barrier=barrier, overtaken=overtaken):
                     n = barrier.checkpoint_id
