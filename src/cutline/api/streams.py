@@ -46,6 +46,7 @@ from cutline.api.event_time import (
     event_time_of,
     strategy,
 )
+from cutline.api.joins import JoinedStream, Joins
 from cutline.api.outputs import Outputs
 from cutline.api.settings import location
 from cutline.api.window_all import ALL
@@ -155,7 +156,7 @@ class _Operators:
         )
 
 
-class DataStream(_Operators, Outputs):
+class DataStream(_Operators, Outputs, Joins):
     """A stream of records: the output of one operator."""
 
     def __init__(
@@ -481,6 +482,10 @@ class DataStream(_Operators, Outputs):
         logic = SinkLogic(CollectSink(name))  # (in the checkpoint directory, when the job runs)
         operator = self.transform(f"collect({name})", logic).operator
         self.env._collect[name] = operator.uid
+
+
+class JoinResult(DataStream, JoinedStream):
+    """The results of a join; :meth:`late` is the side output of each input's late records."""
 
 
 def _per_record(what: str, logic: Callable[[Any], Logic], fn: Any) -> tuple[str, Logic]:
