@@ -132,6 +132,19 @@ def test_an_ended_input_holds_nothing_and_every_input_ended_is_the_end() -> None
     assert valve.watermark == MAX_WATERMARK and not valve.idle
 
 
+def test_an_idle_valve_moving_on_as_a_channel_ends_moves_the_idle_subtask_too() -> None:
+    """Why an idle subtask moves on to the least of its inputs (where Flink's stays): over one
+    input it must be that input's valve, which moves on, idle, when a channel ends."""
+    valve: WatermarkValve[str] = WatermarkValve(["a", "b"])
+    multi: MultiInputValve[str, str] = MultiInputValve({"a": LEFT, "b": LEFT})
+    for v in (valve, multi):
+        assert v.status_received("a", idle=True) == []
+        assert v.status_received("b", idle=True) == [EmitStatus(idle=True)]
+        assert v.watermark_received("a", 100) == []  # (an idle channel's: kept for later)
+        assert v.end_of_input("b") == [EmitWatermark(100)]
+        assert v.idle
+
+
 def test_misuse_is_refused_naming_the_channel_or_input() -> None:
     with pytest.raises(ValueError, match="at least one input channel"):
         MultiInputValve({})
@@ -152,7 +165,9 @@ def test_misuse_is_refused_naming_the_channel_or_input() -> None:
 def events(channels: int, size: int = 60) -> st.SearchStrategy[list[Event]]:
     kinds = st.sampled_from(["wm", "wm", "wm", "idle", "active", "end"])
     return st.lists(
-        st.tuples(kinds, st.integers(0, channels - 1), st.integers(-20, 300)), max_size=size
+        st.tuples(kinds, st.integers(0, channels - 1), st.integers(-20, 300)),
+        min_size=size // 3,
+        max_size=size,
     )
 
 
@@ -167,7 +182,7 @@ def feed(valve: Any, kind: str, channel: str, value: int) -> list[WatermarkActio
             return valve.end_of_input(channel)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(channels=st.integers(1, 4), data=st.data())
 def test_over_one_input_it_is_the_watermark_valve(channels: int, data: st.DataObject) -> None:
     names = [f"c{i}" for i in range(channels)]
@@ -255,7 +270,7 @@ class Checked:
                         assert valve.watermark <= state.watermark
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(left=st.integers(1, 3), right=st.integers(1, 3), data=st.data())
 def test_two_inputs_keep_the_invariants_over_random_events(
     left: int, right: int, data: st.DataObject
@@ -471,11 +486,11 @@ def check_two_input_subtask(mode: str, seed: int, checkpoints: int) -> Counter[s
     assert subtask.late == [], "a record of a channel that never went idle is never late"
     assert subtask.checked.emitted[-1] == MAX_WATERMARK
 
-    if mode == "at_least_once" or not checkpoints:
+    if mode == "at_least_once" or not subtask.completed:
         return subtask.checked.seen
     # a restore from the last checkpoint: each channel's recorded items, then those after its
     # barrier, into a fresh subtask (no more checkpoints)
-    n = checkpoints
+    n = subtask.completed[-1]
     rest: dict[str, list[object]] = {}
     for channel, stream in items.items():
         after = stream.index(Bar(n)) + 1 if Bar(n) in stream else len(stream)

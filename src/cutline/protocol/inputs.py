@@ -14,13 +14,13 @@ that sends to it). Event time has a rule at each of the two levels:
 * **over the inputs** (Flink's two-input operators, ``CombinedWatermarkStatus``): the
   subtask's watermark is the least over its **active** inputs (not idle, not ended), and it
   only increases: an idle input does not hold it back; an input back from idleness holds it
-  back at once, behind or not (the subtask's watermark then waits for it, and no record of the
-  other input becomes late meanwhile); an ended input holds nothing; once every input ended
-  the subtask's watermark is :data:`~cutline.protocol.watermarks.MAX_WATERMARK`. When every
-  input not ended is idle the subtask is idle (it says so downstream), and its watermark moves
-  on to the least watermark any of those inputs reached, if that is higher (so that, over one
-  input, it is that input's valve's exactly: an idle valve still moves on when a channel
-  ends). The statuses it emits alternate, ``idle=False`` first after an idle spell.
+  back at once, even behind (the subtask's watermark waits for it rather than run further
+  ahead of its records); an ended input holds nothing; once every input ended the subtask's
+  watermark is :data:`~cutline.protocol.watermarks.MAX_WATERMARK`. When every input not ended
+  is idle the subtask is idle (it says so downstream), and its watermark moves on to the least
+  of those inputs' watermarks, if that is higher (so that, over one input, it is that input's
+  valve's exactly: an idle valve still moves on when one of its channels ends). The statuses
+  it emits alternate, ``idle=True`` first.
 
 :class:`MultiInputValve` keeps both: given which input each channel belongs to, it feeds each
 event to its input's valve and combines what the valves emit. Over one input it emits exactly
