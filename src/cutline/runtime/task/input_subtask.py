@@ -24,6 +24,7 @@ from cutline.protocol.alignment import (
     UnblockChannels,
 )
 from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
+from cutline.protocol.inputs import MultiInputValve
 from cutline.protocol.watermarks import WatermarkValve
 from cutline.runtime.network.channel import PriorityBarrier
 from cutline.runtime.network.messages import Decline
@@ -49,7 +50,7 @@ class InputSubtask(SubtaskRunner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
-        self._valve: WatermarkValve[str] | None = None
+        self._valve: WatermarkValve[str] | MultiInputValve[str, int] | None = None
         self._ports: dict[str, int] | None = None
         """Input channel -> the port of the head it feeds, when the head takes two inputs."""
 
@@ -86,7 +87,12 @@ class InputSubtask(SubtaskRunner):
             self._ports = self.setup.plan.input_ports(self.chain, self.index)
         # event time: the minimum over the inputs (a loop's back edge holds nothing back)
         timed = [c for c in gate.channels if c not in gate.back_edges]
-        valve = self._valve = WatermarkValve(timed) if timed else None
+        valve: WatermarkValve[str] | MultiInputValve[str, int] | None = None
+        if timed and self._ports is not None:  # the least of the two inputs' watermarks
+            valve = MultiInputValve({c: self._ports[c] for c in timed})
+        elif timed:
+            valve = WatermarkValve(timed)
+        self._valve = valve
         # the records (and watermarks) in flight at the restored checkpoint come first
         for channel in gate.channels:
             for item in self._restored_inputs.get(channel, ()):
