@@ -95,7 +95,7 @@ def kernels(scenario: Scenario, how: str, lower: int, upper: int):  # type: igno
     return make, restore
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     scenario=scenarios(),
     how=st.sampled_from(HOWS),
@@ -314,36 +314,37 @@ def test_a_snapshot_of_an_inner_join_does_not_restore_into_an_outer_one() -> Non
 
 
 def test_state_stays_flat_over_a_long_steady_input_and_is_empty_at_the_end() -> None:
-    """A day of event time at 2 rows a second a side over 100 keys, disordered by up to 2 s,
-    the watermark 2 s behind: each side keeps exactly the rows whose last chance has not
-    passed, at most the ``upper - lower`` plus the disorder's worth."""
-    lower, upper, disorder = -60_000, 0, 2_000
+    """Half a day of event time, a batch of 40 rows a side every 2 minutes over 100 keys,
+    disordered by up to 30 s, the watermark 30 s behind, ``between=(-10 min, 0)``: each side
+    keeps exactly the rows whose last chance has not passed (no more than the interval plus
+    the disorder plus a batch's span of event time holds), and nothing after the end."""
+    lower, upper, disorder = -600_000, 0, 30_000
+    step, rows = 120_000, 40
     join = IntervalJoin(LAYOUT, "full", lower, upper)
     rng = np.random.default_rng(7)
-    step, rows = 10_000, 20  # a batch a side per 10 s of event time
-    seen = {Side.LEFT: np.zeros(0, np.int64), Side.RIGHT: np.zeros(0, np.int64)}
-    largest = {"left": 0, "right": 0}
+    alive = {Side.LEFT: np.zeros(0, np.int64), Side.RIGHT: np.zeros(0, np.int64)}
+    last_chance = {Side.LEFT: upper, Side.RIGHT: -lower}
+    bound = {
+        "left": rows * (1 + (upper + disorder + step) // step),
+        "right": rows * (1 + (upper - lower + disorder + step) // step),
+    }
     emitted = 0
-    for at in range(0, 86_400_000, step):
+    for at in range(0, 12 * 3_600_000, step):
         watermark = at - disorder
         for side in Side:
             times = at + rng.integers(-disorder + 1, step, rows)
-            keys = rng.integers(0, 100, rows)
             ident = "lid" if side is Side.LEFT else "rid"
-            batch = pa.record_batch({"k": keys, "t": times, ident: np.arange(rows)})
+            batch = pa.record_batch({"k": rng.integers(0, 100, rows), "t": times, ident: times})
             out = join.add(side, batch, times, np.zeros(rows, np.int64))
             emitted += 0 if out is None else out.num_rows
-            seen[side] = np.concatenate([seen[side], times])
+            alive[side] = np.concatenate([alive[side], times])
         out = join.advance(watermark)
         emitted += 0 if out is None else out.num_rows
+        for side in Side:
+            alive[side] = alive[side][alive[side] + last_chance[side] > watermark]
         kept = join.kept()
-        assert kept["left"] == int((seen[Side.LEFT] + upper > watermark).sum())
-        assert kept["right"] == int((seen[Side.RIGHT] - lower > watermark).sum())
-        for side in largest:
-            largest[side] = max(largest[side], kept[side])
-    # upper - lower + disorder + a batch's span of event time, at 2 rows a second
-    assert largest["left"] <= 2 * (upper + disorder + step) // 1000 + rows
-    assert largest["right"] <= 2 * (upper - lower + disorder + step) // 1000 + rows
+        assert kept == {"left": len(alive[Side.LEFT]), "right": len(alive[Side.RIGHT])}
+        assert kept["left"] <= bound["left"] and kept["right"] <= bound["right"]
     out = join.advance(MAX_WATERMARK)
     assert join.kept() == {"left": 0, "right": 0}
     assert emitted + (0 if out is None else out.num_rows) > 0
