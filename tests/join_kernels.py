@@ -140,10 +140,7 @@ def run(
                 for row in rows_of(_apply(scenario, op, groups, kernel)):
                     results[(step, row)] += 1
         kept.append(
-            {
-                side: sum(kernel.kept()[side] for _, kernel in subtasks)
-                for side in ("left", "right")
-            }
+            {side: sum(kernel.kept()[side] for _, kernel in subtasks) for side in ("left", "right")}
         )
     return results, kept
 

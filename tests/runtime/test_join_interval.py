@@ -13,6 +13,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.joins.how import How
+from cutline.runtime.joins.interval import IntervalJoin
+from cutline.runtime.joins.output import JoinLayout, Side
 from join_kernels import (
     LAYOUT,
     Add,
@@ -29,11 +34,6 @@ from join_kernels import (
     watermark_before,
 )
 
-from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.joins.how import How
-from cutline.runtime.joins.interval import IntervalJoin
-from cutline.runtime.joins.output import JoinLayout, Side
-
 HOWS = ["inner", "left", "right", "full"]
 
 
@@ -45,12 +45,12 @@ def reference(scenario: Scenario, how: How, lower: int, upper: int) -> Results:
     lefts = [(s, r) for s, r in rows if r.side is Side.LEFT]
     rights = [(s, r) for s, r in rows if r.side is Side.RIGHT]
     paired: set[tuple[Side, int]] = set()
-    for ls, left in lefts:
-        for rs, right in rights:
-            if left.key is not None and left.key == right.key:
-                if lower <= right.time - left.time <= upper:
-                    out[(max(ls, rs), result(scenario, left, right))] += 1
-                    paired |= {(Side.LEFT, left.id), (Side.RIGHT, right.id)}
+    for ls, lrow in lefts:
+        for rs, rrow in rights:
+            if lrow.key is not None and lrow.key == rrow.key:  # noqa: SIM102
+                if lower <= rrow.time - lrow.time <= upper:
+                    out[(max(ls, rs), result(scenario, lrow, rrow))] += 1
+                    paired |= {(Side.LEFT, lrow.id), (Side.RIGHT, rrow.id)}
     for step, row in rows:
         if not how.outer(row.side) or (row.side, row.id) in paired:
             continue
@@ -88,9 +88,7 @@ def kernels(scenario: Scenario, how: str, lower: int, upper: int):  # type: igno
         return IntervalJoin(LAYOUT, how, lower, upper, schemas=schemas)
 
     def restore(snapshots: list[dict[str, pa.Table]], groups: range) -> IntervalJoin:
-        return IntervalJoin.restore(
-            LAYOUT, how, lower, upper, snapshots, groups, schemas=schemas
-        )
+        return IntervalJoin.restore(LAYOUT, how, lower, upper, snapshots, groups, schemas=schemas)
 
     return make, restore
 
@@ -171,16 +169,26 @@ def test_an_unmatched_row_is_emitted_by_the_first_advance_past_its_last_chance()
         5: [(2, 103, 1, None, None)],
         7: [(3, None, None, 100, 11)],
     }
-    assert steps(scenario, "left", -10, 0) == {1: [(1, 100, 0, 100, 10)], 5: [(2, 103, 1, None, None)]}
-    assert steps(scenario, "right", -10, 0) == {1: [(1, 100, 0, 100, 10)], 7: [(3, None, None, 100, 11)]}
+    assert steps(scenario, "left", -10, 0) == {
+        1: [(1, 100, 0, 100, 10)],
+        5: [(2, 103, 1, None, None)],
+    }
+    assert steps(scenario, "right", -10, 0) == {
+        1: [(1, 100, 0, 100, 10)],
+        7: [(3, None, None, 100, 11)],
+    }
     assert steps(scenario, "inner", -10, 0) == {1: [(1, 100, 0, 100, 10)]}
 
 
 def test_state_is_dropped_at_the_same_watermark_matched_or_not() -> None:
     join = IntervalJoin(LAYOUT, "inner", -10, 0)
     scenario = Scenario([])
-    join.add(Side.LEFT, scenario.batch(Side.LEFT, [left(1, 100, 0)]), np.array([100]), np.array([0]))
-    join.add(Side.RIGHT, scenario.batch(Side.RIGHT, [right(1, 100, 1)]), np.array([100]), np.array([0]))
+    join.add(
+        Side.LEFT, scenario.batch(Side.LEFT, [left(1, 100, 0)]), np.array([100]), np.array([0])
+    )
+    join.add(
+        Side.RIGHT, scenario.batch(Side.RIGHT, [right(1, 100, 1)]), np.array([100]), np.array([0])
+    )
     assert join.kept() == {"left": 1, "right": 1}
     assert join.advance(99) is None and join.kept() == {"left": 1, "right": 1}
     assert join.advance(100) is None and join.kept() == {"left": 0, "right": 1}
@@ -348,3 +356,28 @@ def test_state_stays_flat_over_a_long_steady_input_and_is_empty_at_the_end() -> 
     out = join.advance(MAX_WATERMARK)
     assert join.kept() == {"left": 0, "right": 0}
     assert emitted + (0 if out is None else out.num_rows) > 0
+
+
+def test_a_restore_from_subtasks_at_different_watermarks_starts_at_the_least() -> None:
+    """Each old subtask dropped (and emitted) its rows by its own watermark; the restored
+    kernel keeps their rows of its key groups and goes on from the least watermark, so that
+    no row it keeps is taken as past before the operator's next ``advance``."""
+    scenario = Scenario([])
+    schemas = (scenario.schema(Side.LEFT), scenario.schema(Side.RIGHT))
+    ahead = IntervalJoin(LAYOUT, "left", 0, 10, schemas=schemas)
+    behind = IntervalJoin(LAYOUT, "left", 0, 10, schemas=schemas)
+    ahead.add(Side.LEFT, scenario.batch(Side.LEFT, [left(1, 5, 0)]), [5], [1])
+    behind.add(Side.LEFT, scenario.batch(Side.LEFT, [left(2, 5, 1)]), [5], [6])
+    assert rows_of(ahead.advance(20)) == [(1, 5, 0, None, None)]
+    assert behind.advance(12) is None
+    restored = IntervalJoin.restore(
+        LAYOUT, "left", 0, 10, [ahead.snapshot(), behind.snapshot()], range(8), schemas=schemas
+    )
+    assert restored.watermark == 12 and restored.kept() == {"left": 1, "right": 0}
+    # a right row at 14 may still come (the subtask behind had promised only 12)
+    out = restored.add(Side.RIGHT, scenario.batch(Side.RIGHT, [right(2, 14, 9)]), [14], [6])
+    assert rows_of(out) == [(2, 5, 1, 14, 9)]
+    assert restored.advance(14) is None
+    assert restored.kept() == {"left": 1, "right": 0}
+    assert restored.advance(15) is None  # it paired: nothing to emit
+    assert restored.kept() == {"left": 0, "right": 0}

@@ -12,6 +12,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.joins.output import Side
+from cutline.runtime.joins.regular import RegularJoin
 from join_kernels import (
     LAYOUT,
     Add,
@@ -24,12 +28,7 @@ from join_kernels import (
     rows_of,
     run,
     scenarios,
-    watermark_before,
 )
-
-from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.joins.output import Side
-from cutline.runtime.joins.regular import RegularJoin
 
 
 def dropped_before(scenario: Scenario, row: Row, arrived: int, step: int, ttl: int | None) -> bool:
@@ -174,7 +173,9 @@ def test_a_restore_keeps_the_rows_of_its_key_groups_only() -> None:
     join.add(Side.LEFT, batch, np.array([1, 2, 3, 4]), np.array([0, 5, 3, 7]))
     join.advance(50)
     snapshot = join.snapshot()
-    parts = [RegularJoin.restore(LAYOUT, 100, [snapshot], groups) for groups in (range(4), range(4, 8))]
+    parts = [
+        RegularJoin.restore(LAYOUT, 100, [snapshot], groups) for groups in (range(4), range(4, 8))
+    ]
     assert [p.kept() for p in parts] == [{"left": 2, "right": 0}, {"left": 2, "right": 0}]
     assert [p.watermark for p in parts] == [50, 50]
     merged = RegularJoin.restore(LAYOUT, 100, [p.snapshot() for p in parts], range(8))

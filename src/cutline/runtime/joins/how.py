@@ -19,7 +19,9 @@ class How(Enum):
     FULL = "full"
 
     @classmethod
-    def of(cls, how: str | How, allowed: tuple[How, ...] | None = None, what: str = "a join") -> How:
+    def of(
+        cls, how: str | How, allowed: tuple[How, ...] | None = None, what: str = "a join"
+    ) -> How:
         """``how`` as a :class:`How`, refused unless one of ``allowed`` (default: all)."""
         allowed = allowed or tuple(cls)
         try:

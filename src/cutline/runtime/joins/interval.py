@@ -51,9 +51,10 @@ from cutline.runtime.joins.how import How
 from cutline.runtime.joins.kept import (
     KeptRows,
     check_batch,
+    gathered,
     key_columns,
-    key_pairs,
     nulls_in,
+    partners,
     side_name,
 )
 from cutline.runtime.joins.output import JoinLayout, Side
@@ -111,13 +112,11 @@ class IntervalJoin:
         schema_was_known = rows.schema is not None
         table, times, key_groups = check_batch(side, batch, times, key_groups)
         rows.learn(table.schema)
-        ours, theirs = key_pairs(self.layout, side, table, other)
-        if len(ours):
-            apart = other.times[theirs] - times[ours]
-            if side is Side.RIGHT:
-                apart = -apart
-            fit = (apart >= self.lower) & (apart <= self.upper)
-            ours, theirs = ours[fit], theirs[fit]
+        if side is Side.LEFT:  # right rows of L.time + lower .. L.time + upper
+            low, high = times + self.lower, times + self.upper
+        else:  # left rows of R.time - upper .. R.time - lower
+            low, high = times - self.upper, times - self.lower
+        ours, theirs = partners(self.layout, side, table, other, low, high)
         matched = np.zeros(table.num_rows, np.bool_)
         matched[ours] = True
         if other.matched is not None:
@@ -212,6 +211,8 @@ class IntervalJoin:
                     )
                 ]
             ).empty_table()
+        table, ours = gathered(table, ours)
+        their_table, theirs = gathered(their_table, theirs)
         if side is Side.LEFT:
             return self.layout.assemble(table, their_table, ours, theirs)
         return self.layout.assemble(their_table, table, theirs, ours)
@@ -250,9 +251,7 @@ class IntervalJoin:
         next :meth:`advance` brings it to its own)."""
         join = cls(layout, how, lower_ms, upper_ms, schemas=schemas)
         join.sides = tuple(
-            KeptRows.restored(
-                rows.side, rows.on, rows.outer, snapshots, key_groups, rows.schema
-            )
+            KeptRows.restored(rows.side, rows.on, rows.outer, snapshots, key_groups, rows.schema)
             for rows in join.sides
         )
         marks = [int(s[WATERMARK].column(0)[0].as_py()) for s in snapshots if WATERMARK in s]

@@ -7,11 +7,12 @@ columns untouched), and beside them, row for row, NumPy arrays of each row's eve
 for a side whose unmatched rows an outer join emits, whether it has paired yet. Those arrays
 are replaced, never changed in place, but for ``matched``, which a snapshot copies.
 
-:func:`key_pairs` finds, for a batch arriving on one side, every (arriving row, kept row)
-with equal keys: by binary search in the kept rows' index where the key is one integer column
-(:mod:`.index`), else by a hash join of the key columns alone (Arrow's,
-``pyarrow.Table.join``, on this thread: a subtask has its core): no Python per row. A null in any key column never equals anything (as in SQL): such a row
-pairs with nothing. The kernels then keep the pairs whose times fit.
+:func:`partners` finds, for a batch arriving on one side, every (arriving row, kept row)
+with equal keys and a kept time within the bounds asked: by binary search in the kept rows'
+index where the key is one integer column (:mod:`.index`), else by a hash join of the key
+columns alone (Arrow's ``pyarrow.Table.join``, on this thread: a subtask has its core) and a
+filter of the times; no Python per row. A null in any key column never equals anything (as
+in SQL): such a row pairs with nothing.
 
 :func:`check_batch` refuses, with an error naming the side and the column, a batch that
 lacks a key column, whose key types differ from the other side's, or whose times or key
@@ -76,9 +77,10 @@ class KeptRows:
         """The side's columns, once known."""
         return None if self.table is None else self.table.schema
 
-    def learn(self, schema: pa.Schema) -> None:
-        """Take the side's columns from a batch: the first sets them, every later one must
-        have the same (its columns in the same order, of the same types)."""
+    def learn(self, schema: pa.Schema, what: str = "a batch") -> None:
+        """Take the side's columns from ``what`` (a batch, a snapshot): the first sets them,
+        every later one must have the same (its columns in the same order, of the same
+        types)."""
         known = self.schema
         if known is None:
             missing = [name for name in self.on if schema.get_field_index(name) < 0]
@@ -92,9 +94,9 @@ class KeptRows:
                 self.index = IntKeyIndex()
         elif not known.equals(schema):
             raise TypeError(
-                f"a batch of the join's {side_name(self.side)} side has the columns "
-                f"{_columns(schema)}, an earlier one had {_columns(known)}: every batch of a "
-                "side must have the same"
+                f"{what} of the join's {side_name(self.side)} side has the columns "
+                f"{_columns(schema)}, but they are {_columns(known)}: every batch of a side "
+                "must have the same"
             )
 
     def append(
@@ -106,7 +108,8 @@ class KeptRows:
             return
         assert self.table is not None
         if self.index is not None:
-            self.index.add(*int_codes(rows.column(self.on[0])), first_row=len(self))
+            codes, nulls = int_codes(rows.column(self.on[0]))
+            self.index.add(codes, nulls, times, first_row=len(self))
         self.table = pa.concat_tables([self.table, rows])
         if self.table.num_columns and self.table.column(0).num_chunks > _TIDY_CHUNKS:
             self.table = self.table.combine_chunks()
@@ -178,7 +181,7 @@ class KeptRows:
                 )
             groups = state.column("key_group").to_numpy()
             mine = _in_range(groups, key_groups)
-            kept.learn(rows.schema)
+            kept.learn(rows.schema, f"snapshot {number}")
             kept.append(
                 rows.filter(pa.array(mine)),
                 state.column("time").to_numpy()[mine],
@@ -209,16 +212,21 @@ def check_batch(
     return pa.Table.from_batches([batch]), times, key_groups
 
 
-def key_pairs(
-    layout: JoinLayout, side: Side, arriving: pa.Table, kept: KeptRows
+def partners(
+    layout: JoinLayout,
+    side: Side,
+    arriving: pa.Table,
+    kept: KeptRows,
+    low: np.ndarray | None = None,
+    high: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair of a row of ``arriving`` (of ``side``) and a row of ``kept`` (the other
-    side) whose keys are equal and not null, as two arrays of row indices (``int64``), in
-    no particular order."""
+    """Every pair of a row ``i`` of ``arriving`` (of ``side``) and a row of ``kept`` (the
+    other side) whose keys are equal and not null and whose kept time is from ``low[i]`` to
+    ``high[i]`` (inclusive; ``None``: any), as two arrays of row indices (``int64``), in no
+    particular order."""
     if not len(kept) or not arriving.num_rows:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     ours, theirs = key_columns(layout, side), kept.on
-    names = [f"k{i}" for i in range(len(ours))]
     mine = [arriving.column(name) for name in ours]
     other = kept.keys()
     for our, their, a, b in zip(ours, theirs, mine, other, strict=True):
@@ -228,16 +236,37 @@ def key_pairs(
                 f"{a.type}, the {side_name(kept.side)} side's {their!r} is {b.type}"
             )
     if kept.index is not None:
-        return kept.index.pairs(*int_codes(mine[0]))
+        return kept.index.pairs(*int_codes(mine[0]), low, high)
+    names = [f"k{i}" for i in range(len(ours))]
     probe = pa.table([*mine, pa.array(np.arange(arriving.num_rows))], names=[*names, "a"])
     build = pa.table([*other, pa.array(np.arange(len(kept)))], names=[*names, "b"])
     if probe.num_rows < build.num_rows:  # the hash table is built of the right one
         probe, build = build, probe
     joined = probe.join(build, keys=names, join_type="inner", use_threads=False)
-    return (
-        _numpy(joined.column("a")),
-        _numpy(joined.column("b")),
-    )
+    found, partner = _numpy(joined.column("a")), _numpy(joined.column("b"))
+    if low is not None or high is not None:
+        times = kept.times[partner]
+        fit = np.ones(len(found), np.bool_)
+        if low is not None:
+            fit &= times >= low[found]
+        if high is not None:
+            fit &= times <= high[found]
+        found, partner = found[fit], partner[fit]
+    return found, partner
+
+
+def gathered(table: pa.Table, rows: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """``table`` and ``rows`` (indices into it, ``-1``: none) as :meth:`JoinLayout.assemble
+    <cutline.runtime.joins.output.JoinLayout.assemble>` takes them, made cheap: a table of
+    many chunks (kept rows) is first cut down to the rows wanted (a ``take`` of the chunks,
+    instead of their concatenation into one)."""
+    if table.num_columns == 0 or table.column(0).num_chunks <= 1:
+        return table, rows
+    present = rows >= 0
+    if not present.any():
+        return table.slice(0, 0), rows
+    taken = table.take(pa.array(np.where(present, rows, rows[present][0])))
+    return taken, np.where(present, np.arange(len(rows), dtype=np.int64), -1)
 
 
 def nulls_in(table: pa.Table, on: tuple[str, ...]) -> np.ndarray:

@@ -30,9 +30,10 @@ from cutline.runtime.joins.interval import WATERMARK
 from cutline.runtime.joins.kept import (
     KeptRows,
     check_batch,
+    gathered,
     key_columns,
-    key_pairs,
     nulls_in,
+    partners,
     side_name,
 )
 from cutline.runtime.joins.output import JoinLayout, Side
@@ -65,7 +66,7 @@ class RegularJoin:
         rows, other = self.sides[side], self.sides[1 - side]
         table, times, key_groups = check_batch(side, batch, times, key_groups)
         rows.learn(table.schema)
-        ours, theirs = key_pairs(self.layout, side, table, other)
+        ours, theirs = partners(self.layout, side, table, other)
         keep = ~nulls_in(table, rows.on)  # (a row is never past its ttl yet: time > watermark)
         rows.append(
             table if keep.all() else table.filter(pa.array(keep)),
@@ -76,9 +77,10 @@ class RegularJoin:
         if not len(ours):
             return None
         assert other.table is not None
+        their_table, theirs = gathered(other.table, theirs)
         if side is Side.LEFT:
-            return self.layout.assemble(table, other.table, ours, theirs)
-        return self.layout.assemble(other.table, table, theirs, ours)
+            return self.layout.assemble(table, their_table, ours, theirs)
+        return self.layout.assemble(their_table, table, theirs, ours)
 
     def advance(self, watermark: int) -> None:
         """Event time reached ``watermark``: drop the rows whose ``ttl`` has run out (all of
