@@ -7,7 +7,7 @@ rows a side; after each pair of batches the watermark advances to 1 s behind the
 start. The joins:
 
 * ``interval``: ``between=(-10 s, 0)``, ``how=inner`` and ``how=full``, on an integer key
-  (the kept rows' index: binary search) and on the same keys as strings (Arrow's hash join);
+  and on the same keys as strings;
 * ``regular_ttl``: the regular join with ``ttl`` 10 s;
 * ``regular``: the regular join kept for ever, the right side one row per key (a dimension
   table, as Nexmark q3's persons), so its state grows with the input.

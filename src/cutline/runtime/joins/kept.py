@@ -8,11 +8,14 @@ for a side whose unmatched rows an outer join emits, whether it has paired yet. 
 are replaced, never changed in place, but for ``matched``, which a snapshot copies.
 
 :func:`partners` finds, for a batch arriving on one side, every (arriving row, kept row)
-with equal keys and a kept time within the bounds asked: by binary search in the kept rows'
-index where the key is one integer column (:mod:`.index`), else by a hash join of the key
-columns alone (Arrow's ``pyarrow.Table.join``, on this thread: a subtask has its core) and a
-filter of the times; no Python per row. A null in any key column never equals anything (as
-in SQL): such a row pairs with nothing.
+with equal keys and a kept time within the bounds asked: by a hash join of the key columns
+alone (Arrow's ``pyarrow.Table.join``, on this thread: a subtask has its core; the hash
+table is built of the smaller side, the batch as a rule) and a filter of the times; no
+Python per row. A null in any key column never equals anything (as in SQL): such a row
+pairs with nothing. (Measured against an index of the kept rows sorted by key and time,
+searched with ``np.searchsorted``, on 10^6 rows a side: the hash join was faster by 1.2 to
+2x on batches of 10^3 to 10^4 rows, also for a regular join keeping 10^6 rows: keeping a
+sorted index costs a copy of it per batch.)
 
 :func:`check_batch` refuses, with an error naming the side and the column, a batch that
 lacks a key column, whose key types differ from the other side's, or whose times or key
@@ -27,7 +30,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline.runtime.joins.index import IntKeyIndex, int_codes
 from cutline.runtime.joins.output import JoinLayout, Side
 
 _TIDY_CHUNKS = 16
@@ -64,8 +66,6 @@ class KeptRows:
         self.times = np.zeros(0, np.int64)
         self.groups = np.zeros(0, np.int64)
         self.matched: np.ndarray | None = np.zeros(0, np.bool_) if outer else None
-        self.index: IntKeyIndex | None = None
-        """The rows by key, where the key is one integer column (:mod:`.index`)."""
         if schema is not None:
             self.learn(schema)
 
@@ -90,8 +90,6 @@ class KeptRows:
                     f"{missing[0]!r} (its columns: {', '.join(schema.names) or 'none'})"
                 )
             self.table = schema.empty_table()
-            if len(self.on) == 1 and pa.types.is_integer(schema.field(self.on[0]).type):
-                self.index = IntKeyIndex()
         elif not known.equals(schema):
             raise TypeError(
                 f"{what} of the join's {side_name(self.side)} side has the columns "
@@ -107,9 +105,6 @@ class KeptRows:
         if not rows.num_rows:
             return
         assert self.table is not None
-        if self.index is not None:
-            codes, nulls = int_codes(rows.column(self.on[0]))
-            self.index.add(codes, nulls, times, first_row=len(self))
         self.table = pa.concat_tables([self.table, rows])
         if self.table.num_columns and self.table.column(0).num_chunks > _TIDY_CHUNKS:
             self.table = self.table.combine_chunks()
@@ -123,8 +118,6 @@ class KeptRows:
         if mask.all():
             return
         assert self.table is not None
-        if self.index is not None:
-            self.index.keep(mask)
         self.table = self.table.filter(pa.array(mask)).combine_chunks()
         self.times = self.times[mask]
         self.groups = self.groups[mask]
@@ -235,8 +228,6 @@ def partners(
                 f"the join's keys differ in type: the {side_name(side)} side's {our!r} is "
                 f"{a.type}, the {side_name(kept.side)} side's {their!r} is {b.type}"
             )
-    if kept.index is not None:
-        return kept.index.pairs(*int_codes(mine[0]), low, high)
     names = [f"k{i}" for i in range(len(ours))]
     probe = pa.table([*mine, pa.array(np.arange(arriving.num_rows))], names=[*names, "a"])
     build = pa.table([*other, pa.array(np.arange(len(kept)))], names=[*names, "b"])
