@@ -24,13 +24,14 @@ never paired is emitted once, with nulls for the right's columns, by the first
 row left. A row that arrives when the watermark already is at or past that time (only when
 ``upper < 0`` for a left row, ``lower > 0`` for a right row) is paired with the kept rows and,
 if it found none, emitted unmatched by the same :meth:`~IntervalJoin.add`. A row with a null
-key is emitted unmatched by the same rules (an inner side's is not kept).
+key pairs with nothing and is emitted unmatched by the same rules.
 
 **When state is dropped.** A left row is dropped once ``w >= L.time + upper`` (matched or
 not, at the same ``advance`` that emits it unmatched), a right row once
-``w >= R.time - lower``; at ``MAX_WATERMARK`` every row. So a side keeps about
-``upper - lower`` plus the input's disorder of event time of rows: flat over a steady input.
-A row that arrives already past its time is not kept.
+``w >= R.time - lower``; at ``MAX_WATERMARK`` every row. So the left side keeps its rows
+of event time from ``w - upper`` on, the right side from ``w + lower`` on (up to the newest
+row, at most the input's disorder ahead of ``w``): flat over a steady input. A row that
+arrives already past its time is not kept, nor is a row with a null key of an inner side.
 
 One rare wait: an unmatched row is emitted with the other side's columns, so while the other
 side's columns are unknown (no batch of it came, not even an empty one, and no schema was
