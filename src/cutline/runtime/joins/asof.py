@@ -142,21 +142,22 @@ class AsofJoin:
         self.next_ready = int(later.min()) if len(later) else MAX_WATERMARK
         versions = right.alive_rows()
         answers = self._answers(ready, times[reached], versions)
-        left.drop(ready)
+        emitted, found = ready, answers
         if self.how is How.INNER:
-            found = answers >= 0
-            ready, answers = ready[found], answers[found]
-        if not len(ready):
-            return None
-        used = answers >= 0
-        at = np.full(len(answers), -1, dtype=np.int64)
-        at[used] = np.arange(int(used.sum()), dtype=np.int64)
-        return self.layout.assemble(
-            left.take(ready),
-            right.take(answers[used]),
-            np.arange(len(ready), dtype=np.int64),
-            at,
-        )
+            emitted, found = ready[answers >= 0], answers[answers >= 0]
+        out = None
+        if len(emitted):
+            used = found >= 0
+            at = np.full(len(found), -1, dtype=np.int64)
+            at[used] = np.arange(int(used.sum()), dtype=np.int64)
+            out = self.layout.assemble(
+                left.take(emitted),
+                right.take(found[used]),
+                np.arange(len(emitted), dtype=np.int64),
+                at,
+            )
+        left.drop(ready)
+        return out
 
     def _answers(self, ready: np.ndarray, times: np.ndarray, versions: np.ndarray) -> np.ndarray:
         """Each left row's answer among ``versions`` (indices of right rows, in the order they
