@@ -34,6 +34,7 @@ from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.joins.how import How, JoinError
 from cutline.runtime.joins.kept import SLACK
+from cutline.runtime.joins.keycodes import key_codes, pair_up
 from cutline.runtime.joins.output import Side
 from cutline.runtime.joins.window import WindowJoin
 
@@ -369,6 +370,80 @@ def test_what_a_window_join_refuses_is_named() -> None:
     other = pa.record_batch({"k": [1], "other": [2]})
     with pytest.raises(JoinError, match="a left batch's columns"):
         join.add(Side.LEFT, other, np.array([300]), np.zeros(1, dtype=np.int64))
+    narrower = pa.record_batch(  # (the same columns in narrower types: cast)
+        {"k": pa.array([1], pa.int32()), "lid": pa.array([3], pa.int32()), "v": ["l3"]}
+    )
+    join.add(Side.LEFT, narrower, np.array([300]), np.zeros(1, dtype=np.int64))
+    assert join.kept() == {"left": 2, "right": 0}
+    with pytest.raises(JoinError, match="the right side has no key column 'rk'"):
+        WindowJoin(layout, Tumbling("1s"), "inner", schemas=(LEFT_SCHEMA[1], LEFT_SCHEMA[1]))
+    with pytest.raises(
+        JoinError, match="a left batch of 1 rows came with 2 times and 1 key groups"
+    ):
+        join.add(Side.LEFT, left, np.array([300, 301]), np.zeros(1, dtype=np.int64))
     snapshot = through_ipc(WindowJoin(layout, Tumbling("10ms"), "left").snapshot())
     with pytest.raises(JoinError, match=r"a join of Tumbling\(10ms\), how='left' cannot be"):
         WindowJoin.restore(layout, Tumbling("20ms"), "left", [snapshot], range(8))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    left=st.lists(st.one_of(st.just(-1), st.integers(0, 5), st.integers(2**40, 2**40 + 3))),
+    right=st.lists(st.one_of(st.just(-1), st.integers(0, 5), st.integers(2**40, 2**40 + 3))),
+    keep_left=st.booleans(),
+    keep_right=st.booleans(),
+)
+def test_pair_up_gives_every_pair_of_a_group_once_and_the_lonely_rows(
+    left: list[int], right: list[int], keep_left: bool, keep_right: bool
+) -> None:
+    got = pair_up(
+        np.array(left, dtype=np.int64), np.array(right, dtype=np.int64), keep_left, keep_right
+    )
+    want = [(i, j) for i, a in enumerate(left) for j, b in enumerate(right) if a == b >= 0]
+    if keep_left:
+        want += [(i, -1) for i, a in enumerate(left) if a < 0 or a not in right]
+    if keep_right:
+        want += [(-1, j) for j, b in enumerate(right) if b < 0 or b not in left]
+    assert Counter(zip(got[0].tolist(), got[1].tolist(), strict=True)) == Counter(want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.booleans(),
+            st.lists(st.one_of(st.none(), st.integers(0, 9)), min_size=20, max_size=20),
+        ),
+        max_size=30,
+    )
+)
+def test_key_codes_are_equal_exactly_where_keys_are_even_of_many_columns(
+    rows: list[tuple[bool, list[int | None]]],
+) -> None:
+    """Twenty columns of ten values: more combinations than an int64 holds, so the codes are
+    renumbered on the way."""
+    names = [f"c{i}" for i in range(20)]
+    sides = [
+        [key for is_left, key in rows if is_left],
+        [key for is_left, key in rows if not is_left],
+    ]
+    tables = [
+        pa.table(
+            {
+                name: pa.array([key[i] for key in keys], type=pa.int64())
+                for i, name in enumerate(names)
+            }
+        )
+        for keys in sides
+    ]
+    codes = key_codes(tables[0], names, tables[1], names)
+    found = [
+        *zip(codes.left.tolist(), sides[0], strict=True),
+        *zip(codes.right.tolist(), sides[1], strict=True),
+    ]
+    for code, key in found:
+        for other_code, other in found:
+            assert (code == other_code) == (key == other)
+    assert all(0 <= code < codes.count <= len(rows) + 1 for code, _ in found)
+    valid = [*codes.left_valid.tolist(), *codes.right_valid.tolist()]
+    assert valid == [None not in key for _, key in found]

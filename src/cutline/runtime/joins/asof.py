@@ -16,17 +16,23 @@ event-time temporal join of Flink SQL, ``FOR SYSTEM_TIME AS OF``).
   ``R'`` (a greater time, or the same time and come later) whose time is at or below both the
   watermark and the time of every left row still pending: every pending left row, and every
   left row to come (its time is above the watermark, or it is late), then has ``R'`` or a
-  newer version as its answer, never ``R``. So each key keeps the newest version at or
-  below the watermark and those above it. At ``MAX_WATERMARK`` (the end of the input) every
-  left row is emitted and every version dropped.
+  newer version as its answer, never ``R``. It is dropped at the first ``advance`` at which
+  this holds (only a moving watermark makes it hold: a row that comes is above it). So each
+  key keeps the newest version at or below the watermark and those above it. At
+  ``MAX_WATERMARK`` (the end of the input) every left row is emitted and every version
+  dropped.
 * A right row with a null in its key is the answer to nothing: it is not kept.
 
-On columns: the pending left rows that the watermark reached and the kept versions get key
-codes together (:func:`~cutline.runtime.joins.keycodes.key_codes`), the versions are sorted
-by (key, time, arrival), and each left row's answer is found by ``np.searchsorted`` of
-(key, time) among them (the last at or before it); versions are dropped per key the same
-way. Arrow's ``Table.join_asof`` finds the same rows but wants both inputs sorted by time,
-does not say which of two versions at one time it takes, and was slower here.
+On columns: at an ``advance``, the pending left rows the watermark reached and the kept
+versions get key codes together (:func:`~cutline.runtime.joins.keycodes.key_codes`), the
+versions are sorted once by (key, time, arrival) (:class:`Versions`), each left row's answer
+is the last of them at or before its (key, time) (``np.searchsorted``), and the versions a
+newer one hides are found in the same sorted arrays. No Python runs per row.
+
+Arrow's ``Table.join_asof`` (Acero's as-of join) was measured and not used: it wants both
+inputs sorted by time and refuses times before 1970 ("out-of-order on-key values"), a null
+key there matches a null key, and it was about ten times slower than the above on 100 000
+rows a side with 10 000 keys (``bench/join_kernels.py``).
 """
 
 from __future__ import annotations
@@ -68,7 +74,10 @@ class AsofJoin:
         self.layout = layout
         self.how = how_of(how, (How.INNER, How.LEFT), "as-of join")
         left, right = schemas if schemas is not None else (None, None)
-        self.rows = (KeptRows(Side.LEFT, left), KeptRows(Side.RIGHT, right))
+        self.rows = (
+            KeptRows(Side.LEFT, layout.left_on, left),
+            KeptRows(Side.RIGHT, layout.right_on, right),
+        )
         self.watermark = MIN_WATERMARK
         self.next_ready = MAX_WATERMARK
         """The least time of the pending left rows (``MAX_WATERMARK``: none)."""
@@ -90,6 +99,7 @@ class AsofJoin:
         join emits at the watermark."""
         times = np.asarray(times, dtype=np.int64)
         key_groups = np.asarray(key_groups, dtype=np.int64)
+        self.rows[side].check(batch, times, key_groups)
         late = self.late(side, times)
         if late.any():
             raise JoinError(
@@ -117,31 +127,37 @@ class AsofJoin:
         if watermark <= self.watermark:
             return None
         self.watermark = watermark
-        out = self._emit(watermark) if watermark >= self.next_ready else None
-        right = self.rows[Side.RIGHT]
+        left, right = self.rows
+        ready, times = _NONE, _NONE
+        if watermark >= self.next_ready:
+            pending = left.alive_rows()
+            pending_times = left.times[pending]
+            reached = pending_times <= watermark
+            ready, times = pending[reached], pending_times[reached]
+            later = pending_times[~reached]
+            self.next_ready = int(later.min()) if len(later) else MAX_WATERMARK
+        horizon = min(watermark, self.next_ready)
+        prune = watermark != MAX_WATERMARK and horizon >= self.next_prune
+        out = None
+        if len(ready) or prune:
+            versions = Versions(self, ready, right.alive_rows())
+            if len(ready):
+                out = self._emit(ready, versions.answers(times))
+            if prune:
+                right.drop(versions.hidden(horizon))
+                above = versions.times[versions.times > horizon]
+                self.next_prune = int(above.min()) if len(above) else MAX_WATERMARK
         if watermark == MAX_WATERMARK:
             right.drop(right.alive_rows())
             self.next_prune = MAX_WATERMARK
-        else:
-            horizon = min(watermark, self.next_ready)
-            if horizon >= self.next_prune:
-                self._prune(horizon)
         for kept in self.rows:
             kept.compact()
         return out
 
-    def _emit(self, watermark: int) -> pa.RecordBatch | None:
-        """The pending left rows at or before ``watermark``, with their answers; they are
-        dropped."""
+    def _emit(self, ready: np.ndarray, answers: np.ndarray) -> pa.RecordBatch | None:
+        """The left rows ``ready`` with their ``answers`` (right rows, ``-1``: none), as
+        ``how`` asks; they are dropped."""
         left, right = self.rows
-        pending = left.alive_rows()
-        times = left.times[pending]
-        reached = times <= watermark
-        ready = pending[reached]
-        later = times[~reached]
-        self.next_ready = int(later.min()) if len(later) else MAX_WATERMARK
-        versions = right.alive_rows()
-        answers = self._answers(ready, times[reached], versions)
         emitted, found = ready, answers
         if self.how is How.INNER:
             emitted, found = ready[answers >= 0], answers[answers >= 0]
@@ -158,54 +174,6 @@ class AsofJoin:
             )
         left.drop(ready)
         return out
-
-    def _answers(self, ready: np.ndarray, times: np.ndarray, versions: np.ndarray) -> np.ndarray:
-        """Each left row's answer among ``versions`` (indices of right rows, in the order they
-        came): the index of a right row, or ``-1``."""
-        answers = np.full(len(ready), -1, dtype=np.int64)
-        if not len(ready) or not len(versions):
-            return answers
-        left, right = self.rows
-        layout = self.layout
-        codes = key_codes(
-            left.table.select(list(layout.left_on)).take(pa.array(ready)),
-            layout.left_on,
-            right.table.select(list(layout.right_on)).take(pa.array(versions)),
-            layout.right_on,
-        )
-        right_times = right.times[versions]
-        order = np.lexsort((right_times, codes.right))  # (stable: equal times as they came)
-        right_codes = codes.right[order]
-        sortable = _Sortable(codes.count, np.concatenate([times, right_times]))
-        at = np.searchsorted(
-            sortable.of(codes.right, right_times)[order],
-            sortable.of(codes.left, times),
-            side="right",
-        )
-        at -= 1
-        found = (at >= 0) & codes.left_valid
-        found[found] = right_codes[at[found]] == codes.left[found]
-        answers[found] = versions[order[at[found]]]
-        return answers
-
-    def _prune(self, horizon: int) -> None:
-        """Drop the versions that a newer one of the same key at or below ``horizon`` (the
-        watermark and every pending left row's time) hides from every row to come."""
-        right = self.rows[Side.RIGHT]
-        versions = right.alive_rows()
-        times = right.times[versions]
-        below = times <= horizon
-        above = times[~below]
-        self.next_prune = int(above.min()) if len(above) else MAX_WATERMARK
-        candidates = versions[below]
-        if len(candidates) < 2:
-            return
-        keys = right.table.select(list(self.layout.right_on)).take(pa.array(candidates))
-        codes = key_codes(keys, self.layout.right_on, keys.slice(0, 0), self.layout.right_on)
-        order = np.lexsort((times[below], codes.left))  # (stable: the newest of each key last)
-        grouped = codes.left[order]
-        newest = np.r_[grouped[1:] != grouped[:-1], True]
-        right.drop(candidates[order[~newest]])
 
     def kept(self) -> dict[str, int]:
         """The rows kept now: pending left rows, and right versions."""
@@ -260,7 +228,9 @@ class AsofJoin:
             for tables in snapshots:
                 if schema is None and name in tables:
                     schema = tables[name].schema
-            restored.append(KeptRows.restore(side, schema, snapshots, name, key_groups)[0])
+            restored.append(
+                KeptRows.restore(side, join.rows[side].on, schema, snapshots, name, key_groups)[0]
+            )
         join.rows = (restored[0], restored[1])
         left_times, right_times = restored[0].times, restored[1].times
         join.next_ready = int(left_times.min()) if len(left_times) else MAX_WATERMARK
@@ -268,16 +238,61 @@ class AsofJoin:
         return join
 
 
+class Versions:
+    """The kept versions sorted by (key, time, arrival), their keys coded together with
+    those of the left rows ``ready``: what both finding answers and dropping versions
+    search."""
+
+    def __init__(self, join: AsofJoin, ready: np.ndarray, versions: np.ndarray) -> None:
+        left, right = join.rows
+        layout = join.layout
+        self.codes = key_codes(
+            left.table.select(list(layout.left_on)).take(pa.array(ready, type=pa.int64())),
+            layout.left_on,
+            right.table.select(list(layout.right_on)).take(pa.array(versions, type=pa.int64())),
+            layout.right_on,
+        )
+        times = right.times[versions]
+        self.sortable = _Sortable(self.codes.count, times, left.times[ready])
+        order = np.argsort(self.sortable.of(self.codes.right, times), kind="stable")
+        self.versions = versions[order]  # (stable: equal times as they came)
+        self.times = times[order]
+        self.keys = self.codes.right[order]
+        self.sorted = self.sortable.of(self.keys, self.times)
+
+    def answers(self, times: np.ndarray) -> np.ndarray:
+        """The answer of each ready left row (at ``times``): a right row's index, or ``-1``."""
+        answers = np.full(len(times), -1, dtype=np.int64)
+        if not len(self.versions):
+            return answers
+        codes = self.codes
+        at = np.searchsorted(self.sorted, self.sortable.of(codes.left, times), side="right") - 1
+        found = (at >= 0) & codes.left_valid
+        found[found] = self.keys[at[found]] == codes.left[found]
+        answers[found] = self.versions[at[found]]
+        return answers
+
+    def hidden(self, horizon: int) -> np.ndarray:
+        """The versions at or below ``horizon`` that a newer one of their key at or below it
+        hides (of each key's versions there, all but the last: they are sorted)."""
+        below = self.times <= horizon
+        last = np.ones(len(below), dtype=bool)
+        last[:-1] = (self.keys[1:] != self.keys[:-1]) | ~below[1:]
+        hidden: np.ndarray = self.versions[below & ~last]
+        return hidden
+
+
 class _Sortable:
     """(code, time) pairs as one int64 that sorts as the pairs do: ``code * span + time``
-    shifted, when that fits; else the time's rank among ``times`` in its place."""
+    shifted, when that fits; else the time's rank among all ``times`` in its place."""
 
-    def __init__(self, count: int, times: np.ndarray) -> None:
-        self.low = int(times.min())
-        span = int(times.max()) - self.low + 1
+    def __init__(self, count: int, *times: np.ndarray) -> None:
+        found = [t for t in times if len(t)]
+        self.low = min((int(t.min()) for t in found), default=0)
+        span = max((int(t.max()) for t in found), default=0) - self.low + 1
         self.ranks: np.ndarray | None = None
         if count * span >= 2**62:  # (ranks: fewer than the rows)
-            self.ranks = np.unique(times)
+            self.ranks = np.unique(np.concatenate(found))
             span = len(self.ranks)
         self.span = span
 
@@ -286,6 +301,9 @@ class _Sortable:
         place = times - self.low if ranks is None else np.searchsorted(ranks, times)
         key: np.ndarray = codes * self.span + place
         return key
+
+
+_NONE = np.empty(0, dtype=np.int64)
 
 
 def _valid_keys(batch: pa.RecordBatch, on: tuple[str, ...]) -> np.ndarray | None:

@@ -56,13 +56,17 @@ class KeptRows:
     """The rows of one side of a join, kept until the kernel drops them.
 
     :param side: which side (named in errors).
+    :param on: the side's key columns (a schema without them is refused).
     :param schema: the side's columns, when known before its first batch (a join that emits a
         side's nulls before any row of it came needs them).
     """
 
-    def __init__(self, side: Side, schema: pa.Schema | None = None) -> None:
+    def __init__(
+        self, side: Side, on: tuple[str, ...] = (), schema: pa.Schema | None = None
+    ) -> None:
         self.side = side
-        self.schema = schema
+        self.on = on
+        self.schema = None if schema is None else self._checked(schema)
         self._chunks: list[pa.Table] = []
         self._table: pa.Table | None = None
         self._times = Growing(np.int64)
@@ -110,13 +114,9 @@ class KeptRows:
     def append(self, batch: pa.RecordBatch, times: np.ndarray, key_groups: np.ndarray) -> int:
         """Keep ``batch``'s rows (alive); returns the index of the first."""
         first = self.size
+        self.check(batch, times, key_groups)
         batch = self._conform(batch)
         n = batch.num_rows
-        if len(times) != n or len(key_groups) != n:
-            raise JoinError(
-                f"join: a {self.name} batch of {n} rows came with {len(times)} times and "
-                f"{len(key_groups)} key groups (one of each per row)"
-            )
         self._chunks.append(pa.Table.from_batches([batch]))
         self._table = None
         self._times.extend(np.asarray(times, dtype=np.int64))
@@ -125,10 +125,19 @@ class KeptRows:
         self.count += n
         return first
 
+    def check(self, batch: pa.RecordBatch, times: np.ndarray, key_groups: np.ndarray) -> None:
+        """Refuse a batch that does not come with one time and one key group per row."""
+        n = batch.num_rows
+        if len(times) != n or len(key_groups) != n:
+            raise JoinError(
+                f"join: a {self.name} batch of {n} rows came with {len(times)} times and "
+                f"{len(key_groups)} key groups (one of each per row)"
+            )
+
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch`` in the side's schema (the first batch's, or the one given)."""
         if self.schema is None:
-            self.schema = batch.schema
+            self.schema = self._checked(batch.schema)
             return batch
         if batch.schema.equals(self.schema):
             return batch
@@ -142,6 +151,16 @@ class KeptRows:
             f"join: a {self.name} batch's columns ({batch.schema}) are not the "
             f"{self.name} side's ({self.schema})"
         )
+
+    def _checked(self, schema: pa.Schema) -> pa.Schema:
+        """``schema``, if it has the key columns."""
+        missing = [name for name in self.on if name not in schema.names]
+        if missing:
+            raise JoinError(
+                f"join: the {self.name} side has no key column {missing[0]!r} (its columns: "
+                f"{', '.join(schema.names)})"
+            )
+        return schema
 
     def take(self, rows: np.ndarray) -> pa.Table:
         """The rows at ``rows`` (indices), in that order."""
@@ -199,6 +218,7 @@ class KeptRows:
     def restore(
         cls,
         side: Side,
+        on: tuple[str, ...],
         schema: pa.Schema | None,
         snapshots: Sequence[dict[str, pa.Table]],
         prefix: str,
@@ -208,7 +228,7 @@ class KeptRows:
         is in ``key_groups``, in the snapshots' order; and for each snapshot the new index of
         each of its rows (``-1``: not kept)."""
         assert key_groups.step == 1
-        kept = cls(side, schema)
+        kept = cls(side, on, schema)
         mappings = []
         for tables in snapshots:
             rows = tables[f"{prefix}.rows"]

@@ -28,8 +28,8 @@ _BOUND = 2**62
 @dataclass(frozen=True)
 class KeyCodes:
     """One integer per row of each side, equal where the keys are (nulls equal to nulls);
-    ``count``: the codes are in ``range(count)``, and it is at most one more than the rows; ``*_valid``: the rows without a null in a
-    key, which alone may pair."""
+    ``count``: the codes are in ``range(count)`` (at most one more than the rows);
+    ``*_valid``: the rows without a null in a key, which alone may pair."""
 
     left: np.ndarray
     right: np.ndarray
@@ -88,28 +88,41 @@ def pair_up(
     """The pairs ``(i, j)`` of a left row ``i`` and a right row ``j`` of the same group
     (``left[i] == right[j] >= 0``; ``-1``: a row that pairs with nothing), every such pair
     once, as two arrays of positions; then, with ``keep_left``, each left row of no pair as
-    ``(i, -1)``, and with ``keep_right`` each right row of none as ``(-1, j)``."""
-    left_order = np.argsort(left, kind="stable")
-    left_sorted = left[left_order]
-    right_order = np.argsort(right, kind="stable")
-    right_sorted = right[right_order]
-    low = np.searchsorted(right_sorted, left_sorted, "left")
-    high = np.searchsorted(right_sorted, left_sorted, "right")
-    counts = np.where(left_sorted >= 0, high - low, 0)
+    ``(i, -1)``, and with ``keep_right`` each right row of none as ``(-1, j)``.
+
+    The right rows are sorted by group once; each left row's partners are then a run of them,
+    found by counting the rows of each group (groups are numbered densely first if they are
+    many more than the rows)."""
+    groups = int(max(left.max(initial=0), right.max(initial=0))) + 1
+    if groups > 4 * (len(left) + len(right)) + 1024:
+        both = np.concatenate([left, right])
+        valid = both >= 0
+        dense = np.full(len(both), -1, dtype=np.int64)
+        _, dense[valid] = np.unique(both[valid], return_inverse=True)
+        left, right = dense[: len(left)], dense[len(left) :]
+        groups = int(dense.max(initial=0)) + 1
+    right_valid = right >= 0
+    right_order = np.flatnonzero(right_valid)
+    right_order = right_order[np.argsort(right[right_order], kind="stable")]
+    right_counts = np.bincount(right[right_valid], minlength=groups)
+    right_starts = np.cumsum(right_counts) - right_counts
+    left_valid = left >= 0
+    grouped = np.where(left_valid, left, 0)
+    counts = np.where(left_valid, right_counts[grouped], 0)
     ends = np.cumsum(counts)
     total = int(ends[-1]) if len(ends) else 0
-    left_rows = [np.repeat(left_order, counts)]
-    at = np.arange(total, dtype=np.int64) + np.repeat(low - (ends - counts), counts)
+    left_rows = [np.repeat(np.arange(len(left), dtype=np.int64), counts)]
+    at = np.arange(total, dtype=np.int64) + np.repeat(
+        right_starts[grouped] - (ends - counts), counts
+    )
     right_rows = [right_order[at]]
     if keep_left:
-        alone = left_order[counts == 0]
+        alone = np.flatnonzero(counts == 0)
         left_rows.append(alone)
         right_rows.append(np.full(len(alone), -1, dtype=np.int64))
     if keep_right:
-        found = np.searchsorted(left_sorted, right_sorted, "right") - np.searchsorted(
-            left_sorted, right_sorted, "left"
-        )
-        alone = right_order[(found == 0) | (right_sorted < 0)]
+        left_counts = np.bincount(left[left_valid], minlength=groups)
+        alone = np.flatnonzero(~right_valid | (left_counts[np.where(right_valid, right, 0)] == 0))
         left_rows.append(np.full(len(alone), -1, dtype=np.int64))
         right_rows.append(alone)
     return (

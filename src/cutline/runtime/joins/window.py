@@ -88,7 +88,10 @@ class WindowJoin:
         self.assigner = assigner
         self.how = how_of(how, tuple(How), f"window join ({assigner})")
         left, right = schemas if schemas is not None else (None, None)
-        self.rows = (KeptRows(Side.LEFT, left), KeptRows(Side.RIGHT, right))
+        self.rows = (
+            KeptRows(Side.LEFT, layout.left_on, left),
+            KeptRows(Side.RIGHT, layout.right_on, right),
+        )
         self.watermark = MIN_WATERMARK
         self.windows: WindowRows = _windows(assigner, layout, self.rows)
 
@@ -103,6 +106,7 @@ class WindowJoin:
         """Keep a batch of ``side``'s rows until their windows fire (none may be late: see
         :meth:`late`). Returns ``None``: a window join emits when windows fire."""
         times = np.asarray(times, dtype=np.int64)
+        self.rows[side].check(batch, times, key_groups)
         late = self.windows.late(times, self.watermark)
         if late.any():
             raise JoinError(
@@ -218,7 +222,9 @@ class WindowJoin:
             for tables in snapshots:
                 if schema is None and name in tables:
                     schema = tables[name].schema
-            kept, mappings = KeptRows.restore(side, schema, snapshots, name, key_groups)
+            kept, mappings = KeptRows.restore(
+                side, join.rows[side].on, schema, snapshots, name, key_groups
+            )
             marked = [
                 np.full(int((mapping >= 0).sum()), mark, dtype=np.int64)
                 for mapping, mark in zip(mappings, marks, strict=True)
