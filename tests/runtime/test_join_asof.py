@@ -31,9 +31,9 @@ from join_harness import (
 
 from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.joins.asof import AsofJoin
-from cutline.runtime.joins.how import How, JoinError
-from cutline.runtime.joins.kept import SLACK
+from cutline.runtime.joins.how import How
 from cutline.runtime.joins.output import Side
+from cutline.runtime.joins.rows import SLACK, JoinError
 
 Result = tuple[Any, ...]
 
@@ -231,7 +231,9 @@ def test_state_stays_bounded_over_a_long_steady_input_and_is_empty_at_the_end() 
 
 def test_what_an_asof_join_refuses_is_named() -> None:
     layout = layout_of(1, windows=False)
-    with pytest.raises(JoinError, match="as-of join: how='full' is not one of 'inner', 'left'"):
+    with pytest.raises(
+        ValueError, match="an as-of join has no how='full': it is one of 'inner', 'left'"
+    ):
         AsofJoin(layout, "full")
     with pytest.raises(JoinError, match="has window_start"):
         AsofJoin(layout_of(1, windows=True), "inner")

@@ -32,10 +32,10 @@ from join_harness import (
 
 from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
-from cutline.runtime.joins.how import How, JoinError
-from cutline.runtime.joins.kept import SLACK
+from cutline.runtime.joins.how import How
 from cutline.runtime.joins.keycodes import key_codes, pair_up
 from cutline.runtime.joins.output import Side
+from cutline.runtime.joins.rows import SLACK, JoinError
 from cutline.runtime.joins.window import WindowJoin
 
 Assigner = Tumbling | Sliding | Session
@@ -354,7 +354,7 @@ def test_windows_of_a_time_zone_are_those_of_its_local_clock() -> None:
 
 def test_what_a_window_join_refuses_is_named() -> None:
     layout = layout_of(1, windows=True)
-    with pytest.raises(JoinError, match="how='sideways' is not one of 'inner', 'left'"):
+    with pytest.raises(ValueError, match=r"a window join \(Tumbling\(1s\)\) has no how='sideways'"):
         WindowJoin(layout, Tumbling("1s"), "sideways")
     with pytest.raises(JoinError, match="no window_start"):
         WindowJoin(layout_of(1, windows=False), Tumbling("1s"), "inner")

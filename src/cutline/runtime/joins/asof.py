@@ -44,10 +44,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
-from cutline.runtime.joins.how import How, JoinError, how_of
-from cutline.runtime.joins.kept import KeptRows
+from cutline.runtime.joins.how import How
 from cutline.runtime.joins.keycodes import key_codes
 from cutline.runtime.joins.output import JoinLayout, Side
+from cutline.runtime.joins.rows import JoinError, SideRows
 
 JOIN = "join"
 """The snapshot's table of what the join itself keeps: its watermark and how."""
@@ -67,16 +67,16 @@ class AsofJoin:
         layout: JoinLayout,
         how: str | How,
         *,
-        schemas: tuple[pa.Schema, pa.Schema] | None = None,
+        schemas: tuple[pa.Schema | None, pa.Schema | None] | None = None,
     ) -> None:
         if layout.windows:
             raise JoinError("as-of join: its layout has window_start, window_end")
         self.layout = layout
-        self.how = how_of(how, (How.INNER, How.LEFT), "as-of join")
+        self.how = How.of(how, (How.INNER, How.LEFT), "an as-of join")
         left, right = schemas if schemas is not None else (None, None)
         self.rows = (
-            KeptRows(Side.LEFT, layout.left_on, left),
-            KeptRows(Side.RIGHT, layout.right_on, right),
+            SideRows(Side.LEFT, layout.left_on, left),
+            SideRows(Side.RIGHT, layout.right_on, right),
         )
         self.watermark = MIN_WATERMARK
         self.next_ready = MAX_WATERMARK
@@ -203,7 +203,7 @@ class AsofJoin:
         snapshots: Sequence[dict[str, pa.Table]],
         key_groups: range,
         *,
-        schemas: tuple[pa.Schema, pa.Schema] | None = None,
+        schemas: tuple[pa.Schema | None, pa.Schema | None] | None = None,
         watermark: int | None = None,
     ) -> AsofJoin:
         """An as-of join from the snapshots of any number of subtasks of the same join,
@@ -229,7 +229,7 @@ class AsofJoin:
                 if schema is None and name in tables:
                     schema = tables[name].schema
             restored.append(
-                KeptRows.restore(side, join.rows[side].on, schema, snapshots, name, key_groups)[0]
+                SideRows.restore(side, join.rows[side].on, schema, snapshots, name, key_groups)[0]
             )
         join.rows = (restored[0], restored[1])
         left_times, right_times = restored[0].times, restored[1].times

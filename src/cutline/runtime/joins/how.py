@@ -1,59 +1,51 @@
-"""Which rows a join emits besides its pairs (:class:`How`), and the error a kernel raises when
-it is driven against its rules (:class:`JoinError`)."""
+"""Which rows a join emits (:class:`How`): the pairs only, or also the rows of one side or both
+that found no partner, with nulls on the other side."""
 
 from __future__ import annotations
 
 from enum import Enum
 from typing import assert_never
 
-
-class JoinError(ValueError):
-    """A join given what it cannot take: a ``how=`` it does not offer, a batch whose columns
-    differ from the side's, rows that are late, snapshots of another join."""
+from cutline.runtime.joins.output import Side
 
 
 class How(Enum):
-    """Which rows a join emits: ``inner`` its pairs only; ``left`` also each left row that
-    found no partner, with nulls on the right; ``right`` the same of the right's rows;
-    ``full`` both."""
+    """``inner``: the pairs only; ``left`` / ``right``: also every row of that side that
+    found no partner (the other side's columns null); ``full``: also both sides' such rows."""
 
     INNER = "inner"
     LEFT = "left"
     RIGHT = "right"
     FULL = "full"
 
-    @property
-    def keeps_left(self) -> bool:
-        """Whether a left row without a partner is emitted (with nulls on the right)."""
+    @classmethod
+    def of(
+        cls, how: str | How, allowed: tuple[How, ...] | None = None, what: str = "a join"
+    ) -> How:
+        """``how`` as a :class:`How`, refused unless one of ``allowed`` (default: all)."""
+        allowed = allowed or tuple(cls)
+        try:
+            found = how if isinstance(how, How) else cls(how)
+        except ValueError:
+            found = None
+        if found not in allowed:
+            raise ValueError(
+                f"{what} has no how={how!r}: it is one of "
+                f"{', '.join(repr(h.value) for h in allowed)}"
+            )
+        assert found is not None
+        return found
+
+    def outer(self, side: Side) -> bool:
+        """Whether rows of ``side`` that found no partner are emitted."""
         match self:
-            case How.LEFT | How.FULL:
-                return True
-            case How.INNER | How.RIGHT:
+            case How.INNER:
                 return False
+            case How.LEFT:
+                return side is Side.LEFT
+            case How.RIGHT:
+                return side is Side.RIGHT
+            case How.FULL:
+                return True
             case _:
                 assert_never(self)
-
-    @property
-    def keeps_right(self) -> bool:
-        """Whether a right row without a partner is emitted (with nulls on the left)."""
-        match self:
-            case How.RIGHT | How.FULL:
-                return True
-            case How.INNER | How.LEFT:
-                return False
-            case _:
-                assert_never(self)
-
-
-def how_of(how: str | How, offered: tuple[How, ...], join: str) -> How:
-    """``how`` as a :class:`How`, refused (naming ``join`` and what it offers) unless it is one
-    of ``offered``."""
-    try:
-        found = how if isinstance(how, How) else How(how)
-    except ValueError:
-        found = None
-    if found not in offered:
-        names = ", ".join(repr(h.value) for h in offered)
-        raise JoinError(f"{join}: how={how!r} is not one of {names}")
-    assert found is not None
-    return found

@@ -52,10 +52,10 @@ import pyarrow as pa
 
 from cutline.protocol.watermarks import MIN_WATERMARK
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
-from cutline.runtime.joins.how import How, JoinError, how_of
-from cutline.runtime.joins.kept import KeptRows
+from cutline.runtime.joins.how import How
 from cutline.runtime.joins.keycodes import pair_up
 from cutline.runtime.joins.output import JoinLayout, Side
+from cutline.runtime.joins.rows import JoinError, SideRows
 from cutline.runtime.joins.window_rows import Fired, SessionRows, SliceRows
 
 WindowRows = SliceRows | SessionRows
@@ -80,17 +80,17 @@ class WindowJoin:
         assigner: Tumbling | Sliding | Session,
         how: str | How,
         *,
-        schemas: tuple[pa.Schema, pa.Schema] | None = None,
+        schemas: tuple[pa.Schema | None, pa.Schema | None] | None = None,
     ) -> None:
         if not layout.windows:
             raise JoinError("window join: its layout has no window_start, window_end")
         self.layout = layout
         self.assigner = assigner
-        self.how = how_of(how, tuple(How), f"window join ({assigner})")
+        self.how = How.of(how, tuple(How), f"a window join ({assigner})")
         left, right = schemas if schemas is not None else (None, None)
         self.rows = (
-            KeptRows(Side.LEFT, layout.left_on, left),
-            KeptRows(Side.RIGHT, layout.right_on, right),
+            SideRows(Side.LEFT, layout.left_on, left),
+            SideRows(Side.RIGHT, layout.right_on, right),
         )
         self.watermark = MIN_WATERMARK
         self.windows: WindowRows = _windows(assigner, layout, self.rows)
@@ -136,7 +136,7 @@ class WindowJoin:
         """The result rows of the fired windows' rows."""
         how = self.how
         left, right = pair_up(
-            fired.left_groups, fired.right_groups, how.keeps_left, how.keeps_right
+            fired.left_groups, fired.right_groups, how.outer(Side.LEFT), how.outer(Side.RIGHT)
         )
         if not len(left):
             return None
@@ -196,7 +196,7 @@ class WindowJoin:
         snapshots: Sequence[dict[str, pa.Table]],
         key_groups: range,
         *,
-        schemas: tuple[pa.Schema, pa.Schema] | None = None,
+        schemas: tuple[pa.Schema | None, pa.Schema | None] | None = None,
         watermark: int | None = None,
     ) -> WindowJoin:
         """A window join from the snapshots of any number of subtasks of the same join,
@@ -222,7 +222,7 @@ class WindowJoin:
             for tables in snapshots:
                 if schema is None and name in tables:
                     schema = tables[name].schema
-            kept, mappings = KeptRows.restore(
+            kept, mappings = SideRows.restore(
                 side, join.rows[side].on, schema, snapshots, name, key_groups
             )
             marked = [
@@ -238,7 +238,7 @@ class WindowJoin:
 
 
 def _windows(
-    assigner: Tumbling | Sliding | Session, layout: JoinLayout, rows: tuple[KeptRows, KeptRows]
+    assigner: Tumbling | Sliding | Session, layout: JoinLayout, rows: tuple[SideRows, SideRows]
 ) -> WindowRows:
     match assigner:
         case Tumbling() | Sliding():

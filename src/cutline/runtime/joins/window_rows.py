@@ -14,9 +14,9 @@ import pyarrow as pa
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling, assign, ends_of
 from cutline.runtime.eventtime.slicing import last_window_of, slices_of
-from cutline.runtime.joins.kept import Growing, KeptRows
 from cutline.runtime.joins.keycodes import KeyCodes, key_codes
 from cutline.runtime.joins.output import JoinLayout, Side
+from cutline.runtime.joins.rows import Growing, SideRows
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Fired:
     ends: np.ndarray
 
 
-def _codes(layout: JoinLayout, rows: tuple[KeptRows, KeptRows], at: list[np.ndarray]) -> KeyCodes:
+def _codes(layout: JoinLayout, rows: tuple[SideRows, SideRows], at: list[np.ndarray]) -> KeyCodes:
     """The key codes of the rows at ``at`` (per side)."""
     return key_codes(
         _keys(rows[0], layout.left_on, rows[1], layout.right_on, at[0]),
@@ -47,7 +47,7 @@ def _codes(layout: JoinLayout, rows: tuple[KeptRows, KeptRows], at: list[np.ndar
 
 
 def _keys(
-    kept: KeptRows, on: tuple[str, ...], other: KeptRows, other_on: tuple[str, ...], at: np.ndarray
+    kept: SideRows, on: tuple[str, ...], other: SideRows, other_on: tuple[str, ...], at: np.ndarray
 ) -> pa.Table:
     """The key columns of ``kept``'s rows at ``at``; of none, typed as ``other``'s, if its
     side's columns are not known (no row of it came)."""
@@ -71,7 +71,7 @@ class SliceRows:
     fired."""
 
     def __init__(
-        self, assigner: Tumbling | Sliding, layout: JoinLayout, rows: tuple[KeptRows, KeptRows]
+        self, assigner: Tumbling | Sliding, layout: JoinLayout, rows: tuple[SideRows, SideRows]
     ) -> None:
         self.assigner = assigner
         self.layout = layout
@@ -205,7 +205,7 @@ class SessionRows:
     dropped)."""
 
     def __init__(
-        self, assigner: Session, layout: JoinLayout, rows: tuple[KeptRows, KeptRows]
+        self, assigner: Session, layout: JoinLayout, rows: tuple[SideRows, SideRows]
     ) -> None:
         self.gap: int = assigner.gap
         self.layout = layout

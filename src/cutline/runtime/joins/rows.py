@@ -1,8 +1,8 @@
-"""The rows one side of a join keeps (:class:`KeptRows`): its batches as they came, each row's
-event time and key group beside them, and which rows are still alive.
+"""The rows one side of a window or as-of join keeps (:class:`SideRows`): its batches as
+they came, each row's event time and key group beside them, and which rows are still alive.
 
 A row is known by its index (its place among the rows kept, in the order they came). A
-kernel drops rows by marking them; they are taken out in bulk (:meth:`KeptRows.compact`)
+kernel drops rows by marking them; they are taken out in bulk (:meth:`SideRows.compact`)
 once the dropped ones outnumber the alive ones, so that a row is copied a bounded number
 of times however often the watermark moves, and the kernel then renumbers what refers to
 rows by the mapping it is given. Arrow data is never changed in place: a snapshot taken
@@ -16,8 +16,14 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from cutline.runtime.joins.how import JoinError
 from cutline.runtime.joins.output import Side
+
+
+class JoinError(ValueError):
+    """A window or as-of join's kernel given what it cannot take: a batch whose columns differ
+    from its side's, or lack a key column; times or key groups not one per row; rows that
+    are late; snapshots of another join."""
+
 
 SLACK = 4096
 """Dropped rows are taken out once there are more of them than alive rows and this."""
@@ -52,7 +58,7 @@ class Growing:
         self.size = len(self._data)
 
 
-class KeptRows:
+class SideRows:
     """The rows of one side of a join, kept until the kernel drops them.
 
     :param side: which side (named in errors).
@@ -223,7 +229,7 @@ class KeptRows:
         snapshots: Sequence[dict[str, pa.Table]],
         prefix: str,
         key_groups: range,
-    ) -> tuple[KeptRows, list[np.ndarray]]:
+    ) -> tuple[SideRows, list[np.ndarray]]:
         """The rows of ``snapshots`` (made by :meth:`snapshot` with ``prefix``) whose key group
         is in ``key_groups``, in the snapshots' order; and for each snapshot the new index of
         each of its rows (``-1``: not kept)."""
