@@ -13,7 +13,10 @@ as for a window aggregation:
 A window **fires** when the watermark reaches its last millisecond (``window_end - 1``, the
 window operator's rule): :meth:`WindowJoin.advance` then emits every pair of its rows with
 equal keys (nulls never equal), and with ``how=`` ``left``, ``right`` or ``full`` each of its
-rows of that side with no partner in that window, nulls on the other side. A row is kept
+rows of that side with no partner in that window, nulls on the other side. A row with a null
+in its key pairs with nothing; an outer join emits it when its window fires (for sessions,
+rows of the same key with nulls are one key, as ``GROUP BY`` has them: their session is
+theirs together). A row is kept
 until the last of its windows fires (a sliding window's row while any of its windows is
 open), then dropped. Nothing is emitted before the watermark: :meth:`WindowJoin.add` keeps.
 
