@@ -1,30 +1,21 @@
-"""The interval and regular join kernels alone (``cutline.runtime.joins``), on one core: rows
-a second through ``add`` and ``advance``, no operator, channels or checkpoints around them.
+"""The window join's and the as-of join's kernels alone (no runtime, one subtask): rows per
+second through ``add`` and ``advance``.
 
-Input: ``--rows`` rows a side (default 10^6) over ``--keys`` keys (default 10^4, uniform),
-one row a millisecond a side, each time disordered by up to 1 s, in batches of ``--batch``
-rows a side; after each pair of batches the watermark advances to 1 s behind the batches'
-start. The joins:
+    .venv/bin/python bench/join_kernels.py [--rows 1000000] [--keys 10000] [--batch 10000]
 
-* ``interval``: ``between=(-10 s, 0)``, ``how=inner`` and ``how=full``, on an integer key
-  and on the same keys as strings;
-* ``regular_ttl``: the regular join with ``ttl`` 10 s;
-* ``regular``: the regular join kept for ever, the right side one row per key (a dimension
-  table, as Nexmark q3's persons), so its state grows with the input.
-
-Every answer is checked against a plain computation (NumPy, sorted by key and time): the
-number of pairs, and of unmatched rows of an outer join.
-
-Each is run ``--repeats`` times (default 3) and the fastest run counts (the machine is shared).
-
-Run: ``python bench/join_kernels.py [--rows N] [--keys K] [--batch B] [--repeats R] [--out F]``.
+Input: ``--rows`` rows a side (int64 key of ``--keys``, an int64 id, a float), 10 000 rows a
+second of event time a side, times up to 200 ms out of order; batches of ``--batch`` rows of
+each side in turn, the watermark 250 ms behind the latest time after each pair. Joins:
+tumbling 1 s, sliding 2 s every 1 s, sessions with a gap of 100 ms (all ``how="full"``),
+and the as-of join (``how="left"``). Each result's count is checked against a plain NumPy
+computation of the same join. The as-of join's search is also timed against
+``pyarrow.Table.join_asof`` on the same rows (one call, all rows at once).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,135 +24,151 @@ import numpy as np
 import pyarrow as pa
 
 from cutline.protocol.watermarks import MAX_WATERMARK
-from cutline.runtime.joins.interval import IntervalJoin
+from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
+from cutline.runtime.joins.asof import AsofJoin
 from cutline.runtime.joins.output import JoinLayout, Side
-from cutline.runtime.joins.regular import RegularJoin
+from cutline.runtime.joins.window import WindowJoin
 
-LAYOUT = JoinLayout(("k",), ("k",))
-LOWER, UPPER = -10_000, 0
+RATE = 10  # rows per ms of event time, a side
+DELAY = 200
+LAG = 250
 
 
-def side_input(
-    rows: int, keys: int, batch: int, seed: int, strings: bool
-) -> list[tuple[pa.RecordBatch, np.ndarray]]:
+def sides(
+    rows: int, keys: int, seed: int = 1
+) -> list[tuple[np.ndarray, np.ndarray, pa.RecordBatch]]:
+    """Per side: times, keys and the rows as one batch."""
     rng = np.random.default_rng(seed)
     out = []
-    for first in range(0, rows, batch):
-        n = min(batch, rows - first)
-        times = np.arange(first, first + n, dtype=np.int64) + rng.integers(0, 1000, n)
-        k = rng.integers(0, keys, n)
-        key = pa.array(k.astype(str)) if strings else pa.array(k)
-        out.append((pa.record_batch({"k": key, "t": times, "v": rng.random(n)}), times))
+    for side in Side:
+        times = np.arange(rows, dtype=np.int64) // RATE + rng.integers(-DELAY, DELAY, rows) // 2
+        key = rng.integers(0, keys, rows).astype(np.int64)
+        ids = np.arange(rows, dtype=np.int64) + side * rows
+        names = ("k", "lid", "x") if side is Side.LEFT else ("rk", "rid", "y")
+        batch = pa.record_batch([key, ids, rng.random(rows)], names=list(names))
+        out.append((times, key, batch))
     return out
 
 
-def drive(
-    join: Any, left: list[tuple[pa.RecordBatch, np.ndarray]], right: list[Any], batch: int
-) -> tuple[float, int, int]:
-    """Seconds, result rows, and of them unmatched ones (a null ``v`` or ``v_right``)."""
-    results = unmatched = 0
-
-    def count(out: pa.RecordBatch | None) -> None:
-        nonlocal results, unmatched
-        if out is not None:
-            results += out.num_rows
-            unmatched += out.column("v").null_count + out.column("v_right").null_count
-
-    started = time.perf_counter()
-    for i in range(max(len(left), len(right))):
-        for side, batches in ((Side.LEFT, left), (Side.RIGHT, right)):
-            if i < len(batches):
-                rows, times = batches[i]
-                groups = np.zeros(rows.num_rows, np.int64)
-                count(join.add(side, rows, times, groups))
-        count(join.advance(i * batch - 1000))
-    count(join.advance(MAX_WATERMARK))
-    elapsed = time.perf_counter() - started
-    assert join.kept() == {"left": 0, "right": 0}
-    return elapsed, results, unmatched
+def drive(kernel: Any, data: list[Any], batch: int) -> tuple[float, int]:
+    """Seconds to feed both sides in batches and advance the watermark after each pair (and
+    to the end); the result rows."""
+    rows = len(data[0][0])
+    results = 0
+    start = time.perf_counter()
+    for at in range(0, rows, batch):
+        latest = 0
+        for side in Side:
+            times, key, rows_ = data[side]
+            part = slice(at, at + batch)
+            kernel.add(side, rows_.slice(at, batch), times[part], key[part] % 128)
+            latest = max(latest, int(times[part].max()))
+        out = kernel.advance(latest - LAG)
+        results += 0 if out is None else out.num_rows
+    out = kernel.advance(MAX_WATERMARK)
+    results += 0 if out is None else out.num_rows
+    return time.perf_counter() - start, results
 
 
-def interval_answer(left: list[Any], right: list[Any]) -> tuple[int, int]:
-    """Pairs, and rows of either side without a partner, by sorting: a plain computation."""
+def expected_windows(data: list[Any], starts_of: Callable[[np.ndarray], list[np.ndarray]]) -> int:
+    """Pairs and lonely rows of a full window join of tumbling or sliding windows (each row's
+    window starts: ``starts_of`` its times), counted."""
+    groups = []
+    for times, key, _ in data:
+        groups.append(np.concatenate([starts * 1_000_003 + key for starts in starts_of(times)]))
+    values, left_counts = np.unique(groups[0], return_counts=True)
+    right_values, right_counts = np.unique(groups[1], return_counts=True)
+    _, li, ri = np.intersect1d(values, right_values, return_indices=True)
+    pairs = int((left_counts[li] * right_counts[ri]).sum())
+    lonely = int(left_counts.sum() - left_counts[li].sum())
+    lonely += int(right_counts.sum() - right_counts[ri].sum())
+    return pairs + lonely
 
-    def columns(batches: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.concatenate([np.asarray(b.column("k").to_numpy(), str) for b, _ in batches])
-        return np.unique(keys, return_inverse=True)[1], np.concatenate([t for _, t in batches])
 
-    (lk, lt), (rk, rt) = columns(left), columns(right)
-    span = int(max(lt.max(), rt.max())) + 2 * (UPPER - LOWER) + 2
-    right_sorted = np.sort(rk * span + rt)
-    start = np.searchsorted(right_sorted, lk * span + lt + LOWER, "left")
-    partners = np.searchsorted(right_sorted, lk * span + lt + UPPER, "right") - start
-    left_sorted = np.sort(lk * span + lt)
-    lstart = np.searchsorted(left_sorted, rk * span + rt - UPPER, "left")
-    right_partners = np.searchsorted(left_sorted, rk * span + rt - LOWER, "right") - lstart
-    return int(partners.sum()), int((partners == 0).sum() + (right_partners == 0).sum())
+def expected_sessions(data: list[Any], gap: int) -> int:
+    """Pairs and lonely rows of a full join of the sessions of both sides' rows per key,
+    counted (here no session fires before its last row came: the watermark lags more than
+    the rows are out of order, and a gap's more)."""
+    times = np.concatenate([data[0][0], data[1][0]])
+    keys = np.concatenate([data[0][1], data[1][1]])
+    left = np.r_[np.ones(len(data[0][0]), bool), np.zeros(len(data[1][0]), bool)]
+    order = np.lexsort((times, keys))
+    times, keys, left = times[order], keys[order], left[order]
+    new = np.r_[True, (keys[1:] != keys[:-1]) | (times[1:] - times[:-1] > gap)]
+    session = np.cumsum(new) - 1
+    lefts = np.bincount(session, weights=left).astype(np.int64)
+    rights = np.bincount(session, weights=~left).astype(np.int64)
+    both = (lefts > 0) & (rights > 0)
+    return int((lefts * rights)[both].sum() + lefts[~both].sum() + rights[~both].sum())
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=10_000)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each; the best counts")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--search-rows", type=int, default=100_000)
     args = parser.parse_args()
-    rows, keys, batch = args.rows, args.keys, args.batch
-    figures: dict[str, Any] = {
-        "rows_a_side": rows,
-        "keys": keys,
-        "batch": batch,
-        "machine": platform.platform(),
-    }
-    cases: list[tuple[str, bool, Callable[[], Any], str]] = [
-        (
-            "interval inner, int key",
-            False,
-            lambda: IntervalJoin(LAYOUT, "inner", LOWER, UPPER),
-            "i",
+    data = sides(args.rows, args.keys)
+    windowed = JoinLayout(("k",), ("rk",), windows=True)
+    plain = JoinLayout(("k",), ("rk",))
+    runs: dict[str, tuple[Callable[[], Any], int | None]] = {
+        "window tumbling 1s": (
+            lambda: WindowJoin(windowed, Tumbling("1s"), "full"),
+            expected_windows(data, lambda t: [t - t % 1000]),
         ),
-        ("interval full, int key", False, lambda: IntervalJoin(LAYOUT, "full", LOWER, UPPER), "f"),
-        ("interval inner, str key", True, lambda: IntervalJoin(LAYOUT, "inner", LOWER, UPPER), "i"),
-        ("regular, ttl 10 s", False, lambda: RegularJoin(LAYOUT, 10_000), "r"),
-    ]
-    inputs = {
-        strings: (
-            side_input(rows, keys, batch, 1, strings),
-            side_input(rows, keys, batch, 2, strings),
-        )
-        for strings in (False, True)
+        "window sliding 2s/1s": (
+            lambda: WindowJoin(windowed, Sliding("2s", every="1s"), "full"),
+            expected_windows(data, lambda t: [t - t % 1000, t - t % 1000 - 1000]),
+        ),
+        "window session 100ms": (
+            lambda: WindowJoin(windowed, Session(gap="100ms"), "full"),
+            expected_sessions(data, 100),
+        ),
+        "as-of left": (lambda: AsofJoin(plain, "left"), args.rows),
     }
-    answer = interval_answer(*inputs[False])
-    for name, strings, make, kind in cases:
-        left, right = inputs[strings]
-        runs = [drive(make(), left, right, batch) for _ in range(args.repeats)]
-        elapsed, results, unmatched = min(runs)
-        if kind == "i":
-            assert (results, unmatched) == (answer[0], 0), (results, answer)
-        elif kind == "f":
-            assert (results - unmatched, unmatched) == answer, (results, unmatched, answer)
-        figures[name] = {"rows_per_s": round(2 * rows / elapsed), "results": results}
+    for name, (make, expected) in runs.items():
+        seconds, results = math.inf, 0
+        for _ in range(args.repeats):
+            took, results = drive(make(), data, args.batch)
+            seconds = min(seconds, took)
+            if expected is not None:
+                assert results == expected, (name, results, expected)
         print(
-            f"{name}: {2 * rows / elapsed / 1e6:.2f} M rows/s ({elapsed:.2f} s), {results} results"
+            f"{name:24} {2 * args.rows / seconds / 1e6:6.2f} M rows/s "
+            f"({2 * args.rows:,} rows in {seconds:.2f} s; {results:,} results"
+            f"{', checked' if expected is not None else ''})"
         )
-    # a regular join kept for ever: each left row with its key's one right row
-    dimension = []
-    for first in range(0, keys * 10, batch):
-        k = np.arange(first, min(first + batch, keys * 10))
-        zeros = np.zeros(len(k), np.int64)
-        dimension.append((pa.record_batch({"k": k, "t": zeros, "v": zeros * 1.0}), zeros))
-    facts = side_input(rows, keys * 10, batch, 3, False)
-    elapsed, results, _ = min(
-        drive(RegularJoin(LAYOUT), facts, dimension, batch) for _ in range(args.repeats)
+    search(sides(args.search_rows, args.keys))
+
+
+def search(data: list[Any]) -> None:
+    """The as-of search alone, all rows at once: the kernel's (codes, sort, searchsorted)
+    against ``pyarrow.Table.join_asof`` (which wants both sides sorted by time)."""
+    (lt, lk, lb), (rt, rk, rb) = data
+    lt, rt = lt + 1_000, rt + 1_000  # (join_asof refuses times before 1970: "out of order")
+    left = pa.table({"t": lt, "k": lk, "lid": lb.column(1)}).sort_by("t").combine_chunks()
+    right = pa.table({"t": rt, "k": rk, "rid": rb.column(1)}).sort_by("t").combine_chunks()
+    start = time.perf_counter()
+    arrow = left.join_asof(right, on="t", by="k", tolerance=-(2**40))
+    arrow_s = time.perf_counter() - start
+    join = AsofJoin(JoinLayout(("k",), ("rk",)), "left")
+    join.add(Side.RIGHT, pa.record_batch([rk, rb.column(1)], names=["rk", "rid"]), rt, rk)
+    join.add(Side.LEFT, pa.record_batch([lk, lb.column(1)], names=["k", "lid"]), lt, lk)
+    start = time.perf_counter()
+    ours = join.advance(MAX_WATERMARK)
+    ours_s = time.perf_counter() - start
+    assert ours is not None
+    found = dict(zip(ours.column("lid").to_pylist(), ours.column("rid").to_pylist(), strict=True))
+    theirs = dict(
+        zip(arrow.column("lid").to_pylist(), arrow.column("rid").to_pylist(), strict=True)
     )
-    assert results == rows, results
-    name = f"regular for ever, {keys * 10} right rows kept"
-    figures[name] = {"rows_per_s": round((rows + keys * 10) / elapsed), "results": results}
-    print(f"{name}: {(rows + keys * 10) / elapsed / 1e6:.2f} M rows/s ({elapsed:.2f} s)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(figures, f, indent=2)
+    differ = sum(found[i] != theirs[i] for i in found)
+    print(
+        f"as-of search, {len(lt):,} left rows against {len(rt):,} versions at once: kernel "
+        f"{ours_s:.2f} s, pyarrow join_asof {arrow_s:.2f} s; answers differ for {differ:,} rows"
+    )
 
 
 if __name__ == "__main__":
