@@ -97,7 +97,7 @@ class Joins:
         times = plan.times(needed=True)
         left_time = times[0]
         result_time = TimeColumn("window_end", -1, left_time.type, left_time.unit)
-        schemas = plan.schemas()
+        schemas = plan.pair_schemas()
         make = functools.partial(WindowJoin, plan.layout, window, checked, schemas=schemas)
         restore = functools.partial(
             WindowJoin.restore, plan.layout, window, checked, schemas=schemas
@@ -174,7 +174,7 @@ class Joins:
         plan = _Plan(self, other, "asof_join", on, left_on, right_on, suffix)
         checked = _how(how, ("inner", "left"), "asof_join")
         times = plan.times(needed=True)
-        schemas = plan.schemas()
+        schemas = plan.pair_schemas()
         make = functools.partial(AsofJoin, plan.layout, checked, schemas=schemas)
         restore = functools.partial(AsofJoin.restore, plan.layout, checked, schemas=schemas)
         logic = JoinLogic(make, restore, plan.keys, times)
@@ -277,7 +277,7 @@ class _Plan:
         self.keys = (lefts, rights)
         self.layout = JoinLayout(lefts, rights, suffix, windows)
 
-    def times(self, *, needed: bool) -> tuple[TimeColumn, TimeColumn]:
+    def times(self, *, needed: bool) -> tuple[Any, Any]:
         """Each side's event time; a side without it is refused when ``needed`` (else it is
         ``None``: a regular join without ``ttl``)."""
         found: list[Any] = []
@@ -296,10 +296,6 @@ class _Plan:
 
     def pair_schemas(self) -> tuple[pa.Schema | None, pa.Schema | None]:
         return self.left.schema, self.right.schema
-
-    def schemas(self) -> tuple[pa.Schema, pa.Schema] | None:
-        left, right = self.left.schema, self.right.schema
-        return None if left is None or right is None else (left, right)
 
     def larger_time(self, times: tuple[TimeColumn, TimeColumn]) -> TimeColumn:
         """A pair's event time: the larger of both sides' (their columns in the results)."""

@@ -183,7 +183,7 @@ class JoinOperator(RunningOperator):
         groups = self._key_groups(side, columns)
         if groups is None:
             return None
-        late = times <= self.ctx.watermark
+        late = self._late(side, times)
         if self.floors is not None:
             late |= times <= self.floors[groups]
         if late.any():
@@ -197,6 +197,15 @@ class JoinOperator(RunningOperator):
             if not columns.num_rows:
                 return None
         return self._out(self.kernel.add(side, columns, times, groups))
+
+    def _late(self, side: Side, times: np.ndarray) -> np.ndarray:
+        """Which records are late: the kernel's rule where it has one (a window join's: every
+        window of the record fired), else at or before the operator's watermark."""
+        rule = getattr(self.kernel, "late", None)
+        if rule is not None:
+            late: np.ndarray = rule(side, times)
+            return late
+        return times <= self.ctx.watermark
 
     def _side(self, side: Side) -> str:
         return f"{self.ctx.name} ({side.name.lower()} input)"
