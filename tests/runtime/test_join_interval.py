@@ -18,7 +18,7 @@ from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.joins.how import How
 from cutline.runtime.joins.interval import IntervalJoin
 from cutline.runtime.joins.output import JoinLayout, Side
-from join_kernels import (
+from join_kernel_runs import (
     LAYOUT,
     Add,
     Advance,

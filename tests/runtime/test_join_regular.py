@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.joins.output import Side
 from cutline.runtime.joins.regular import RegularJoin
-from join_kernels import (
+from join_kernel_runs import (
     LAYOUT,
     Add,
     Advance,
