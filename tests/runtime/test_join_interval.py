@@ -18,6 +18,7 @@ from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.joins.how import How
 from cutline.runtime.joins.interval import IntervalJoin
 from cutline.runtime.joins.output import JoinLayout, Side
+from cutline.runtime.joins.rows import JoinError
 from join_kernel_runs import (
     LAYOUT,
     Add,
@@ -297,16 +298,16 @@ def test_bad_input_is_refused_with_what_and_where() -> None:
     with pytest.raises(ValueError, match="an interval join has no how='outer'"):
         IntervalJoin(LAYOUT, "outer", 0, 1)
     join = IntervalJoin(LAYOUT, "inner", 0, 1)
-    with pytest.raises(KeyError, match="the join's left side has no key column 'k'"):
+    with pytest.raises(JoinError, match="the left side has no key column 'k'"):
         join.add(Side.LEFT, pa.record_batch({"x": [1]}), np.array([1]), np.array([0]))
     batch = Scenario([]).batch(Side.LEFT, [left(1, 5, 0)])
-    with pytest.raises(ValueError, match="left side has 1 rows but 2 times"):
+    with pytest.raises(JoinError, match="a left batch of 1 rows came with 2 times and 1 key"):
         join.add(Side.LEFT, batch, np.array([1, 2]), np.array([0]))
     join.add(Side.LEFT, batch, np.array([5]), np.array([0]))
     other = Scenario([], pa.string()).batch(Side.RIGHT, [right(1, 5, 0)])
     with pytest.raises(TypeError, match="the right side's 'k' is string, the left side's"):
         join.add(Side.RIGHT, other, np.array([5]), np.array([0]))
-    with pytest.raises(TypeError, match="a batch of the join's left side has the columns"):
+    with pytest.raises(JoinError, match=r"a left batch's columns \(k: int64\) are not the left"):
         join.add(Side.LEFT, pa.record_batch({"k": [1]}), np.array([5]), np.array([0]))
 
 

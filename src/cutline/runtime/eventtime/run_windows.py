@@ -34,8 +34,6 @@ spilled and compacted as windows' runs are).
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -58,6 +56,7 @@ from cutline.runtime.eventtime.slicing import (
 )
 from cutline.runtime.eventtime.store import StoreContext
 from cutline.runtime.state.columns import ColumnChain
+from cutline.runtime.state.spill import SpillFiles
 
 MOST_RUNS = 16
 """A window with more runs than this compacts them."""
@@ -118,16 +117,13 @@ class Runs:
     def __init__(self, context: StoreContext) -> None:
         self.kind = str(context.aggregation.kind)
         self.chain = ColumnChain(context.state)
-        self.folder = context.backend.path
+        folder = context.backend.path
+        self.files = None if folder is None else SpillFiles(folder, f"windows-{os.getpid()}")
         """Where runs are spilled (``None``: they stay in memory)."""
         self.budget = context.state.memory // 2
         """Bytes of runs held in memory beyond which they are spilled."""
         self.held = 0
         """Bytes of the live windows' runs held in memory."""
-        self.spills = 0
-        self._files = itertools.count()
-        self._live: dict[str, int] = {}
-        """Per spill file, the runs of it that windows hold."""
         self._stuck = 0
         """Bytes of runs that stayed in memory at the last spill (they cannot be spilled)."""
 
@@ -264,7 +260,7 @@ class Runs:
         memory is written to the local folder and mapped back: one file per spill (and per
         shape of run), whatever the number of runs, so that a subtask holds few files and
         mappings. Runs of Python ints (sums beyond int64) stay in memory."""
-        if self.held <= self.budget + self._stuck or self.folder is None:
+        if self.held <= self.budget + self._stuck or self.files is None:
             return
         holders = pieces()
         shapes: dict[pa.Schema, list[tuple[WindowRuns, int]]] = {}
@@ -272,15 +268,8 @@ class Runs:
             for at, run in enumerate(holder.runs):
                 if run.file is None and run.acc.dtype != object and len(run.keys):
                     shapes.setdefault(_columns(run).schema, []).append((holder, at))
-        for schema, found in shapes.items():
-            path = os.path.join(self.folder, f"windows-{os.getpid()}-{next(self._files)}.arrow")
-            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                for holder, at in found:
-                    writer.write_batch(_columns(holder.runs[at]))
-            with pa.memory_map(path) as source:
-                reader = pa.ipc.open_file(source)
-                mapped = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-            self._live[path] = len(found)
+        for found in shapes.values():
+            path, mapped = self.files.write([_columns(holder.runs[at]) for holder, at in found])
             changed: dict[int, tuple[WindowRuns, list[Run]]] = {}
             for (holder, at), batch in zip(found, mapped, strict=True):
                 runs = changed.setdefault(id(holder), (holder, list(holder.runs)))[1]
@@ -289,20 +278,14 @@ class Runs:
                 holder.runs = tuple(runs)
         self.held = sum(run.held for holder in holders for run in holder.runs)
         self._stuck = self.held
-        self.spills += 1
 
     def _forget(self, runs: Iterable[Run]) -> None:
-        """Runs no window holds any more: a file is removed once it holds none that a window
-        holds (a snapshot being written still reads a mapped one: the mapping outlives the
-        name)."""
-        for run in runs:
-            if run.file is None or run.file not in self._live:
-                continue
-            self._live[run.file] -= 1
-            if not self._live[run.file]:
-                del self._live[run.file]
-                with contextlib.suppress(OSError):
-                    os.remove(run.file)
+        """Runs no window holds any more: their spill files are told (one is removed once it
+        holds none that a window holds)."""
+        if self.files is not None:
+            for run in runs:
+                if run.file is not None:
+                    self.files.release(run.file)
 
     # ---------------------------------------------------------------- snapshots
 
@@ -338,8 +321,8 @@ class RunWindows(WindowsByStart[WindowRuns]):
 
     @property
     def spills(self) -> int:
-        """How many times runs were spilled."""
-        return self.runs.spills
+        """How many times runs were spilled (files written)."""
+        return 0 if self.runs.files is None else self.runs.files.spills
 
 
 def runs_of(holders: Iterable[WindowRuns]) -> list[RunState]:

@@ -47,7 +47,7 @@ from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.joins.how import How
 from cutline.runtime.joins.keycodes import key_codes
 from cutline.runtime.joins.output import JoinLayout, Side
-from cutline.runtime.joins.rows import JoinError, SideRows
+from cutline.runtime.joins.rows import JoinError, SideRows, Spill
 
 JOIN = "join"
 """The snapshot's table of what the join itself keeps: its watermark and how."""
@@ -60,6 +60,7 @@ class AsofJoin:
     :param how: ``"inner"`` or ``"left"``.
     :param schemas: both sides' schemas, if known before their first rows (a left join that
         emits before a right row came needs the right's).
+    :param spill: where the rows go beyond memory (the disk backend); ``None``: they stay.
     """
 
     def __init__(
@@ -68,11 +69,13 @@ class AsofJoin:
         how: str | How,
         *,
         schemas: tuple[pa.Schema | None, pa.Schema | None] | None = None,
+        spill: Spill | None = None,
     ) -> None:
         if layout.windows:
             raise JoinError("as-of join: its layout has window_start, window_end")
         self.layout = layout
         self.how = How.of(how, (How.INNER, How.LEFT), "an as-of join")
+        self.spill = spill
         left, right = schemas if schemas is not None else (None, None)
         self.rows = (
             SideRows(Side.LEFT, layout.left_on, left),
@@ -97,9 +100,7 @@ class AsofJoin:
         """Keep a batch of ``side``'s rows (none may be late: see :meth:`late`): left rows
         until the watermark reaches them, right ones as versions. Returns ``None``: an as-of
         join emits at the watermark."""
-        times = np.asarray(times, dtype=np.int64)
-        key_groups = np.asarray(key_groups, dtype=np.int64)
-        self.rows[side].check(batch, times, key_groups)
+        times, key_groups = self.rows[side].check(batch, times, key_groups)
         late = self.late(side, times)
         if late.any():
             raise JoinError(
@@ -118,6 +119,7 @@ class AsofJoin:
                 self.next_ready = min(self.next_ready, least)
             else:
                 self.next_prune = min(self.next_prune, least)
+        self._settle()
         return None
 
     def advance(self, watermark: int) -> pa.RecordBatch | None:
@@ -152,7 +154,12 @@ class AsofJoin:
             self.next_prune = MAX_WATERMARK
         for kept in self.rows:
             kept.compact()
+        self._settle()
         return out
+
+    def _settle(self) -> None:
+        if self.spill is not None:
+            self.spill.settle(*self.rows)
 
     def _emit(self, ready: np.ndarray, answers: np.ndarray) -> pa.RecordBatch | None:
         """The left rows ``ready`` with their ``answers`` (right rows, ``-1``: none), as
@@ -163,15 +170,9 @@ class AsofJoin:
             emitted, found = ready[answers >= 0], answers[answers >= 0]
         out = None
         if len(emitted):
-            used = found >= 0
-            at = np.full(len(found), -1, dtype=np.int64)
-            at[used] = np.arange(int(used.sum()), dtype=np.int64)
-            out = self.layout.assemble(
-                left.take(emitted),
-                right.take(found[used]),
-                np.arange(len(emitted), dtype=np.int64),
-                at,
-            )
+            left_rows, left_at = left.gather(emitted)
+            right_rows, right_at = right.gather(found)
+            out = self.layout.assemble(left_rows, right_rows, left_at, right_at)
         left.drop(ready)
         return out
 
@@ -182,8 +183,8 @@ class AsofJoin:
     def snapshot(self) -> dict[str, pa.Table]:
         """Everything kept, as tables: the pending left rows (``left``) and the versions
         (``right``), with their times and key groups (``left.rows``, ``right.rows``), and
-        ``join``: the watermark and ``how``. The dropped rows are taken out first; the tables
-        share the kernel's arrays (nothing is copied; the kernel never changes them in
+        ``join``: the watermark and ``how``. The tables share the kernel's chunks and arrays
+        (nothing is copied but which rows are alive; the kernel never changes them in
         place)."""
         tables = {
             JOIN: pa.table(
@@ -191,8 +192,7 @@ class AsofJoin:
             )
         }
         for kept in self.rows:
-            kept.compact(force=True)
-            tables.update(kept.snapshot(kept.name))
+            tables.update(kept.snapshot())
         return tables
 
     @classmethod
@@ -205,12 +205,13 @@ class AsofJoin:
         *,
         schemas: tuple[pa.Schema | None, pa.Schema | None] | None = None,
         watermark: int | None = None,
+        spill: Spill | None = None,
     ) -> AsofJoin:
         """An as-of join from the snapshots of any number of subtasks of the same join,
         keeping the rows whose key group is in ``key_groups``. Its watermark is
         ``watermark``, or the least the snapshots had reached (the operator keeps each key
         group's own as the floor its rows are late against, as a window operator does)."""
-        join = cls(layout, how, schemas=schemas)
+        join = cls(layout, how, schemas=schemas, spill=spill)
         marks = []
         for tables in snapshots:
             said = tables[JOIN].column("how")[0].as_py()
@@ -221,20 +222,15 @@ class AsofJoin:
                 )
             marks.append(int(tables[JOIN].column("watermark")[0].as_py()))
         join.watermark = min(marks, default=MIN_WATERMARK) if watermark is None else watermark
-        restored = []
-        for side in Side:
-            schema = join.rows[side].schema
-            name = join.rows[side].name
-            for tables in snapshots:
-                if schema is None and name in tables:
-                    schema = tables[name].schema
-            restored.append(
-                SideRows.restore(side, join.rows[side].on, schema, snapshots, name, key_groups)[0]
-            )
+        restored = [
+            SideRows.restore(kept.side, kept.on, kept.schema, snapshots, key_groups, spill=spill)[0]
+            for kept in join.rows
+        ]
         join.rows = (restored[0], restored[1])
         left_times, right_times = restored[0].times, restored[1].times
         join.next_ready = int(left_times.min()) if len(left_times) else MAX_WATERMARK
         join.next_prune = int(right_times.min()) if len(right_times) else MAX_WATERMARK
+        join._settle()
         return join
 
 
@@ -247,9 +243,9 @@ class Versions:
         left, right = join.rows
         layout = join.layout
         self.codes = key_codes(
-            left.table.select(list(layout.left_on)).take(pa.array(ready, type=pa.int64())),
+            left.take(ready, layout.left_on),
             layout.left_on,
-            right.table.select(list(layout.right_on)).take(pa.array(versions, type=pa.int64())),
+            right.take(versions, layout.right_on),
             layout.right_on,
         )
         times = right.times[versions]

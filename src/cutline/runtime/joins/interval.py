@@ -49,16 +49,9 @@ import pyarrow as pa
 
 from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.joins.how import How
-from cutline.runtime.joins.kept import (
-    KeptRows,
-    check_batch,
-    gathered,
-    key_columns,
-    nulls_in,
-    partners,
-    side_name,
-)
 from cutline.runtime.joins.output import JoinLayout, Side
+from cutline.runtime.joins.partners import key_columns, nulls_in, partners
+from cutline.runtime.joins.rows import SideRows, Spill
 
 WATERMARK = "watermark"
 """The snapshot's one-row table of the watermark the kernel had reached."""
@@ -74,6 +67,7 @@ class IntervalJoin:
     :param upper_ms: the greatest (ms), at least ``lower_ms``.
     :param schemas: each side's columns, where known before its first batch (an outer row
         can then be emitted before the other side's first batch).
+    :param spill: where the rows go beyond memory (the disk backend); ``None``: they stay.
     """
 
     def __init__(
@@ -84,6 +78,7 @@ class IntervalJoin:
         upper_ms: int,
         *,
         schemas: tuple[pa.Schema | None, pa.Schema | None] = (None, None),
+        spill: Spill | None = None,
     ) -> None:
         if lower_ms > upper_ms:
             raise ValueError(
@@ -94,10 +89,13 @@ class IntervalJoin:
         self.how = How.of(how, what="an interval join")
         self.lower = int(lower_ms)
         self.upper = int(upper_ms)
+        self.spill = spill
         self.watermark = MIN_WATERMARK
         """The greatest watermark :meth:`advance` was given."""
         self.sides = tuple(
-            KeptRows(side, key_columns(layout, side), self.how.outer(side), schema)
+            SideRows(
+                side, key_columns(layout, side), schema, matched=self.how.outer(side), eager=True
+            )
             for side, schema in zip(Side, schemas, strict=True)
         )
 
@@ -111,31 +109,32 @@ class IntervalJoin:
         keep them. What they pair with now (and unmatched rows already past their time)."""
         rows, other = self.sides[side], self.sides[1 - side]
         schema_was_known = rows.schema is not None
-        table, times, key_groups = check_batch(side, batch, times, key_groups)
-        rows.learn(table.schema)
+        batch = rows.conform(batch)
+        times, key_groups = rows.check(batch, times, key_groups)
         if side is Side.LEFT:  # right rows of L.time + lower .. L.time + upper
             low, high = times + self.lower, times + self.upper
         else:  # left rows of R.time - upper .. R.time - lower
             low, high = times - self.upper, times - self.lower
-        ours, theirs = partners(self.layout, side, table, other, low, high)
-        matched = np.zeros(table.num_rows, np.bool_)
+        ours, theirs = partners(self.layout, side, batch, other, low, high)
+        matched = np.zeros(batch.num_rows, np.bool_)
         matched[ours] = True
         if other.matched is not None:
             other.matched[theirs] = True
 
         past = times <= self._last_chance(side, self.watermark)
         emit = np.zeros(0, np.int64)
-        if rows.outer:
+        outer = rows.matched is not None
+        if outer:
             unmatched = past & ~matched
             if other.schema is None and self.watermark != MAX_WATERMARK:
                 past &= ~unmatched  # waits for the other side's columns
             else:
                 emit = np.flatnonzero(unmatched)
         keep = ~past
-        if not rows.outer:
-            keep &= ~nulls_in(table, rows.on)
+        if not outer:
+            keep &= ~nulls_in(batch, rows.on)
         rows.append(
-            table if keep.all() else table.filter(pa.array(keep)),
+            batch if keep.all() else batch.filter(pa.array(keep)),
             times[keep],
             key_groups[keep],
             matched[keep],
@@ -145,9 +144,10 @@ class IntervalJoin:
         if len(ours) or len(emit):
             ours = np.concatenate([ours, emit])
             theirs = np.concatenate([theirs, np.full(len(emit), -1, np.int64)])
-            out.append(self._assemble(side, table, ours, other, theirs))
-        if not schema_was_known and len(other):
+            out.append(self._assemble(side, pa.Table.from_batches([batch]), ours, other, theirs))
+        if not schema_was_known and other.count:
             out += self._expire(other, self.watermark)  # its unmatched rows waited for ours
+        self._settle()
         return _joined(out)
 
     def advance(self, watermark: int) -> pa.RecordBatch | None:
@@ -160,6 +160,7 @@ class IntervalJoin:
         out: list[pa.RecordBatch] = []
         for rows in self.sides:
             out += self._expire(rows, watermark)
+        self._settle()
         return _joined(out)
 
     def _last_chance(self, side: Side, watermark: int) -> int:
@@ -170,12 +171,14 @@ class IntervalJoin:
         last = watermark - self.upper if side is Side.LEFT else watermark + self.lower
         return min(max(last, MIN_WATERMARK), MAX_WATERMARK)
 
-    def _expire(self, rows: KeptRows, watermark: int) -> list[pa.RecordBatch]:
+    def _expire(self, rows: SideRows, watermark: int) -> list[pa.RecordBatch]:
         """Drop the rows of ``rows`` past their last chance at ``watermark``; emit those of
         them an outer side never paired (unless they wait for the other side's columns)."""
-        if not len(rows):
+        if not rows.count:
             return []
         past = rows.times <= self._last_chance(rows.side, watermark)
+        if rows.count < rows.size:
+            past &= rows.alive
         if not past.any():
             return []
         out = []
@@ -185,11 +188,11 @@ class IntervalJoin:
             if other.schema is None and watermark != MAX_WATERMARK:
                 past &= ~unmatched
             elif unmatched.any():
-                assert rows.table is not None
-                ours = np.flatnonzero(unmatched)
+                table, ours = rows.gather(np.flatnonzero(unmatched))
                 theirs = np.full(len(ours), -1, np.int64)
-                out.append(self._assemble(rows.side, rows.table, ours, other, theirs))
-        rows.keep(~past)
+                out.append(self._assemble(rows.side, table, ours, other, theirs))
+        rows.drop(np.flatnonzero(past))
+        rows.compact()
         return out
 
     def _assemble(
@@ -197,13 +200,12 @@ class IntervalJoin:
         side: Side,
         table: pa.Table,
         ours: np.ndarray,
-        other: KeptRows,
+        other: SideRows,
         theirs: np.ndarray,
     ) -> pa.RecordBatch:
         """The result rows of the pairs ``(ours[i], theirs[i])`` of rows of ``table`` (of
         ``side``) and of ``other`` (``-1``: none)."""
-        their_table = other.table
-        if their_table is None:  # never known, at the end of the input: its keys only
+        if other.schema is None:  # never known, at the end of the input: its keys only
             their_table = pa.schema(
                 [
                     pa.field(theirs_name, table.schema.field(ours_name).type)
@@ -212,25 +214,30 @@ class IntervalJoin:
                     )
                 ]
             ).empty_table()
-        table, ours = gathered(table, ours)
-        their_table, theirs = gathered(their_table, theirs)
+        else:
+            their_table, theirs = other.gather(theirs)
         if side is Side.LEFT:
             return self.layout.assemble(table, their_table, ours, theirs)
         return self.layout.assemble(their_table, table, theirs, ours)
+
+    def _settle(self) -> None:
+        if self.spill is not None:
+            self.spill.settle(*self.sides)
 
     # ------------------------------------------------------------------ state
 
     def kept(self) -> dict[str, int]:
         """How many rows each side keeps now (``"left"``, ``"right"``)."""
-        return {side_name(rows.side): len(rows) for rows in self.sides}
+        return {rows.name: rows.count for rows in self.sides}
 
     def snapshot(self) -> dict[str, pa.Table]:
         """Everything kept, as tables (the rows themselves are not copied): ``"left"`` and
-        ``"right"`` the kept rows, ``"left_state"`` and ``"right_state"`` per row its time, key
-        group and (an outer side) whether it paired, ``"watermark"`` the watermark reached."""
+        ``"right"`` the kept rows, ``"left.rows"`` and ``"right.rows"`` per row its time, key
+        group, whether it is alive and (an outer side) whether it paired
+        (:meth:`SideRows.snapshot`), ``"watermark"`` the watermark reached."""
         tables = {WATERMARK: pa.table({WATERMARK: pa.array([self.watermark], pa.int64())})}
         for rows in self.sides:
-            rows.snapshot(tables)
+            tables.update(rows.snapshot())
         return tables
 
     @classmethod
@@ -244,19 +251,30 @@ class IntervalJoin:
         key_groups: range,
         *,
         schemas: tuple[pa.Schema | None, pa.Schema | None] = (None, None),
+        spill: Spill | None = None,
     ) -> Self:
         """The kernel of the subtask owning ``key_groups``, from the :meth:`snapshot` s of any
         number of old subtasks (a restore at another parallelism): their rows of those key
         groups, each with whether it paired. Its watermark is the least of theirs (the rows
         of an old subtask that had gone further were dropped there already; the operator's
         next :meth:`advance` brings it to its own)."""
-        join = cls(layout, how, lower_ms, upper_ms, schemas=schemas)
+        join = cls(layout, how, lower_ms, upper_ms, schemas=schemas, spill=spill)
         join.sides = tuple(
-            KeptRows.restored(rows.side, rows.on, rows.outer, snapshots, key_groups, rows.schema)
+            SideRows.restore(
+                rows.side,
+                rows.on,
+                rows.schema,
+                snapshots,
+                key_groups,
+                matched=rows.matched is not None,
+                eager=True,
+                spill=spill,
+            )[0]
             for rows in join.sides
         )
         marks = [int(s[WATERMARK].column(0)[0].as_py()) for s in snapshots if WATERMARK in s]
         join.watermark = min(marks, default=MIN_WATERMARK)
+        join._settle()
         return join
 
 

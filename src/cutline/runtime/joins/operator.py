@@ -11,10 +11,25 @@ watermark (the least of both inputs', the runtime's valve) is passed on to the k
 emits what it completes and drops what no later row can pair with. A window join's
 ``window_start`` and ``window_end`` come back in the type of the left's event-time column.
 
+The kernel keeps its rows itself (:class:`~cutline.runtime.joins.rows.SideRows`); on the
+disk backend, beyond half of ``StateConfig.memory``, in Arrow files of the subtask's state
+folder (the keyed backend's, removed with it), named ``join-<subtask>-<generation>-<n>.arrow``
+(:class:`~cutline.runtime.joins.chunks.Spill`), mapped back when read.
+
 A checkpoint holds the keyed state backend's snapshot (empty: the kernel keeps its rows
 itself), the watermark and the late count, and the kernel's tables, written as a segment of
-their own (a full one every time); a restore reads every old subtask's tables whose key groups
-overlap this subtask's, and the kernel keeps the rows of its own key groups.
+their own (a full one every time: every row kept, spilled or not, encoded in memory on the
+snapshot thread); a restore reads every old subtask's tables whose key groups overlap this
+subtask's, and the kernel keeps the rows of its own key groups.
+
+An incremental checkpoint would take: chunks are immutable, so a segment could hold only the
+chunks made since the checkpoint it builds on (a spilled chunk could even be referenced by its
+file rather than copied, were files kept for checkpoints), plus the per-row arrays that change
+(which rows are alive, which matched) as deltas; compaction would have to keep a chunk's
+identity (or write the chunks it makes as new ones), and a restore would replay the chain:
+the chunks in order, then the drops. What the operator lacks for it today is a
+:class:`~cutline.runtime.state.columns.ColumnChain` encoding of the kernel's chunks by
+generation, as the window runs have (:func:`~cutline.runtime.eventtime.layouts.encode_runs`).
 """
 
 from __future__ import annotations
@@ -31,6 +46,7 @@ import pyarrow as pa
 from cutline.protocol.watermarks import MIN_WATERMARK
 from cutline.runtime.eventtime.output import LateRecords
 from cutline.runtime.eventtime.timestamps import EventTimeError, TimeColumn
+from cutline.runtime.joins.chunks import Spill
 from cutline.runtime.joins.output import Side
 from cutline.runtime.operators import (
     Batch,
@@ -85,13 +101,14 @@ def edge_key(columns: tuple[str, ...]) -> str | KeyColumns:
 
 @dataclass(frozen=True)
 class JoinLogic(Logic):
-    """A built-in join of two inputs: ``make()`` its kernel, or ``restore(snapshots,
-    key_groups)`` one from old subtasks' tables; ``keys`` each side's key columns, ``times``
-    each side's event time; ``window_time``: a window join's, the type its ``window_start``
-    and ``window_end`` come back in."""
+    """A built-in join of two inputs: ``make(spill=...)`` its kernel, or ``restore(snapshots,
+    key_groups, spill=...)`` one from old subtasks' tables (``spill``: where its rows go
+    beyond memory, ``None`` on the memory backend); ``keys`` each side's key columns,
+    ``times`` each side's event time; ``window_time``: a window join's, the type its
+    ``window_start`` and ``window_end`` come back in."""
 
-    make: Callable[[], JoinKernel]
-    restore: Callable[[list[dict[str, pa.Table]], range], JoinKernel]
+    make: Callable[..., JoinKernel]
+    restore: Callable[..., JoinKernel]
     keys: tuple[tuple[str, ...], tuple[str, ...]]
     times: tuple[TimeColumn | None, TimeColumn | None]
     """(``None``: a side without event time, in a regular join without a ``ttl``: its records
@@ -140,7 +157,12 @@ class JoinOperator(RunningOperator):
                 self.floors = np.full(ctx.max_parallelism, MIN_WATERMARK, dtype=np.int64)
                 for groups, mark in marks:
                     self.floors[groups.start : groups.stop] = mark
-        self.kernel = self.logic.restore(snapshots, mine) if snapshots else self.logic.make()
+        spill = Spill.of(ctx.state, self.backend.path, f"join-{ctx.subtask}-{ctx.generation}")
+        self.kernel = (
+            self.logic.restore(snapshots, mine, spill=spill)
+            if snapshots
+            else self.logic.make(spill=spill)
+        )
         self.lates = (
             LateRecords(LATE_SIDES[Side.LEFT] in ctx.side_outputs, late),
             LateRecords(LATE_SIDES[Side.RIGHT] in ctx.side_outputs),

@@ -27,16 +27,9 @@ import pyarrow as pa
 
 from cutline.protocol.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from cutline.runtime.joins.interval import WATERMARK
-from cutline.runtime.joins.kept import (
-    KeptRows,
-    check_batch,
-    gathered,
-    key_columns,
-    nulls_in,
-    partners,
-    side_name,
-)
 from cutline.runtime.joins.output import JoinLayout, Side
+from cutline.runtime.joins.partners import key_columns, nulls_in, partners
+from cutline.runtime.joins.rows import SideRows, Spill
 
 
 class RegularJoin:
@@ -46,16 +39,20 @@ class RegularJoin:
     :param layout: the key columns of each side and the result's columns.
     :param ttl_ms: how long after its time (ms of event time, by the watermark) a row is
         kept; ``None``: for ever.
+    :param spill: where the rows go beyond memory (the disk backend); ``None``: they stay.
     """
 
-    def __init__(self, layout: JoinLayout, ttl_ms: int | None = None) -> None:
+    def __init__(
+        self, layout: JoinLayout, ttl_ms: int | None = None, *, spill: Spill | None = None
+    ) -> None:
         if ttl_ms is not None and ttl_ms < 0:
             raise ValueError(f"a join's ttl ({ttl_ms} ms) is negative: it is at least 0")
         self.layout = layout
         self.ttl = ttl_ms
         self.watermark = MIN_WATERMARK
         """The greatest watermark :meth:`advance` was given."""
-        self.sides = tuple(KeptRows(side, key_columns(layout, side), False) for side in Side)
+        self.spill = spill
+        self.sides = tuple(SideRows(side, key_columns(layout, side), eager=True) for side in Side)
 
     def add(
         self, side: Side, batch: pa.RecordBatch, times: np.ndarray, key_groups: np.ndarray
@@ -64,20 +61,19 @@ class RegularJoin:
         ``key_groups`` theirs) with every kept row of the other side of their key, and keep
         them. What they pair with (``None``: nothing)."""
         rows, other = self.sides[side], self.sides[1 - side]
-        table, times, key_groups = check_batch(side, batch, times, key_groups)
-        rows.learn(table.schema)
-        ours, theirs = partners(self.layout, side, table, other)
-        keep = ~nulls_in(table, rows.on)  # (a row is never past its ttl yet: time > watermark)
+        batch = rows.conform(batch)
+        times, key_groups = rows.check(batch, times, key_groups)
+        ours, theirs = partners(self.layout, side, batch, other)
+        keep = ~nulls_in(batch, rows.on)  # (a row is never past its ttl yet: time > watermark)
         rows.append(
-            table if keep.all() else table.filter(pa.array(keep)),
-            times[keep],
-            key_groups[keep],
-            np.zeros(int(keep.sum()), np.bool_),
+            batch if keep.all() else batch.filter(pa.array(keep)), times[keep], key_groups[keep]
         )
+        if self.spill is not None:
+            self.spill.settle(*self.sides)
         if not len(ours):
             return None
-        assert other.table is not None
-        their_table, theirs = gathered(other.table, theirs)
+        table = pa.Table.from_batches([batch])
+        their_table, theirs = other.gather(theirs)
         if side is Side.LEFT:
             return self.layout.assemble(table, their_table, ours, theirs)
         return self.layout.assemble(their_table, table, theirs, ours)
@@ -90,8 +86,9 @@ class RegularJoin:
         self.watermark = watermark
         last = self._last_kept()
         for rows in self.sides:
-            if len(rows) and (last == MAX_WATERMARK or self.ttl is not None):
-                rows.keep(rows.times > last)
+            if rows.count and (last == MAX_WATERMARK or self.ttl is not None):
+                rows.drop(np.flatnonzero(rows.alive & (rows.times <= last)))
+                rows.compact()
         return None
 
     def _last_kept(self) -> int:
@@ -106,15 +103,16 @@ class RegularJoin:
 
     def kept(self) -> dict[str, int]:
         """How many rows each side keeps now (``"left"``, ``"right"``)."""
-        return {side_name(rows.side): len(rows) for rows in self.sides}
+        return {rows.name: rows.count for rows in self.sides}
 
     def snapshot(self) -> dict[str, pa.Table]:
         """Everything kept, as tables (the rows themselves are not copied): ``"left"`` and
-        ``"right"`` the kept rows, ``"left_state"`` and ``"right_state"`` per row its time and
-        key group, ``"watermark"`` the watermark reached."""
+        ``"right"`` the kept rows, ``"left.rows"`` and ``"right.rows"`` per row its time, key
+        group and whether it is alive (:meth:`SideRows.snapshot`), ``"watermark"`` the
+        watermark reached."""
         tables = {WATERMARK: pa.table({WATERMARK: pa.array([self.watermark], pa.int64())})}
         for rows in self.sides:
-            rows.snapshot(tables)
+            tables.update(rows.snapshot())
         return tables
 
     @classmethod
@@ -124,13 +122,17 @@ class RegularJoin:
         ttl_ms: int | None,
         snapshots: list[dict[str, pa.Table]],
         key_groups: range,
+        *,
+        spill: Spill | None = None,
     ) -> Self:
         """The kernel of the subtask owning ``key_groups``, from the :meth:`snapshot` s of any
         number of old subtasks (a restore at another parallelism): their rows of those key
         groups. Its watermark is the least of theirs."""
-        join = cls(layout, ttl_ms)
+        join = cls(layout, ttl_ms, spill=spill)
         join.sides = tuple(
-            KeptRows.restored(rows.side, rows.on, False, snapshots, key_groups)
+            SideRows.restore(
+                rows.side, rows.on, None, snapshots, key_groups, eager=True, spill=spill
+            )[0]
             for rows in join.sides
         )
         marks = [int(s[WATERMARK].column(0)[0].as_py()) for s in snapshots if WATERMARK in s]

@@ -58,7 +58,7 @@ from cutline.runtime.eventtime.assigners import Session, Sliding, Tumbling
 from cutline.runtime.joins.how import How
 from cutline.runtime.joins.keycodes import pair_up
 from cutline.runtime.joins.output import JoinLayout, Side
-from cutline.runtime.joins.rows import JoinError, SideRows
+from cutline.runtime.joins.rows import JoinError, SideRows, Spill
 from cutline.runtime.joins.window_rows import Fired, SessionRows, SliceRows
 
 WindowRows = SliceRows | SessionRows
@@ -75,6 +75,7 @@ class WindowJoin:
     :param how: ``"inner"``, ``"left"``, ``"right"`` or ``"full"``.
     :param schemas: both sides' schemas, if known before their first rows (an outer join that
         emits a side's nulls before a row of it came needs them).
+    :param spill: where the rows go beyond memory (the disk backend); ``None``: they stay.
     """
 
     def __init__(
@@ -84,12 +85,14 @@ class WindowJoin:
         how: str | How,
         *,
         schemas: tuple[pa.Schema | None, pa.Schema | None] | None = None,
+        spill: Spill | None = None,
     ) -> None:
         if not layout.windows:
             raise JoinError("window join: its layout has no window_start, window_end")
         self.layout = layout
         self.assigner = assigner
         self.how = How.of(how, tuple(How), f"a window join ({assigner})")
+        self.spill = spill
         left, right = schemas if schemas is not None else (None, None)
         self.rows = (
             SideRows(Side.LEFT, layout.left_on, left),
@@ -108,8 +111,7 @@ class WindowJoin:
     ) -> pa.RecordBatch | None:
         """Keep a batch of ``side``'s rows until their windows fire (none may be late: see
         :meth:`late`). Returns ``None``: a window join emits when windows fire."""
-        times = np.asarray(times, dtype=np.int64)
-        self.rows[side].check(batch, times, key_groups)
+        times, key_groups = self.rows[side].check(batch, times, key_groups)
         late = self.windows.late(times, self.watermark)
         if late.any():
             raise JoinError(
@@ -121,6 +123,7 @@ class WindowJoin:
         first = self.rows[side].append(batch, times, key_groups)
         floors = np.full(len(times), self.watermark, dtype=np.int64)
         self.windows.place(side, first, times, floors, self.watermark)
+        self._settle()
         return None
 
     def advance(self, watermark: int) -> pa.RecordBatch | None:
@@ -133,7 +136,12 @@ class WindowJoin:
         fired = self.windows.fire(previous, watermark)
         out = None if fired is None else self._emit(fired)
         self.windows.release(watermark)
+        self._settle()
         return out
+
+    def _settle(self) -> None:
+        if self.spill is not None:
+            self.spill.settle(*self.rows)
 
     def _emit(self, fired: Fired) -> pa.RecordBatch | None:
         """The result rows of the fired windows' rows."""
@@ -159,12 +167,9 @@ class WindowJoin:
     def _taken(self, side: Side, rows: np.ndarray, at: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """The rows of ``side`` the result takes (``rows[at]``, ``-1``: none) as a table of
         those alone, and where each result row's is in it."""
-        used = at >= 0
-        if used.all():
-            return self.rows[side].take(rows[at]), np.arange(len(at), dtype=np.int64)
-        positions = np.full(len(at), -1, dtype=np.int64)
-        positions[used] = np.arange(int(used.sum()), dtype=np.int64)
-        return self.rows[side].take(rows[at[used]]), positions
+        taken = np.full(len(at), -1, dtype=np.int64)
+        taken[at >= 0] = rows[at[at >= 0]]
+        return self.rows[side].gather(taken)
 
     def kept(self) -> dict[str, int]:
         """The rows kept now, per side."""
@@ -172,11 +177,10 @@ class WindowJoin:
 
     def snapshot(self) -> dict[str, pa.Table]:
         """Everything kept, as tables: each side's rows (``left``, ``right``) with their times
-        and key groups (``left.rows``, ``right.rows``), and ``join``: the watermark, the
-        assigner and ``how`` (a restore checks them). The dropped rows are taken out first;
-        the tables share the kernel's arrays (nothing is copied; the kernel never changes
-        them in place)."""
-        self.windows.compact(force=True)
+        and key groups (``left.rows``, ``right.rows``: :meth:`SideRows.snapshot`), and
+        ``join``: the watermark, the assigner and ``how`` (a restore checks them). The tables
+        share the kernel's chunks and arrays (nothing is copied but which rows are alive;
+        the kernel never changes them in place)."""
         tables = {
             JOIN: pa.table(
                 {
@@ -187,7 +191,7 @@ class WindowJoin:
             )
         }
         for kept in self.rows:
-            tables.update(kept.snapshot(kept.name))
+            tables.update(kept.snapshot())
         return tables
 
     @classmethod
@@ -201,12 +205,13 @@ class WindowJoin:
         *,
         schemas: tuple[pa.Schema | None, pa.Schema | None] | None = None,
         watermark: int | None = None,
+        spill: Spill | None = None,
     ) -> WindowJoin:
         """A window join from the snapshots of any number of subtasks of the same join,
         keeping the rows whose key group is in ``key_groups``. Its watermark is ``watermark``,
         or the least the snapshots had reached; each row keeps its own subtask's (the
         windows that ended there fired, and do not again)."""
-        join = cls(layout, assigner, how, schemas=schemas)
+        join = cls(layout, assigner, how, schemas=schemas, spill=spill)
         marks = []
         for tables in snapshots:
             meta = tables[JOIN]
@@ -220,13 +225,8 @@ class WindowJoin:
         join.watermark = min(marks, default=MIN_WATERMARK) if watermark is None else watermark
         restored = []
         for side in Side:
-            schema = join.rows[side].schema
-            name = join.rows[side].name
-            for tables in snapshots:
-                if schema is None and name in tables:
-                    schema = tables[name].schema
             kept, mappings = SideRows.restore(
-                side, join.rows[side].on, schema, snapshots, name, key_groups
+                side, join.rows[side].on, join.rows[side].schema, snapshots, key_groups, spill=spill
             )
             marked = [
                 np.full(int((mapping >= 0).sum()), mark, dtype=np.int64)
@@ -237,6 +237,7 @@ class WindowJoin:
         join.windows = _windows(assigner, layout, join.rows)
         for side, (kept, floors) in zip(Side, restored, strict=True):
             join.windows.place(side, 0, kept.times, floors, join.watermark)
+        join._settle()
         return join
 
 

@@ -52,7 +52,7 @@ def _keys(
     """The key columns of ``kept``'s rows at ``at``; of none, typed as ``other``'s, if its
     side's columns are not known (no row of it came)."""
     if kept.schema is not None:
-        return kept.table.select(list(on)).take(pa.array(at, type=pa.int64()))
+        return kept.take(at, on)
     assert not len(at) and other.schema is not None
     return pa.table(
         {
@@ -185,15 +185,16 @@ class SliceRows:
                     self.rows[side].drop(np.concatenate(parts[side]))
         self.compact()
 
-    def compact(self, force: bool = False) -> None:
-        """Take the dropped rows out of each side (when due, or ``force``), renumbering the
-        slices' rows."""
+    def compact(self) -> None:
+        """Take the dropped rows out of each side (when due), renumbering the slices'
+        rows."""
         for side in Side:
-            mapping = self.rows[side].compact(force)
-            if mapping is None:
+            keep = self.rows[side].compact()
+            if keep is None:
                 continue
+            mapping = np.cumsum(keep) - 1  # (of the rows that stay)
             floors = self.floors[side]
-            floors.reset(floors.view[mapping >= 0])
+            floors.reset(floors.view[keep])
             for parts in self.slices.values():
                 parts[side][:] = [mapping[p] for p in parts[side]]
 
@@ -272,9 +273,9 @@ class SessionRows:
             assert not any(kept.count for kept in self.rows)
         self.compact()
 
-    def compact(self, force: bool = False) -> None:
+    def compact(self) -> None:
         for kept in self.rows:
-            kept.compact(force)
+            kept.compact()
 
 
 _NONE = np.empty(0, dtype=np.int64)
