@@ -14,9 +14,13 @@ right's ``k``, ``t`` and ``rid``. A result row is ``(k, t, lid, t_right, rid)``.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,11 +28,54 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from cutline.protocol.watermarks import MAX_WATERMARK
+from cutline.runtime.joins.chunks import Spill
 from cutline.runtime.joins.output import JoinLayout, Side
 from cutline.runtime.state.keygroups import key_group, key_group_range
+from cutline.runtime.state.spill import SpillFiles
 
 MAX_PARALLELISM = 8
 LAYOUT = JoinLayout(("k",), ("k",))
+
+STORES = ["memory", "spilled"]
+"""Where a kernel keeps its rows in the kernels' property tests: in memory (the memory
+backend), or spilled (the disk backend with no memory at all: :class:`Spills`)."""
+
+
+class Spills:
+    """Where the kernels of a test keep their rows: in memory (``store="memory"``), or
+    (``"spilled"``) in a folder of their own with a budget of 0 bytes, so that every call
+    that keeps rows writes every chunk held in memory to a file, and every read of them reads
+    the mapped files. Used as a context manager: the folder is removed after."""
+
+    def __init__(self, store: str) -> None:
+        assert store in STORES
+        self.folder = tempfile.mkdtemp(prefix="join-spills-") if store == "spilled" else None
+        self.made: list[Spill] = []
+
+    def __call__(self) -> Spill | None:
+        """A new kernel's (each its own files)."""
+        if self.folder is None:
+            return None
+        spill = Spill(SpillFiles(self.folder, f"kernel{len(self.made)}"), budget=0)
+        self.made.append(spill)
+        return spill
+
+    @property
+    def written(self) -> int:
+        """Files written, by every kernel."""
+        return sum(spill.files.spills for spill in self.made)
+
+    def __enter__(self) -> Spills:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -87,6 +134,21 @@ class Scenario:
         return key
 
 
+IN_MEMORY = Spills("memory")
+"""Kernels that keep their rows in memory."""
+
+
+def assert_files_released(kernels: Iterable[Any]) -> None:
+    """Of ``kernels`` (which keep no row any more), no spill file is left."""
+    for kernel in kernels:
+        spill = kernel.spill
+        if spill is not None:
+            assert spill.files.paths == [], "a kernel that keeps no row keeps its files"
+            folder = spill.files.folder
+            prefix = spill.files.prefix + "-"
+            assert not [name for name in os.listdir(folder) if name.startswith(prefix)]
+
+
 def group_of(scenario: Scenario, row: Row) -> int:
     return key_group(scenario.key(row.key), MAX_PARALLELISM)
 
@@ -119,6 +181,7 @@ def run(
     """The results of a run of the scenario (``restores``: with its restores, else without),
     and the rows kept (summed over the subtasks) after each step."""
     subtasks: list[tuple[range, Kernel]] = [(range(MAX_PARALLELISM), make())]
+    every = [kernel for _, kernel in subtasks]
     results: Results = Counter()
     kept: list[dict[str, int]] = []
     for step, op in enumerate(scenario.ops):
@@ -135,6 +198,7 @@ def run(
                     for i in range(op.parallelism)
                     for groups in [key_group_range(i, op.parallelism, MAX_PARALLELISM)]
                 ]
+                every += [kernel for _, kernel in subtasks]
         else:
             for groups, kernel in subtasks:
                 for row in rows_of(_apply(scenario, op, groups, kernel)):
@@ -142,6 +206,8 @@ def run(
         kept.append(
             {side: sum(kernel.kept()[side] for _, kernel in subtasks) for side in ("left", "right")}
         )
+    if kept and kept[-1] == {"left": 0, "right": 0}:  # (all ran to the end, the old ones too)
+        assert_files_released(every)
     return results, kept
 
 

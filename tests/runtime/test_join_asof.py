@@ -34,6 +34,7 @@ from cutline.runtime.joins.asof import AsofJoin
 from cutline.runtime.joins.how import How
 from cutline.runtime.joins.output import Side
 from cutline.runtime.joins.rows import SLACK, JoinError
+from join_kernel_runs import IN_MEMORY, STORES, Spills, assert_files_released
 
 Result = tuple[Any, ...]
 
@@ -103,14 +104,21 @@ def result(row: dict[str, Any], columns: int) -> Result:
     return (key, row["lid"], row["rid"])
 
 
-def run(how: How, columns: int, drawn: list[tuple[str, Any]], rescale_at: int, parts: int) -> None:
+def run(
+    how: How,
+    columns: int,
+    drawn: list[tuple[str, Any]],
+    rescale_at: int,
+    parts: int,
+    spills: Spills = IN_MEMORY,
+) -> None:
     layout = layout_of(columns, windows=False)
     schemas = (LEFT_SCHEMA[columns], RIGHT_SCHEMA[columns])
 
     def restore(snapshots: list[dict[str, pa.Table]], owned: range) -> AsofJoin:
-        return AsofJoin.restore(layout, how, snapshots, owned, schemas=schemas)
+        return AsofJoin.restore(layout, how, snapshots, owned, schemas=schemas, spill=spills())
 
-    subtasks = Subtasks(AsofJoin(layout, how, schemas=schemas), columns)
+    subtasks = Subtasks(AsofJoin(layout, how, schemas=schemas, spill=spills()), columns)
     reference = Reference(how)
     watermark, ids = 0, [0]
     assert subtasks.advance(watermark) == reference.advance(watermark) == []
@@ -136,6 +144,7 @@ def run(how: How, columns: int, drawn: list[tuple[str, Any]], rescale_at: int, p
     got = Counter(result(r, columns) for r in subtasks.advance(MAX_WATERMARK))
     assert got == Counter(reference.advance(MAX_WATERMARK))
     assert subtasks.kept() == {"left": 0, "right": 0}
+    assert_files_released(kernel for _, kernel in subtasks.kernels)
 
 
 PROPERTY = {
@@ -146,23 +155,28 @@ PROPERTY = {
 }
 
 
+@pytest.mark.parametrize("store", STORES)
 @settings(max_examples=150, deadline=None)  # (make soak: 2 000, below)
 @given(**PROPERTY)
 def test_the_asof_join_emits_what_the_reference_does_at_the_same_watermark(
-    how: How, columns: int, data: st.DataObject, parts: int
+    store: str, how: How, columns: int, data: st.DataObject, parts: int
 ) -> None:
+    """The kernel's results, at each watermark, and rows kept are the reference's exactly,
+    with its rows in memory or spilled to files (its files all gone at the end)."""
     drawn = data.draw(steps(columns))
     rescale_at = data.draw(st.integers(0, len(drawn)))
-    run(how, columns, drawn, rescale_at, parts)
+    with Spills(store) as spills:
+        run(how, columns, drawn, rescale_at, parts, spills)
 
 
 @pytest.mark.slow
 def test_the_asof_join_emits_what_the_reference_does_soak() -> None:
     """``make soak``: the property above over 2 000 examples."""
     inner = test_the_asof_join_emits_what_the_reference_does_at_the_same_watermark
-    settings(max_examples=2_000, deadline=None, database=None)(
-        given(**PROPERTY)(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
-    )()
+    for store in STORES:
+        settings(max_examples=2_000, deadline=None, database=None)(
+            given(store=st.just(store), **PROPERTY)(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
+        )()
 
 
 def one(side: Side, join: AsofJoin, key: int, t: int, id: int) -> None:

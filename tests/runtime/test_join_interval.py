@@ -20,12 +20,15 @@ from cutline.runtime.joins.interval import IntervalJoin
 from cutline.runtime.joins.output import JoinLayout, Side
 from cutline.runtime.joins.rows import JoinError
 from join_kernel_runs import (
+    IN_MEMORY,
     LAYOUT,
+    STORES,
     Add,
     Advance,
     Results,
     Row,
     Scenario,
+    Spills,
     arrivals,
     first_advance_reaching,
     result,
@@ -82,18 +85,23 @@ def kept_reference(scenario: Scenario, how: How, lower: int, upper: int) -> list
     return kept
 
 
-def kernels(scenario: Scenario, how: str, lower: int, upper: int):  # type: ignore[no-untyped-def]
+def kernels(  # type: ignore[no-untyped-def]
+    scenario: Scenario, how: str, lower: int, upper: int, spills: Spills = IN_MEMORY
+):
     schemas = (scenario.schema(Side.LEFT), scenario.schema(Side.RIGHT))
 
     def make() -> IntervalJoin:
-        return IntervalJoin(LAYOUT, how, lower, upper, schemas=schemas)
+        return IntervalJoin(LAYOUT, how, lower, upper, schemas=schemas, spill=spills())
 
     def restore(snapshots: list[dict[str, pa.Table]], groups: range) -> IntervalJoin:
-        return IntervalJoin.restore(LAYOUT, how, lower, upper, snapshots, groups, schemas=schemas)
+        return IntervalJoin.restore(
+            LAYOUT, how, lower, upper, snapshots, groups, schemas=schemas, spill=spills()
+        )
 
     return make, restore
 
 
+@pytest.mark.parametrize("store", STORES)
 @settings(max_examples=80, deadline=None)
 @given(
     scenario=scenarios(),
@@ -102,16 +110,19 @@ def kernels(scenario: Scenario, how: str, lower: int, upper: int):  # type: igno
     width=st.integers(0, 25),
 )
 def test_interval_join_is_the_reference_exactly(
-    scenario: Scenario, how: str, lower: int, width: int
+    store: str, scenario: Scenario, how: str, lower: int, width: int
 ) -> None:
+    """The kernel's results, and rows kept, are the reference's exactly, with its rows in
+    memory or spilled to files (its files all gone at the end)."""
     upper = lower + width
     expected = reference(scenario, How(how), lower, upper)
     expected_kept = kept_reference(scenario, How(how), lower, upper)
-    make, restore = kernels(scenario, how, lower, upper)
-    for restores in (False, True):
-        results, kept = run(scenario, make, restore, restores)
-        assert results == expected
-        assert kept == expected_kept
+    with Spills(store) as spills:
+        make, restore = kernels(scenario, how, lower, upper, spills)
+        for restores in (False, True):
+            results, kept = run(scenario, make, restore, restores)
+            assert results == expected
+            assert kept == expected_kept
     assert kept[-1] == {"left": 0, "right": 0}
 
 
@@ -119,14 +130,16 @@ def test_interval_join_is_the_reference_exactly(
 def test_interval_join_is_the_reference_exactly_soak() -> None:
     """``make soak``: the property above over 2,000 examples."""
     inner = test_interval_join_is_the_reference_exactly
-    settings(max_examples=2000, deadline=None, database=None)(
-        given(
-            scenario=scenarios(),
-            how=st.sampled_from(HOWS),
-            lower=st.integers(-20, 20),
-            width=st.integers(0, 25),
-        )(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
-    )()
+    for store in STORES:
+        settings(max_examples=2000, deadline=None, database=None)(
+            given(
+                store=st.just(store),
+                scenario=scenarios(),
+                how=st.sampled_from(HOWS),
+                lower=st.integers(-20, 20),
+                width=st.integers(0, 25),
+            )(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
+        )()
 
 
 # ---------------------------------------------------------------------- the rules, by hand

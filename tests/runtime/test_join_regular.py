@@ -17,12 +17,15 @@ from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.joins.output import Side
 from cutline.runtime.joins.regular import RegularJoin
 from join_kernel_runs import (
+    IN_MEMORY,
     LAYOUT,
+    STORES,
     Add,
     Advance,
     Results,
     Row,
     Scenario,
+    Spills,
     arrivals,
     result,
     rows_of,
@@ -74,12 +77,12 @@ def kept_reference(scenario: Scenario, ttl: int | None) -> list[dict[str, int]]:
     return kept
 
 
-def kernels(ttl: int | None):  # type: ignore[no-untyped-def]
+def kernels(ttl: int | None, spills: Spills = IN_MEMORY):  # type: ignore[no-untyped-def]
     def make() -> RegularJoin:
-        return RegularJoin(LAYOUT, ttl)
+        return RegularJoin(LAYOUT, ttl, spill=spills())
 
     def restore(snapshots: list[dict[str, pa.Table]], groups: range) -> RegularJoin:
-        return RegularJoin.restore(LAYOUT, ttl, snapshots, groups)
+        return RegularJoin.restore(LAYOUT, ttl, snapshots, groups, spill=spills())
 
     return make, restore
 
@@ -87,16 +90,22 @@ def kernels(ttl: int | None):  # type: ignore[no-untyped-def]
 TTLS = st.one_of(st.none(), st.integers(0, 40))
 
 
+@pytest.mark.parametrize("store", STORES)
 @settings(max_examples=80, deadline=None)
 @given(scenario=scenarios(), ttl=TTLS)
-def test_regular_join_is_the_reference_exactly(scenario: Scenario, ttl: int | None) -> None:
+def test_regular_join_is_the_reference_exactly(
+    store: str, scenario: Scenario, ttl: int | None
+) -> None:
+    """The kernel's results, and rows kept, are the reference's exactly, with its rows in
+    memory or spilled to files (its files all gone at the end)."""
     expected = reference(scenario, ttl)
     expected_kept = kept_reference(scenario, ttl)
-    make, restore = kernels(ttl)
-    for restores in (False, True):
-        results, kept = run(scenario, make, restore, restores)
-        assert results == expected
-        assert kept == expected_kept
+    with Spills(store) as spills:
+        make, restore = kernels(ttl, spills)
+        for restores in (False, True):
+            results, kept = run(scenario, make, restore, restores)
+            assert results == expected
+            assert kept == expected_kept
     assert kept[-1] == {"left": 0, "right": 0}
 
 
@@ -104,9 +113,12 @@ def test_regular_join_is_the_reference_exactly(scenario: Scenario, ttl: int | No
 def test_regular_join_is_the_reference_exactly_soak() -> None:
     """``make soak``: the property above over 2,000 examples."""
     inner = test_regular_join_is_the_reference_exactly
-    settings(max_examples=2000, deadline=None, database=None)(
-        given(scenario=scenarios(), ttl=TTLS)(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
-    )()
+    for store in STORES:
+        settings(max_examples=2000, deadline=None, database=None)(
+            given(store=st.just(store), scenario=scenarios(), ttl=TTLS)(
+                inner.hypothesis.inner_test  # type: ignore[attr-defined]
+            )
+        )()
 
 
 def left(key: int | None, time: int, ident: int) -> Row:

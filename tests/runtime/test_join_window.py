@@ -37,6 +37,7 @@ from cutline.runtime.joins.keycodes import key_codes, pair_up
 from cutline.runtime.joins.output import Side
 from cutline.runtime.joins.rows import SLACK, JoinError
 from cutline.runtime.joins.window import WindowJoin
+from join_kernel_runs import IN_MEMORY, STORES, Spills, assert_files_released
 
 Assigner = Tumbling | Sliding | Session
 Result = tuple[Any, ...]
@@ -178,14 +179,17 @@ def run(
     drawn: list[tuple[str, Any]],
     rescale_at: int,
     parts: int,
+    spills: Spills = IN_MEMORY,
 ) -> None:
     layout = layout_of(columns, windows=True)
     schemas = (LEFT_SCHEMA[columns], RIGHT_SCHEMA[columns])
 
     def restore(snapshots: list[dict[str, pa.Table]], owned: range) -> WindowJoin:
-        return WindowJoin.restore(layout, assigner, how, snapshots, owned, schemas=schemas)
+        return WindowJoin.restore(
+            layout, assigner, how, snapshots, owned, schemas=schemas, spill=spills()
+        )
 
-    subtasks = Subtasks(WindowJoin(layout, assigner, how, schemas=schemas), columns)
+    subtasks = Subtasks(WindowJoin(layout, assigner, how, schemas=schemas, spill=spills()), columns)
     reference = Reference(assigner, how)
     watermark, ids = 0, [0]
     assert subtasks.advance(watermark) == reference.advance(watermark) == []
@@ -211,6 +215,7 @@ def run(
     got = Counter(result(r, columns) for r in subtasks.advance(MAX_WATERMARK))
     assert got == Counter(reference.advance(MAX_WATERMARK))
     assert subtasks.kept() == {"left": 0, "right": 0}
+    assert_files_released(kernel for _, kernel in subtasks.kernels)
 
 
 PROPERTY = {
@@ -222,23 +227,28 @@ PROPERTY = {
 }
 
 
+@pytest.mark.parametrize("store", STORES)
 @settings(max_examples=120, deadline=None)  # (make soak: 2 000, below)
 @given(**PROPERTY)
 def test_the_window_join_emits_what_the_reference_does_at_the_same_watermark(
-    assigner: Assigner, how: How, columns: int, data: st.DataObject, parts: int
+    store: str, assigner: Assigner, how: How, columns: int, data: st.DataObject, parts: int
 ) -> None:
+    """The kernel's results, at each watermark, and rows kept are the reference's exactly,
+    with its rows in memory or spilled to files (its files all gone at the end)."""
     drawn = data.draw(steps(columns))
     rescale_at = data.draw(st.integers(0, len(drawn)))
-    run(assigner, how, columns, drawn, rescale_at, parts)
+    with Spills(store) as spills:
+        run(assigner, how, columns, drawn, rescale_at, parts, spills)
 
 
 @pytest.mark.slow
 def test_the_window_join_emits_what_the_reference_does_soak() -> None:
     """``make soak``: the property above over 2 000 examples."""
     inner = test_the_window_join_emits_what_the_reference_does_at_the_same_watermark
-    settings(max_examples=2_000, deadline=None, database=None)(
-        given(**PROPERTY)(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
-    )()
+    for store in STORES:
+        settings(max_examples=2_000, deadline=None, database=None)(
+            given(store=st.just(store), **PROPERTY)(inner.hypothesis.inner_test)  # type: ignore[attr-defined]
+        )()
 
 
 def test_a_pair_in_two_sliding_windows_is_emitted_once_per_window_when_each_fires() -> None:

@@ -307,16 +307,16 @@ class ChunkedRows:
     # ------------------------------------------------------------------ spilling
 
     def spill(self, files: SpillFiles) -> None:
-        """Write every chunk held in memory into one file of ``files``, and keep it as mapped
-        from there."""
-        at = [i for i, c in enumerate(self._chunks) if c.file is None and c.batch.num_rows]
+        """Write every chunk held in memory with a row alive into one file of ``files``, and
+        keep it as mapped from there."""
+        held = [i for i, c in enumerate(self._chunks) if c.file is None and c.batch.num_rows]
+        counts = self._alive_counts(held)
+        at = [i for i, count in zip(held, counts, strict=True) if count]
         if not at:
             return
         path, mapped = files.write([self._chunks[i].batch for i in at])
-        alive = self._alive_counts(at)
-        for i, batch, count in zip(at, mapped, alive, strict=True):
+        for i, batch, count in zip(at, mapped, (c for c in counts if c), strict=True):
             self._chunks[i] = _Chunk(batch, path, count)
-            self._dead_files |= count == 0
         self._files = files
         self._held = None
         self.spilled = sum(c.batch.num_rows for c in self._chunks if c.file is not None)
