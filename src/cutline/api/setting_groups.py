@@ -270,8 +270,8 @@ class State(_Group):
         system's temporary directory.
     :param memory: with ``"disk"``: bytes of memory per keyed operator subtask for RocksDB's
         write buffers and block cache and for the changes not yet written to it; a window
-        operator writes its runs to files beyond half of it. At least 1 MiB; default
-        ``64 * 2**20`` (64 MiB).
+        operator writes its runs, and a join its rows, to files beyond half of it. At least
+        1 MiB; default ``64 * 2**20`` (64 MiB).
     """
 
     backend: StateBackend = "memory"

@@ -43,10 +43,10 @@ as long as they are together (size-tiered: a long chunk is not copied again for 
 one)."""
 
 SMALL = 1 << 16
-"""Chunks held in memory side by side are made one when rows are taken out of them while they
-keep at most this many rows together."""
+"""More than :data:`TIDY` chunks held in memory side by side are made one when rows are taken
+out of them while they keep at most this many rows together."""
 
-WHOLE = 4
+WHOLE = 8
 """A result takes its rows from the kept ones whole (their chunks concatenated) while they are
 held in memory and at most this many times as many as the result's."""
 
@@ -178,42 +178,52 @@ class ChunkedRows:
 
     # ------------------------------------------------------------------ reading
 
-    def _split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, list[list[int]]]:
-        """``rows`` (indices) grouped by chunk: in that order, the order that groups them
-        (``None``: they were), and per chunk touched ``[chunk, begin, end]`` of them."""
-        order = None
-        if len(rows) > 1 and (rows[1:] < rows[:-1]).any():
-            which = np.searchsorted(self._starts, rows, side="right") - 1
-            small = which.astype(np.uint16) if len(self._chunks) < 2**16 else which
-            order = np.argsort(small, kind="stable")  # (a radix sort)
-            rows = rows[order]
-        bounds = np.searchsorted(rows, self._starts).tolist()
-        pieces = [[c, b, e] for c, (b, e) in enumerate(itertools.pairwise(bounds)) if e > b]
-        return rows, order, pieces
+    def _pieces(
+        self, rows: np.ndarray, columns: list[str] | None = None
+    ) -> tuple[pa.Table, np.ndarray | None]:
+        """The rows at ``rows`` (indices, of several chunks) taken chunk by chunk (of
+        ``columns`` only, if given): the table of them, chunk after chunk, and where each of
+        ``rows`` is in it (``None``: in order, ``rows`` were sorted)."""
+        chunks, starts = self._chunks, self._starts
+        parts = []
+        if not (rows[1:] < rows[:-1]).any():
+            bounds = np.searchsorted(rows, starts).tolist()
+            for c, (begin, end) in enumerate(itertools.pairwise(bounds)):
+                if end > begin:
+                    parts.append(_taken(chunks[c].batch, rows[begin:end] - starts[c], columns))
+            return pa.Table.from_batches(parts), None
+        which = np.searchsorted(starts, rows, side="right") - 1
+        back = np.empty(len(rows), dtype=np.int64)
+        if len(chunks) > TIDY:  # (grouped by a sort of the chunks' numbers)
+            small = which.astype(np.uint16) if len(chunks) < 2**16 else which
+            order = np.argsort(small, kind="stable")
+            bounds = np.searchsorted(which[order], np.arange(len(chunks) + 1)).tolist()
+            groups = [(c, order[b:e]) for c, (b, e) in enumerate(itertools.pairwise(bounds))]
+        else:
+            groups = [(c, np.flatnonzero(which == c)) for c in range(len(chunks))]
+        at = 0
+        for c, chosen in groups:
+            if len(chosen):
+                parts.append(_taken(chunks[c].batch, rows[chosen] - starts[c], columns))
+                back[chosen] = np.arange(at, at + len(chosen))
+                at += len(chosen)
+        return pa.Table.from_batches(parts), back
 
     def take(self, rows: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
         """The rows at ``rows`` (indices), in that order (of ``columns`` only, if given)."""
         schema = self._known()
         rows = np.asarray(rows, dtype=np.int64)
-        names = list(schema.names if columns is None else columns)
+        names = None if columns is None else list(columns)
         if not len(rows):
-            return pa.schema([schema.field(n) for n in names]).empty_table()
+            return pa.schema([schema.field(n) for n in names or schema.names]).empty_table()
         chunk = self._one_chunk(rows)
         if chunk is not None:
             local = rows - self._starts[chunk]
-            return pa.Table.from_batches([self._chunks[chunk].batch.select(names).take(local)])
+            return pa.Table.from_batches([_taken(self._chunks[chunk].batch, local, names)])
         if self._whole(len(rows)):
-            return self.table.select(names).take(rows)
-        ordered, order, pieces = self._split(rows)
-        taken = pa.Table.from_batches(
-            [
-                self._chunks[c].batch.select(names).take(ordered[b:e] - self._starts[c])
-                for c, b, e in pieces
-            ]
-        )
-        if order is None:
-            return taken
-        return taken.combine_chunks().take(pa.array(_inverse(order)))
+            return (self.table if names is None else self.table.select(names)).take(rows)
+        taken, back = self._pieces(rows, names)
+        return taken if back is None else taken.combine_chunks().take(back)
 
     def gather(self, rows: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """What :meth:`~cutline.runtime.joins.output.JoinLayout.assemble` takes the rows of a
@@ -222,10 +232,12 @@ class ChunkedRows:
         or are held in memory and not many more than the result's (its ``take`` then
         concatenates their chunks); else they are taken chunk by chunk."""
         rows = np.asarray(rows, dtype=np.int64)
-        self._known()
+        schema = self._known()
         used = rows >= 0
         present = rows if used.all() else rows[used]
-        if len(self._chunks) <= 1 or not len(present):
+        if not len(present):  # (nulls only: of no row)
+            return schema.empty_table(), rows
+        if len(self._chunks) == 1:
             return self.table, rows
         chunk = self._one_chunk(present)
         if chunk is not None:
@@ -233,11 +245,9 @@ class ChunkedRows:
             return pa.Table.from_batches([self._chunks[chunk].batch]), local
         if self._whole(len(rows)):
             return self.table, rows
-        ordered, order, pieces = self._split(present)
-        taken = pa.Table.from_batches(
-            [self._chunks[c].batch.take(ordered[b:e] - self._starts[c]) for c, b, e in pieces]
-        )
-        back = np.arange(len(present)) if order is None else _inverse(order)
+        taken, back = self._pieces(present)
+        if back is None:
+            back = np.arange(len(present), dtype=np.int64)
         if present is rows:
             return taken, back
         positions = np.full(len(rows), -1, dtype=np.int64)
@@ -332,31 +342,26 @@ class ChunkedRows:
 
 
 def _compacted(run: list[_Chunk], alive: np.ndarray) -> list[_Chunk]:
-    """Chunks in memory side by side (``run``) with only their ``alive`` rows: one chunk if
-    they are at most :data:`SMALL` (taken at once), else each of them."""
+    """Chunks in memory side by side (``run``) with only their ``alive`` rows, each apart
+    (the rows of those all alive not copied); made one if they are more than :data:`TIDY`
+    and keep at most :data:`SMALL` rows together."""
     if alive.all():
         return run
-    rows = np.flatnonzero(alive)
-    if not len(rows):
-        return []
-    if len(rows) <= SMALL:
-        table = pa.Table.from_batches([c.batch for c in run]).take(rows)
-        return [_Chunk(table.combine_chunks().to_batches()[0])]
-    out = []
+    pieces = []
     start = 0
     for chunk in run:
         n = chunk.batch.num_rows
         mask = alive[start : start + n]
         start += n
         if mask.all():
-            out.append(chunk)
+            pieces.append(chunk.batch)
         elif mask.any():
-            out.append(_Chunk(chunk.batch.take(np.flatnonzero(mask))))
-    return out
+            pieces.append(chunk.batch.take(np.flatnonzero(mask)))
+    if len(pieces) > TIDY and sum(p.num_rows for p in pieces) <= SMALL:
+        return [_Chunk(pa.concat_batches(pieces))]
+    return [_Chunk(p) for p in pieces]
 
 
-def _inverse(order: np.ndarray) -> np.ndarray:
-    """Where each item went when ``order`` put them in order."""
-    back = np.empty(len(order), dtype=np.int64)
-    back[order] = np.arange(len(order), dtype=np.int64)
-    return back
+def _taken(batch: pa.RecordBatch, rows: np.ndarray, columns: list[str] | None) -> pa.RecordBatch:
+    """The rows at ``rows`` of ``batch`` (of ``columns`` only, if given)."""
+    return (batch if columns is None else batch.select(columns)).take(rows)

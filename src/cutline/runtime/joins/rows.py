@@ -10,12 +10,13 @@ drops rows by marking them (:meth:`SideRows.drop`); they are taken out in bulk
 (:meth:`SideRows.compact`) once the dropped ones outnumber the alive ones by :data:`SLACK`,
 so that a row is copied a bounded number of times however often the watermark moves (or,
 for a kernel that searches every row kept, ``eager``, whenever there are any); the kernel
-then renumbers what refers to rows by the rows that stay. The arrays are replaced, never
-changed in place, but for ``alive`` and ``matched``, which a snapshot copies.
+then renumbers what refers to rows by the rows that stay. The arrays change in place (a
+snapshot copies them); the chunks never do (a snapshot shares them).
 
-What must fit in memory: the per-row arrays (18 bytes a row), the chunks held below the
-spill budget, a result, and what a snapshot or a restore holds at once (the operator writes
-and reads a kernel's tables whole: :mod:`~cutline.runtime.joins.operator`).
+What must fit in memory, the rows spilled or not: the per-row arrays (17 or 18 bytes a row;
+a window join's slices and floors 16 more), the chunks held below the spill budget, a
+result, and what a snapshot or a restore holds at once (the operator writes and reads a
+kernel's tables whole: :mod:`~cutline.runtime.joins.operator`).
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ class Growing:
         self._data[self.size : end] = items
         self.size = end
 
-    def reset(self, items: np.ndarray) -> None:
-        """The items are ``items`` (a new array, not copied: never changed after)."""
-        self._data = items.astype(self._data.dtype, copy=False)
-        self.size = len(items)
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep the items where ``mask`` is true (in place, in order)."""
+        kept = self._data[: self.size][mask]
+        self._data[: len(kept)] = kept
+        self.size = len(kept)
 
 
 class SideRows(ChunkedRows):
@@ -227,11 +229,9 @@ class SideRows(ChunkedRows):
         if not dead or not (self.eager or dead > self.count + SLACK or self._dead_files):
             return None
         keep = self._compact_chunks(self._alive.view)
-        self._times.reset(self._times.view[keep])
-        self._groups.reset(self._groups.view[keep])
-        self._alive.reset(self._alive.view[keep])
-        if self._matched is not None:
-            self._matched.reset(self._matched.view[keep])
+        for column in (self._times, self._groups, self._alive, self._matched):
+            if column is not None:
+                column.keep(keep)
         return keep
 
     def _alive_counts(self, chunks: list[int]) -> list[int]:
@@ -246,8 +246,8 @@ class SideRows(ChunkedRows):
         ``time``, ``key_group``, whether it is ``alive`` when some are not, and whether it
         ``matched`` where that is kept). Dropped rows not taken out yet are in it, marked."""
         state = {
-            TIME: pa.array(self._times.view, type=pa.int64()),
-            KEY_GROUP: pa.array(self._groups.view, type=pa.int64()),
+            TIME: pa.array(self._times.view.copy(), type=pa.int64()),
+            KEY_GROUP: pa.array(self._groups.view.copy(), type=pa.int64()),
         }
         if self.count < self.size:  # (bools are copied into Arrow's bits)
             state[ALIVE] = pa.array(self._alive.view, type=pa.bool_())

@@ -194,7 +194,7 @@ class SliceRows:
                 continue
             mapping = np.cumsum(keep) - 1  # (of the rows that stay)
             floors = self.floors[side]
-            floors.reset(floors.view[keep])
+            floors.keep(keep)
             for parts in self.slices.values():
                 parts[side][:] = [mapping[p] for p in parts[side]]
 

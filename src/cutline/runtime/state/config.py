@@ -34,8 +34,8 @@ class StateConfig:
         survives.
     :param memory: ``"disk"``: bytes of memory for RocksDB's write buffers and block cache,
         per keyed operator subtask; a window operator's runs
-        (:mod:`~cutline.runtime.eventtime.run_windows`) are written to files beyond half of
-        it.
+        (:mod:`~cutline.runtime.eventtime.run_windows`) and a join's rows
+        (:mod:`~cutline.runtime.joins.chunks`) are written to files beyond half of it.
     """
 
     backend: Backend = Backend.MEMORY
