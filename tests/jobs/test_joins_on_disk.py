@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_event_time import FailOnceOn
 
 from cutline import EventTime, FixedDelay, SourceHold, State, StreamEnvironment, testing
 from cutline.runtime.state.spill import SpillFiles
@@ -26,22 +27,6 @@ VIEWS = 40_000
 times the 1 MiB of ``state_memory`` (and ten times the half of it a join keeps in memory)."""
 CLICKS = 8_000
 S = 1_000
-
-
-class FailOnce:
-    """A map_batches function that raises once, on the first batch holding the click
-    ``click`` (a file remembers it across the restart)."""
-
-    __name__ = "fail_once"
-
-    def __init__(self, click: int, flag: Path) -> None:
-        self.click, self.flag = click, flag
-
-    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        if self.click in batch.column("click").to_pylist() and not self.flag.exists():
-            self.flag.touch()
-            raise RuntimeError(f"injected failure on click {self.click}")
-        return batch
 
 
 def write(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -61,9 +46,10 @@ def test_a_join_larger_than_the_state_memory_is_exact_through_a_failure(
         for i in range(VIEWS)
     ]
     clicks = [
-        {"ad": rng.randrange(ADS), "ts": rng.randrange(60 * S), "click": i} for i in range(CLICKS)
+        {"ad": rng.randrange(ADS), "ts": rng.randrange(60 * S), "click": i, "amount": 1}
+        for i in range(CLICKS)
     ]
-    last = max(clicks, key=lambda c: c["ts"])["click"]  # (the failure: after the hold)
+    max(clicks, key=lambda c: c["ts"])["amount"] = 99  # (the failure: after the hold)
     write(tmp_path / "views", views)
     write(tmp_path / "clicks", clicks)
     spilled: list[str] = []
@@ -85,7 +71,7 @@ def test_a_join_larger_than_the_state_memory_is_exact_through_a_failure(
     )
     time = EventTime("ts", max_out_of_orderness=0)
     left = env.read_parquet(tmp_path / "clicks", event_time=time, name="clicks").map_batches(
-        FailOnce(last, tmp_path / "failed")
+        FailOnceOn(99, tmp_path / "failed")
     )
     right = env.read_parquet(tmp_path / "views", event_time=time, name="views")
     left.interval_join(right, on="ad", between=("-60s", "0s"), how="left").collect()
