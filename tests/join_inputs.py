@@ -210,9 +210,9 @@ def tally_job(env: StreamEnvironment, left: Input, right: Input, out: Path) -> N
     """Clicks and views connected by user into :class:`Tally`, written to ``out/tally``."""
     clicks = env.read_parquet(left.directory, name="clicks")
     views = env.read_parquet(right.directory, name="views")
-    clicks.key_by("user").connect(views.key_by("user")).process(Tally(), name="tally").write_parquet(
-        out / "tally", name="tally-out"
-    )
+    clicks.key_by("user").connect(views.key_by("user")).process(
+        Tally(), name="tally"
+    ).write_parquet(out / "tally", name="tally-out")
 
 
 # ---------------------------------------------------------------- the answers, in Python
@@ -227,9 +227,7 @@ def answer(kind: str, left: list[Row], right: list[Row]) -> Counter[Result]:
             matched: set[int] = set()
             rights = _by(right, "user")
             for c in left:
-                mine = [
-                    v for v in rights[c["user"]] if LOWER <= v["ts"] - c["ts"] <= UPPER
-                ]
+                mine = [v for v in rights[c["user"]] if LOWER <= v["ts"] - c["ts"] <= UPPER]
                 found.update((c["id"], v["id"]) for v in mine)
                 matched.update(v["id"] for v in mine)
                 if not mine:
@@ -251,9 +249,9 @@ def answer(kind: str, left: list[Row], right: list[Row]) -> Counter[Result]:
                 for user, rows in _by(right, "user").items()
             }
             for c in left:
-                mine = versions.get(c["user"], [])
-                at = bisect.bisect_right(mine, (c["ts"], float("inf")))
-                found[(c["id"], mine[at - 1][1] if at else None)] += 1
+                times = versions.get(c["user"], [])
+                at = bisect.bisect_right(times, (c["ts"], RIGHT_IDS * 2))
+                found[(c["id"], times[at - 1][1] if at else None)] += 1
         case "regular":
             items = _by(right, "item")
             found.update((c["id"], v["id"]) for c in left for v in items[c["item"]])

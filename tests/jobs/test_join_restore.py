@@ -27,7 +27,6 @@ from test_event_time_restore import (
 
 from cutline import SourceHold, State, StreamEnvironment, testing
 from cutline.runtime.task.local import ThreadLauncher
-
 from join_inputs import (
     JOINS,
     RIGHT_IDS,
@@ -135,5 +134,5 @@ def test_every_join_is_exact_through_a_savepoint_restored_at_another_parallelism
             assert sorted(r["id"] for r in late) == sorted(r["id"] for r in records), (kind, side)
         assert final.event_time()[kind]["late"] == len(left.late) + len(right.late), kind
     if "interval" in kinds:  # outer rows of records read before the stop, emitted after it
-        two = [result("interval", row) for row in published(out2 / "interval")]
-        assert any(None in pair and read & set(pair) for pair in two)
+        pairs = [result("interval", row) for row in published(out2 / "interval")]
+        assert any(None in pair and read & set(pair) for pair in pairs)
