@@ -187,29 +187,43 @@ def join_job(
                 )
 
 
+SECOND = 1000
+
+
 class Tally(KeyedCoProcessFunction):
     """Per user, the records of both inputs so far (one count, shared): each record is
-    emitted with the count it made."""
+    emitted with the count it made (``timer`` 0); and an event-time timer at the last
+    millisecond of each second a record of the user is in, shared too, which emits the user
+    and the timer's time when it fires (``id`` -1, ``seen`` 0)."""
 
     def open(self, ctx: Any) -> None:
         self.seen = ctx.value_state("seen")
 
-    def _count(self, record: Any) -> Any:
+    def _count(self, record: Any, ctx: Any) -> Any:
         seen = self.seen.get(0) + 1
         self.seen.update(seen)
-        yield {"user": record["user"], "id": record["id"], "seen": seen}
+        ctx.timer_service.register_event_time_timer(_second_end(record["ts"]))
+        yield {"user": record["user"], "id": record["id"], "seen": seen, "timer": 0}
 
     def process_left(self, record: Any, ctx: Any) -> Any:
-        return self._count(record)
+        return self._count(record, ctx)
 
     def process_right(self, record: Any, ctx: Any) -> Any:
-        return self._count(record)
+        return self._count(record, ctx)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield {"user": ctx.key, "id": -1, "seen": 0, "timer": timestamp}
+
+
+def _second_end(ts: int) -> int:
+    return ts - ts % SECOND + SECOND - 1
 
 
 def tally_job(env: StreamEnvironment, left: Input, right: Input, out: Path) -> None:
     """Clicks and views connected by user into :class:`Tally`, written to ``out/tally``."""
-    clicks = env.read_parquet(left.directory, name="clicks")
-    views = env.read_parquet(right.directory, name="views")
+    time = EventTime("ts", max_out_of_orderness=f"{BOUND}ms")
+    clicks = env.read_parquet(left.directory, event_time=time, name="clicks")
+    views = env.read_parquet(right.directory, event_time=time, name="views")
     clicks.key_by("user").connect(views.key_by("user")).process(
         Tally(), name="tally"
     ).write_parquet(out / "tally", name="tally-out")
@@ -288,11 +302,16 @@ def assert_once(kind: str, rows: Iterable[Row], wanted: Counter[Result]) -> None
     assert not extra, f"{kind}: {len(extra)} results published that should not be: {extra[:5]}"
 
 
-def assert_tally(rows: list[Row], left: Input, right: Input) -> None:
+def assert_tally(published: list[Row], left: Input, right: Input) -> None:
     """Every record counted once, and each user's counts 1..n (one count shared by both
-    inputs, never reset, never repeated)."""
+    inputs, never reset, never repeated); every timer fired once: one per user and second
+    with a record of either input."""
+    rows = [r for r in published if r["timer"] == 0]
+    timers = Counter((r["user"], r["timer"]) for r in published if r["timer"] != 0)
+    records = (*left.records, *right.records)
+    assert timers == Counter({(r["user"], _second_end(r["ts"])) for r in records})
     ids = sorted(r["id"] for r in rows)
-    wanted = sorted(r["id"] for r in (*left.records, *right.records))
+    wanted = sorted(r["id"] for r in records)
     assert len(ids) == len(set(ids)), "a record counted twice"
     assert ids == wanted, "every record once"
     counts = _by(rows, "user")

@@ -21,7 +21,7 @@ import pytest
 from test_event_time_faults import _execute_killing
 from test_event_time_restore import OnCheckpoint, Slow, published
 
-from cutline import Checkpoints, DataStream, FixedDelay, StreamEnvironment
+from cutline import Checkpoints, DataStream, FixedDelay, State, StreamEnvironment
 from cutline.demo import WorkerKiller
 from cutline.runtime.checkpoint.reader import CheckpointReader, open_checkpoint
 from join_inputs import (
@@ -39,6 +39,7 @@ from join_inputs import (
 FILES, PER_FILE = 4, 600
 """Per input: two files for each source subtask (parallelism 2)."""
 PER_SUBTASK = FILES // 2 * PER_FILE
+KINDS = [*JOINS, "tally"]
 
 
 def _inputs(tmp_path: Path, seed: int) -> tuple[Input, Input]:
@@ -64,18 +65,20 @@ def _env(tmp_path: Path, **settings: Any) -> StreamEnvironment:
 @pytest.mark.parametrize(
     "seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
 )  # (seeds 1, 2: make soak)
-@pytest.mark.parametrize("kind", [*JOINS, "tally"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_sigkill_at_a_random_moment_publishes_each_join_result_once(
     spark: Any, tmp_path: Path, kind: str, seed: int
 ) -> None:
     """Interval (full), window (tumbling, left), as-of (left) and regular (inner) joins, and
-    a keyed co-process function's shared count: a random worker killed at a random moment;
-    every result published once, none from the run that died and again from the restored
-    one, outer rows included."""
+    a keyed co-process function's shared count and timers: a random worker killed at a
+    random moment; every result published once, none from the run that died and again from
+    the restored one, outer rows included. The state backend alternates with the kind and
+    the seed: each kind runs on both over the seeds, and ``make test`` runs both."""
     rng = random.Random(f"{kind}-{seed}")
     left, right = _inputs(tmp_path, seed)
     out = tmp_path / "out"
-    env = _env(tmp_path)
+    backend = ("memory", "disk")[(KINDS.index(kind) + seed) % 2]
+    env = _env(tmp_path, state=State(backend=backend, dir=str(tmp_path / "state")))
     if kind == "tally":
         tally_job(env, left, right, out)
     else:
