@@ -102,14 +102,23 @@ def _recorded_inputs(reader: CheckpointReader, join: str) -> set[str]:
     return found
 
 
+MODES = {
+    "unaligned": Checkpoints(mode="unaligned", retained=100),
+    "aligned-timeout": Checkpoints(mode="aligned", alignment_timeout=0.01, retained=100),
+}
+
+
+@pytest.mark.parametrize(
+    "mode", ["unaligned", pytest.param("aligned-timeout", marks=pytest.mark.slow)]
+)
 def test_unaligned_checkpoints_of_a_join_under_backpressure_survive_a_sigkill(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, mode: str
 ) -> None:
-    """The interval join (full) slow, its input buffers of two frames, unaligned checkpoints:
-    a random worker is killed on the first checkpoint that recorded records in flight on
-    both of the join's inputs, and the job restores it (the records replayed into both
-    inputs): every result once, exact."""
-    rng = random.Random("unaligned")
+    """The interval join (full) slow, its input buffers of two frames, unaligned checkpoints
+    (or aligned ones that time out into unaligned): a random worker is killed on the first
+    checkpoint that recorded records in flight on both of the join's inputs, and the job
+    restores it (the records replayed into both inputs): every result once, exact."""
+    rng = random.Random(mode)
     left, right = _inputs(tmp_path, 5)
     out = tmp_path / "out"
     env = _env(
@@ -117,7 +126,7 @@ def test_unaligned_checkpoints_of_a_join_under_backpressure_survive_a_sigkill(
         buffer_capacity=2,
         checkpoint_interval=0.2,
         batch_size=50,
-        checkpoints=Checkpoints(mode="unaligned", retained=100),
+        checkpoints=MODES[mode],
     )
 
     def slow(joined: DataStream) -> DataStream:
@@ -143,6 +152,7 @@ def test_unaligned_checkpoints_of_a_join_under_backpressure_survive_a_sigkill(
         "clicks",
         "views",
     }
-    assert all(c.unaligned for c in result.checkpoints if not c.final)
+    if mode == "unaligned":
+        assert all(c.unaligned for c in result.checkpoints if not c.final)
     wanted = answer("interval", left.records, right.records)
     assert_once("interval", published(out / "interval"), wanted)
