@@ -38,6 +38,7 @@ AsofHow: TypeAlias = Literal["inner", "left"]
 """An as-of join's: ``"inner"`` the left rows that found a right one; ``"left"`` every left
 row (the right's columns null where none was found)."""
 Keys: TypeAlias = str | Sequence[str]
+"""A join's key: one column's name, or a list of them (compared in order, all equal)."""
 
 
 class JoinedStream:
