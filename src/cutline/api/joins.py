@@ -7,7 +7,8 @@ columns, then the right's (a right column whose name is taken gets ``suffix``); 
 join's row without a partner has nulls on the other side. A result's event time: the larger
 of the pair's (interval, regular; the one there is for an outer row), the window's last
 millisecond (window: ``window_end - 1``), the left's (as-of). Records late when they arrive
-(at or before the watermark) go to ``.late("left")`` / ``.late("right")`` and are counted.
+(at or before the watermark; for a window join, when every window they would be in has
+fired) go to ``.late("left")`` / ``.late("right")`` and are counted.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class JoinedStream:
 
     def late(self, side: Literal["left", "right"], *, name: str | None = None) -> DataStream:
         """The records of input ``side`` (``"left"`` or ``"right"``) that came late (their
-        event time at or before the join's watermark when they arrived), as they came: they
-        paired with nothing. They are counted in the job's statistics either way."""
+        event time at or before the join's watermark when they arrived; for a window join,
+        every window they would be in had fired), as they came: they paired with nothing.
+        They are counted in the job's statistics either way."""
         from cutline.api.streams import DataStream
 
         stream = self
@@ -165,9 +167,9 @@ class Joins:
     ) -> DataStream:
         """Each left record ``L`` with the right record of the same key whose time is the
         greatest at or before ``L.time`` (the version valid at ``L``'s time; of equal times,
-        the one that arrived last), emitted once the watermark (of both inputs) passes
-        ``L.time``, so that a right record that arrives late but before then still counts
-        and nothing emitted changes. ``how="left"``: a left record without one is emitted
+        the one that arrived last), emitted once the watermark (of both inputs) reaches
+        ``L.time`` (no record at or before it is to come), so that a right record that
+        arrives later than ``L`` but before then still counts and nothing emitted changes. ``how="left"``: a left record without one is emitted
         too, the right's columns null. Right versions that no pending or future left record
         can pick are dropped. Both streams need event time; the result's is the left's."""
         from cutline.runtime.joins.asof import AsofJoin
@@ -196,7 +198,7 @@ class Joins:
         other side with an equal key kept so far (append only: a pair is emitted once, when
         its second record arrives). Every record is kept **for ever** (the state grows with
         the input: the statistics count it) unless ``ttl`` is given: a record is then
-        dropped once the watermark passes its time + ``ttl`` (records that arrive later no
+        dropped once the watermark reaches its time + ``ttl`` (records that arrive later no
         longer pair with it; both streams then need event time)."""
         from cutline.runtime.joins.regular import RegularJoin
 
