@@ -168,3 +168,22 @@ def test_a_join_that_cannot_work_is_refused_when_the_job_is_built(tmp_path: Path
         clicks.join(views)
     with pytest.raises(TypeError, match="join the stream itself, not a keyed one"):
         clicks.join(views.key_by("ad"), on="ad")  # type: ignore[arg-type]
+
+
+def test_a_window_after_a_join_counts_the_pairs_by_their_event_time(tmp_path: Path) -> None:
+    """A pair's event time is the later of its two records': a tumbling window of 10 s after
+    an interval join counts each pair in the window of that time."""
+    clicks, views = inputs(tmp_path)
+
+    def build(c: Any, v: Any) -> Any:
+        pairs = c.interval_join(v, on="ad", between=("-10s", "0s"))
+        return pairs.key_by("ad").window(Tumbling("10s")).count()
+
+    rows = run(tmp_path, build)
+    wanted: Counter[tuple[int, int]] = Counter()
+    for c in clicks:
+        for v in views:
+            if c["ad"] == v["ad"] and -10 * S <= v["ts"] - c["ts"] <= 0:
+                later = max(c["ts"], v["ts"])
+                wanted[(c["ad"], later - later % (10 * S))] += 1
+    assert {(r["ad"], r["window_start"]): r["count"] for r in rows} == dict(wanted)
