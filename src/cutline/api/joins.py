@@ -30,7 +30,7 @@ from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.graph import Edge, Partitioning
 from cutline.runtime.joins.operator import LATE_SIDES, JoinLogic, edge_key
 from cutline.runtime.joins.output import JoinLayout, Side
-from cutline.runtime.operators import PassLogic
+from cutline.runtime.operators import OnError, PassLogic
 
 if TYPE_CHECKING:
     from cutline.api.streams import DataStream
