@@ -187,3 +187,17 @@ def test_a_window_after_a_join_counts_the_pairs_by_their_event_time(tmp_path: Pa
                 later = max(c["ts"], v["ts"])
                 wanted[(c["ad"], later - later % (10 * S))] += 1
     assert {(r["ad"], r["window_start"]): r["count"] for r in rows} == dict(wanted)
+
+
+def test_a_null_key_pairs_with_nothing_and_an_outer_join_emits_it(tmp_path: Path) -> None:
+    write(
+        tmp_path / "clicks",
+        [{"ad": a, "ts": t * S, "click": t} for t, a in enumerate([1, None, 2])],
+    )
+    write(
+        tmp_path / "views", [{"ad": a, "ts": t * S, "view": t} for t, a in enumerate([None, 1, 3])]
+    )
+    rows = run(tmp_path, lambda c, v: c.interval_join(v, on="ad", between=("0s", "5s"), how="full"))
+    assert sorted(((r["ad"], r["click"], r["view"]) for r in rows), key=repr) == sorted(
+        [(1, 0, 1), (None, 1, None), (2, 2, None), (None, None, 0), (3, None, 2)], key=repr
+    )

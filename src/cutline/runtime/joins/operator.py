@@ -99,6 +99,9 @@ class JoinLogic(Logic):
     window_time: TimeColumn | None = None
     keyed = True
     two_inputs = True
+    null_keys = True
+    """A record with a null key is sent to it (it pairs with nothing; an outer join emits
+    it), not refused on the way."""
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return JoinOperator(self, ctx, state)
