@@ -9,6 +9,10 @@ of the pair's (interval, regular; the one there is for an outer row), the window
 millisecond (window: ``window_end - 1``), the left's (as-of). Records late when they arrive
 (at or before the watermark; for a window join, when every window they would be in has
 fired) go to ``.late("left")`` / ``.late("right")`` and are counted.
+
+Every join takes ``name=`` (its stable id in checkpoints, and its name in messages) and
+``on_error=``: what a record without event time or without a key column does (``"fail"`` the
+job, or go to the ``"dead_letter"`` output).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.graph import Edge, Partitioning
 from cutline.runtime.joins.operator import LATE_SIDES, JoinLogic, edge_key
 from cutline.runtime.joins.output import JoinLayout, Side
-from cutline.runtime.operators import PassLogic
+from cutline.runtime.operators import OnError, PassLogic
 
 if TYPE_CHECKING:
     from cutline.api.streams import DataStream
@@ -80,6 +84,7 @@ class Joins:
         how: How = "inner",
         suffix: str = "_right",
         name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """The pairs of a left and a right record with equal keys in the same window of
         ``window`` (tumbling, sliding: a pair in two windows is emitted once for each;
@@ -107,7 +112,7 @@ class Joins:
         )
         window_time = TimeColumn(left_time.column, 0, left_time.type, left_time.unit)
         logic = JoinLogic(make, restore, plan.keys, times, window_time)
-        return plan.add(f"window_join({window})", logic, name, result_time, window_time)
+        return plan.add(f"window_join({window})", logic, name, on_error, result_time, window_time)
 
     def interval_join(
         self,
@@ -120,6 +125,7 @@ class Joins:
         how: How = "inner",
         suffix: str = "_right",
         name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """Each pair of a left record ``L`` and a right record ``R`` with equal keys and
         ``lower <= R.time - L.time <= upper`` (``between=(lower, upper)``, both inclusive,
@@ -152,7 +158,7 @@ class Joins:
         )
         logic = JoinLogic(make, restore, plan.keys, times)
         label = f"interval_join({between[0]}, {between[1]})"
-        return plan.add(label, logic, name, plan.larger_time(times))
+        return plan.add(label, logic, name, on_error, plan.larger_time(times))
 
     def asof_join(
         self,
@@ -164,6 +170,7 @@ class Joins:
         how: AsofHow = "inner",
         suffix: str = "_right",
         name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """Each left record ``L`` with the right record of the same key whose time is the
         greatest at or before ``L.time`` (the version valid at ``L``'s time; of equal times,
@@ -181,7 +188,7 @@ class Joins:
         make = functools.partial(AsofJoin, plan.layout, checked, schemas=schemas)
         restore = functools.partial(AsofJoin.restore, plan.layout, checked, schemas=schemas)
         logic = JoinLogic(make, restore, plan.keys, times)
-        return plan.add("asof_join", logic, name, times[0])
+        return plan.add("asof_join", logic, name, on_error, times[0])
 
     def join(
         self,
@@ -193,6 +200,7 @@ class Joins:
         ttl: Duration | None = None,
         suffix: str = "_right",
         name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """The regular inner join: each record, as it arrives, with every record of the
         other side with an equal key kept so far (append only: a pair is emitted once, when
@@ -210,7 +218,7 @@ class Joins:
         logic = JoinLogic(make, restore, plan.keys, times)
         left, right = times
         result_time = None if left is None or right is None else plan.larger_time((left, right))
-        return plan.add("join", logic, name, result_time)
+        return plan.add("join", logic, name, on_error, result_time)
 
 
 def _how(how: str, allowed: tuple[str, ...], what: str) -> str:
@@ -323,6 +331,7 @@ class _Plan:
         label: str,
         logic: JoinLogic,
         name: str | None,
+        on_error: OnError,
         result_time: TimeColumn | None,
         window_time: TimeColumn | None = None,
     ) -> DataStream:
@@ -333,7 +342,7 @@ class _Plan:
             Edge(left.operator.uid, Partitioning.HASH, edge_key(self.keys[0])),
             Edge(right.operator.uid, Partitioning.HASH, edge_key(self.keys[1]), port=1),
         ]
-        operator = left.env._add(label, logic, edges, name, "fail")
+        operator = left.env._add(label, logic, edges, name, on_error)
         schema = None
         if left.schema is not None and right.schema is not None:
             window_type = None
