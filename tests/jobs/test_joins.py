@@ -168,3 +168,36 @@ def test_a_join_that_cannot_work_is_refused_when_the_job_is_built(tmp_path: Path
         clicks.join(views)
     with pytest.raises(TypeError, match="join the stream itself, not a keyed one"):
         clicks.join(views.key_by("ad"), on="ad")  # type: ignore[arg-type]
+
+
+def test_a_window_after_a_join_counts_the_pairs_by_their_event_time(tmp_path: Path) -> None:
+    """A pair's event time is the later of its two records': a tumbling window of 10 s after
+    an interval join counts each pair in the window of that time."""
+    clicks, views = inputs(tmp_path)
+
+    def build(c: Any, v: Any) -> Any:
+        pairs = c.interval_join(v, on="ad", between=("-10s", "0s"))
+        return pairs.key_by("ad").window(Tumbling("10s")).count()
+
+    rows = run(tmp_path, build)
+    wanted: Counter[tuple[int, int]] = Counter()
+    for c in clicks:
+        for v in views:
+            if c["ad"] == v["ad"] and -10 * S <= v["ts"] - c["ts"] <= 0:
+                later = max(c["ts"], v["ts"])
+                wanted[(c["ad"], later - later % (10 * S))] += 1
+    assert {(r["ad"], r["window_start"]): r["count"] for r in rows} == dict(wanted)
+
+
+def test_a_null_key_pairs_with_nothing_and_an_outer_join_emits_it(tmp_path: Path) -> None:
+    write(
+        tmp_path / "clicks",
+        [{"ad": a, "ts": t * S, "click": t} for t, a in enumerate([1, None, 2])],
+    )
+    write(
+        tmp_path / "views", [{"ad": a, "ts": t * S, "view": t} for t, a in enumerate([None, 1, 3])]
+    )
+    rows = run(tmp_path, lambda c, v: c.interval_join(v, on="ad", between=("0s", "5s"), how="full"))
+    assert sorted(((r["ad"], r["click"], r["view"]) for r in rows), key=repr) == sorted(
+        [(1, 0, 1), (None, 1, None), (2, 2, None), (None, None, 0), (3, None, 2)], key=repr
+    )

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from cutline.protocol.watermarks import MIN_WATERMARK
+from cutline.runtime.eventtime.lateness import restored_marks
 from cutline.runtime.eventtime.output import LateRecords
 from cutline.runtime.eventtime.timestamps import EventTimeError, TimeColumn
 from cutline.runtime.joins.output import Side
@@ -99,6 +100,9 @@ class JoinLogic(Logic):
     window_time: TimeColumn | None = None
     keyed = True
     two_inputs = True
+    null_keys = True
+    """A record with a null key is sent to it (it pairs with nothing; an outer join emits
+    it), not refused on the way."""
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return JoinOperator(self, ctx, state)
@@ -123,15 +127,9 @@ class JoinOperator(RunningOperator):
         """After a restore at another parallelism: per key group, the watermark its old
         subtask had reached (a record at or before it is late), until the watermark passes
         them all."""
+        marks, late = restored_marks(restored, mine)
         snapshots: list[dict[str, pa.Table]] = []
-        late, marks = 0, []
         for handle in restored:
-            start, stop = handle.get("key_groups", (0, 0))
-            if start in mine:
-                late += int(handle.get("late", 0))
-            groups = range(max(start, mine.start), min(stop, mine.stop))
-            if len(groups) and "watermark" in handle:
-                marks.append((groups, int(handle["watermark"])))
             if ctx.restore_store is not None:
                 snapshots += [pickle.loads(data) for data in read_chain(handle, ctx.restore_store)]
         if marks:
