@@ -50,6 +50,9 @@ RIGHT_IDS = 1_000_000
 LATE_BY = 60_000
 """Records late by construction are this long (ms) before :data:`BASE`."""
 
+NULLS = 40
+"""With ``nulls``, one record in this many has a null key."""
+
 LOWER, UPPER = -300, 100
 """The interval join's ``between`` (ms): a view from 300 ms before a click to 100 ms after."""
 WINDOW = 500
@@ -88,11 +91,14 @@ def write_side(
     distinct_times: bool = False,
     late_at: Mapping[int, int] | None = None,
     late_count: int = 5,
+    nulls: bool = False,
 ) -> Input:
     """``files`` Parquet files of ``per_file`` records each (``id``, ``user``, ``item``,
     ``ts``; ids from ``first_id`` on); ``distinct_times``: no two records of a user at one
     time. ``late_at``: file -> index there at which ``late_count`` records late by
-    construction are put (the ids after the others')."""
+    construction are put (the ids after the others'). ``nulls``: one record in
+    :data:`NULLS` has no ``user`` and no ``item`` (a null key: it pairs with nothing, and an
+    outer join emits it alone)."""
     rng = random.Random(seed)
     directory.mkdir(parents=True)
     taken: set[tuple[str, int]] = set()
@@ -109,7 +115,9 @@ def write_side(
             while distinct_times and (user, ts) in taken:
                 ts = clock - rng.randint(0, BOUND)
             taken.add((user, ts))
-            item = rng.randrange(ITEMS)
+            item: int | None = rng.randrange(ITEMS)
+            if nulls and rng.randrange(NULLS) == 0:
+                user, item = None, None  # type: ignore[assignment]
             rows.append({"id": first_id + f * per_file + i, "user": user, "item": item, "ts": ts})
         if late_at is not None and f in late_at:
             mine = []
@@ -250,7 +258,8 @@ def answer(kind: str, left: list[Row], right: list[Row]) -> Counter[Result]:
         case "window":  # tumbling, how="left"
             windows: dict[tuple[str, int], list[Row]] = defaultdict(list)
             for v in right:
-                windows[(v["user"], v["ts"] - v["ts"] % WINDOW)].append(v)
+                if v["user"] is not None:
+                    windows[(v["user"], v["ts"] - v["ts"] % WINDOW)].append(v)
             for c in left:
                 start = c["ts"] - c["ts"] % WINDOW
                 mine = windows.get((c["user"], start), [])
@@ -284,9 +293,12 @@ def result(kind: str, row: Row) -> Result:
 
 
 def _by(rows: Iterable[Row], column: str) -> defaultdict[Any, list[Row]]:
+    """The rows of each value of ``column``; a row whose value is null is in none (a null
+    key equals nothing)."""
     grouped: defaultdict[Any, list[Row]] = defaultdict(list)
     for r in rows:
-        grouped[r[column]].append(r)
+        if r[column] is not None:
+            grouped[r[column]].append(r)
     return grouped
 
 

@@ -48,7 +48,7 @@ def _inputs(tmp_path: Path, parallelism: int, seed: int) -> tuple[Input, Input]:
     """Both inputs, with records late by construction a little after the hold in the last
     file of each source subtask (read only by the restored job)."""
     late_at = {f: HALF + 7 for f in range(FILES - parallelism, FILES)}
-    sides = {"files": FILES, "per_file": PER_FILE, "late_at": late_at}
+    sides = {"files": FILES, "per_file": PER_FILE, "late_at": late_at, "nulls": True}
     left = write_side(tmp_path / "in" / "clicks", seed, first_id=0, **sides)  # type: ignore[arg-type]
     right = write_side(
         tmp_path / "in" / "views",

@@ -42,8 +42,9 @@ PER_SUBTASK = FILES // 2 * PER_FILE
 KINDS = [*JOINS, "tally"]
 
 
-def _inputs(tmp_path: Path, seed: int) -> tuple[Input, Input]:
-    sides: dict[str, Any] = {"files": FILES, "per_file": PER_FILE}
+def _inputs(tmp_path: Path, seed: int, nulls: bool) -> tuple[Input, Input]:
+    """Both inputs; ``nulls``: with records whose key is null."""
+    sides: dict[str, Any] = {"files": FILES, "per_file": PER_FILE, "nulls": nulls}
     left = write_side(tmp_path / "in" / "clicks", seed, first_id=0, **sides)
     right = write_side(
         tmp_path / "in" / "views", seed + 1, first_id=RIGHT_IDS, distinct_times=True, **sides
@@ -72,10 +73,11 @@ def test_a_sigkill_at_a_random_moment_publishes_each_join_result_once(
     """Interval (full), window (tumbling, left), as-of (left) and regular (inner) joins, and
     a keyed co-process function's shared count and timers: a random worker killed at a
     random moment; every result published once, none from the run that died and again from
-    the restored one, outer rows included. The state backend alternates with the kind and
+    the restored one, outer rows included (and the rows of null keys, which pair with
+    nothing). The state backend alternates with the kind and
     the seed: each kind runs on both over the seeds, and ``make test`` runs both."""
     rng = random.Random(f"{kind}-{seed}")
-    left, right = _inputs(tmp_path, seed)
+    left, right = _inputs(tmp_path, seed, nulls=kind != "tally")  # (key_by refuses a null)
     out = tmp_path / "out"
     backend = ("memory", "disk")[(KINDS.index(kind) + seed) % 2]
     env = _env(tmp_path, state=State(backend=backend, dir=str(tmp_path / "state")))
@@ -119,7 +121,7 @@ def test_unaligned_checkpoints_of_a_join_under_backpressure_survive_a_sigkill(
     checkpoint that recorded records in flight on both of the join's inputs, and the job
     restores it (the records replayed into both inputs): every result once, exact."""
     rng = random.Random(mode)
-    left, right = _inputs(tmp_path, 5)
+    left, right = _inputs(tmp_path, 5, nulls=True)
     out = tmp_path / "out"
     env = _env(
         tmp_path,
