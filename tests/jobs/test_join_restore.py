@@ -1,8 +1,9 @@
 """Every built-in join exactly once across a stop with a savepoint and a restore at another
 parallelism under the other state backend (slots as threads): each result, outer rows
-included, published once by one of the two runs, equal to the plain-Python answer; and the
-records late because of the restore (before the watermark the stopped job had reached) in
-the late side output, paired with nothing.
+included (and the rows of null keys, which pair with nothing), published once by one of the
+two runs, equal to the plain-Python answer; and the records late because of the restore (at
+or before the watermark the stopped job had reached) in the late side output, paired with
+nothing, and counted.
 
 The inputs and the answers are ``tests/join_inputs.py``'s: no record is late but those put
 there to be, after the point where the job stops. The stop lands by construction
