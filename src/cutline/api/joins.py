@@ -134,7 +134,9 @@ class Joins:
         (right columns null) once the watermark reaches ``L.time + upper``, when no right
         record can pair with it any more; ``"right"``: a right record once it reaches
         ``R.time - lower``; ``"full"``: both. A record's state is dropped at that same
-        watermark. Both streams need event time."""
+        watermark. An outer join holds the watermark it passes on back by as much as its
+        unmatched rows come behind (``max(upper, 0)`` for left ones, ``max(-lower, 0)`` for
+        right ones), so that they are not late downstream. Both streams need event time."""
         from cutline.runtime.joins.interval import IntervalJoin
 
         if not isinstance(between, tuple | list) or len(between) != 2:
@@ -156,7 +158,14 @@ class Joins:
         restore = functools.partial(
             IntervalJoin.restore, plan.layout, checked, lower, upper, schemas=schemas
         )
-        logic = JoinLogic(make, restore, plan.keys, times)
+        # an unmatched row comes out when its last chance passed: a left one ``upper`` behind
+        # the watermark, a right one ``-lower``; the watermark passed on waits for them
+        held = max(
+            upper if checked in ("left", "full") else 0,
+            -lower if checked in ("right", "full") else 0,
+            0,
+        )
+        logic = JoinLogic(make, restore, plan.keys, times, holds_back=held)
         label = f"interval_join({between[0]}, {between[1]})"
         return plan.add(label, logic, name, on_error, plan.larger_time(times))
 
