@@ -236,9 +236,7 @@ def _persons(spec: JoinsSpec) -> tuple[pa.Table, np.ndarray]:
     n = len(ids)
     event_time, arrival = _times(spec, ids, rng)
     first, last = _pick(rng, n, FIRST_NAMES), _pick(rng, n, LAST_NAMES)
-    email = pc.binary_join_element_wise(
-        _letters(rng, n, 7, LOWER), _letters(rng, n, 5, LOWER), "@"
-    )
+    email = pc.binary_join_element_wise(_letters(rng, n, 7, LOWER), _letters(rng, n, 5, LOWER), "@")
     card = pc.binary_join_element_wise(*(_letters(rng, n, 4, b"0123456789") for _ in range(4)), " ")
     table = pa.table(
         {

@@ -103,7 +103,9 @@ def _window(times: pa.ChunkedArray) -> np.ndarray:
 
 def _q8(tables: dict[str, pa.Table]) -> pa.Table:
     p, a = tables["persons"], tables["auctions"]
-    left = pa.table({"person_id": p["id"], "name": p["name"], "window_start": _window(p["date_time"])})
+    left = pa.table(
+        {"person_id": p["id"], "name": p["name"], "window_start": _window(p["date_time"])}
+    )
     right = pa.table(
         {"seller": a["seller"], "window_start": _window(a["date_time"]), "auction_id": a["id"]}
     )
@@ -115,7 +117,12 @@ def _q9(tables: dict[str, pa.Table]) -> pa.Table:
     a, b = tables["auctions"], tables["bids"]
     left = pa.table({"auction_id": a["id"], "opened": a["date_time"], "expires": a["expires"]})
     right = pa.table(
-        {"auction": b["auction"], "bidder": b["bidder"], "price": b["price"], "bid_time": b["date_time"]}
+        {
+            "auction": b["auction"],
+            "bidder": b["bidder"],
+            "price": b["price"],
+            "bid_time": b["date_time"],
+        }
     )
     joined = left.join(right, "auction_id", "auction", "inner")
     after = pc.subtract(joined["bid_time"], joined["opened"])
@@ -171,7 +178,12 @@ def python_answers(inp: JoinsInput, queries: Iterable[str]) -> dict[str, list[tu
 def _py_q3(rows: dict[str, list[dict]]) -> list[tuple]:
     local = {p["id"]: p for p in rows["persons"] if p["state"] in Q3_STATES}
     return [
-        (local[a["seller"]]["name"], local[a["seller"]]["city"], local[a["seller"]]["state"], a["id"])
+        (
+            local[a["seller"]]["name"],
+            local[a["seller"]]["city"],
+            local[a["seller"]]["state"],
+            a["id"],
+        )
         for a in rows["auctions"]
         if a["category"] == Q3_CATEGORY and a["seller"] in local
     ]

@@ -39,8 +39,16 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from joins_input import SCHEMAS, JoinsInput
-from joins_reference import ANSWER_COLUMNS, COLUMNS_READ, Q3_CATEGORY, Q3_STATES, STREAMS_READ
-from joins_reference import Q8_WINDOW_MS, Q9_BOUND_MS, compare
+from joins_reference import (
+    ANSWER_COLUMNS,
+    COLUMNS_READ,
+    Q3_CATEGORY,
+    Q3_STATES,
+    Q8_WINDOW_MS,
+    Q9_BOUND_MS,
+    STREAMS_READ,
+    compare,
+)
 
 WATERMARK = "2 seconds"
 STATE_STORES = {
@@ -67,6 +75,9 @@ class SparkSetting:
     def label(self) -> str:
         files = self.max_files or "all"
         return f"maxFilesPerTrigger={files}, shuffle.partitions={self.partitions}, {self.state}"
+
+    def short(self) -> str:
+        return f"files {self.max_files or 'all'}, partitions {self.partitions}, {self.state}"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -160,6 +171,7 @@ def run_spark(
     setting: SparkSetting,
     work: Path,
     expected: pa.Table,
+    timeout: float = 1800,
 ) -> dict:
     """One run of ``query`` at ``setting``: its figures and whether its answer is exact."""
     shutil.rmtree(work, ignore_errors=True)
@@ -176,8 +188,10 @@ def run_spark(
         .trigger(availableNow=True)
         .start()
     )
-    handle.awaitTermination()
+    finished = handle.awaitTermination(timeout)  # a bound, not a figure
     seconds = time.perf_counter() - start
+    if not finished:
+        handle.stop()
     progress = handle.recentProgress
     out = work / "out"
     table = (
@@ -193,11 +207,14 @@ def run_spark(
     check = compare(table, expected, query)
     return {
         **check,
-        "verified": check["verified"] and rows_in == expected_in,
+        "verified": check["verified"] and rows_in == expected_in and bool(finished),
+        "stopped_at_timeout": not finished,
         "setting": setting.label(),
         "rows_in": rows_in,
         "rows_in_expected": expected_in,
-        "rows_dropped_by_watermark": sum(op.get("numRowsDroppedByWatermark", 0) for op in operators),
+        "rows_dropped_by_watermark": sum(
+            op.get("numRowsDroppedByWatermark", 0) for op in operators
+        ),
         "seconds_incl_start": seconds,
         "events_per_s_incl_start": expected_in / seconds,
         "micro_batches": len(progress),
