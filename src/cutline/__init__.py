@@ -16,31 +16,24 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _API = (
-    "OnError",
-    "TimeDomain",
-    "WindowedStream",
-    "WindowedResult",
-    "Window",
-    "Tumbling",
-    "Sliding",
-    "Session",
-    "EventTime",
-    "EventTimeError",
-    "DurationWarning",
-    "ExponentialDelay",
-    "FailureRate",
-    "FixedDelay",
-    "NoRestart",
-    "WatermarkGenerator",
-    "BoundedOutOfOrderness",
-    "Monotonous",
     "AggregateFunction",
+    "BoundedOutOfOrderness",
+    "BroadcastContext",
+    "BroadcastProcessFunction",
+    "BroadcastStream",
     "CheckpointAborted",
     "CheckpointCompleted",
     "CheckpointSlow",
     "CheckpointWarning",
     "Checkpoints",
+    "ConnectedStreams",
     "DataStream",
+    "DurationWarning",
+    "EventTime",
+    "EventTimeError",
+    "ExponentialDelay",
+    "FailureRate",
+    "FixedDelay",
     "GenerationRunning",
     "InputWarning",
     "JobClient",
@@ -51,9 +44,13 @@ _API = (
     "JobListener",
     "JobResult",
     "JobWarning",
+    "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStream",
     "Logic",
+    "Monotonous",
+    "NoRestart",
+    "OnError",
     "OperatorContext",
     "ProcessContext",
     "RecordsSkipped",
@@ -62,13 +59,21 @@ _API = (
     "ResumableCheckpointError",
     "RunningOperator",
     "SavepointCompleted",
+    "Session",
+    "Sliding",
     "SourceError",
     "SourceHold",
     "SparkSetupError",
-    "StreamEnvironment",
     "State",
+    "StreamEnvironment",
+    "TimeDomain",
     "Timeouts",
+    "Tumbling",
     "WaitingForSlots",
+    "WatermarkGenerator",
+    "Window",
+    "WindowedResult",
+    "WindowedStream",
 )
 _ELSEWHERE = {
     "read_state": "cutline.spark.datasource",
@@ -86,11 +91,15 @@ __all__ = [*_API, *_ELSEWHERE, "__version__"]
 if TYPE_CHECKING:  # (what a type checker sees: the API's own types, not __getattr__'s Any)
     from cutline.api import AggregateFunction as AggregateFunction
     from cutline.api import BoundedOutOfOrderness as BoundedOutOfOrderness
+    from cutline.api import BroadcastContext as BroadcastContext
+    from cutline.api import BroadcastProcessFunction as BroadcastProcessFunction
+    from cutline.api import BroadcastStream as BroadcastStream
     from cutline.api import CheckpointAborted as CheckpointAborted
     from cutline.api import CheckpointCompleted as CheckpointCompleted
     from cutline.api import Checkpoints as Checkpoints
     from cutline.api import CheckpointSlow as CheckpointSlow
     from cutline.api import CheckpointWarning as CheckpointWarning
+    from cutline.api import ConnectedStreams as ConnectedStreams
     from cutline.api import DataStream as DataStream
     from cutline.api import DurationWarning as DurationWarning
     from cutline.api import EventTime as EventTime
@@ -108,6 +117,7 @@ if TYPE_CHECKING:  # (what a type checker sees: the API's own types, not __getat
     from cutline.api import JobListener as JobListener
     from cutline.api import JobResult as JobResult
     from cutline.api import JobWarning as JobWarning
+    from cutline.api import KeyedCoProcessFunction as KeyedCoProcessFunction
     from cutline.api import KeyedProcessFunction as KeyedProcessFunction
     from cutline.api import KeyedStream as KeyedStream
     from cutline.api import Logic as Logic

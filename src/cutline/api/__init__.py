@@ -7,12 +7,18 @@ An operator of one's own is a :class:`Logic` (opened in every subtask into a
 :class:`RunningOperator`) added with ``stream.transform(label, logic)``.
 """
 
+from cutline.api.connected import BroadcastStream, ConnectedStreams
 from cutline.api.environment import DataStream, KeyedStream, StreamEnvironment
 from cutline.api.event_time import EventTime
 from cutline.api.setting_groups import Checkpoints, State, Timeouts
 from cutline.api.windowed import WindowedResult, WindowedStream
 from cutline.runtime.checkpoint.lineage import ResumableCheckpointError
 from cutline.runtime.checkpoint.restore import RestoreError
+from cutline.runtime.co_operators import (
+    BroadcastContext,
+    BroadcastProcessFunction,
+    KeyedCoProcessFunction,
+)
 from cutline.runtime.driver.client import JobClient, JobClientError
 from cutline.runtime.driver.events import (
     CheckpointAborted,
@@ -49,11 +55,15 @@ from cutline.spark.launcher import SparkSetupError
 __all__ = [
     "AggregateFunction",
     "BoundedOutOfOrderness",
+    "BroadcastContext",
+    "BroadcastProcessFunction",
+    "BroadcastStream",
     "CheckpointAborted",
     "CheckpointCompleted",
     "CheckpointSlow",
     "CheckpointWarning",
     "Checkpoints",
+    "ConnectedStreams",
     "DataStream",
     "DurationWarning",
     "EventTime",
@@ -71,6 +81,7 @@ __all__ = [
     "JobListener",
     "JobResult",
     "JobWarning",
+    "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStream",
     "Logic",

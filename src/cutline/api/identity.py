@@ -20,10 +20,13 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
 def operator_id(label: str, inputs: Sequence[Edge], detail: str = "") -> str:
     """The id of an unnamed operator: ``label`` made safe (at most 40 characters), then 8 hex
     digits of a digest of the label, ``detail`` (what a source reads; what tells a lambda
-    from another) and the inputs (their ids, partitioning and key, in any order). Nothing
+    from another) and the inputs (their ids, partitioning, key and port, in any order). Nothing
     else of the job goes into it."""
     readable = _UNSAFE.sub("_", label).strip("_.")[:40].rstrip("_.") or "operator"
-    edges = sorted([e.upstream, e.partitioning, _key_name(e.key)] for e in inputs)
+    edges = sorted(
+        [e.upstream, e.partitioning, _key_name(e.key), *([e.port] if e.port else [])]
+        for e in inputs
+    )
     identity = json.dumps([label, detail, edges])
     return f"{readable}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
 

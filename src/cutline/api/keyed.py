@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from cutline.api.columns import numeric_column, with_count, with_float
+from cutline.api.connected import ConnectedStreams
 from cutline.api.streams import DataStream, _callable, _Operators
 from cutline.api.windowed import WindowedStream, _early
 from cutline.runtime.durations import milliseconds
@@ -55,6 +56,23 @@ class KeyedStream(_Operators):
         label = f"process({type(function).__name__})"
         logic = ProcessLogic(function, self.key)
         return self.transform(label, logic, name=name, on_error=on_error)
+
+    def connect(self, other: KeyedStream) -> ConnectedStreams:
+        """This keyed stream and ``other`` (keyed too) in one operator
+        (:class:`~cutline.KeyedCoProcessFunction`): a record of either side with key ``k``
+        sees the state and timers of ``k``, shared by both sides. Keys of both sides must be
+        of one kind (refused now when the columns' types are known to differ)."""
+        from cutline.api.connected import connect_keyed
+
+        return connect_keyed(self, other)
+
+    def broadcast(self) -> Any:
+        """(A keyed stream cannot be broadcast: every record goes to every subtask.)"""
+        raise TypeError(
+            "broadcast: a keyed stream cannot be the broadcast side (its records go to the "
+            "subtask of their key, a broadcast stream's to every one): broadcast the stream "
+            "before key_by"
+        )
 
     def reduce(
         self, fn: Callable[[Any, Any], Any], *, name: str | None = None, on_error: OnError = "fail"

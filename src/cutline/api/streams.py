@@ -46,6 +46,7 @@ from cutline.api.event_time import (
     event_time_of,
     strategy,
 )
+from cutline.api.joins import JoinedStream, Joins
 from cutline.api.outputs import Outputs
 from cutline.api.settings import location
 from cutline.api.window_all import ALL
@@ -78,6 +79,7 @@ from cutline.runtime.operators import (
 from cutline.runtime.sink_operator import SinkLogic
 
 if TYPE_CHECKING:
+    from cutline.api.connected import BroadcastStream, ConnectedStreams
     from cutline.api.keyed import KeyedStream
     from cutline.api.windowed import WindowedStream
 
@@ -154,7 +156,7 @@ class _Operators:
         )
 
 
-class DataStream(_Operators, Outputs):
+class DataStream(_Operators, Outputs, Joins):
     """A stream of records: the output of one operator."""
 
     def __init__(
@@ -264,6 +266,22 @@ class DataStream(_Operators, Outputs):
         if isinstance(key, str):
             has_column(self.schema, key, f"key_by({key!r})")
         return KeyedStream(self, key)
+
+    def broadcast(self) -> BroadcastStream:
+        """This stream as the broadcast side of a :meth:`connect`: every record goes to every
+        subtask of the operator that reads it (the rules every subtask needs)."""
+        from cutline.api.connected import BroadcastStream
+
+        return BroadcastStream(self)
+
+    def connect(self, other: BroadcastStream) -> ConnectedStreams:
+        """This stream with a broadcast one, in one operator
+        (:class:`~cutline.BroadcastProcessFunction`): ``other`` is ``stream.broadcast()``.
+        Each subtask reads its part of this stream and every record of ``other``. (Two keyed
+        streams connect with :meth:`KeyedStream.connect`.)"""
+        from cutline.api.connected import connect_broadcast
+
+        return connect_broadcast(self, other)
 
     def window_all(
         self,
@@ -464,6 +482,10 @@ class DataStream(_Operators, Outputs):
         logic = SinkLogic(CollectSink(name))  # (in the checkpoint directory, when the job runs)
         operator = self.transform(f"collect({name})", logic).operator
         self.env._collect[name] = operator.uid
+
+
+class JoinResult(DataStream, JoinedStream):
+    """The results of a join; :meth:`late` is the side output of each input's late records."""
 
 
 def _per_record(what: str, logic: Callable[[Any], Logic], fn: Any) -> tuple[str, Logic]:

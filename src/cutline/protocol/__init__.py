@@ -14,6 +14,8 @@ drive the very same objects.
 * :mod:`cutline.protocol.watermarks` — event time's progress: watermarks per source split and
   per subtask, idleness, and the event time each operator of a subtask reached
   (:class:`~cutline.protocol.watermarks.EventClock`);
+* :mod:`cutline.protocol.inputs` — the watermark of a subtask with several logical inputs (a
+  two-input operator's left and right): a valve per input, the least over the active inputs;
 * :mod:`cutline.protocol.splits` — which subtask reads each split of a source, and where each
   split stands in a checkpoint.
 """
@@ -62,6 +64,7 @@ from cutline.protocol.errors import (
     ProtocolError,
     UnknownChannelError,
 )
+from cutline.protocol.inputs import MultiInputValve, UnknownInputError
 from cutline.protocol.registry import SharedStateRegistry
 from cutline.protocol.termination import (
     AskCounts,
@@ -112,6 +115,7 @@ __all__ = [
     "ForwardBarrier",
     "InvalidCheckpointIdError",
     "InvalidSnapshotIdError",
+    "MultiInputValve",
     "NextWave",
     "NotifyCheckpointComplete",
     "ProtocolError",
@@ -130,6 +134,7 @@ __all__ = [
     "UnblockChannels",
     "UnknownChannelError",
     "UnknownCheckpointError",
+    "UnknownInputError",
     "UnknownParticipantError",
     "UnknownTaskError",
     "WatermarkAction",

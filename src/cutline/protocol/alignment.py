@@ -27,8 +27,11 @@ modes"):
   other inputs aligned, then records the back edges until ``Barrier(n)`` comes
   round (the same recording); in at-least-once mode too, or records would be lost.
 
-One handler stands beside each subtask. The subtask feeds it events and
-carries out the actions it returns, in order:
+One handler stands beside each subtask. A subtask with several logical inputs (a two-input
+operator's left and right) gives its one handler the channels of every input: they are just
+more channels, so a checkpoint aligns (or records) over both inputs, and completes only once
+the barriers of both came (``tests/protocol/test_protocol_two_inputs.py``). The subtask feeds it
+events and carries out the actions it returns, in order:
 
 =======================================  ==========================================
 event (method)                           actions it may return

@@ -32,8 +32,13 @@ they return, in order:
   watermark caught up with the valve's (until then its records may be late: they came after
   the watermark moved on without them). An ended channel holds nothing; once every channel
   ended the valve emits :data:`MAX_WATERMARK`, which fires everything.
+* :class:`~cutline.protocol.inputs.MultiInputValve` (:mod:`cutline.protocol.inputs`), beside
+  a subtask whose channels belong to several logical inputs (a two-input operator's left and
+  right): a ``WatermarkValve`` per input, and the subtask's watermark the least over its
+  active inputs (an idle input holds nothing back, an ended one nothing; every input ended:
+  :data:`MAX_WATERMARK`). Over one input it is its ``WatermarkValve``, action for action.
 
-A third keeps what they made, once per subtask: its :class:`EventClock`, the watermark each
+A fourth keeps what they made, once per subtask: its :class:`EventClock`, the watermark each
 operator of the subtask's chain was last told and the one its outputs last sent on (a value
 the runtime moves forward; it emits nothing).
 
@@ -58,15 +63,21 @@ event (method)                                         actions it may return
 ``WatermarkValve.status_received(c, idle)``            ``EmitStatus``, ``EmitWatermark``
 ``WatermarkValve.end_of_input(c)``                     ``EmitStatus(idle=False)``,
                                                        ``EmitWatermark(W)``
+``MultiInputValve.watermark_received(c, w)``           as ``WatermarkValve``'s, over the inputs
+                                                       (:mod:`cutline.protocol.inputs`)
+``MultiInputValve.status_received(c, idle)``           as ``WatermarkValve``'s, over the inputs
+``MultiInputValve.end_of_input(c)``                    as ``WatermarkValve``'s, over the inputs
 =====================================================  =========================================
 
-**Invariants** (tested over random interleavings in ``tests/protocol/test_protocol_watermarks.py``):
+**Invariants** (tested over random interleavings in ``tests/protocol/test_protocol_watermarks.py``,
+and for several inputs in ``tests/protocol/test_protocol_two_inputs.py``):
 the watermarks emitted only increase; a valve's emitted watermark never exceeds the
-watermark of any channel that is active, caught up and not ended; every emitted status
-differs from the one before; once every split finished (or every channel ended),
-:data:`MAX_WATERMARK` has been emitted.
+watermark of any channel that is active, caught up and not ended (a subtask's over several
+inputs: nor that of any active input not ended, nor of such a channel of one); an idle
+channel (or input) never holds it back; every emitted status differs from the one before;
+once every split finished (or every channel ended), :data:`MAX_WATERMARK` has been emitted.
 
-**Checkpoints.** Neither object is part of a checkpoint (as in Flink): after a restore the
+**Checkpoints.** None of these objects is part of a checkpoint (as in Flink): after a restore the
 sources read their splits again from their offsets and make the watermarks anew, starting
 from :data:`MIN_WATERMARK`, which is never wrong (only late). The watermarks inside channel
 state an unaligned checkpoint recorded are recorded with the records, in order, and replayed

@@ -215,3 +215,16 @@ def said_ms(ms: int) -> str:
         if ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"
+
+
+def offset_milliseconds(value: Duration, what: str) -> int:
+    """An event-time *offset* in whole milliseconds, which may be negative (an interval join's
+    bounds: ``"-10 min"``, ``"0s"``, ``timedelta(minutes=-10)``, ``-600`` seconds): a
+    duration (:func:`milliseconds`, zero allowed) with an optional leading ``-``."""
+    if isinstance(value, str) and value.strip().startswith("-"):
+        return -milliseconds(value.strip()[1:], what, zero=True)
+    if isinstance(value, dt.timedelta) and value < dt.timedelta(0):
+        return -milliseconds(-value, what, zero=True)
+    if isinstance(value, Real) and not isinstance(value, bool) and value < 0:
+        return -milliseconds(-value, what, zero=True)
+    return milliseconds(value, what, zero=True)

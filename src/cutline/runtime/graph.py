@@ -13,7 +13,12 @@ Flink:
   loop (one subtask per slot) with no channel inside it.
 * **channels**: every other edge becomes channels between subtasks of two
   chains: ``parallelism`` of them for a forward edge, ``parallelism²`` for a
-  hash edge. A channel's id names both ends.
+  hash or a broadcast edge. A channel's id names both ends.
+
+**Two inputs**: an operator that takes two streams apart (``connect``, a join) has two
+*ports*: each input edge says which one it feeds (:attr:`Edge.port`: 0, the left or first;
+1, the right or second), and the plan tells the subtask which port each input channel feeds
+(:meth:`ExecutionPlan.input_ports`). Such an operator heads its chain (it has two inputs).
 
 Every operator runs at the job's parallelism, and slot ``i`` runs subtask ``i``
 of every chain.
@@ -47,6 +52,8 @@ class Partitioning(StrEnum):
     """Subtask ``i`` feeds subtask ``i``."""
     HASH = "hash"
     """Every record goes to the subtask that owns its key's key group (a shuffle)."""
+    BROADCAST = "broadcast"
+    """Every record goes to every subtask (``broadcast()``: the rules every subtask needs)."""
 
 
 class GraphError(ValueError):
@@ -66,6 +73,9 @@ class Edge:
     side: str | None = None
     """It carries a side output of its upstream operator (``"late"``: the records a window
     found too late), not its main output. Never chained."""
+    port: int = 0
+    """The input of a two-input operator it feeds (0: the left or first, 1: the right or
+    second); 0 for every other operator."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.partitioning, Partitioning):
@@ -108,9 +118,12 @@ class JobGraph:
             )
         if operator.uid in self.operators:
             raise GraphError(f"two operators have the id {operator.uid!r}: ids must be unique")
-        upstreams = [edge.upstream for edge in operator.inputs]
+        upstreams = [(edge.upstream, edge.port) for edge in operator.inputs]
         if len(set(upstreams)) != len(upstreams):
-            raise GraphError(f"{operator.name} reads the same operator twice: {upstreams}")
+            raise GraphError(
+                f"{operator.name} reads the same operator twice: "
+                f"{[upstream for upstream, _ in upstreams]}"
+            )
         for edge in operator.inputs:
             if edge.upstream not in self.operators:
                 raise GraphError(f"{operator.name} reads from unknown operator {edge.upstream!r}")
@@ -162,6 +175,8 @@ class OutputEdge:
     """A loop's back edge."""
     side: str | None = None
     """The side output of the tail it carries (``None``: the main output)."""
+    port: int = 0
+    """The input of the downstream chain's head it feeds (:attr:`Edge.port`)."""
 
 
 @dataclass(frozen=True)
@@ -222,28 +237,46 @@ class ExecutionPlan:
 
     def input_channels(self, chain: Chain, index: int, *, back_only: bool = False) -> list[str]:
         """The channel ids subtask ``index`` of ``chain`` reads."""
-        channels = []
-        for upstream in self.chains:
-            for out in upstream.outputs:
-                if out.downstream != chain.uid or (back_only and not out.back):
-                    continue
-                match out.partitioning:
-                    case Partitioning.FORWARD:
-                        channels.append(channel_id(out.edge_id, index, index))
-                    case Partitioning.HASH:
-                        channels += [
-                            channel_id(out.edge_id, i, index) for i in range(self.parallelism)
-                        ]
-                    case unknown:
-                        assert_never(unknown)
-        return channels
+        return [
+            channel
+            for out in self._edges_into(chain)
+            if out.back or not back_only
+            for channel in self._channels_to(out, index)
+        ]
+
+    def input_ports(self, chain: Chain, index: int) -> dict[str, int]:
+        """The input channels of subtask ``index`` of ``chain``, each with the port of the
+        chain's head it feeds (all 0 unless the head takes two inputs)."""
+        return {
+            channel: out.port
+            for out in self._edges_into(chain)
+            for channel in self._channels_to(out, index)
+        }
+
+    def _edges_into(self, chain: Chain) -> list[OutputEdge]:
+        return [
+            out
+            for upstream in self.chains
+            for out in upstream.outputs
+            if out.downstream == chain.uid
+        ]
+
+    def _channels_to(self, out: OutputEdge, index: int) -> list[str]:
+        """The channels of edge ``out`` into subtask ``index``."""
+        match out.partitioning:
+            case Partitioning.FORWARD:
+                return [channel_id(out.edge_id, index, index)]
+            case Partitioning.HASH | Partitioning.BROADCAST:
+                return [channel_id(out.edge_id, i, index) for i in range(self.parallelism)]
+            case unknown:
+                assert_never(unknown)
 
     def output_channels(self, out: OutputEdge, index: int) -> list[tuple[str, int]]:
         """The channels of edge ``out`` from subtask ``index``, with the downstream subtask."""
         match out.partitioning:
             case Partitioning.FORWARD:
                 return [(channel_id(out.edge_id, index, index), index)]
-            case Partitioning.HASH:
+            case Partitioning.HASH | Partitioning.BROADCAST:
                 return [(channel_id(out.edge_id, index, j), j) for j in range(self.parallelism)]
             case unknown:
                 assert_never(unknown)
@@ -294,13 +327,14 @@ def plan(graph: JobGraph, parallelism: int, max_parallelism: int) -> ExecutionPl
                             consumer,
                             edge.partitioning,
                             edge.key,
-                            f"{tail.uid}>{consumer}",
+                            f"{tail.uid}>{consumer}" + (f"/{edge.port}" if edge.port else ""),
                             edge.back,
                             edge.side,
+                            edge.port,
                         )
                     )
         inputs = tuple(
-            Edge(head_of[e.upstream], e.partitioning, e.key, e.back, e.side)
+            Edge(head_of[e.upstream], e.partitioning, e.key, e.back, e.side, e.port)
             for e in graph.operators[head].inputs
         )
         chains.append(Chain(head, tuple(ops), inputs, tuple(outputs)))

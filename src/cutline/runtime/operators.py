@@ -241,6 +241,12 @@ class RunningOperator:
     def process(self, batch: Batch) -> Batch | None:
         raise NotImplementedError
 
+    def process_from(self, port: int, batch: Batch) -> Batch | None:
+        """(An operator of two inputs: its :class:`Logic` says ``two_inputs``.) ``batch``
+        came on input ``port`` (0: the left or first, 1: the right or second): return the
+        batch of records it emits, or ``None``."""
+        raise NotImplementedError
+
     def on_watermark(self, watermark: int) -> Batch | None:
         """Event time reached ``watermark`` here (epoch ms; it only increases): return what
         that completes (an event-time window's result), or ``None``."""
@@ -293,6 +299,11 @@ class Logic:
     keyed = False
     makes_watermarks = False
     """Its running operator makes watermarks from its records (``assign_timestamps``)."""
+    two_inputs = False
+    """It takes two inputs apart: each batch comes to ``process_from(port, batch)``."""
+    restores_every_copy = False
+    """At another parallelism, each subtask is given the state of every old subtask (a list,
+    in the order of their indexes): broadcast state, the same in every subtask."""
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         raise NotImplementedError
@@ -469,6 +480,9 @@ class Partitioner:
     key: str | Callable[[Any], Hashable]
     parallelism: int
     max_parallelism: int
+    nulls: bool = False
+    """Whether a null key is a key (a join's: it pairs with nothing, but an outer join emits
+    it), sent to the subtask of the key ``None``; else a record without a key fails."""
     _targets: dict[Hashable, int] = field(default_factory=dict)
 
     def target(self, key: Hashable) -> int:
@@ -497,10 +511,13 @@ class Partitioner:
                 )
             encoded = pc.dictionary_encode(batch.column(self.key))
             indices = encoded.indices
-            if indices.null_count:
+            if indices.null_count and not self.nulls:
                 raise RecordError(f"key_by({self.key!r}): a record has no key (null)")
             groups = key_groups(encoded.dictionary, self.max_parallelism)
             targets = groups * n // self.max_parallelism  # (subtask_for_key_group, vectorized)
+            if indices.null_count:  # (the subtask of the key None, at the end)
+                targets = np.append(targets, self.target(None))
+                indices = pc.fill_null(indices, len(targets) - 1)
             per_row = targets[indices.to_numpy()] if len(targets) else np.zeros(0, np.int64)
             return [batch.filter(pa.array(per_row == t)) for t in range(n)]
         out: list[list[Any]] = [[] for _ in range(n)]

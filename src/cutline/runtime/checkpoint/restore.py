@@ -16,6 +16,8 @@ source              the union of every old subtask's per-split offsets; it reads
                     from there (``runtime/sources.py``)
 sink, dead letters  the states of the old subtasks ``j`` with ``j % p == i``: it publishes
                     their pre-committed output (``runtime/sinks.py``)
+broadcast state     its own; at another parallelism, every old subtask's copy (the operator
+                    checks that they are the same and keeps one)
 channel state       only at the same parallelism (records in flight belong to channels that
                     do not exist at another one)
 ==================  ==========================================================================
@@ -207,6 +209,10 @@ def gather(
                 gathered.parts[uid] = parts
         elif isinstance(op.logic, SinkLogic):
             _adopt(gathered, uid, holders(uid), state_of, same, index, plan.parallelism)
+        elif getattr(op.logic, "restores_every_copy", False):  # broadcast state: every copy
+            names = holders(uid, lambda n: _index(n) == index) if same else holders(uid)
+            if names:
+                gathered.parts[uid] = [state_of(n).operators[uid] for n in names]
         else:
             names = holders(uid, lambda n: _index(n) == index) if same else holders(uid)
             if names and not same:

@@ -10,6 +10,7 @@ column and the type found.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,6 +86,9 @@ class TimeColumn:
     offset: int = 0
     type: pa.DataType | None = None
     unit: TimeUnit | None = None
+    also: TimeColumn | None = None
+    """(A join's results) a second column: a record's event time is the larger of the two,
+    or the one it has when the other is null (an outer join's row without a partner)."""
 
     def __post_init__(self) -> None:
         if self.unit is not None and self.unit not in UNITS:
@@ -132,6 +136,8 @@ class TimeColumn:
         """The timestamps of ``batch`` (epoch ms, int64), and a mask of the records without one
         (``None``: every record has one). A column of another type raises
         :class:`EventTimeError`; a record without the field is one without a timestamp."""
+        if self.also is not None:
+            return self._larger(batch, self.also)
         if isinstance(batch, pa.RecordBatch):
             index = batch.schema.get_field_index(self.column)
             if index < 0:
@@ -154,6 +160,22 @@ class TimeColumn:
             else:
                 values[i] = ms
         return values, (missing if missing.any() else None)
+
+    def _larger(self, batch: Any, also: TimeColumn) -> tuple[np.ndarray, np.ndarray | None]:
+        """The larger of this column's timestamps and ``also``'s, record by record."""
+        one, one_missing = dataclasses.replace(self, also=None).timestamps(batch)
+        other, other_missing = also.timestamps(batch)
+        values = np.maximum(one, other)
+        if one_missing is None and other_missing is None:
+            return values, None
+        if one_missing is not None:
+            values = np.where(one_missing, other, values)
+        if other_missing is not None:
+            values = np.where(other_missing, one, values)
+        if one_missing is None or other_missing is None:
+            return values, None
+        both = one_missing & other_missing
+        return values, (both if both.any() else None)
 
     def present(self, batch: Any) -> np.ndarray:
         """The timestamps of ``batch``'s records that have one (epoch ms, int64)."""

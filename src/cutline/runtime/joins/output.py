@@ -52,11 +52,12 @@ class JoinLayout:
         self, left: pa.Schema, right: pa.Schema, window_type: pa.DataType | None = None
     ) -> pa.Schema:
         """The result's schema, from both sides' (the right's columns nullable)."""
-        fields = [left.field(name) for name in self.left_on]
+        # (every column nullable: an outer row has nulls on its missing side)
+        fields = [left.field(name).with_nullable(True) for name in self.left_on]
         if self.windows:
             assert window_type is not None
             fields += [pa.field("window_start", window_type), pa.field("window_end", window_type)]
-        fields += [f for f in left if f.name not in self.left_on]
+        fields += [f.with_nullable(True) for f in left if f.name not in self.left_on]
         fields += [
             pa.field(self.right_name(f.name, left), f.type)
             for f in right

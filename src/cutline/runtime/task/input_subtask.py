@@ -24,6 +24,7 @@ from cutline.protocol.alignment import (
     UnblockChannels,
 )
 from cutline.protocol.chandy_lamport import RecordMessage, SnapshotComplete
+from cutline.protocol.inputs import MultiInputValve
 from cutline.protocol.watermarks import WatermarkValve
 from cutline.runtime.network.channel import PriorityBarrier
 from cutline.runtime.network.messages import Decline
@@ -37,6 +38,7 @@ from cutline.runtime.network.wire import (
     recorded,
     replayed,
 )
+from cutline.runtime.operators import Batch
 from cutline.runtime.task.failures import shorten
 from cutline.runtime.task.launch import Checkpointing
 from cutline.runtime.task.subtask import SubtaskRunner
@@ -48,7 +50,21 @@ class InputSubtask(SubtaskRunner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handler: BarrierAligner[str] | BarrierTracker[str] | None = None
-        self._valve: WatermarkValve[str] | None = None
+        self._valve: WatermarkValve[str] | MultiInputValve[str, int] | None = None
+        self._ports: dict[str, int] | None = None
+        """Input channel -> the port of the head it feeds, when the head takes two inputs."""
+
+    def _take(self, channel: str, batch: Batch) -> None:
+        """A batch from ``channel`` through the chain: a two-input head is told its port."""
+        ports = self._ports
+        if ports is None:
+            self._push(batch)
+            return
+        uid, head = self._operators[0]
+        self._current = uid
+        counted = self.operator_records[uid]
+        counted[0] += len(batch)
+        self._fired(0, head.process_from(ports[channel], batch))
 
     def _loop(self) -> None:
         assert self.gate is not None
@@ -67,16 +83,23 @@ class InputSubtask(SubtaskRunner):
             case unknown:
                 assert_never(unknown)
         self._handler = handler
+        if self.chain.operators[0].logic.two_inputs:
+            self._ports = self.setup.plan.input_ports(self.chain, self.index)
         # event time: the minimum over the inputs (a loop's back edge holds nothing back)
         timed = [c for c in gate.channels if c not in gate.back_edges]
-        valve = self._valve = WatermarkValve(timed) if timed else None
+        valve: WatermarkValve[str] | MultiInputValve[str, int] | None = None
+        if timed and self._ports is not None:  # the least of the two inputs' watermarks
+            valve = MultiInputValve({c: self._ports[c] for c in timed})
+        elif timed:
+            valve = WatermarkValve(timed)
+        self._valve = valve
         # the records (and watermarks) in flight at the restored checkpoint come first
         for channel in gate.channels:
             for item in self._restored_inputs.get(channel, ()):
                 match replayed(item):
                     case Records() as restored:
                         self.records_in += len(restored)
-                        self._push(restored.batch)
+                        self._take(channel, restored.batch)
                         self.records_done += len(restored)
                     case Watermark() | WatermarkStatus() as mark:
                         self._in_band(channel, mark)
@@ -125,7 +148,7 @@ class InputSubtask(SubtaskRunner):
                     self.records_in += len(frame)
                     self._received[channel] += len(frame)
                     self._carry_out(handler.message_received(channel, frame))
-                    self._push(frame.batch)
+                    self._take(channel, frame.batch)
                     self.records_done += len(frame)
                 case PriorityBarrier(barrier=barrier, overtaken=overtaken):
                     n = barrier.checkpoint_id

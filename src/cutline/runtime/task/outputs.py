@@ -104,14 +104,19 @@ class SubtaskOutputs:
             partitioner = None
             if out.partitioning is Partitioning.HASH:
                 assert out.key is not None
-                partitioner = Partitioner(out.key, plan.parallelism, plan.max_parallelism)
                 head = plan.chain(out.downstream).operators[0]
+                partitioner = Partitioner(
+                    out.key,
+                    plan.parallelism,
+                    plan.max_parallelism,
+                    nulls=getattr(head.logic, "null_keys", False),
+                )
                 key = out.key if isinstance(out.key, str) else function_name(out.key)
                 # the key function belongs to the keyed operator: its on_error applies
                 self._key_contexts[out.downstream] = context(
                     f"key_by({key}) of {head.name}", head.uid
                 )
-            assert out.partitioning is Partitioning.HASH or len(channels) == 1
+            assert out.partitioning is not Partitioning.FORWARD or len(channels) == 1
             self.edges.append((out.downstream, channels, partitioner, out.side))
         self.sides = tuple(sorted({side for *_, side in self.edges if side is not None}))
 
@@ -134,13 +139,12 @@ class SubtaskOutputs:
         for downstream, channels, partitioner, carries in self.edges:
             if carries != side:
                 continue
-            if partitioner is None:
+            if partitioner is None:  # forward (one channel), or broadcast (the batch on each)
                 records = Records(batch)
-                self.records_sent += len(records)
-                self.sent[channels[0].channel] = self.sent.get(channels[0].channel, 0) + len(
-                    records
-                )
-                channels[0].send(records)
+                for channel in channels:
+                    self.records_sent += len(records)
+                    self.sent[channel.channel] = self.sent.get(channel.channel, 0) + len(records)
+                    channel.send(records)
                 continue
             context = self._key_contexts[downstream]
             self._working_on(context.name)
