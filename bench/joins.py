@@ -4,6 +4,7 @@ cutline, Spark Structured Streaming and PyFlink SQL side by side, on the same fi
     .venv/bin/python bench/joins.py [--size small|large|both] [--repeats 3]
         [--large-repeats 1] [--queries q3,q8,q9,asof] [--out bench/results/joins.json]
         [--spark-files 1,5,0] [--spark-partitions 2,8] [--spark-states hdfs,rocksdb]
+        [--spark-memory 4g]
 
 **Input** (``bench/joins_input.py``): ``small`` is 1,000,000 Nexmark events (20,000
 persons, 60,000 auctions, 920,000 bids; the bids exactly those of ``bench/nexmark.py``) and
@@ -162,10 +163,17 @@ class Bench:
         started = time.perf_counter()
         from cutline.spark.launcher import local_session
 
+        # local mode runs the join's tasks in the driver's JVM: its default 1 GiB heap does
+        # not hold a micro-batch of millions of rows (q9 at 10 M events ran out of it)
+        submit = f"--driver-memory {args.spark_memory} pyspark-shell"
+        os.environ.setdefault("PYSPARK_SUBMIT_ARGS", submit)
         self.spark = local_session(PARALLELISM)
         self.spark.range(1).collect()
         self.spark_start_s = time.perf_counter() - started
-        self.status["spark structured streaming"] = f"run: PySpark {self.spark.version}"
+        memory = self.spark.sparkContext.getConf().get("spark.driver.memory", "1g (default)")
+        self.status["spark structured streaming"] = (
+            f"run: PySpark {self.spark.version}, spark.driver.memory {memory}"
+        )
         self.best: dict[str, SparkSetting] = {}
         self.flink: Any = None
         if args.no_flink or "pyflink sql" not in args.systems:
@@ -376,6 +384,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--spark-files", default="1,5,0", help="maxFilesPerTrigger (0: all)")
     parser.add_argument("--spark-partitions", default="2,8")
     parser.add_argument("--spark-states", default="hdfs,rocksdb")
+    parser.add_argument("--spark-memory", default="4g", help="spark.driver.memory (local mode)")
     parser.add_argument("--flink-venv", type=Path, default=Path("/tmp/pyflink-venv"))
     parser.add_argument("--install-flink", action="store_true")
     parser.add_argument("--no-flink", action="store_true")
