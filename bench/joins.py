@@ -166,6 +166,11 @@ class Bench:
         # local mode runs the join's tasks in the driver's JVM: its default 1 GiB heap does
         # not hold a micro-batch of millions of rows (q9 at 10 M events ran out of it)
         submit = f"--driver-memory {args.spark_memory} pyspark-shell"
+        # cutline's jobs send their functions (joins_cutline's filters) to Spark's Python
+        # workers by reference: the workers import them from this folder
+        here = str(Path(__file__).resolve().parent)
+        path = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, path) if p)
         os.environ.setdefault("PYSPARK_SUBMIT_ARGS", submit)
         self.spark = local_session(PARALLELISM)
         self.spark.range(1).collect()
