@@ -7,7 +7,8 @@ columns, then the right's (a right column whose name is taken gets ``suffix``); 
 join's row without a partner has nulls on the other side. A result's event time: the larger
 of the pair's (interval, regular; the one there is for an outer row), the window's last
 millisecond (window: ``window_end - 1``), the left's (as-of). Records late when they arrive
-(at or before the watermark) go to ``.late("left")`` / ``.late("right")`` and are counted.
+(at or before the watermark; for a window join, when every window they would be in has
+fired) go to ``.late("left")`` / ``.late("right")`` and are counted.
 
 Every join takes ``name=`` (its stable id in checkpoints, and its name in messages) and
 ``on_error=``: what a record without event time or without a key column does (``"fail"`` the
@@ -42,6 +43,7 @@ AsofHow: TypeAlias = Literal["inner", "left"]
 """An as-of join's: ``"inner"`` the left rows that found a right one; ``"left"`` every left
 row (the right's columns null where none was found)."""
 Keys: TypeAlias = str | Sequence[str]
+"""A join's key: one column's name, or a list of them (compared in order, all equal)."""
 
 
 class JoinedStream:
@@ -49,8 +51,9 @@ class JoinedStream:
 
     def late(self, side: Literal["left", "right"], *, name: str | None = None) -> DataStream:
         """The records of input ``side`` (``"left"`` or ``"right"``) that came late (their
-        event time at or before the join's watermark when they arrived), as they came: they
-        paired with nothing. They are counted in the job's statistics either way."""
+        event time at or before the join's watermark when they arrived; for a window join,
+        every window they would be in had fired), as they came: they paired with nothing.
+        They are counted in the job's statistics either way."""
         from cutline.api.streams import DataStream
 
         stream = self
@@ -131,7 +134,9 @@ class Joins:
         (right columns null) once the watermark reaches ``L.time + upper``, when no right
         record can pair with it any more; ``"right"``: a right record once it reaches
         ``R.time - lower``; ``"full"``: both. A record's state is dropped at that same
-        watermark. Both streams need event time."""
+        watermark. An outer join holds the watermark it passes on back by as much as its
+        unmatched rows come behind (``max(upper, 0)`` for left ones, ``max(-lower, 0)`` for
+        right ones), so that they are not late downstream. Both streams need event time."""
         from cutline.runtime.joins.interval import IntervalJoin
 
         if not isinstance(between, tuple | list) or len(between) != 2:
@@ -153,7 +158,14 @@ class Joins:
         restore = functools.partial(
             IntervalJoin.restore, plan.layout, checked, lower, upper, schemas=schemas
         )
-        logic = JoinLogic(make, restore, plan.keys, times)
+        # an unmatched row comes out when its last chance passed: a left one ``upper`` behind
+        # the watermark, a right one ``-lower``; the watermark passed on waits for them
+        held = max(
+            upper if checked in ("left", "full") else 0,
+            -lower if checked in ("right", "full") else 0,
+            0,
+        )
+        logic = JoinLogic(make, restore, plan.keys, times, holds_back=held)
         label = f"interval_join({between[0]}, {between[1]})"
         return plan.add(label, logic, name, on_error, plan.larger_time(times))
 
@@ -171,9 +183,9 @@ class Joins:
     ) -> DataStream:
         """Each left record ``L`` with the right record of the same key whose time is the
         greatest at or before ``L.time`` (the version valid at ``L``'s time; of equal times,
-        the one that arrived last), emitted once the watermark (of both inputs) passes
-        ``L.time``, so that a right record that arrives late but before then still counts
-        and nothing emitted changes. ``how="left"``: a left record without one is emitted
+        the one that arrived last), emitted once the watermark (of both inputs) reaches
+        ``L.time`` (no record at or before it is to come), so that a right record that
+        arrives later than ``L`` but before then still counts and nothing emitted changes. ``how="left"``: a left record without one is emitted
         too, the right's columns null. Right versions that no pending or future left record
         can pick are dropped. Both streams need event time; the result's is the left's."""
         from cutline.runtime.joins.asof import AsofJoin
@@ -203,7 +215,7 @@ class Joins:
         other side with an equal key kept so far (append only: a pair is emitted once, when
         its second record arrives). Every record is kept **for ever** (the state grows with
         the input: the statistics count it) unless ``ttl`` is given: a record is then
-        dropped once the watermark passes its time + ``ttl`` (records that arrive later no
+        dropped once the watermark reaches its time + ``ttl`` (records that arrive later no
         longer pair with it; both streams then need event time)."""
         from cutline.runtime.joins.regular import RegularJoin
 

@@ -237,6 +237,10 @@ class RunningOperator:
     makes_watermarks = False
     """It makes its own watermarks from its records (``assign_timestamps``): those from
     upstream stop at it (but the end's), and :meth:`take_watermark` says when it has one."""
+    holds_back = 0
+    """Milliseconds by which the watermark it passes on stays behind the one it was told: it
+    emits records up to that far behind the watermark (an outer interval join's unmatched
+    rows, emitted when their last chance passed), which must not be late downstream."""
 
     def process(self, batch: Batch) -> Batch | None:
         raise NotImplementedError

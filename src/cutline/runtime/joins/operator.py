@@ -98,6 +98,9 @@ class JoinLogic(Logic):
     """(``None``: a side without event time, in a regular join without a ``ttl``: its records
     are never late.)"""
     window_time: TimeColumn | None = None
+    holds_back: int = 0
+    """Milliseconds the watermark it passes on stays behind its own (an outer interval
+    join's: its unmatched rows come out that far behind)."""
     keyed = True
     two_inputs = True
     null_keys = True
@@ -114,6 +117,7 @@ class JoinOperator(RunningOperator):
     def __init__(self, logic: JoinLogic, ctx: OperatorContext, state: Any) -> None:
         self.logic = logic
         self.ctx = ctx
+        self.holds_back = logic.holds_back
         self.backend, restored = ctx.open_keyed_state(state)
         try:
             self._open(restored)
