@@ -542,8 +542,10 @@ class FlinkWorker:
         self._stderr.close()
 
 
-def start_flink(venv: Path, install: bool, log: Path) -> tuple[FlinkWorker | None, str]:
-    """The PyFlink worker, or None and why not."""
+def start_flink(
+    venv: Path, install: bool, log: Path, script: Path | None = None
+) -> tuple[FlinkWorker | None, str]:
+    """The PyFlink worker (of ``script``, this file by default), or None and why not."""
     python = venv / "bin" / "python"
     if not python.exists() and install:
         _log(f"installing apache-flink into a new venv {venv} (not the project's)")
@@ -563,7 +565,7 @@ def start_flink(venv: Path, install: bool, log: Path) -> tuple[FlinkWorker | Non
         return None, (
             f"not run: no PyFlink venv at {venv} (make one with --install-flink, or: python3.11 -m venv {venv} && {venv}/bin/pip install apache-flink)"
         )
-    worker = FlinkWorker(python, log)
+    worker = FlinkWorker(python, log, script)
     if "error" in worker.hello:
         worker.close()
         return None, f"not run: PyFlink does not start: {worker.hello['error'][:800]}"

@@ -133,7 +133,8 @@ class Input:
 
 def _bid_columns(spec: InputSpec) -> dict[str, np.ndarray]:
     """The bids' numeric columns, in arrival order, plus ``channel_index`` (into
-    :func:`_channel_tables`)."""
+    :func:`_channel_tables`) and ``arrival`` (when each bid reaches the stream, ms: what
+    ``bench/joins.py`` slices its streams by; not written here)."""
     rng = np.random.default_rng(spec.seed)
     ids = np.arange(spec.events, dtype=np.int64)
     ids = ids[ids % PROPORTION >= PERSONS + AUCTIONS]  # the bids' event ids
@@ -171,6 +172,7 @@ def _bid_columns(spec: InputSpec) -> dict[str, np.ndarray]:
         "price": price[order],
         "date_time": event_time[order],
         "channel_index": channel[order],
+        "arrival": arrival[order],
     }
 
 

@@ -844,3 +844,23 @@ def test_process_batches_gets_each_window_as_one_arrow_table(
         expected += [(user, top, start)] * sum(r["amount"] == top for r in rows)
     got = [(r["user"], r["amount"], r["window_start"]) for r in result.output]
     assert sorted(got) == sorted(expected)
+
+
+def test_assign_timestamps_that_never_gets_a_record_goes_idle_after_its_timeout() -> None:
+    """A subtask of ``assign_timestamps`` that no record reaches (a key nobody has, a
+    partition of one) counts its idle time from its first tick, as an empty partition does:
+    it goes idle and stops holding the watermark back."""
+    from cutline.runtime.eventtime.assign import AssignTimestampsLogic
+    from cutline.runtime.eventtime.timestamps import TimeColumn
+    from cutline.runtime.eventtime.watermarks import WatermarkStrategy
+    from cutline.runtime.operators import OperatorContext
+
+    strategy = WatermarkStrategy(TimeColumn("ts"), bound_ms=0, idle_timeout_s=1.0)
+    ctx = OperatorContext(
+        name="assign", subtask=0, parallelism=1, max_parallelism=128, generation=1
+    )
+    running = AssignTimestampsLogic(strategy).open(ctx, None)
+    running.on_processing_time(10_000)
+    assert running.take_status() is None
+    running.on_processing_time(11_000)
+    assert running.take_status() is True

@@ -42,14 +42,17 @@ def inputs(tmp_path: Path, seed: int = 3) -> tuple[list[dict[str, Any]], list[di
     return clicks, views
 
 
-def run(tmp_path: Path, build: Any) -> list[dict[str, Any]]:
-    env = StreamEnvironment(2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck")
+def run(tmp_path: Path, build: Any, batch_size: int = 65536) -> list[dict[str, Any]]:
+    env = StreamEnvironment(
+        2, checkpoint_interval=0.05, checkpoint_dir=tmp_path / "ck", batch_size=batch_size
+    )
     time = EventTime("ts", max_out_of_orderness=0)
     clicks = env.read_parquet(tmp_path / "clicks", event_time=time, name="clicks")
     views = env.read_parquet(tmp_path / "views", event_time=time, name="views")
     build(clicks, views).collect()
     result = testing.execute(env, launcher=ThreadLauncher())
     rows: list[dict[str, Any]] = result.collected["collect"]
+    assert not result.collected.get("late"), "no record late after the join"
     return rows
 
 
@@ -168,3 +171,67 @@ def test_a_join_that_cannot_work_is_refused_when_the_job_is_built(tmp_path: Path
         clicks.join(views)
     with pytest.raises(TypeError, match="join the stream itself, not a keyed one"):
         clicks.join(views.key_by("ad"), on="ad")  # type: ignore[arg-type]
+
+
+def test_a_window_after_a_join_counts_the_pairs_by_their_event_time(tmp_path: Path) -> None:
+    """A pair's event time is the later of its two records': a tumbling window of 10 s after
+    an interval join counts each pair in the window of that time."""
+    clicks, views = inputs(tmp_path)
+
+    def build(c: Any, v: Any) -> Any:
+        pairs = c.interval_join(v, on="ad", between=("-10s", "0s"))
+        return pairs.key_by("ad").window(Tumbling("10s")).count()
+
+    rows = run(tmp_path, build)
+    wanted: Counter[tuple[int, int]] = Counter()
+    for c in clicks:
+        for v in views:
+            if c["ad"] == v["ad"] and -10 * S <= v["ts"] - c["ts"] <= 0:
+                later = max(c["ts"], v["ts"])
+                wanted[(c["ad"], later - later % (10 * S))] += 1
+    assert {(r["ad"], r["window_start"]): r["count"] for r in rows} == dict(wanted)
+
+
+def test_a_null_key_pairs_with_nothing_and_an_outer_join_emits_it(tmp_path: Path) -> None:
+    write(
+        tmp_path / "clicks",
+        [{"ad": a, "ts": t * S, "click": t} for t, a in enumerate([1, None, 2])],
+    )
+    write(
+        tmp_path / "views", [{"ad": a, "ts": t * S, "view": t} for t, a in enumerate([None, 1, 3])]
+    )
+    rows = run(tmp_path, lambda c, v: c.interval_join(v, on="ad", between=("0s", "5s"), how="full"))
+    assert sorted(((r["ad"], r["click"], r["view"]) for r in rows), key=repr) == sorted(
+        [(1, 0, 1), (None, 1, None), (2, 2, None), (None, None, 0), (3, None, 2)], key=repr
+    )
+
+
+def test_a_window_after_an_outer_interval_join_finds_no_unmatched_row_late(
+    tmp_path: Path,
+) -> None:
+    """A right join's unmatched views come out when the watermark reaches ``R.time - lower``,
+    10 s after their own time: the join holds the watermark it passes on 10 s back, so the
+    window after it counts every one of them (none goes to its ``.late()``). Clicks of two
+    ads of five: most views find none."""
+    rng = random.Random(5)
+    clicks = [{"ad": rng.randrange(2), "ts": rng.randrange(100 * S), "click": i} for i in range(60)]
+    views = [
+        {"ad": rng.randrange(ADS), "ts": rng.randrange(100 * S), "view": i} for i in range(200)
+    ]
+    write(tmp_path / "clicks", clicks)
+    write(tmp_path / "views", views)
+
+    def build(c: Any, v: Any) -> Any:
+        joined = c.interval_join(v, on="ad", between=("-10s", "0s"), how="right", name="j")
+        counts = joined.key_by("ad").window(Tumbling("5s")).count(name="w")
+        counts.late().collect("late")
+        return counts
+
+    rows = run(tmp_path, build, batch_size=5)  # (watermarks in small steps)
+    wanted: Counter[tuple[int, int]] = Counter()
+    for v in views:
+        found = [c for c in clicks if c["ad"] == v["ad"] and -10 * S <= v["ts"] - c["ts"] <= 0]
+        for c in found or [None]:
+            later = v["ts"] if c is None else max(c["ts"], v["ts"])
+            wanted[(v["ad"], later - later % (5 * S))] += 1
+    assert {(r["ad"], r["window_start"]): r["count"] for r in rows} == dict(wanted)

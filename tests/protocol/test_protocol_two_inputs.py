@@ -182,7 +182,7 @@ def feed(valve: Any, kind: str, channel: str, value: int) -> list[WatermarkActio
             return valve.end_of_input(channel)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=300, deadline=None)  # (make soak: 3,000, below)
 @given(channels=st.integers(1, 4), data=st.data())
 def test_over_one_input_it_is_the_watermark_valve(channels: int, data: st.DataObject) -> None:
     names = [f"c{i}" for i in range(channels)]
@@ -270,7 +270,7 @@ class Checked:
                         assert valve.watermark <= state.watermark
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=300, deadline=None)  # (make soak: 3,000, below)
 @given(left=st.integers(1, 3), right=st.integers(1, 3), data=st.data())
 def test_two_inputs_keep_the_invariants_over_random_events(
     left: int, right: int, data: st.DataObject
@@ -501,3 +501,21 @@ def check_two_input_subtask(mode: str, seed: int, checkpoints: int) -> Counter[s
     assert restored.late == []
     assert restored.checked.emitted[-1] == MAX_WATERMARK
     return subtask.checked.seen
+
+
+@pytest.mark.slow
+def test_over_one_input_it_is_the_watermark_valve_soak() -> None:
+    """``make soak``: the identity with ``WatermarkValve`` over 3,000 examples."""
+    inner = test_over_one_input_it_is_the_watermark_valve.hypothesis.inner_test  # type: ignore[attr-defined]
+    settings(max_examples=3000, deadline=None, database=None)(
+        given(channels=st.integers(1, 4), data=st.data())(inner)
+    )()
+
+
+@pytest.mark.slow
+def test_two_inputs_keep_the_invariants_over_random_events_soak() -> None:
+    """``make soak``: the invariants over 3,000 examples."""
+    inner = test_two_inputs_keep_the_invariants_over_random_events.hypothesis.inner_test  # type: ignore[attr-defined]
+    settings(max_examples=3000, deadline=None, database=None)(
+        given(left=st.integers(1, 3), right=st.integers(1, 3), data=st.data())(inner)
+    )()

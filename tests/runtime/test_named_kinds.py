@@ -50,8 +50,8 @@ def test_an_edge_s_partitioning_is_made_from_its_name() -> None:
     edge = Edge("src", "hash", "k")
     assert edge.partitioning is Partitioning.HASH and edge == Edge("src", Partitioning.HASH, "k")
     assert Edge("src").partitioning is Partitioning.FORWARD
-    with pytest.raises(GraphError, match="unknown partitioning 'broadcast'"):
-        Edge("src", "broadcast")
+    with pytest.raises(GraphError, match="unknown partitioning 'round_robin'"):
+        Edge("src", "round_robin")
 
 
 def test_kafka_s_value_and_key_formats_are_made_from_their_names() -> None:

@@ -344,8 +344,8 @@ def test_an_edge_from_an_unknown_operator_is_rejected() -> None:
 
 
 def test_an_edge_with_an_unknown_partitioning_is_rejected() -> None:
-    with pytest.raises(GraphError, match="unknown partitioning 'broadcast'"):
-        Edge("src", "broadcast")
+    with pytest.raises(GraphError, match="unknown partitioning 'round_robin'"):
+        Edge("src", "round_robin")
 
 
 @pytest.mark.parametrize(("parallelism", "max_parallelism"), [(5, 4), (129, 128), (2, 1), (0, 4)])
@@ -365,3 +365,29 @@ def test_parallelism_equal_to_max_parallelism_is_fine() -> None:
 def test_graph_error_is_a_value_error() -> None:
     assert issubclass(GraphError, ValueError)
     assert isinstance(plan(graph_of(("src", [])), 1, 1).chains[0], Chain)
+
+
+def test_a_two_input_operator_knows_the_port_of_each_input_channel() -> None:
+    """A stream connected with a broadcast one: port 0 forward (one channel per subtask),
+    port 1 broadcast (every upstream subtask to every downstream one); a self-join reads one
+    operator on both ports, over two edges of their own."""
+    graph = graph_of(
+        ("a", []),
+        ("b", []),
+        ("both", [Edge("a"), Edge("b", "broadcast", port=1)]),
+        ("self", [Edge("a", "hash", "k"), Edge("a", "hash", "k", port=1)]),
+    )
+    p = plan(graph, 3, 128)
+    both = p.chain("both")
+    assert p.input_ports(both, 1) == {
+        "a>both:1>1": 0,
+        "b>both/1:0>1": 1,
+        "b>both/1:1>1": 1,
+        "b>both/1:2>1": 1,
+    }
+    outputs = {out.downstream: out for out in p.chain("b").outputs}
+    assert p.output_channels(outputs["both"], 2) == [(f"b>both/1:2>{j}", j) for j in range(3)]
+    ports = p.input_ports(p.chain("self"), 0)
+    assert sorted(ports.values()) == [0, 0, 0, 1, 1, 1] and len(set(ports)) == 6
+    with pytest.raises(GraphError, match=r"reads the same operator twice: \['a', 'a'\]"):
+        graph.add(Operator("twice", "op(twice)", None, [Edge("a"), Edge("a")]))

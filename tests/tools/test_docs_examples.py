@@ -74,11 +74,46 @@ def _orders(folder: Path) -> None:
     _jsonl(folder, "orders", [rows])
 
 
+def _ads(folder: Path) -> None:
+    """``ads/views/`` and ``ads/clicks/``: JSON lines over ten minutes of three ads, ``ad``,
+    ``ts`` (epoch ms, at most a second out of order, no two views of an ad at one time) and
+    ``view`` or ``click`` (its id): two files of 150 views, one of 60 clicks (ad ``c`` is
+    never viewed, so that its clicks find no view)."""
+    rng = random.Random(11)
+    (folder / "ads").mkdir()
+    views = []
+    for part in range(2):
+        times = [T0 + i * 4_000 + part * 2_000 + rng.randrange(-1_000, 1_000) for i in range(150)]
+        views.append(
+            [{"ad": "ab"[i % 2], "ts": t, "view": f"v{part}-{i}"} for i, t in enumerate(times)]
+        )
+    clicks = [
+        {"ad": "abc"[i % 3], "ts": T0 + i * 10_000 + rng.randrange(-1_000, 1_000), "click": f"c{i}"}
+        for i in range(60)
+    ]
+    _jsonl(folder, "ads/views", views)
+    _jsonl(folder, "ads/clicks", [clicks])
+
+
+def _rules(folder: Path) -> None:
+    """``rules/``: per merchant of ``payments/`` a limit, some twice (a later ``version``
+    lowers it), in two files: which a subtask reads first is not known."""
+    rules = [{"merchant": f"m{i}", "limit": 100, "version": 1} for i in range(4)]
+    rules.append({"merchant": "m9", "limit": 200, "version": 1})
+    updates = [
+        {"merchant": "m1", "limit": 5, "version": 2},
+        {"merchant": "m9", "limit": 300, "version": 2},
+    ]
+    _jsonl(folder, "rules", [rules, updates])
+
+
 INPUTS: dict[str, Callable[[Path], None]] = {
     "events": _events,
     "clicks": _clicks,
     "payments": _payments,
     "orders": _orders,
+    "ads": _ads,
+    "rules": _rules,
 }
 """What a block marked ``<!-- test: with NAME -->`` finds in its folder."""
 

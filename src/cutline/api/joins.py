@@ -7,7 +7,12 @@ columns, then the right's (a right column whose name is taken gets ``suffix``); 
 join's row without a partner has nulls on the other side. A result's event time: the larger
 of the pair's (interval, regular; the one there is for an outer row), the window's last
 millisecond (window: ``window_end - 1``), the left's (as-of). Records late when they arrive
-(at or before the watermark) go to ``.late("left")`` / ``.late("right")`` and are counted.
+(at or before the watermark; for a window join, when every window they would be in has
+fired) go to ``.late("left")`` / ``.late("right")`` and are counted.
+
+Every join takes ``name=`` (its stable id in checkpoints, and its name in messages) and
+``on_error=``: what a record without event time or without a key column does (``"fail"`` the
+job, or go to the ``"dead_letter"`` output).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from cutline.runtime.eventtime.timestamps import TimeColumn
 from cutline.runtime.graph import Edge, Partitioning
 from cutline.runtime.joins.operator import LATE_SIDES, JoinLogic, edge_key
 from cutline.runtime.joins.output import JoinLayout, Side
-from cutline.runtime.operators import PassLogic
+from cutline.runtime.operators import OnError, PassLogic
 
 if TYPE_CHECKING:
     from cutline.api.streams import DataStream
@@ -38,6 +43,7 @@ AsofHow: TypeAlias = Literal["inner", "left"]
 """An as-of join's: ``"inner"`` the left rows that found a right one; ``"left"`` every left
 row (the right's columns null where none was found)."""
 Keys: TypeAlias = str | Sequence[str]
+"""A join's key: one column's name, or a list of them (compared in order, all equal)."""
 
 
 class JoinedStream:
@@ -45,8 +51,9 @@ class JoinedStream:
 
     def late(self, side: Literal["left", "right"], *, name: str | None = None) -> DataStream:
         """The records of input ``side`` (``"left"`` or ``"right"``) that came late (their
-        event time at or before the join's watermark when they arrived), as they came: they
-        paired with nothing. They are counted in the job's statistics either way."""
+        event time at or before the join's watermark when they arrived; for a window join,
+        every window they would be in had fired), as they came: they paired with nothing.
+        They are counted in the job's statistics either way."""
         from cutline.api.streams import DataStream
 
         stream = self
@@ -77,6 +84,7 @@ class Joins:
         how: How = "inner",
         suffix: str = "_right",
         name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """The pairs of a left and a right record with equal keys in the same window of
         ``window`` (tumbling, sliding: a pair in two windows is emitted once for each;
@@ -104,7 +112,7 @@ class Joins:
         )
         window_time = TimeColumn(left_time.column, 0, left_time.type, left_time.unit)
         logic = JoinLogic(make, restore, plan.keys, times, window_time)
-        return plan.add(f"window_join({window})", logic, name, result_time, window_time)
+        return plan.add(f"window_join({window})", logic, name, on_error, result_time, window_time)
 
     def interval_join(
         self,
@@ -117,6 +125,7 @@ class Joins:
         how: How = "inner",
         suffix: str = "_right",
         name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """Each pair of a left record ``L`` and a right record ``R`` with equal keys and
         ``lower <= R.time - L.time <= upper`` (``between=(lower, upper)``, both inclusive,
@@ -125,7 +134,9 @@ class Joins:
         (right columns null) once the watermark reaches ``L.time + upper``, when no right
         record can pair with it any more; ``"right"``: a right record once it reaches
         ``R.time - lower``; ``"full"``: both. A record's state is dropped at that same
-        watermark. Both streams need event time."""
+        watermark. An outer join holds the watermark it passes on back by as much as its
+        unmatched rows come behind (``max(upper, 0)`` for left ones, ``max(-lower, 0)`` for
+        right ones), so that they are not late downstream. Both streams need event time."""
         from cutline.runtime.joins.interval import IntervalJoin
 
         if not isinstance(between, tuple | list) or len(between) != 2:
@@ -147,9 +158,16 @@ class Joins:
         restore = functools.partial(
             IntervalJoin.restore, plan.layout, checked, lower, upper, schemas=schemas
         )
-        logic = JoinLogic(make, restore, plan.keys, times)
+        # an unmatched row comes out when its last chance passed: a left one ``upper`` behind
+        # the watermark, a right one ``-lower``; the watermark passed on waits for them
+        held = max(
+            upper if checked in ("left", "full") else 0,
+            -lower if checked in ("right", "full") else 0,
+            0,
+        )
+        logic = JoinLogic(make, restore, plan.keys, times, holds_back=held)
         label = f"interval_join({between[0]}, {between[1]})"
-        return plan.add(label, logic, name, plan.larger_time(times))
+        return plan.add(label, logic, name, on_error, plan.larger_time(times))
 
     def asof_join(
         self,
@@ -161,12 +179,13 @@ class Joins:
         how: AsofHow = "inner",
         suffix: str = "_right",
         name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """Each left record ``L`` with the right record of the same key whose time is the
         greatest at or before ``L.time`` (the version valid at ``L``'s time; of equal times,
-        the one that arrived last), emitted once the watermark (of both inputs) passes
-        ``L.time``, so that a right record that arrives late but before then still counts
-        and nothing emitted changes. ``how="left"``: a left record without one is emitted
+        the one that arrived last), emitted once the watermark (of both inputs) reaches
+        ``L.time`` (no record at or before it is to come), so that a right record that
+        arrives later than ``L`` but before then still counts and nothing emitted changes. ``how="left"``: a left record without one is emitted
         too, the right's columns null. Right versions that no pending or future left record
         can pick are dropped. Both streams need event time; the result's is the left's."""
         from cutline.runtime.joins.asof import AsofJoin
@@ -178,7 +197,7 @@ class Joins:
         make = functools.partial(AsofJoin, plan.layout, checked, schemas=schemas)
         restore = functools.partial(AsofJoin.restore, plan.layout, checked, schemas=schemas)
         logic = JoinLogic(make, restore, plan.keys, times)
-        return plan.add("asof_join", logic, name, times[0])
+        return plan.add("asof_join", logic, name, on_error, times[0])
 
     def join(
         self,
@@ -190,12 +209,13 @@ class Joins:
         ttl: Duration | None = None,
         suffix: str = "_right",
         name: str | None = None,
+        on_error: OnError = "fail",
     ) -> DataStream:
         """The regular inner join: each record, as it arrives, with every record of the
         other side with an equal key kept so far (append only: a pair is emitted once, when
         its second record arrives). Every record is kept **for ever** (the state grows with
         the input: the statistics count it) unless ``ttl`` is given: a record is then
-        dropped once the watermark passes its time + ``ttl`` (records that arrive later no
+        dropped once the watermark reaches its time + ``ttl`` (records that arrive later no
         longer pair with it; both streams then need event time)."""
         from cutline.runtime.joins.regular import RegularJoin
 
@@ -207,7 +227,7 @@ class Joins:
         logic = JoinLogic(make, restore, plan.keys, times)
         left, right = times
         result_time = None if left is None or right is None else plan.larger_time((left, right))
-        return plan.add("join", logic, name, result_time)
+        return plan.add("join", logic, name, on_error, result_time)
 
 
 def _how(how: str, allowed: tuple[str, ...], what: str) -> str:
@@ -320,6 +340,7 @@ class _Plan:
         label: str,
         logic: JoinLogic,
         name: str | None,
+        on_error: OnError,
         result_time: TimeColumn | None,
         window_time: TimeColumn | None = None,
     ) -> DataStream:
@@ -330,7 +351,7 @@ class _Plan:
             Edge(left.operator.uid, Partitioning.HASH, edge_key(self.keys[0])),
             Edge(right.operator.uid, Partitioning.HASH, edge_key(self.keys[1]), port=1),
         ]
-        operator = left.env._add(label, logic, edges, name, "fail")
+        operator = left.env._add(label, logic, edges, name, on_error)
         schema = None
         if left.schema is not None and right.schema is not None:
             window_type = None

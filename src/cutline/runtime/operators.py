@@ -237,6 +237,10 @@ class RunningOperator:
     makes_watermarks = False
     """It makes its own watermarks from its records (``assign_timestamps``): those from
     upstream stop at it (but the end's), and :meth:`take_watermark` says when it has one."""
+    holds_back = 0
+    """Milliseconds by which the watermark it passes on stays behind the one it was told: it
+    emits records up to that far behind the watermark (an outer interval join's unmatched
+    rows, emitted when their last chance passed), which must not be late downstream."""
 
     def process(self, batch: Batch) -> Batch | None:
         raise NotImplementedError
@@ -480,6 +484,9 @@ class Partitioner:
     key: str | Callable[[Any], Hashable]
     parallelism: int
     max_parallelism: int
+    nulls: bool = False
+    """Whether a null key is a key (a join's: it pairs with nothing, but an outer join emits
+    it), sent to the subtask of the key ``None``; else a record without a key fails."""
     _targets: dict[Hashable, int] = field(default_factory=dict)
 
     def target(self, key: Hashable) -> int:
@@ -508,10 +515,13 @@ class Partitioner:
                 )
             encoded = pc.dictionary_encode(batch.column(self.key))
             indices = encoded.indices
-            if indices.null_count:
+            if indices.null_count and not self.nulls:
                 raise RecordError(f"key_by({self.key!r}): a record has no key (null)")
             groups = key_groups(encoded.dictionary, self.max_parallelism)
             targets = groups * n // self.max_parallelism  # (subtask_for_key_group, vectorized)
+            if indices.null_count:  # (the subtask of the key None, at the end)
+                targets = np.append(targets, self.target(None))
+                indices = pc.fill_null(indices, len(targets) - 1)
             per_row = targets[indices.to_numpy()] if len(targets) else np.zeros(0, np.int64)
             return [batch.filter(pa.array(per_row == t)) for t in range(n)]
         out: list[list[Any]] = [[] for _ in range(n)]

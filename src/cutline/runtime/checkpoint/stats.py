@@ -109,7 +109,8 @@ class SubtaskStats(_Record):
     """Its watermark (epoch ms) at its snapshot; ``None``: it had none (no event time)."""
     event_time: dict[str, dict[str, int]] = field(default_factory=dict)
     """Operator uid -> its event-time figures at the snapshot: ``late`` (records too late
-    for their windows so far, this generation), ``windows`` (open), ``timers``."""
+    for their windows so far, this generation), ``windows`` (open), ``timers``, ``kept`` (a
+    join's rows kept, both sides)."""
     records: dict[str, list[int]] = field(default_factory=dict)
     """Operator uid -> [records in, records out] of its chain's operators in this generation,
     at the snapshot."""

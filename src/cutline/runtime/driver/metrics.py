@@ -58,6 +58,9 @@ class OperatorMetrics:
     """Windows open (not fired yet)."""
     timers: int = 0
     """Timers registered."""
+    kept: int = 0
+    """(A join) rows kept now, both sides: a regular join without ``ttl`` keeps every row,
+    so this grows with its input."""
 
     def watermark_lag(self, now: float) -> float | None:
         """Seconds the watermark is behind the wall clock ``now`` (epoch seconds); ``None``
@@ -214,6 +217,7 @@ class MetricsCollector:
                         late=figures.get("late", 0),
                         windows=figures.get("windows", 0),
                         timers=figures.get("timers", 0),
+                        kept=figures.get("kept", 0),
                     )
                 )
         return JobMetrics(

@@ -82,6 +82,9 @@ class _AssignTimestamps(RunningOperator):
         """The latest time of a record so far (for jumps past ``max_jump_ms``)."""
         self._jumped = False
         """Whether a jump was warned about (once)."""
+        self._counting = False
+        """Whether its idle time counts (from the first tick: before its first record, the
+        time it has had none)."""
         prototype = strategy.generator
         self.generator = None if prototype is None else copy.deepcopy(prototype)
 
@@ -94,6 +97,9 @@ class _AssignTimestamps(RunningOperator):
 
     def on_processing_time(self, now_ms: int) -> Batch | None:
         if self.logic.strategy.idle_timeout_s is not None:
+            if not self._counting:  # (a subtask that never gets a record goes idle too)
+                self._counting = True
+                self.clock.caught_up("records", now_ms / 1000)
             self._take_actions(self.clock.tick(now_ms / 1000))
         return None
 

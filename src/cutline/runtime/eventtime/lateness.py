@@ -9,8 +9,8 @@ open (``[t, t + gap)``) is.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Protocol
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -110,3 +110,23 @@ class WatermarkClock(Protocol):
 
     @property
     def watermark(self) -> int: ...
+
+
+def restored_marks(
+    handles: Iterable[Mapping[str, Any]], mine: range
+) -> tuple[list[tuple[range, int]], int]:
+    """What an event-time operator restored from its old subtasks' keyed state handles (their
+    ``extra``): per range of this subtask's key groups (``mine``), the watermark the old
+    subtask that held them had reached (:class:`Lateness`'s ``marks``), and the late records
+    they counted (each old subtask's counted once: by the new subtask that owns its first key
+    group)."""
+    marks: list[tuple[range, int]] = []
+    late = 0
+    for handle in handles:
+        start, stop = handle.get("key_groups", (0, 0))
+        if start in mine:
+            late += int(handle.get("late", 0))
+        groups = range(max(start, mine.start), min(stop, mine.stop))
+        if len(groups) and "watermark" in handle:
+            marks.append((groups, int(handle["watermark"])))
+    return marks, late

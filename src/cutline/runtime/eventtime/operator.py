@@ -48,7 +48,7 @@ import pyarrow as pa
 from cutline.protocol.watermarks import MAX_WATERMARK
 from cutline.runtime.eventtime.assign import without_time
 from cutline.runtime.eventtime.early import EarlyRecords
-from cutline.runtime.eventtime.lateness import Lateness
+from cutline.runtime.eventtime.lateness import Lateness, restored_marks
 from cutline.runtime.eventtime.output import LATE, LateRecords, WindowOutput
 from cutline.runtime.eventtime.records import RecordColumns
 from cutline.runtime.eventtime.spec import WindowSpec
@@ -99,18 +99,10 @@ class WindowOperator(RunningOperator):
         # must not open again for a record that was late then (it would be published twice).
         # Restored at another parallelism, each key keeps the watermark of the subtask it was
         # in, until the watermark passes them all.
-        mine = self.backend.key_groups
-        marks: list[tuple[range, int]] = []
-        late = 0
+        marks, late = restored_marks(self.restored, self.backend.key_groups)
         for handle in self.restored:
-            start, stop = handle.get("key_groups", (0, 0))
-            if start in mine:
-                late += int(handle.get("late", 0))
-            groups = range(max(start, mine.start), min(stop, mine.stop))
-            if len(groups) and "watermark" in handle:
-                marks.append((groups, int(handle["watermark"])))
-                if time_type is None and handle.get("time_type") is not None:
-                    time_type = handle["time_type"]
+            if time_type is None and handle.get("time_type") is not None:
+                time_type = handle["time_type"]
         if marks:  # (the clock only moves forward)
             ctx.advance(min(m for _, m in marks))
         self.lateness = Lateness(logic.allowed_lateness, ctx, marks, self.backend.max_parallelism)

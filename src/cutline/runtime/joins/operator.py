@@ -44,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from cutline.protocol.watermarks import MIN_WATERMARK
+from cutline.runtime.eventtime.lateness import restored_marks
 from cutline.runtime.eventtime.output import LateRecords
 from cutline.runtime.eventtime.timestamps import EventTimeError, TimeColumn
 from cutline.runtime.joins.chunks import Spill
@@ -114,8 +115,14 @@ class JoinLogic(Logic):
     """(``None``: a side without event time, in a regular join without a ``ttl``: its records
     are never late.)"""
     window_time: TimeColumn | None = None
+    holds_back: int = 0
+    """Milliseconds the watermark it passes on stays behind its own (an outer interval
+    join's: its unmatched rows come out that far behind)."""
     keyed = True
     two_inputs = True
+    null_keys = True
+    """A record with a null key is sent to it (it pairs with nothing; an outer join emits
+    it), not refused on the way."""
 
     def open(self, ctx: OperatorContext, state: Any) -> RunningOperator:
         return JoinOperator(self, ctx, state)
@@ -127,6 +134,7 @@ class JoinOperator(RunningOperator):
     def __init__(self, logic: JoinLogic, ctx: OperatorContext, state: Any) -> None:
         self.logic = logic
         self.ctx = ctx
+        self.holds_back = logic.holds_back
         self.backend, restored = ctx.open_keyed_state(state)
         try:
             self._open(restored)
@@ -140,15 +148,9 @@ class JoinOperator(RunningOperator):
         """After a restore at another parallelism: per key group, the watermark its old
         subtask had reached (a record at or before it is late), until the watermark passes
         them all."""
+        marks, late = restored_marks(restored, mine)
         snapshots: list[dict[str, pa.Table]] = []
-        late, marks = 0, []
         for handle in restored:
-            start, stop = handle.get("key_groups", (0, 0))
-            if start in mine:
-                late += int(handle.get("late", 0))
-            groups = range(max(start, mine.start), min(stop, mine.stop))
-            if len(groups) and "watermark" in handle:
-                marks.append((groups, int(handle["watermark"])))
             if ctx.restore_store is not None:
                 snapshots += [pickle.loads(data) for data in read_chain(handle, ctx.restore_store)]
         if marks:

@@ -104,8 +104,13 @@ class SubtaskOutputs:
             partitioner = None
             if out.partitioning is Partitioning.HASH:
                 assert out.key is not None
-                partitioner = Partitioner(out.key, plan.parallelism, plan.max_parallelism)
                 head = plan.chain(out.downstream).operators[0]
+                partitioner = Partitioner(
+                    out.key,
+                    plan.parallelism,
+                    plan.max_parallelism,
+                    nulls=getattr(head.logic, "null_keys", False),
+                )
                 key = out.key if isinstance(out.key, str) else function_name(out.key)
                 # the key function belongs to the keyed operator: its on_error applies
                 self._key_contexts[out.downstream] = context(

@@ -30,6 +30,7 @@ from typing import Any, assert_never
 
 from cutline.protocol.watermarks import (
     MAX_WATERMARK,
+    MIN_WATERMARK,
     EmitStatus,
     EmitWatermark,
     EventClock,
@@ -477,6 +478,9 @@ class SubtaskRunner:
                 return
             self.clock.advance(index, watermark)
             self._fired(index, running.on_watermark(watermark))
+            held = running.holds_back
+            if held and watermark != MAX_WATERMARK:  # (it emits records that far behind)
+                watermark = max(MIN_WATERMARK, watermark - held)
         self.clock.sent(watermark)
         if watermark != MAX_WATERMARK:
             self.timed = True
