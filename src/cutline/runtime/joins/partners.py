@@ -66,7 +66,7 @@ def partners(
         if high is not None:
             fit &= times <= high[found]
     if fit is not None:
-        found, partner = found[fit], partner[fit]
+        found, partner = np.compress(fit, found), np.compress(fit, partner)
     return found, partner
 
 

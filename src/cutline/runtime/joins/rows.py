@@ -63,7 +63,7 @@ class Growing:
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep the items where ``mask`` is true (in place, in order)."""
-        kept = self._data[: self.size][mask]
+        kept = np.compress(mask, self._data[: self.size])  # (faster than a[mask])
         self._data[: len(kept)] = kept
         self.size = len(kept)
 
