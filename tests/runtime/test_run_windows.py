@@ -90,7 +90,7 @@ def test_an_incremental_checkpoint_writes_only_the_runs_made_since_its_base(wind
     job.close()
 
 
-@settings(max_examples=30, deadline=None)  # (make soak: 300, below)
+@settings(max_examples=20, deadline=None)  # (make soak: 300, below)
 @given(
     seed=st.integers(0, 2**32 - 1),
     kind=st.sampled_from(["sum", "min", "max", "mean"]),
