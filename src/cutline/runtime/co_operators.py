@@ -29,9 +29,9 @@ from cutline.runtime.operators import (
     OperatorContext,
     RecordError,
     RunningOperator,
+    _flat_map,
     _repr,
     key_getter,
-    rows,
 )
 
 # ------------------------------------------------------------------ keyed, two inputs
@@ -217,21 +217,13 @@ class _BroadcastProcess(RunningOperator):
         raise AssertionError("a two-input operator is given its batches with their port")
 
     def process_from(self, port: int, batch: Batch) -> Batch | None:
-        bctx, fail = self.bctx, self.ctx.fail
+        bctx = self.bctx
         fn = self.function.process_broadcast if port else self.function.process
         bctx._writable = bool(port)
-        out: list[Any] = []
         try:
-            for record in rows(batch):
-                try:
-                    produced = fn(record, bctx)
-                    if produced is not None:
-                        out.extend(list(produced))  # all of a record's output, or none of it
-                except Exception as exc:
-                    fail(record, exc)
+            return _flat_map(batch, lambda record: fn(record, bctx), self.ctx)
         finally:
             bctx._writable = False
-        return out
 
     def snapshot(
         self, checkpoint_id: int, *, base: int | None = None, savepoint: bool = False
